@@ -1,0 +1,190 @@
+"""User-facing errors, source spans, and exit codes.
+
+Two kinds of failure exist (STYLE.md): a user mistake is a `CocovizError` subclass that
+carries a message, a source span and a hint, rendered as ``file:line:col: error: …`` with
+the source line and a caret; a broken IR invariant after a step is an `InternalError`.
+"""
+
+from __future__ import annotations
+
+import difflib
+import enum
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+
+
+class ExitCode(enum.IntEnum):
+    """Exit codes of every `cocoviz` command (DESIGN §6)."""
+
+    OK = 0
+    INPUT = 1
+    USAGE = 2
+    SCHEDULE = 3
+    MISMATCH = 4
+    BUILD = 5
+    INTERNAL = 70
+
+
+@dataclass(frozen=True)
+class Source:
+    """A named source text; spans point into it."""
+
+    path: str
+    text: str
+
+    def line(self, n: int) -> str:
+        lines = self.text.splitlines()
+        return lines[n - 1] if 0 < n <= len(lines) else ""
+
+
+@dataclass(frozen=True)
+class Span:
+    """A 1-based (line, col) range in a source; excluded from IR equality."""
+
+    source: Source | None
+    line: int
+    col: int
+    end_line: int
+    end_col: int
+
+    @property
+    def path(self) -> str:
+        return self.source.path if self.source else "<input>"
+
+    def __repr__(self) -> str:
+        return f"Span({self.path}:{self.line}:{self.col})"
+
+
+@dataclass(frozen=True)
+class Diagnostic:
+    """One message: severity, text, where, and optional hint and notes."""
+
+    message: str
+    span: Span | None = None
+    hint: str | None = None
+    notes: tuple[tuple[str, Span | None], ...] = ()
+    severity: str = "error"
+
+    def render(self, color: bool = False) -> str:
+        out: list[str] = []
+        where = f"{self.span.path}:{self.span.line}:{self.span.col}: " if self.span else ""
+        sev = self.severity
+        if color:
+            sev = {"error": "\x1b[1;31merror\x1b[0m", "warning": "\x1b[1;33mwarning\x1b[0m"}.get(
+                sev, sev
+            )
+        out.append(f"{where}{sev}: {self.message}")
+        if self.span is not None:
+            out.extend(_excerpt(self.span))
+        for note, nspan in self.notes:
+            nwhere = f"{nspan.path}:{nspan.line}:{nspan.col}: " if nspan else ""
+            out.append(f"{nwhere}note: {note}")
+            if nspan is not None:
+                out.extend(_excerpt(nspan))
+        if self.hint:
+            out.append(f"hint: {self.hint}")
+        return "\n".join(out)
+
+
+def _excerpt(span: Span) -> list[str]:
+    if span.source is None:
+        return []
+    text = span.source.line(span.line)
+    if not text and span.line > len(span.source.text.splitlines()):
+        return []
+    gutter = f"{span.line:>4} | "
+    start = max(span.col, 1)
+    end = span.end_col if span.end_line == span.line and span.end_col > start else start + 1
+    end = min(end, max(len(text) + 1, start + 1))
+    caret = " " * (len(gutter) - 2) + "| " + " " * (start - 1) + "^" * (end - start)
+    return [gutter + text.expandtabs(1), caret]
+
+
+class CocovizError(Exception):
+    """A user mistake. Holds one or more diagnostics; never a traceback for the user."""
+
+    exit_code = ExitCode.INPUT
+
+    def __init__(
+        self,
+        message: str,
+        span: Span | None = None,
+        hint: str | None = None,
+        notes: Sequence[tuple[str, Span | None]] = (),
+        *,
+        diagnostics: Sequence[Diagnostic] | None = None,
+    ) -> None:
+        if diagnostics:
+            self.diagnostics = tuple(diagnostics)
+        else:
+            self.diagnostics = (Diagnostic(message, span, hint, tuple(notes)),)
+        super().__init__(self.diagnostics[0].message)
+
+    @property
+    def message(self) -> str:
+        return self.diagnostics[0].message
+
+    @property
+    def span(self) -> Span | None:
+        return self.diagnostics[0].span
+
+    @property
+    def hint(self) -> str | None:
+        return self.diagnostics[0].hint
+
+    def render(self, color: bool = False) -> str:
+        return "\n".join(d.render(color) for d in self.diagnostics)
+
+
+class InputError(CocovizError):
+    """Syntax, name, type, shape or layout error in a program (exit 1)."""
+
+
+class UsageError(CocovizError):
+    """Wrong command-line usage (exit 2)."""
+
+    exit_code = ExitCode.USAGE
+
+
+class ScheduleError(CocovizError):
+    """An illegal schedule step (exit 3)."""
+
+    exit_code = ExitCode.SCHEDULE
+
+
+class MismatchError(CocovizError):
+    """Scheduled and unscheduled programs disagree (exit 4)."""
+
+    exit_code = ExitCode.MISMATCH
+
+
+class BuildError(CocovizError):
+    """Emitted code failed to build or run (exit 5)."""
+
+    exit_code = ExitCode.BUILD
+
+
+class InternalError(Exception):
+    """A cocoviz bug: an IR invariant broke. Reported as such (exit 70)."""
+
+    exit_code = ExitCode.INTERNAL
+
+
+@dataclass
+class DiagnosticBag:
+    """Collects several errors so that, e.g., all unknown names are reported together."""
+
+    items: list[Diagnostic] = field(default_factory=list)
+
+    def add(self, err: CocovizError) -> None:
+        self.items.extend(err.diagnostics)
+
+    def raise_if_any(self, cls: type[CocovizError] = InputError) -> None:
+        if self.items:
+            raise cls("", diagnostics=self.items)
+
+
+def did_you_mean(name: str, candidates: Iterable[str]) -> str | None:
+    """A `did you mean` hint for a misspelled name, or None."""
+    close = difflib.get_close_matches(name, list(candidates), n=1, cutoff=0.6)
+    return f"did you mean '{close[0]}'?" if close else None

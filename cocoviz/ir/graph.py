@@ -1,0 +1,270 @@
+"""Graph queries over a Program: producers, users, ordering edges, groups, convexity,
+and the JSON and Graphviz forms of the dataflow graph."""
+
+from __future__ import annotations
+
+import heapq
+import json
+from collections.abc import Iterable
+from typing import Any
+
+from cocoviz.ir.nodes import COLLECTIVES, REDUCTIONS, Expr, Group, GroupKind, Op, Program, Stage
+from cocoviz.ir.types import format_shape
+
+
+def stage_reads(s: Stage) -> set[str]:
+    """Names (inputs, params, stages) a stage's expression reads."""
+    return set(s.expr.refs())
+
+
+def data_deps(program: Program) -> dict[str, set[str]]:
+    """Stage → the stages it reads (data edges only)."""
+    names = {s.name for s in program.stages}
+    return {s.name: stage_reads(s) & names for s in program.stages}
+
+
+def deps(program: Program) -> dict[str, set[str]]:
+    """Stage → the stages that must run before it: data edges plus the ordering edges of
+    `update` (every other read of an updated input runs before the write)."""
+    d = data_deps(program)
+    updates = program.updates()
+    for s in program.stages:
+        for t, u in updates.items():
+            if s.name != u and t in stage_reads(s):
+                d[u].add(s.name)
+    return d
+
+
+def users(program: Program) -> dict[str, list[str]]:
+    """Name → stages that read it, in program order."""
+    out: dict[str, list[str]] = {}
+    for s in program.stages:
+        for r in sorted(stage_reads(s)):
+            out.setdefault(r, []).append(s.name)
+    return out
+
+
+def successors(program: Program) -> dict[str, set[str]]:
+    out: dict[str, set[str]] = {s.name: set() for s in program.stages}
+    for n, ds in deps(program).items():
+        for d in ds:
+            out[d].add(n)
+    return out
+
+
+def reachable(succ: dict[str, set[str]], start: Iterable[str]) -> set[str]:
+    seen: set[str] = set()
+    todo = list(start)
+    while todo:
+        n = todo.pop()
+        for m in succ.get(n, ()):
+            if m not in seen:
+                seen.add(m)
+                todo.append(m)
+    return seen
+
+
+def convex_hull(program: Program, names: Iterable[str]) -> set[str]:
+    """The smallest convex set holding `names`: every stage on a path between two members."""
+    members = set(names)
+    succ = successors(program)
+    pred: dict[str, set[str]] = {n: set() for n in succ}
+    for n, ss in succ.items():
+        for m in ss:
+            pred[m].add(n)
+    down = reachable(succ, members)
+    up = reachable(pred, members)
+    return members | (down & up)
+
+
+def contracted_order(program: Program, groups: Iterable[Group]) -> list[str | Group] | None:
+    """Stages and groups in a topological order of the graph with each group contracted
+    to one node (stable by program order); None if that graph has a cycle."""
+    groups = list(groups)
+    index = {s.name: i for i, s in enumerate(program.stages)}
+    owner: dict[str, int] = {}
+    for gi, g in enumerate(groups):
+        for n in g.stages():
+            owner[n] = gi
+    node_of = {n: (f"#{owner[n]}" if n in owner else n) for n in index}
+    first: dict[str, int] = {}
+    for n, i in index.items():
+        k = node_of[n]
+        first[k] = min(first.get(k, i), i)
+    indeg: dict[str, int] = {k: 0 for k in first}
+    out: dict[str, set[str]] = {k: set() for k in first}
+    for n, ds in deps(program).items():
+        for d in ds:
+            a, b = node_of[d], node_of[n]
+            if a != b and b not in out[a]:
+                out[a].add(b)
+                indeg[b] += 1
+    heap = [(first[k], k) for k, v in indeg.items() if v == 0]
+    heapq.heapify(heap)
+    order: list[str | Group] = []
+    while heap:
+        _, k = heapq.heappop(heap)
+        order.append(groups[int(k[1:])] if k.startswith("#") else k)
+        for m in sorted(out[k]):
+            indeg[m] -= 1
+            if indeg[m] == 0:
+                heapq.heappush(heap, (first[m], m))
+    if len(order) != len(first):
+        return None
+    return order
+
+
+def ordered_items(program: Program) -> list[str | Group]:
+    order = contracted_order(program, program.groups)
+    if order is None:  # an invariant failure; print in program order rather than crash
+        return [s.name for s in program.stages]
+    return order
+
+
+def implicit_reductions(program: Program) -> list[tuple[str, Expr]]:
+    """(stage, reduction expr) for every reduction of a sliced value: these run as a small
+    cross-rank collective, shown as `<stage>.reduce` in the graph, timeline and manifest."""
+    out: list[tuple[str, Expr]] = []
+    for s in program.stages:
+        for e in s.expr.walk():
+            if e.op in REDUCTIONS and e.args[0].type.layout.is_sliced:
+                out.append((s.name, e))
+    return out
+
+
+def reduce_name(stage: str, k: int) -> str:
+    return f"{stage}.reduce" if k == 0 else f"{stage}.reduce{k + 1}"
+
+
+def node_kind(program: Program, name: str) -> str:
+    s = program.stage(name)
+    g = program.group_of(name)
+    if g is not None:
+        return g.kind.value
+    if s.expr.op in COLLECTIVES:
+        return "collective"
+    if s.expr.op is Op.MATMUL:
+        return "matmul"
+    return "compute"
+
+
+def to_json(program: Program) -> dict[str, Any]:
+    """A JSON-serializable description of the program and its dataflow graph."""
+    from cocoviz.ir.printer import format_expr
+
+    def ty(t: Any) -> dict[str, Any]:
+        return {
+            "dtype": t.dtype.value,
+            "shape": [s.text for s in t.shape],
+            "sizes": [s.value for s in t.shape],
+            "layout": str(t.layout),
+            "pipeline_stage": t.pstage,
+        }
+
+    def group(g: Group) -> dict[str, Any]:
+        return {
+            "kind": g.kind.value,
+            "chunks": g.chunks,
+            "items": [group(i) if isinstance(i, Group) else i for i in g.items],
+        }
+
+    red = implicit_reductions(program)
+    d = deps(program)
+    dd = data_deps(program)
+    return {
+        "program": program.name,
+        "ranks": {"tp": program.grid.tp, "pp": program.grid.pp, "grid": program.grid.is_grid},
+        "dims": {x.name: x.value for x in program.dims},
+        "params": [
+            {"name": q.name, "dtype": q.dtype.value, "default": q.default} for q in program.params
+        ],
+        "inputs": [{"name": i.name, **ty(i.ty)} for i in program.inputs],
+        "stages": [
+            {
+                "name": s.name,
+                "op": s.expr.op.value,
+                "expr": format_expr(s.expr, s.name),
+                "kind": node_kind(program, s.name),
+                "reads": sorted(stage_reads(s)),
+                "after": sorted(d[s.name] - dd[s.name]),
+                **ty(s.ty),
+            }
+            for s in program.stages
+        ],
+        "implicit_reductions": [
+            {"name": reduce_name(n, sum(1 for m, _ in red[:k] if m == n)), "stage": n, "op": e.op.value}
+            for k, (n, e) in enumerate(red)
+        ],
+        "groups": [group(g) for g in program.groups],
+        "outputs": list(program.outputs),
+    }
+
+
+def to_json_text(program: Program) -> str:
+    return json.dumps(to_json(program), indent=2)
+
+
+_DOT_COLORS = {
+    "compute": "#cfe8ff",
+    "matmul": "#ffe2b3",
+    "collective": "#ffd0d0",
+    "fused": "#d9f2d9",
+    "overlapped": "#eadcff",
+}
+
+
+def _dot_id(name: str) -> str:
+    return '"' + name.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def to_dot(program: Program) -> str:
+    """Graphviz dot: inputs as ellipses, stages as boxes coloured by kind, groups as
+    clusters, ordering edges dashed."""
+    lines = [f"digraph {_dot_id(program.name)} {{", "  rankdir=TB;", '  node [fontname="monospace"];']
+    for i in program.inputs:
+        t = i.ty
+        label = f"{i.name}\\n{t.dtype.value}{format_shape(t.shape)}\\n{t.layout}"
+        lines.append(f'  {_dot_id(i.name)} [shape=ellipse, label="{label}"];')
+
+    def node(name: str, indent: str) -> None:
+        s = program.stage(name)
+        t = s.ty
+        kind = node_kind(program, name)
+        label = f"{name} = {s.expr.op.value}\\n{t.dtype.value}{format_shape(t.shape)}\\n{t.layout}"
+        color = _DOT_COLORS.get(kind if kind in ("collective", "matmul") else "compute")
+        lines.append(
+            f'{indent}{_dot_id(name)} [shape=box, style=filled, fillcolor="{color}", label="{label}"];'
+        )
+
+    counter = [0]
+
+    def cluster(g: Group, indent: str) -> None:
+        counter[0] += 1
+        lines.append(f"{indent}subgraph cluster_{counter[0]} {{")
+        chunks = f" chunks={g.chunks}" if g.kind is GroupKind.OVERLAPPED else ""
+        lines.append(f'{indent}  label="{g.kind.value}{chunks}"; style=filled; color="{_DOT_COLORS[g.kind.value]}";')
+        for it in g.items:
+            if isinstance(it, Group):
+                cluster(it, indent + "  ")
+            else:
+                node(it, indent + "  ")
+        lines.append(f"{indent}}}")
+
+    for item in ordered_items(program):
+        if isinstance(item, Group):
+            cluster(item, "  ")
+        else:
+            node(item, "  ")
+    d = deps(program)
+    for s in program.stages:
+        for r in sorted(stage_reads(s)):
+            if any(p.name == r for p in program.params):
+                continue
+            lines.append(f"  {_dot_id(r)} -> {_dot_id(s.name)};")
+        for o in sorted(d[s.name] - stage_reads(s)):
+            lines.append(f"  {_dot_id(o)} -> {_dot_id(s.name)} [style=dashed];")
+    for o in program.outputs:
+        lines.append(f'  {_dot_id("out:" + o)} [shape=plaintext, label="output {o}"];')
+        lines.append(f"  {_dot_id(o)} -> {_dot_id('out:' + o)};")
+    lines.append("}")
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,664 @@
+"""Type, shape and layout inference (DESIGN §2.3–2.4).
+
+`infer_expr` types one stage's expression bottom-up and canonicalizes it (a replicated
+operand of the same shape as a sliced value it is combined with becomes `slice(x[, d])`).
+`infer_program` re-types a whole program; transformations build untyped or stale
+expressions and call it, so every step re-checks layout legality with the same rules
+as the source.
+
+Scalars (shape `[]`: literals, params, reductions) are weakly typed: combined with a
+non-scalar tensor they take its dtype. Two non-scalar tensors of different dtypes need
+an explicit `cast`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Mapping, Sequence
+
+from cocoviz.errors import InputError, Span
+from cocoviz.ir.nodes import (
+    BINARY_CALLS,
+    BINARY_INFIX,
+    COMPARISONS,
+    REDUCTIONS,
+    ROWWISE,
+    UNARY_CALLS,
+    Expr,
+    Grid,
+    Op,
+    Program,
+    Stage,
+)
+from cocoviz.ir.types import (
+    FLAT,
+    LOCAL,
+    REPLICATED,
+    DType,
+    Layout,
+    Shape,
+    Size,
+    TensorType,
+    block_dim,
+    format_shape,
+    numel,
+    same_slicing,
+    shape_values,
+    sliced,
+)
+
+Env = Mapping[str, TensorType]
+
+
+def _fmt(ty: TensorType) -> str:
+    return f"{ty.dtype.value}{format_shape(ty.shape)} {ty.layout}"
+
+
+def promote_weak(a: DType, b: DType) -> DType:
+    """The dtype of a combination of two scalars."""
+    if a == b:
+        return a
+    if a.is_float != b.is_float:
+        return a if a.is_float else b
+    if a.is_float:
+        if DType.F64 in (a, b):
+            return DType.F64
+        return DType.F32
+    return DType.I64
+
+
+def check_divisible(
+    shape: Shape, layout: Layout, group: int, span: Span | None, what: str
+) -> None:
+    """A sliced extent (or numel, for flat) must divide by the group size."""
+    if not layout.is_sliced or group == 1:
+        return
+    if layout.dim is None:
+        n = numel(shape)
+        if n % group:
+            raise InputError(
+                f"{what} is sliced over {group} ranks but its {n} elements "
+                f"({format_shape(shape)}) do not divide by {group}",
+                span,
+                hint="change a size with -D, or the rank count with --ranks",
+            )
+        return
+    size = shape[layout.dim]
+    if size.value % group:
+        raise InputError(
+            f"{what} is sliced along dimension {layout.dim} ({size.text} = {size.value}), "
+            f"which does not divide by {group} ranks",
+            span,
+            hint="change a size with -D, or the rank count with --ranks",
+        )
+
+
+def broadcast_shapes(shapes: Sequence[tuple[Shape, Span | None]]) -> Shape:
+    """Numpy trailing-dimension broadcasting; sizes compared by value."""
+    rank = max((len(s) for s, _ in shapes), default=0)
+    out: list[Size] = []
+    for i in range(rank):
+        chosen: Size | None = None
+        for shape, span in shapes:
+            j = i - (rank - len(shape))
+            if j < 0:
+                continue
+            s = shape[j]
+            if chosen is None or chosen.value == 1:
+                if chosen is not None and s.value == 1:
+                    continue
+                chosen = s
+            elif s.value != 1 and s.value != chosen.value:
+                others = ", ".join(format_shape(sh) for sh, _ in shapes)
+                raise InputError(
+                    f"shapes do not broadcast: {others} (dimension {i - rank}: "
+                    f"{chosen.text} = {chosen.value} vs {s.text} = {s.value})",
+                    span,
+                )
+        assert chosen is not None
+        out.append(chosen)
+    return tuple(out)
+
+
+class Inferencer:
+    """Types expressions against an environment of named values."""
+
+    def __init__(self, grid: Grid, env: dict[str, TensorType], inputs: set[str]) -> None:
+        self.grid = grid
+        self.env = env
+        self.inputs = inputs
+
+    @property
+    def G(self) -> int:
+        return self.grid.group
+
+    # --- helpers --------------------------------------------------------------------
+    def _pstage(self, args: Sequence[Expr], span: Span | None) -> int | None:
+        found: tuple[int, Expr] | None = None
+        for a in args:
+            p = a.type.pstage
+            if p is None:
+                continue
+            if found is None:
+                found = (p, a)
+            elif found[0] != p:
+                raise InputError(
+                    f"operands live on different pipeline stages: {describe(found[1])} is on "
+                    f"stage {found[0]}, {describe(a)} on stage {p}",
+                    a.span or span,
+                    hint="send it first: `x1 = send(x)` moves a value to the next stage",
+                )
+        return found[0] if found else None
+
+    def _dtype(self, args: Sequence[Expr], span: Span | None) -> DType:
+        tensors = [a for a in args if not a.type.is_scalar]
+        if tensors:
+            first = tensors[0]
+            for a in tensors[1:]:
+                if a.type.dtype != first.type.dtype:
+                    raise InputError(
+                        f"operands have different dtypes: {describe(first)} is "
+                        f"{first.type.dtype.value}, {describe(a)} is {a.type.dtype.value}",
+                        a.span or span,
+                        hint=f"convert one explicitly, e.g. cast({first.type.dtype.value}, "
+                        f"{describe(a)})",
+                    )
+            return first.type.dtype
+        dt = args[0].type.dtype
+        for a in args[1:]:
+            dt = promote_weak(dt, a.type.dtype)
+        return dt
+
+    def _layout(self, args: Sequence[Expr], shape: Shape, span: Span | None) -> Layout:
+        """Combine operand layouts for an elementwise op with result shape `shape`."""
+        result: tuple[Layout, Expr] | None = None
+        lower_sliced: list[Expr] = []
+        for a in args:
+            lay = a.type.layout
+            if lay.is_replicated:
+                continue
+            if lay.is_sliced and shape_values(a.type.shape) != shape_values(shape):
+                lower_sliced.append(a)
+                continue
+            if result is None:
+                result = (lay, a)
+                continue
+            prev, pa = result
+            if prev.is_local and lay.is_local:
+                continue
+            if prev.is_sliced and lay.is_sliced:
+                if not same_slicing(prev, pa.type.shape, lay, a.type.shape, self.G):
+                    raise InputError(
+                        f"sliced operands are sliced differently: {describe(pa)} is {prev}, "
+                        f"{describe(a)} is {lay}",
+                        a.span or span,
+                        hint="both operands must hold the same global elements on every rank",
+                    )
+                continue
+            sl, lo = (pa, a) if prev.is_sliced else (a, pa)
+            raise InputError(
+                f"cannot combine sliced {describe(sl)} with local {describe(lo)}",
+                a.span or span,
+                hint="a local value holds different full-size contents on each rank: reduce it "
+                "first (allreduce or reducescatter)",
+            )
+        for a in lower_sliced:
+            if result is None or not result[0].is_sliced:
+                raise InputError(
+                    f"{describe(a)} is sliced ({a.type.layout}) but has a broadcast shape "
+                    f"{format_shape(a.type.shape)}: a lower-rank operand may be sliced only "
+                    "along the sliced dimension of a full-shape sliced operand",
+                    a.span or span,
+                    hint="make it replicated; broadcast operands are indexed by global position",
+                )
+            prev, pa = result
+            rd = block_dim(prev, shape, self.G)
+            ad = block_dim(a.type.layout, a.type.shape, self.G)
+            if (
+                rd is None
+                or ad is None
+                or len(shape) - rd != len(a.type.shape) - ad
+            ):
+                raise InputError(
+                    f"{describe(a)} ({a.type.layout} of {format_shape(a.type.shape)}) is not "
+                    f"sliced along the same dimension as {describe(pa)} ({prev})",
+                    a.span or span,
+                    hint="make it replicated; broadcast operands are indexed by global position",
+                )
+        if result is None:
+            return REPLICATED
+        lay = result[0]
+        if lay.is_sliced:
+            return FLAT if lay.dim is None else sliced(lay.dim, shape)
+        return lay
+
+    def _slice_replicated(self, e: Expr, layout: Layout, shape: Shape) -> Expr:
+        """Canonicalize: a replicated operand of the result's shape becomes `slice(x[, d])`."""
+        ty = e.type
+        if not ty.layout.is_replicated or shape_values(ty.shape) != shape_values(shape):
+            return e
+        if e.op in BINARY_INFIX | BINARY_CALLS | UNARY_CALLS | {Op.NEG, Op.CAST, Op.WHERE, Op.DROPOUT}:
+            args = tuple(self._slice_replicated(a, layout, shape) for a in e.args)
+            return dataclasses.replace(
+                e, args=args, ty=dataclasses.replace(ty, layout=layout)
+            )
+        if e.op in COMPARISONS:
+            args = tuple(self._slice_replicated(a, layout, shape) for a in e.args)
+            return dataclasses.replace(e, args=args, ty=dataclasses.replace(ty, layout=layout))
+        return Expr(
+            Op.SLICE,
+            (e,),
+            value=layout.dim,
+            ty=dataclasses.replace(ty, layout=layout),
+            span=e.span,
+        )
+
+    # --- the rules ------------------------------------------------------------------
+    def infer(self, e: Expr, top: bool = True) -> Expr:
+        rule = _RULES.get(e.op)
+        if rule is None:
+            return self._elementwise(e)
+        return rule(self, e)
+
+    def _ref(self, e: Expr) -> Expr:
+        assert e.name is not None
+        ty = self.env.get(e.name)
+        if ty is None:
+            raise InputError(f"unknown name '{e.name}'", e.span)
+        return dataclasses.replace(e, ty=ty)
+
+    def _const(self, e: Expr) -> Expr:
+        dt = DType.I32 if isinstance(e.value, int) else DType.F32
+        return dataclasses.replace(e, ty=TensorType(dt, (), REPLICATED, None))
+
+    def _elementwise(self, e: Expr) -> Expr:
+        args = tuple(self.infer(a, False) for a in e.args)
+        if e.op is Op.WHERE:
+            cond, a, b = args
+            operands: tuple[Expr, ...] = (cond, a, b)
+            dtype = self._dtype((a, b), e.span)
+        elif e.op is Op.CAST:
+            operands = args
+            assert e.dtype_arg is not None
+            dtype = e.dtype_arg
+        else:
+            operands = args
+            dtype = self._dtype(args, e.span)
+        if e.op in COMPARISONS:
+            dtype = self._dtype(args, e.span)
+        if e.op in (Op.SQRT, Op.RSQRT, Op.EXP, Op.LOG, Op.TANH, Op.SIGMOID, Op.GELU) and (
+            not dtype.is_float
+        ):
+            raise InputError(
+                f"{e.op.value} needs a floating-point operand, got {dtype.value}",
+                e.span,
+                hint=f"cast it first, e.g. {e.op.value}(cast(f32, …))",
+            )
+        shape = broadcast_shapes([(a.type.shape, a.span) for a in operands])
+        layout = self._layout(operands, shape, e.span)
+        if layout.is_sliced:
+            check_divisible(shape, layout, self.G, e.span, "the result")
+            operands = tuple(self._slice_replicated(a, layout, shape) for a in operands)
+        pstage = self._pstage(operands, e.span)
+        return dataclasses.replace(
+            e, args=operands, ty=TensorType(dtype, shape, layout, pstage)
+        )
+
+    def _slice(self, e: Expr) -> Expr:
+        (x,) = (self.infer(a, False) for a in e.args)
+        if not x.type.layout.is_replicated:
+            raise InputError(
+                f"slice() takes a replicated value; {describe(x)} is {x.type.layout}",
+                e.span,
+            )
+        if x.type.is_scalar:
+            raise InputError("slice() of a scalar: a scalar cannot be sliced", e.span)
+        d = e.value
+        if d is not None:
+            assert isinstance(d, int)
+            if not -len(x.type.shape) <= d < len(x.type.shape):
+                raise InputError(
+                    f"slice dimension {d} is out of range for {format_shape(x.type.shape)}",
+                    e.span,
+                )
+        layout = sliced(d if isinstance(d, int) else None, x.type.shape)
+        check_divisible(x.type.shape, layout, self.G, e.span, describe(x))
+        return dataclasses.replace(
+            e, args=(x,), value=layout.dim, ty=dataclasses.replace(x.type, layout=layout)
+        )
+
+    def _dropout(self, e: Expr) -> Expr:
+        (x,) = (self.infer(a, False) for a in e.args)
+        if not x.type.dtype.is_float:
+            raise InputError(f"dropout needs a floating-point operand, got {x.type.dtype.value}", e.span)
+        return dataclasses.replace(e, args=(x,), ty=x.type)
+
+    def _rowwise(self, e: Expr) -> Expr:
+        args = tuple(self.infer(a, False) for a in e.args)
+        x = args[0]
+        ty = x.type
+        if len(ty.shape) == 0:
+            raise InputError(f"{e.op.value} needs a tensor of rank ≥ 1, got a scalar", e.span)
+        if not ty.dtype.is_float:
+            raise InputError(f"{e.op.value} needs a floating-point operand, got {ty.dtype.value}", e.span)
+        last = ty.shape[-1]
+        for p in args[1:]:
+            pt = p.type
+            if shape_values(pt.shape) != (last.value,):
+                raise InputError(
+                    f"{e.op.value}: {describe(p)} must have shape [{last.text}] (the last "
+                    f"dimension of {describe(x)}), got {format_shape(pt.shape)}",
+                    p.span or e.span,
+                )
+            if pt.dtype != ty.dtype:
+                raise InputError(
+                    f"{e.op.value}: {describe(p)} is {pt.dtype.value} but {describe(x)} is "
+                    f"{ty.dtype.value}",
+                    p.span or e.span,
+                    hint=f"cast({ty.dtype.value}, {describe(p)})",
+                )
+            if not pt.layout.is_replicated:
+                raise InputError(
+                    f"{e.op.value}: {describe(p)} must be replicated, got {pt.layout}",
+                    p.span or e.span,
+                )
+        if ty.layout.is_sliced:
+            G = self.G
+            if ty.layout.dim is None:
+                if (ty.numel // G) % last.value:
+                    raise InputError(
+                        f"{e.op.value} works on whole rows, but each rank's chunk of "
+                        f"{describe(x)} ({ty.numel} / {G} = {ty.numel // G} elements) splits "
+                        f"rows of length {last.text} = {last.value}",
+                        e.span,
+                        hint="slice along a dimension other than the last, or change sizes",
+                    )
+            elif ty.layout.dim == len(ty.shape) - 1:
+                raise InputError(
+                    f"{e.op.value} works on whole rows of the last dimension, but "
+                    f"{describe(x)} is sliced along it ({ty.layout})",
+                    e.span,
+                    hint="gather it first (allgather), or slice along another dimension",
+                )
+        pstage = self._pstage(args, e.span)
+        return dataclasses.replace(e, args=args, ty=dataclasses.replace(ty, pstage=pstage))
+
+    def _reduction(self, e: Expr) -> Expr:
+        (x,) = (self.infer(a, False) for a in e.args)
+        ty = x.type
+        layout = LOCAL if ty.layout.is_local else REPLICATED
+        return dataclasses.replace(
+            e,
+            args=(x,),
+            ty=TensorType(ty.dtype.reduction_dtype, (), layout, ty.pstage),
+        )
+
+    def _matmul(self, e: Expr) -> Expr:
+        a, b = (self.infer(x, False) for x in e.args)
+        at, bt = a.type, b.type
+        if len(at.shape) < 2:
+            raise InputError(
+                f"matmul: the left operand {describe(a)} must have rank ≥ 2, got "
+                f"{format_shape(at.shape)}",
+                a.span or e.span,
+            )
+        if len(bt.shape) != 2:
+            raise InputError(
+                f"matmul: the right operand {describe(b)} must have rank 2, got "
+                f"{format_shape(bt.shape)}",
+                b.span or e.span,
+            )
+        k1, k2 = at.shape[-1], bt.shape[0]
+        if k1.value != k2.value:
+            raise InputError(
+                f"matmul: contraction sizes differ: {describe(a)}{format_shape(at.shape)} has "
+                f"K = {k1.text} = {k1.value}, {describe(b)}{format_shape(bt.shape)} has "
+                f"K = {k2.text} = {k2.value}",
+                e.span,
+                hint="matmul(a, b) contracts the last dimension of a with the first of b",
+            )
+        if at.dtype != bt.dtype:
+            raise InputError(
+                f"matmul: operands have different dtypes ({at.dtype.value} and {bt.dtype.value})",
+                e.span,
+                hint=f"cast({at.dtype.value}, {describe(b)})",
+            )
+        if not at.dtype.is_float:
+            raise InputError("matmul needs floating-point operands", e.span)
+        shape = at.shape[:-1] + (bt.shape[1],)
+        G = self.G
+        la, lb = at.layout, bt.layout
+        ka = len(at.shape) - 1
+        da = block_dim(la, at.shape, G)
+        db = block_dim(lb, bt.shape, G)
+        layout: Layout
+        if la.is_replicated and lb.is_replicated:
+            layout = REPLICATED
+        elif la.is_sliced and lb.is_sliced and da == ka and db == 0:
+            layout = LOCAL
+        elif la.is_sliced and lb.is_replicated and da != ka:
+            if la.dim is None and (at.numel // G) % k1.value:
+                raise InputError(
+                    f"matmul: {describe(a)} is flat-sliced but each rank's chunk "
+                    f"({at.numel // G} elements) is not whole rows of length K = {k1.value}",
+                    a.span or e.span,
+                    hint="slice it along a dimension other than the last",
+                )
+            layout = FLAT if la.dim is None else sliced(la.dim, shape)
+        elif la.is_replicated and lb.is_sliced and db == 1:
+            layout = sliced(-1, shape)
+        elif la.is_local and (lb.is_local or lb.is_replicated):
+            layout = LOCAL
+        elif la.is_sliced and da == ka and lb.is_replicated:
+            raise InputError(
+                f"matmul: {describe(a)} is sliced on the contraction dimension K but "
+                f"{describe(b)} is replicated",
+                e.span,
+                hint=f"slice {describe(b)} along dimension 0 (sliced(0)) to get local partial "
+                f"sums, or make {describe(a)} replicated",
+            )
+        elif la.is_local and lb.is_sliced:
+            raise InputError(
+                f"matmul: local {describe(a)} × sliced {describe(b)} is not defined",
+                e.span,
+                hint=f"make {describe(b)} replicated, or reduce {describe(a)} first",
+            )
+        else:
+            raise InputError(
+                f"matmul: unsupported layouts {la} × {lb} for {describe(a)} × {describe(b)}",
+                e.span,
+                hint="legal: replicated×replicated, sliced-on-K × sliced(0), sliced-on-rows × "
+                "replicated, replicated × sliced(-1), local × replicated|local",
+            )
+        if layout.is_sliced:
+            check_divisible(shape, layout, G, e.span, "the matmul result")
+        pstage = self._pstage((a, b), e.span)
+        return dataclasses.replace(
+            e, args=(a, b), ty=TensorType(at.dtype, shape, layout, pstage)
+        )
+
+    def _update(self, e: Expr) -> Expr:
+        t, v = (self.infer(x, False) for x in e.args)
+        if t.op is not Op.REF or t.name not in self.inputs:
+            raise InputError(
+                f"update: the first operand must be a program input, got {describe(t)}",
+                t.span or e.span,
+                hint="update(t, e) writes e into input t in place",
+            )
+        tt, vt = t.type, v.type
+        if shape_values(tt.shape) != shape_values(vt.shape) or tt.dtype != vt.dtype:
+            raise InputError(
+                f"update: the new value must have {t.name}'s shape and dtype "
+                f"{tt.dtype.value}{format_shape(tt.shape)}, got "
+                f"{vt.dtype.value}{format_shape(vt.shape)}",
+                v.span or e.span,
+            )
+        lt, lv = tt.layout, vt.layout
+        layout: Layout
+        if lt.is_replicated and lv.is_replicated:
+            layout = REPLICATED
+        elif lt.is_replicated and lv.is_sliced:
+            layout = lv
+        elif lt.is_sliced and lv.is_sliced and same_slicing(lt, tt.shape, lv, vt.shape, self.G):
+            layout = lt
+        elif lt.is_local and lv.is_local:
+            layout = LOCAL
+        else:
+            raise InputError(
+                f"update: cannot write a {lv} value into {lt} input '{t.name}'",
+                e.span,
+                hint="legal: replicated←replicated, replicated←sliced (then allgather), "
+                "sliced←same slicing, local←local",
+            )
+        pstage = self._pstage((t, v), e.span)
+        return dataclasses.replace(
+            e, args=(t, v), ty=TensorType(tt.dtype, tt.shape, layout, pstage)
+        )
+
+    def _collective(self, e: Expr) -> Expr:
+        (x,) = (self.infer(a, False) for a in e.args)
+        ty = x.type
+        op = e.op
+        G = self.G
+        if op is Op.ALLREDUCE:
+            if ty.layout.is_sliced:
+                raise InputError(
+                    f"allreduce needs a local or replicated operand; {describe(x)} is {ty.layout}",
+                    e.span,
+                    hint="a sliced value is gathered with allgather",
+                )
+            layout = REPLICATED
+        elif op is Op.REDUCESCATTER:
+            if ty.layout.is_sliced:
+                raise InputError(
+                    f"reducescatter needs a local or replicated operand; {describe(x)} is "
+                    f"{ty.layout}",
+                    e.span,
+                )
+            layout = FLAT
+            check_divisible(ty.shape, FLAT, G, e.span, f"reducescatter of {describe(x)}")
+        elif op is Op.ALLGATHER:
+            if not ty.layout.is_sliced:
+                raise InputError(
+                    f"allgather needs a sliced operand; {describe(x)} is {ty.layout}",
+                    e.span,
+                    hint="allreduce combines local values; allgather concatenates slices",
+                )
+            layout = REPLICATED
+        elif op is Op.BROADCAST:
+            if ty.layout.is_sliced:
+                raise InputError(
+                    f"broadcast needs a local or replicated operand; {describe(x)} is sliced",
+                    e.span,
+                )
+            layout = REPLICATED
+        elif op is Op.REDUCE:
+            if ty.layout.is_sliced:
+                raise InputError(
+                    f"reduce needs a local or replicated operand; {describe(x)} is sliced",
+                    e.span,
+                )
+            layout = LOCAL
+        else:  # SEND
+            if not self.grid.is_grid or self.grid.pp < 2:
+                raise InputError(
+                    "send moves a value to the next pipeline stage, but this program has no "
+                    "pipeline stages",
+                    e.span,
+                    hint="declare a grid: ranks tp=T, pp=P",
+                )
+            p = ty.pstage if ty.pstage is not None else 0
+            if p + 1 >= self.grid.pp:
+                raise InputError(
+                    f"send of {describe(x)} on the last pipeline stage ({p}): there is no next "
+                    "stage",
+                    e.span,
+                )
+            return dataclasses.replace(e, args=(x,), ty=dataclasses.replace(ty, pstage=p + 1))
+        if op in (Op.BROADCAST, Op.REDUCE):
+            root = e.value if isinstance(e.value, int) else 0
+            if not 0 <= root < G:
+                raise InputError(
+                    f"{op.value}: root {root} is not a rank of the group (0…{G - 1})", e.span
+                )
+        return dataclasses.replace(e, args=(x,), ty=dataclasses.replace(ty, layout=layout))
+
+
+_RULES: dict[Op, Callable[[Inferencer, Expr], Expr]] = {
+    Op.REF: Inferencer._ref,
+    Op.CONST: Inferencer._const,
+    Op.SLICE: Inferencer._slice,
+    Op.DROPOUT: Inferencer._dropout,
+    Op.MATMUL: Inferencer._matmul,
+    Op.UPDATE: Inferencer._update,
+    **{op: Inferencer._rowwise for op in ROWWISE},
+    **{op: Inferencer._reduction for op in REDUCTIONS},
+    **{
+        op: Inferencer._collective
+        for op in (Op.ALLREDUCE, Op.REDUCESCATTER, Op.ALLGATHER, Op.BROADCAST, Op.REDUCE, Op.SEND)
+    },
+}
+
+
+def describe(e: Expr) -> str:
+    """A short name for an operand in messages."""
+    if e.op is Op.REF:
+        return f"'{e.name}'"
+    if e.op is Op.CONST:
+        return repr(e.value)
+    if e.op is Op.SLICE and e.args and e.args[0].op is Op.REF:
+        return f"'slice({e.args[0].name})'"
+    return f"the {e.op.value} expression"
+
+
+def program_env(program: Program) -> dict[str, TensorType]:
+    env: dict[str, TensorType] = {}
+    for p in program.params:
+        env[p.name] = TensorType(p.dtype, (), REPLICATED, None)
+    for i in program.inputs:
+        env[i.name] = i.ty
+    return env
+
+
+def infer_program(program: Program) -> Program:
+    """Re-type every stage of `program` in order; raises InputError on a violation."""
+    env = program_env(program)
+    inf = Inferencer(program.grid, env, {i.name for i in program.inputs})
+    stages: list[Stage] = []
+    for s in program.stages:
+        expr = inf.infer(s.expr)
+        env[s.name] = expr.type
+        stages.append(dataclasses.replace(s, expr=expr))
+    out = dataclasses.replace(program, stages=tuple(stages))
+    check_updates(out)
+    return out
+
+
+def check_updates(program: Program) -> None:
+    """Program-level rules of `update` (DESIGN §2.4)."""
+    seen: dict[str, Stage] = {}
+    gathered = {
+        s.expr.args[0].name
+        for s in program.stages
+        if s.expr.op is Op.ALLGATHER and s.expr.args[0].op is Op.REF
+    }
+    for s in program.stages:
+        if s.expr.op is not Op.UPDATE:
+            continue
+        tgt = s.expr.args[0]
+        assert tgt.name is not None
+        if tgt.name in seen:
+            raise InputError(
+                f"input '{tgt.name}' is updated twice (also by '{seen[tgt.name].name}')",
+                s.span,
+                notes=[(f"first update '{seen[tgt.name].name}' is here", seen[tgt.name].span)],
+                hint="an input is the target of at most one update",
+            )
+        seen[tgt.name] = s
+        if tgt.type.layout.is_replicated and s.ty.layout.is_sliced and s.name not in gathered:
+            raise InputError(
+                f"update of replicated '{tgt.name}' with a sliced value must be followed by "
+                f"an allgather of '{s.name}'",
+                s.span,
+                hint=f"add `{s.name}_full = allgather({s.name})`, or declare '{tgt.name}' sliced",
+            )

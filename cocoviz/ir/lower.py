@@ -1,0 +1,656 @@
+"""Lowering: syntax → typed, immutable `Program` (DESIGN §2).
+
+Name resolution, `-D` overrides, `--ranks` overrides, operator resolution and argument
+checks, dropout ids, groups from printed `fused { }` / `overlapped { }` blocks, then
+type/layout inference. Name errors are collected and reported together.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from cocoviz.errors import DiagnosticBag, InputError, Span, UsageError, did_you_mean
+from cocoviz.ir import syntax as syn
+from cocoviz.ir.infer import Inferencer, check_divisible, check_updates, program_env
+from cocoviz.ir.nodes import (
+    BINARY_CALLS,
+    CALL_NAMES,
+    COLLECTIVES,
+    REDUCTIONS,
+    ROWWISE,
+    UNARY_CALLS,
+    WHOLE_RHS,
+    DimDecl,
+    Expr,
+    Grid,
+    Group,
+    GroupKind,
+    Input,
+    Op,
+    Param,
+    Program,
+    ReduceOp,
+    ScheduleBlock,
+    Stage,
+)
+from cocoviz.ir.types import DTYPE_NAMES, LOCAL, REPLICATED, DType, Layout, Size, TensorType, sliced
+
+LAYOUT_WORDS = ("replicated", "local", "sliced")
+REDUCE_WORDS = {"+": ReduceOp.SUM, "*": ReduceOp.PROD, "max": ReduceOp.MAX, "min": ReduceOp.MIN, "avg": ReduceOp.AVG}
+
+
+@dataclass(frozen=True)
+class RanksOverride:
+    """`--ranks N` or `--ranks tp=T,pp=P`."""
+
+    n: int | None = None
+    tp: int | None = None
+    pp: int | None = None
+
+    @staticmethod
+    def parse(text: str) -> RanksOverride:
+        text = text.strip()
+        if text.isdigit():
+            return RanksOverride(n=int(text))
+        parts = dict(p.split("=", 1) for p in text.replace(" ", "").split(",") if "=" in p)
+        if set(parts) == {"tp", "pp"} and all(v.isdigit() for v in parts.values()):
+            return RanksOverride(tp=int(parts["tp"]), pp=int(parts["pp"]))
+        raise UsageError(
+            f"--ranks expects N or tp=T,pp=P, got '{text}'", hint="for example --ranks 8 or --ranks tp=4,pp=2"
+        )
+
+
+def parse_defines(items: list[str] | None) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for item in items or []:
+        name, eq, val = item.partition("=")
+        if not eq or not name.strip().isidentifier() or not val.strip().lstrip("-").isdigit():
+            raise UsageError(f"-D expects NAME=INTEGER, got '{item}'", hint="for example -D H=1024")
+        if int(val) <= 0:
+            raise UsageError(f"-D {name.strip()}: sizes must be positive, got {val.strip()}")
+        out[name.strip()] = int(val)
+    return out
+
+
+def _int(num: syn.Num, what: str, positive: bool = True) -> int:
+    if not num.is_int:
+        raise InputError(f"{what} must be an integer, got '{num.text}'", num.span)
+    v = int(num.text)
+    if positive and v <= 0:
+        raise InputError(f"{what} must be positive, got {v}", num.span)
+    return v
+
+
+class _Lowerer:
+    def __init__(
+        self,
+        module: syn.Module,
+        defines: Mapping[str, int],
+        ranks: RanksOverride | None,
+    ) -> None:
+        self.module = module
+        self.defines = dict(defines)
+        self.ranks = ranks
+        self.bag = DiagnosticBag()
+        self.bound: dict[str, Span | None] = {}
+
+    # --- declarations -----------------------------------------------------------------
+    def _bind(self, name: syn.Name, kind: str) -> None:
+        if name.text in self.bound:
+            raise InputError(
+                f"'{name.text}' is already defined",
+                name.span,
+                notes=[("first defined here", self.bound[name.text])],
+                hint="each name is assigned once; pick a new name",
+            )
+        self.bound[name.text] = name.span
+
+    def lower(self) -> Program:
+        stmts = self.module.statements
+        src = self.module.source
+        name = Path(src.path).stem if src.path not in ("<input>", "") else "program"
+        name_set = False
+        grid: Grid | None = None
+        grid_span: Span | None = None
+        dims: list[DimDecl] = []
+        dim_values: dict[str, tuple[int, Span]] = {}
+        params: list[Param] = []
+        inputs: list[Input] = []
+        assigns: list[tuple[syn.Assign, Any]] = []  # (assign, group path)
+        groups_syntax: list[Any] = []
+        outputs: list[syn.Name] = []
+        schedules: list[ScheduleBlock] = []
+
+        for st in stmts:
+            if isinstance(st, syn.ProgramStmt):
+                if name_set:
+                    raise InputError("a second 'program' statement", st.span)
+                name, name_set = st.name.text, True
+            elif isinstance(st, syn.RanksStmt):
+                if grid is not None:
+                    raise InputError(
+                        "a second 'ranks' statement", st.span, notes=[("first here", grid_span)]
+                    )
+                grid, grid_span = self._grid(st), st.span
+            elif isinstance(st, syn.DimStmt):
+                for dn, dv in st.items:
+                    self._bind(dn, "dim")
+                    v = _int(dv, f"dimension '{dn.text}'")
+                    dim_values[dn.text] = (v, dn.span)
+            elif isinstance(st, syn.ParamStmt):
+                for pn, pt, pv, neg in st.items:
+                    self._bind(pn, "param")
+                    params.append(self._param(pn, pt, pv, neg))
+            elif isinstance(st, syn.InputStmt):
+                inputs.append(st)  # type: ignore[arg-type]
+                self._bind(st.name, "input")
+            elif isinstance(st, syn.Assign):
+                assigns.append((st, None))
+            elif isinstance(st, syn.FusedStmt):
+                groups_syntax.append(st)
+                for a in st.items:
+                    assigns.append((a, None))
+            elif isinstance(st, syn.OverlappedStmt):
+                groups_syntax.append(st)
+                for it in st.items:
+                    if isinstance(it, syn.FusedStmt):
+                        for a in it.items:
+                            assigns.append((a, None))
+                    else:
+                        assigns.append((it, None))
+            elif isinstance(st, syn.OutputStmt):
+                outputs.extend(st.names)
+            elif isinstance(st, syn.ScheduleStmt):
+                if any(s.name == st.name.text for s in schedules):
+                    raise InputError(f"schedule '{st.name.text}' is defined twice", st.name.span)
+                schedules.append(ScheduleBlock(st.name.text, st.steps, st.span))
+
+        for d in self.defines:
+            if d not in dim_values:
+                raise UsageError(
+                    f"-D {d}: the program has no dimension named '{d}'",
+                    hint=did_you_mean(d, dim_values) or (
+                        "its dimensions are " + ", ".join(dim_values) if dim_values else "it declares no dimensions"
+                    ),
+                )
+        for dn_text, (v, span) in dim_values.items():
+            dims.append(DimDecl(dn_text, self.defines.get(dn_text, v), span))
+        self.dims = {d.name: d.value for d in dims}
+        grid = self._apply_ranks_override(grid, grid_span)
+        self.grid = grid
+
+        typed_inputs = [self._input(st) for st in inputs]  # type: ignore[arg-type]
+        prog = Program(
+            name=name,
+            grid=grid,
+            dims=tuple(dims),
+            params=tuple(params),
+            inputs=tuple(typed_inputs),
+            stages=(),
+            outputs=(),
+            schedules=tuple(schedules),
+            source=src,
+        )
+        # resolve all stages first so that all name errors are reported together
+        defined: set[str] = {p.name for p in params} | {i.name for i in typed_inputs}
+        later = {a.name.text: a for a, _ in assigns}
+        raw: list[tuple[syn.Assign, Expr]] = []
+        for a, _ in assigns:
+            try:
+                self._bind(a.name, "stage")
+            except InputError as err:
+                self.bag.add(err)
+                continue
+            try:
+                expr = self._expr(a.expr, defined, later, a.name.text, top=True)
+                expr = _tag_dropouts(expr, a.name.text)
+                raw.append((a, expr))
+            except InputError as err:
+                self.bag.add(err)
+            defined.add(a.name.text)
+        self.bag.raise_if_any()
+
+        env = program_env(prog)
+        inf = Inferencer(grid, env, {i.name for i in typed_inputs})
+        stages: list[Stage] = []
+        for a, expr in raw:
+            typed = inf.infer(expr)
+            env[a.name.text] = typed.type
+            stages.append(Stage(a.name.text, typed, a.span))
+
+        stage_names = {s.name for s in stages}
+        out_names: list[str] = []
+        for o in outputs:
+            if o.text not in stage_names:
+                hint = did_you_mean(o.text, stage_names)
+                if o.text in defined:
+                    raise InputError(f"output '{o.text}' is not a stage", o.span, hint="outputs name stages")
+                self.bag.add(InputError(f"unknown output '{o.text}'", o.span, hint=hint))
+            elif o.text in out_names:
+                raise InputError(f"output '{o.text}' is listed twice", o.span)
+            else:
+                out_names.append(o.text)
+        self.bag.raise_if_any()
+        groups = tuple(_group(g) for g in groups_syntax)
+        prog = dataclasses.replace(prog, stages=tuple(stages), outputs=tuple(out_names), groups=groups)
+        check_updates(prog)
+        return prog
+
+    def _grid(self, st: syn.RanksStmt) -> Grid:
+        if st.n is not None:
+            return Grid(_int(st.n, "the rank count"))
+        assert st.grid is not None
+        (n1, v1), (n2, v2) = st.grid
+        vals = {n1.text: v1, n2.text: v2}
+        if set(vals) != {"tp", "pp"}:
+            bad = n1 if n1.text not in ("tp", "pp") else n2
+            raise InputError(
+                f"ranks grid expects tp=T, pp=P; got '{bad.text}'",
+                bad.span,
+                hint="for example: ranks tp=8, pp=2",
+            )
+        return Grid(_int(vals["tp"], "tp"), _int(vals["pp"], "pp"), True)
+
+    def _apply_ranks_override(self, grid: Grid | None, span: Span | None) -> Grid:
+        r = self.ranks
+        if r is None:
+            if grid is None:
+                raise InputError(
+                    "the program does not say how many ranks it runs on",
+                    Span(self.module.source, 1, 1, 1, 2),
+                    hint="add `ranks N` (or `ranks tp=T, pp=P`), or pass --ranks",
+                )
+            return grid
+        if r.tp is not None and r.pp is not None:
+            if r.tp <= 0 or r.pp <= 0:
+                raise UsageError("--ranks: tp and pp must be positive")
+            return Grid(r.tp, r.pp, True)
+        assert r.n is not None
+        if r.n <= 0:
+            raise UsageError("--ranks must be positive")
+        if grid is not None and grid.is_grid:
+            if r.n % grid.pp:
+                raise UsageError(
+                    f"--ranks {r.n}: the program has pp={grid.pp} pipeline stages, which do "
+                    f"not divide {r.n}",
+                    hint=f"use a multiple of {grid.pp}, or --ranks tp=T,pp=P",
+                )
+            return Grid(r.n // grid.pp, grid.pp, True)
+        return Grid(r.n)
+
+    def _param(self, pn: syn.Name, pt: syn.Name, pv: syn.Num, neg: bool) -> Param:
+        dt = DType.parse(pt.text)
+        if dt is None:
+            raise InputError(
+                f"unknown dtype '{pt.text}'",
+                pt.span,
+                hint=did_you_mean(pt.text, DTYPE_NAMES) or "dtypes: " + " ".join(DTYPE_NAMES),
+            )
+        v: float | int = pv.value
+        if not dt.is_float:
+            if not pv.is_int:
+                raise InputError(f"param '{pn.text}' is {dt.value} but its default is not an integer", pv.span)
+        else:
+            v = float(v)
+        return Param(pn.text, dt, -v if neg else v, pn.span)
+
+    def _size(self, se: syn.SizeExpr) -> Size:
+        value = 1
+        texts: list[str] = []
+        for f in se.factors:
+            if isinstance(f, syn.Num):
+                value *= _int(f, "a size")
+                texts.append(f.text)
+            else:
+                if f.text not in self.dims:
+                    raise InputError(
+                        f"unknown dimension '{f.text}'",
+                        f.span,
+                        hint=did_you_mean(f.text, self.dims) or "declare it: dim NAME = SIZE",
+                    )
+                value *= self.dims[f.text]
+                texts.append(f.text)
+        return Size("*".join(texts), value)
+
+    def _input(self, st: syn.InputStmt) -> Input:
+        dt = DType.parse(st.dtype.text)
+        if dt is None:
+            raise InputError(
+                f"unknown dtype '{st.dtype.text}'",
+                st.dtype.span,
+                hint=did_you_mean(st.dtype.text, DTYPE_NAMES) or "dtypes: " + " ".join(DTYPE_NAMES),
+            )
+        shape = tuple(self._size(s) for s in st.sizes)
+        word = st.layout.text
+        layout: Layout
+        if word not in LAYOUT_WORDS:
+            raise InputError(
+                f"unknown layout '{word}'",
+                st.layout.span,
+                hint=did_you_mean(word, LAYOUT_WORDS) or "layouts: replicated, local, sliced, sliced(d)",
+            )
+        if st.layout_arg is not None and word != "sliced":
+            raise InputError(f"layout '{word}' takes no argument", st.layout.span)
+        if word == "replicated":
+            layout = REPLICATED
+        elif word == "local":
+            layout = LOCAL
+        elif st.layout_arg is None:
+            layout = sliced(None, shape)
+        else:
+            num, neg = st.layout_arg
+            d = _int(num, "a sliced dimension", positive=False) * (-1 if neg else 1)
+            if not -len(shape) <= d < len(shape):
+                raise InputError(
+                    f"sliced({d}) is out of range for '{st.name.text}' of rank {len(shape)}",
+                    num.span,
+                    hint=f"dimensions are 0…{len(shape) - 1} (or -1…-{len(shape)})" if shape else "a scalar cannot be sliced",
+                )
+            layout = sliced(d, shape)
+        if layout.is_sliced and not shape:
+            raise InputError(f"scalar input '{st.name.text}' cannot be sliced", st.layout.span)
+        check_divisible(shape, layout, self.grid.group, st.span, f"input '{st.name.text}'")
+        pstage = 0
+        if st.stage is not None:
+            assert st.stage_kw is not None
+            if st.stage_kw.text != "stage":
+                raise InputError(f"expected '@stage K', got '@{st.stage_kw.text}'", st.stage_kw.span)
+            if not self.grid.is_grid:
+                raise InputError(
+                    "'@stage' needs a pipeline grid",
+                    st.stage_kw.span,
+                    hint="declare ranks tp=T, pp=P",
+                )
+            pstage = _int(st.stage, "a pipeline stage", positive=False)
+            if pstage >= self.grid.pp:
+                raise InputError(
+                    f"pipeline stage {pstage} does not exist (pp = {self.grid.pp})", st.stage.span
+                )
+        return Input(st.name.text, TensorType(dt, shape, layout, pstage), st.name.span)
+
+    # --- expressions ------------------------------------------------------------------
+    def _expr(self, node: Any, defined: set[str], later: dict[str, Any], stage: str, top: bool) -> Expr:
+        if isinstance(node, Expr):
+            if node.op is Op.REF:
+                assert node.name is not None
+                if node.name not in defined:
+                    if node.name in later and node.name != stage:
+                        raise InputError(
+                            f"'{node.name}' is used before it is defined",
+                            node.span,
+                            notes=[("defined here", later[node.name].span)],
+                            hint="stages must be defined before their uses",
+                        )
+                    if node.name == stage:
+                        raise InputError(f"stage '{stage}' refers to itself", node.span)
+                    if node.name in self.dims:
+                        raise InputError(
+                            f"'{node.name}' is a dimension, not a value",
+                            node.span,
+                            hint="dimensions size tensors; use a param for a runtime scalar",
+                        )
+                    raise InputError(
+                        f"unknown name '{node.name}'",
+                        node.span,
+                        hint=did_you_mean(node.name, defined),
+                    )
+                return node
+            if node.op is Op.CONST:
+                return node
+            if node.op is Op.NEG and isinstance(node.args[0], Expr) and node.args[0].op is Op.CONST:
+                v = node.args[0].value
+                assert v is not None
+                return Expr(Op.CONST, value=-v, span=node.span)
+            args = tuple(self._collect(a, defined, later, stage) for a in node.args)
+            return dataclasses.replace(node, args=args)
+        if isinstance(node, syn.Call):
+            return self._call(node, defined, later, stage, top)
+        if isinstance(node, syn.Cmp):
+            raise InputError(
+                f"a comparison ('{node.op.value}') is only allowed as the first argument of where()",
+                node.span,
+                hint="for example where(x > 0, x, 0)",
+            )
+        if isinstance(node, syn.RedTok):
+            raise InputError(f"'{node.text}' is only allowed as the operator of a collective", node.span)
+        if isinstance(node, syn.Kw):
+            raise InputError(f"unexpected keyword argument '{node.name.text}'", node.span)
+        raise InputError("unexpected expression", getattr(node, "span", None))
+
+    def _collect(self, node: Any, defined: set[str], later: dict[str, Any], stage: str) -> Expr:
+        return self._expr(node, defined, later, stage, top=False)
+
+    def _call(self, c: syn.Call, defined: set[str], later: dict[str, Any], stage: str, top: bool) -> Expr:
+        fname = c.name.text
+        op = CALL_NAMES.get(fname)
+        if op is None:
+            raise InputError(
+                f"unknown function '{fname}'",
+                c.name.span,
+                hint=did_you_mean(fname, CALL_NAMES),
+            )
+        if op in WHOLE_RHS | {Op.UPDATE} and not top:
+            raise InputError(
+                f"{fname}(...) must be the whole right-hand side of a named stage",
+                c.span,
+                hint=f"name it first: `t = {fname}(...)`, then use t here",
+            )
+        pos = [a for a in c.args if not isinstance(a, syn.Kw)]
+        kws = {a.name.text: a for a in c.args if isinstance(a, syn.Kw)}
+
+        def arity(n: int, sig: str) -> None:
+            if len(pos) != n:
+                raise InputError(
+                    f"{fname} takes {n} argument{'s' if n != 1 else ''} ({fname}({sig})), got {len(pos)}",
+                    c.span,
+                )
+
+        def no_kw(allowed: tuple[str, ...] = ()) -> None:
+            for k, kw in kws.items():
+                if k not in allowed:
+                    raise InputError(
+                        f"{fname} has no keyword argument '{k}'",
+                        kw.name.span,
+                        hint=("it accepts: " + ", ".join(allowed)) if allowed else None,
+                    )
+
+        def sub(a: Any) -> Expr:
+            return self._collect(a, defined, later, stage)
+
+        def literal(node: Any, what: str) -> float | int:
+            if isinstance(node, Expr) and node.op is Op.CONST and node.value is not None:
+                return node.value
+            if (
+                isinstance(node, Expr)
+                and node.op is Op.NEG
+                and node.args[0].op is Op.CONST
+                and node.args[0].value is not None
+            ):
+                return -node.args[0].value
+            raise InputError(f"{fname}: {what} must be a number literal", getattr(node, "span", c.span))
+
+        if op in COLLECTIVES:
+            rop: ReduceOp | None = None
+            if op in (Op.ALLREDUCE, Op.REDUCESCATTER, Op.REDUCE):
+                sig = "OP, x" + (", root=0" if op is Op.REDUCE else "")
+                arity(2, sig)
+                rop = self._reduce_op(pos[0], fname)
+                x = pos[1]
+            else:
+                arity(1, "x" + (", root=0" if op is Op.BROADCAST else ""))
+                x = pos[0]
+            value: float | int | None = None
+            if op in (Op.BROADCAST, Op.REDUCE):
+                no_kw(("root",))
+                value = 0
+                if "root" in kws:
+                    rv = literal(kws["root"].value, "root")
+                    if not isinstance(rv, int):
+                        raise InputError(f"{fname}: root must be an integer", kws["root"].span)
+                    value = rv
+            else:
+                no_kw()
+            return Expr(op, (sub(x),), rop=rop, value=value, span=c.span)
+        if op is Op.MATMUL:
+            arity(2, "a, b")
+            no_kw()
+            return Expr(op, (sub(pos[0]), sub(pos[1])), span=c.span)
+        if op is Op.UPDATE:
+            arity(2, "t, e")
+            no_kw()
+            return Expr(op, (sub(pos[0]), sub(pos[1])), span=c.span)
+        if op is Op.CAST:
+            arity(2, "T, x")
+            no_kw()
+            t = pos[0]
+            dt = DType.parse(t.name) if isinstance(t, Expr) and t.op is Op.REF and t.name else None
+            if dt is None:
+                raise InputError(
+                    "cast: the first argument must be a dtype (" + " ".join(DTYPE_NAMES) + ")",
+                    getattr(t, "span", c.span),
+                )
+            return Expr(op, (sub(pos[1]),), dtype_arg=dt, span=c.span)
+        if op is Op.DROPOUT:
+            no_kw(("id", "k"))
+            arity(2, "x, p")
+            p = literal(pos[1], "the probability p")
+            if not 0 <= p < 1:
+                raise InputError(f"dropout: p must be in [0, 1), got {p}", getattr(pos[1], "span", c.span))
+            tag = None
+            if "id" in kws:
+                idv = kws["id"].value
+                if not (isinstance(idv, Expr) and idv.op is Op.REF):
+                    raise InputError("dropout: id= must name the source stage", kws["id"].span)
+                k = literal(kws["k"].value, "k") if "k" in kws else 0
+                tag = f"{idv.name}#{int(k)}"
+            return Expr(op, (sub(pos[0]),), value=float(p), tag=tag, span=c.span)
+        if op is Op.SLICE:
+            no_kw()
+            if len(pos) not in (1, 2):
+                raise InputError(f"slice takes 1 or 2 arguments (slice(x) or slice(x, d)), got {len(pos)}", c.span)
+            d = None
+            if len(pos) == 2:
+                dv = literal(pos[1], "the dimension")
+                if not isinstance(dv, int):
+                    raise InputError("slice: the dimension must be an integer", c.span)
+                d = dv
+            return Expr(op, (sub(pos[0]),), value=d, span=c.span)
+        if op in ROWWISE:
+            n, sig, eps = {
+                Op.LAYERNORM: (3, "x, gamma, beta, eps=1e-5", 1e-5),
+                Op.RMSNORM: (2, "x, gamma, eps=1e-6", 1e-6),
+                Op.SOFTMAX: (1, "x", None),
+            }[op]
+            arity(n, sig)
+            no_kw(("eps",) if eps is not None else ())
+            if "eps" in kws:
+                eps = float(literal(kws["eps"].value, "eps"))
+            return Expr(op, tuple(sub(a) for a in pos), value=eps, span=c.span)
+        if op is Op.WHERE:
+            no_kw()
+            arity(3, "c, a, b")
+            cond = pos[0]
+            if not isinstance(cond, syn.Cmp):
+                raise InputError(
+                    "where: the first argument must be a comparison such as x > 0",
+                    getattr(cond, "span", c.span),
+                )
+            cexpr = Expr(cond.op, (sub(cond.lhs), sub(cond.rhs)), span=cond.span)
+            return Expr(op, (cexpr, sub(pos[1]), sub(pos[2])), span=c.span)
+        if op in REDUCTIONS or op in UNARY_CALLS:
+            no_kw()
+            arity(1, "x")
+            return Expr(op, (sub(pos[0]),), span=c.span)
+        if op in BINARY_CALLS:
+            no_kw()
+            arity(2, "a, b")
+            return Expr(op, (sub(pos[0]), sub(pos[1])), span=c.span)
+        raise InputError(f"'{fname}' cannot be used here", c.span)  # pragma: no cover
+
+    def _reduce_op(self, node: Any, fname: str) -> ReduceOp:
+        if isinstance(node, syn.RedTok):
+            return REDUCE_WORDS[node.text]
+        if isinstance(node, Expr) and node.op is Op.REF and node.name in REDUCE_WORDS:
+            return REDUCE_WORDS[node.name]
+        raise InputError(
+            f"{fname}: the first argument must be a reduction operator (+ * max min avg)",
+            getattr(node, "span", None),
+            hint=f"for example {fname}(+, x)",
+        )
+
+
+def _tag_dropouts(expr: Expr, stage: str) -> Expr:
+    counter = [0]
+
+    def go(e: Expr) -> Expr:
+        args = tuple(go(a) for a in e.args)
+        if e.op is Op.DROPOUT:
+            tag = e.tag or f"{stage}#{counter[0]}"
+            counter[0] += 1
+            return dataclasses.replace(e, args=args, tag=tag)
+        return dataclasses.replace(e, args=args) if args != e.args else e
+
+    return go(expr)
+
+
+def _group(st: Any) -> Group:
+    if isinstance(st, syn.FusedStmt):
+        return Group(GroupKind.FUSED, tuple(a.name.text for a in st.items))
+    assert isinstance(st, syn.OverlappedStmt)
+    if st.chunks_kw.text != "chunks":
+        raise InputError(f"expected 'chunks=K', got '{st.chunks_kw.text}'", st.chunks_kw.span)
+    items: list[str | Group] = []
+    for it in st.items:
+        items.append(_group(it) if isinstance(it, syn.FusedStmt) else it.name.text)
+    return Group(GroupKind.OVERLAPPED, tuple(items), _int(st.chunks, "chunks"))
+
+
+def lower(
+    module: syn.Module,
+    defines: Mapping[str, int] | None = None,
+    ranks: RanksOverride | None = None,
+) -> Program:
+    return _Lowerer(module, defines or {}, ranks).lower()
+
+
+def load_program(
+    text: str,
+    path: str = "<input>",
+    defines: Mapping[str, int] | None = None,
+    ranks: RanksOverride | None = None,
+) -> Program:
+    """Parse and lower a `.coco` text."""
+    return lower(syn.parse_module(text, path), defines, ranks)
+
+
+def load_file(
+    path: str | Path,
+    defines: Mapping[str, int] | None = None,
+    ranks: RanksOverride | None = None,
+) -> Program:
+    p = Path(path)
+    try:
+        text = p.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise InputError(f"{p}: no such file", hint=_nearby(p)) from None
+    except IsADirectoryError:
+        raise InputError(f"{p}: is a directory, expected a .coco file") from None
+    except UnicodeDecodeError as err:
+        raise InputError(f"{p}: not UTF-8 text ({err.reason} at byte {err.start})") from None
+    except OSError as err:
+        raise InputError(f"{p}: cannot read ({err.strerror})") from None
+    return load_program(text, str(path), defines, ranks)
+
+
+def _nearby(p: Path) -> str | None:
+    try:
+        names = [q.name for q in (p.parent if str(p.parent) else Path(".")).iterdir()]
+    except OSError:
+        return None
+    return did_you_mean(p.name, names)
+
+

@@ -1,0 +1,352 @@
+"""IR node types. Programs are values: frozen dataclasses and tuples.
+
+A `Program` is a list of named `Stage`s, each holding one expression tree (`Expr`) over
+references to inputs, params and earlier stages. Types (dtype, global shape, layout,
+pipeline stage) are filled in by inference (`cocoviz.ir.infer`), which also
+canonicalizes (replicated operands of sliced values become `slice(x)`). Source spans are
+excluded from equality, so a printed-and-reparsed program compares equal.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Union
+
+from cocoviz.errors import Source, Span
+from cocoviz.ir.types import REPLICATED, DType, Shape, TensorType
+
+
+class Op(enum.Enum):
+    """Expression operators; `.value` is the DSL spelling."""
+
+    REF = "ref"
+    CONST = "const"
+    # elementwise
+    ADD = "+"
+    SUB = "-"
+    MUL = "*"
+    DIV = "/"
+    NEG = "neg"
+    MAX = "max"
+    MIN = "min"
+    POW = "pow"
+    SQRT = "sqrt"
+    RSQRT = "rsqrt"
+    EXP = "exp"
+    LOG = "log"
+    TANH = "tanh"
+    SIGMOID = "sigmoid"
+    RELU = "relu"
+    GELU = "gelu"
+    ABS = "abs"
+    LT = "<"
+    LE = "<="
+    GT = ">"
+    GE = ">="
+    EQ = "=="
+    NE = "!="
+    WHERE = "where"
+    CAST = "cast"
+    DROPOUT = "dropout"
+    SLICE = "slice"
+    # row-wise over the last dimension
+    LAYERNORM = "layernorm"
+    RMSNORM = "rmsnorm"
+    SOFTMAX = "softmax"
+    # whole-tensor reductions to a scalar
+    SUM = "sum"
+    NORM = "norm"
+    AMAX = "amax"
+    # whole right-hand side only
+    MATMUL = "matmul"
+    UPDATE = "update"
+    ALLREDUCE = "allreduce"
+    REDUCESCATTER = "reducescatter"
+    ALLGATHER = "allgather"
+    BROADCAST = "broadcast"
+    REDUCE = "reduce"
+    SEND = "send"
+
+
+BINARY_INFIX = {Op.ADD, Op.SUB, Op.MUL, Op.DIV}
+BINARY_CALLS = {Op.MAX, Op.MIN, Op.POW}
+UNARY_CALLS = {
+    Op.SQRT, Op.RSQRT, Op.EXP, Op.LOG, Op.TANH, Op.SIGMOID, Op.RELU, Op.GELU, Op.ABS,
+}
+COMPARISONS = {Op.LT, Op.LE, Op.GT, Op.GE, Op.EQ, Op.NE}
+ROWWISE = {Op.LAYERNORM, Op.RMSNORM, Op.SOFTMAX}
+REDUCTIONS = {Op.SUM, Op.NORM, Op.AMAX}
+COLLECTIVES = {
+    Op.ALLREDUCE, Op.REDUCESCATTER, Op.ALLGATHER, Op.BROADCAST, Op.REDUCE, Op.SEND,
+}
+WHOLE_RHS = COLLECTIVES | {Op.MATMUL}
+ELEMENTWISE = (
+    BINARY_INFIX | BINARY_CALLS | UNARY_CALLS | COMPARISONS
+    | {Op.NEG, Op.WHERE, Op.CAST, Op.DROPOUT, Op.SLICE}
+)
+CALL_NAMES = {
+    op.value: op
+    for op in Op
+    if op not in BINARY_INFIX | COMPARISONS | {Op.REF, Op.CONST, Op.NEG}
+}
+
+
+class ReduceOp(enum.Enum):
+    """Reduction operators of collectives; `.value` is the DSL spelling."""
+
+    SUM = "+"
+    PROD = "*"
+    MAX = "max"
+    MIN = "min"
+    AVG = "avg"
+
+
+@dataclass(frozen=True)
+class Expr:
+    """One expression node: an operator, its operands, and its few attributes.
+
+    Attributes by op: REF `name`; CONST `value`; CAST `dtype_arg`; DROPOUT `value` = p and
+    `tag` = stable id; LAYERNORM/RMSNORM `value` = eps; SLICE `value` = dim or None;
+    BROADCAST/REDUCE `value` = root; collectives with a reduction `rop`.
+    """
+
+    op: Op
+    args: tuple[Expr, ...] = ()
+    name: str | None = None
+    value: float | int | None = None
+    rop: ReduceOp | None = None
+    dtype_arg: DType | None = None
+    tag: str | None = None
+    ty: TensorType | None = None
+    span: Span | None = field(default=None, compare=False, hash=False, repr=False)
+
+    @property
+    def type(self) -> TensorType:
+        assert self.ty is not None, f"untyped expression {self.op}"
+        return self.ty
+
+    def walk(self) -> Iterator[Expr]:
+        """This node and all nodes below it, pre-order."""
+        yield self
+        for a in self.args:
+            yield from a.walk()
+
+    def refs(self) -> Iterator[str]:
+        for e in self.walk():
+            if e.op is Op.REF and e.name is not None:
+                yield e.name
+
+
+def ref(name: str, span: Span | None = None) -> Expr:
+    return Expr(Op.REF, name=name, span=span)
+
+
+@dataclass(frozen=True)
+class DimDecl:
+    name: str
+    value: int
+    span: Span | None = field(default=None, compare=False, hash=False, repr=False)
+
+
+@dataclass(frozen=True)
+class Param:
+    """A runtime scalar, replicated, with a default."""
+
+    name: str
+    dtype: DType
+    default: float | int
+    span: Span | None = field(default=None, compare=False, hash=False, repr=False)
+
+
+@dataclass(frozen=True)
+class Input:
+    name: str
+    ty: TensorType
+    span: Span | None = field(default=None, compare=False, hash=False, repr=False)
+
+
+@dataclass(frozen=True)
+class Stage:
+    """A named value `name = expr`; its type is the expression's."""
+
+    name: str
+    expr: Expr
+    span: Span | None = field(default=None, compare=False, hash=False, repr=False)
+
+    @property
+    def op(self) -> Op:
+        return self.expr.op
+
+    @property
+    def ty(self) -> TensorType:
+        return self.expr.type
+
+    @property
+    def is_collective(self) -> bool:
+        return self.expr.op in COLLECTIVES
+
+
+class GroupKind(enum.Enum):
+    FUSED = "fused"
+    OVERLAPPED = "overlapped"
+
+
+GroupItem = Union[str, "Group"]
+
+
+@dataclass(frozen=True)
+class Group:
+    """A fused group (stage names) or an overlapped group (stage names or fused groups)."""
+
+    kind: GroupKind
+    items: tuple[GroupItem, ...]
+    chunks: int | None = None
+
+    def stages(self) -> Iterator[str]:
+        for it in self.items:
+            if isinstance(it, Group):
+                yield from it.stages()
+            else:
+                yield it
+
+
+@dataclass(frozen=True)
+class StepCall:
+    """A schedule step as written: `name(arg, …, key=int)`."""
+
+    name: str
+    args: tuple[str, ...] = ()
+    kwargs: tuple[tuple[str, int], ...] = ()
+    span: Span | None = field(default=None, compare=False, hash=False, repr=False)
+    arg_spans: tuple[Span | None, ...] = field(default=(), compare=False, hash=False, repr=False)
+
+    def __str__(self) -> str:
+        parts = list(self.args) + [f"{k}={v}" for k, v in self.kwargs]
+        return f"{self.name}({', '.join(parts)})"
+
+
+@dataclass(frozen=True)
+class ScheduleBlock:
+    name: str
+    steps: tuple[StepCall, ...]
+    span: Span | None = field(default=None, compare=False, hash=False, repr=False)
+
+
+@dataclass(frozen=True)
+class Grid:
+    """`ranks N` (tp=N, pp=1, not a grid) or `ranks tp=T, pp=P`."""
+
+    tp: int
+    pp: int = 1
+    is_grid: bool = False
+
+    @property
+    def world(self) -> int:
+        return self.tp * self.pp
+
+    @property
+    def group(self) -> int:
+        """Ranks a collective runs over (G)."""
+        return self.tp
+
+    def __str__(self) -> str:
+        return f"tp={self.tp}, pp={self.pp}" if self.is_grid else str(self.tp)
+
+
+@dataclass(frozen=True)
+class Program:
+    name: str
+    grid: Grid
+    dims: tuple[DimDecl, ...]
+    params: tuple[Param, ...]
+    inputs: tuple[Input, ...]
+    stages: tuple[Stage, ...]
+    outputs: tuple[str, ...]
+    groups: tuple[Group, ...] = ()
+    schedules: tuple[ScheduleBlock, ...] = ()
+    seed_names: frozenset[str] = field(default=frozenset(), compare=False, hash=False)
+    source: Source | None = field(default=None, compare=False, hash=False, repr=False)
+
+    # --- lookups -------------------------------------------------------------------
+    def stage(self, name: str) -> Stage:
+        for s in self.stages:
+            if s.name == name:
+                return s
+        raise KeyError(name)
+
+    def has_stage(self, name: str) -> bool:
+        return any(s.name == name for s in self.stages)
+
+    def input(self, name: str) -> Input:
+        for i in self.inputs:
+            if i.name == name:
+                return i
+        raise KeyError(name)
+
+    def param(self, name: str) -> Param:
+        for p in self.params:
+            if p.name == name:
+                return p
+        raise KeyError(name)
+
+    def type_of(self, name: str) -> TensorType:
+        for i in self.inputs:
+            if i.name == name:
+                return i.ty
+        for p in self.params:
+            if p.name == name:
+                return TensorType(p.dtype, (), REPLICATED, None)
+        return self.stage(name).ty
+
+    def names(self) -> set[str]:
+        """Every name bound in the program (dims, params, inputs, stages)."""
+        return (
+            {d.name for d in self.dims}
+            | {p.name for p in self.params}
+            | {i.name for i in self.inputs}
+            | {s.name for s in self.stages}
+        )
+
+    def group_of(self, name: str) -> Group | None:
+        """The top-level group holding stage `name`, if any."""
+        for g in self.groups:
+            if name in set(g.stages()):
+                return g
+        return None
+
+    def updates(self) -> dict[str, str]:
+        """Updated input name → the stage that names its new value."""
+        out: dict[str, str] = {}
+        for s in self.stages:
+            if s.expr.op is Op.UPDATE:
+                tgt = s.expr.args[0].name
+                assert tgt is not None
+                out[tgt] = s.name
+        return out
+
+    @property
+    def shape_env(self) -> dict[str, int]:
+        return {d.name: d.value for d in self.dims}
+
+
+__all__ = [
+    "COLLECTIVES",
+    "DType",
+    "DimDecl",
+    "Expr",
+    "Grid",
+    "Group",
+    "GroupKind",
+    "Input",
+    "Op",
+    "Param",
+    "Program",
+    "ReduceOp",
+    "ScheduleBlock",
+    "Shape",
+    "Stage",
+    "StepCall",
+    "TensorType",
+]

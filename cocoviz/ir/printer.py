@@ -1,0 +1,148 @@
+"""The printer: Program → `.coco` text that parses back to an equal Program."""
+
+from __future__ import annotations
+
+from cocoviz.ir.graph import ordered_items
+from cocoviz.ir.nodes import (
+    BINARY_INFIX,
+    COMPARISONS,
+    Expr,
+    Group,
+    GroupKind,
+    Op,
+    Program,
+    ScheduleBlock,
+    Stage,
+    StepCall,
+)
+from cocoviz.ir.types import format_shape
+
+_PREC = {Op.ADD: 1, Op.SUB: 1, Op.MUL: 2, Op.DIV: 2}
+_DEFAULT_EPS = {Op.LAYERNORM: 1e-5, Op.RMSNORM: 1e-6}
+
+
+def format_number(v: float | int) -> str:
+    if isinstance(v, bool):
+        return str(int(v))
+    if isinstance(v, int):
+        return str(v)
+    if v == int(v) and abs(v) < 1e15:
+        return f"{int(v)}.0"
+    return repr(v)
+
+
+class _ExprPrinter:
+    def __init__(self, stage: str) -> None:
+        self.stage = stage
+        self.dropouts = 0
+
+    def expr(self, e: Expr, prec: int = 0) -> str:
+        op = e.op
+        if op is Op.REF:
+            return str(e.name)
+        if op is Op.CONST:
+            assert e.value is not None
+            s = format_number(e.value)
+            return f"({s})" if s.startswith("-") and prec >= 2 else s
+        if op in BINARY_INFIX:
+            p = _PREC[op]
+            lhs = self.expr(e.args[0], p)
+            rhs = self.expr(e.args[1], p + 1)
+            s = f"{lhs} {op.value} {rhs}"
+            return f"({s})" if p < prec else s
+        if op is Op.NEG:
+            s = "-" + self.expr(e.args[0], 3)
+            return f"({s})" if prec >= 2 else s
+        if op in COMPARISONS:
+            return f"{self.expr(e.args[0])} {op.value} {self.expr(e.args[1])}"
+        args = [self.expr(a) for a in e.args]
+        if op in (Op.ALLREDUCE, Op.REDUCESCATTER, Op.REDUCE):
+            assert e.rop is not None
+            args.insert(0, e.rop.value)
+        if op in (Op.BROADCAST, Op.REDUCE) and e.value:
+            args.append(f"root={e.value}")
+        if op is Op.CAST:
+            assert e.dtype_arg is not None
+            args.insert(0, e.dtype_arg.value)
+        if op is Op.SLICE and e.value is not None:
+            args.append(str(e.value))
+        if op is Op.DROPOUT:
+            assert e.value is not None
+            args.append(format_number(e.value))
+            default = f"{self.stage}#{self.dropouts}"
+            self.dropouts += 1
+            if e.tag != default and e.tag is not None:
+                src, _, k = e.tag.rpartition("#")
+                args.append(f"id={src}")
+                if k != "0":
+                    args.append(f"k={k}")
+        if op in _DEFAULT_EPS and e.value is not None and e.value != _DEFAULT_EPS[op]:
+            args.append(f"eps={format_number(e.value)}")
+        return f"{op.value}({', '.join(args)})"
+
+
+def format_expr(e: Expr, stage: str = "") -> str:
+    return _ExprPrinter(stage).expr(e)
+
+
+def format_stage(s: Stage) -> str:
+    return f"{s.name} = {format_expr(s.expr, s.name)}"
+
+
+def format_step(step: StepCall) -> str:
+    return str(step)
+
+
+def format_schedule(block: ScheduleBlock) -> str:
+    lines = [f"schedule {block.name} {{"]
+    lines += [f"  {format_step(s)}" for s in block.steps]
+    lines.append("}")
+    return "\n".join(lines)
+
+
+def _group_lines(g: Group, stages: dict[str, Stage], indent: str) -> list[str]:
+    if g.kind is GroupKind.FUSED:
+        head = f"{indent}fused {{"
+    else:
+        head = f"{indent}overlapped chunks={g.chunks} {{"
+    lines = [head]
+    for it in g.items:
+        if isinstance(it, Group):
+            lines += _group_lines(it, stages, indent + "  ")
+        else:
+            lines.append(f"{indent}  {format_stage(stages[it])}")
+    lines.append(f"{indent}}}")
+    return lines
+
+
+def format_program(program: Program, schedules: bool = True) -> str:
+    """The program as `.coco` text (normal-form layouts, groups as blocks)."""
+    p = program
+    lines = [f"program {p.name}", f"ranks {p.grid}"]
+    if p.dims:
+        lines.append("dim " + ", ".join(f"{d.name} = {d.value}" for d in p.dims))
+    if p.params:
+        lines.append(
+            "param "
+            + ", ".join(f"{q.name}: {q.dtype.value} = {format_number(q.default)}" for q in p.params)
+        )
+    lines.append("")
+    for i in p.inputs:
+        t = i.ty
+        stage = f" @stage {t.pstage}" if t.pstage else ""
+        lines.append(f"input {i.name} : {t.dtype.value}{format_shape(t.shape)} {t.layout}{stage}")
+    lines.append("")
+    by_name = {s.name: s for s in p.stages}
+    for item in ordered_items(p):
+        if isinstance(item, Group):
+            lines += _group_lines(item, by_name, "")
+        else:
+            lines.append(format_stage(by_name[item]))
+    if p.outputs:
+        lines.append("")
+        lines.append("output " + ", ".join(p.outputs))
+    if schedules and p.schedules:
+        for b in p.schedules:
+            lines.append("")
+            lines.append(format_schedule(b))
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,194 @@
+"""Element types, sizes, shapes and layouts of the IR."""
+
+from __future__ import annotations
+
+import enum
+import math
+from dataclasses import dataclass
+
+
+class DType(enum.Enum):
+    """Element types; `.value` is the DSL spelling."""
+
+    F16 = "f16"
+    BF16 = "bf16"
+    F32 = "f32"
+    F64 = "f64"
+    I32 = "i32"
+    I64 = "i64"
+
+    @property
+    def is_float(self) -> bool:
+        return self not in (DType.I32, DType.I64)
+
+    @property
+    def is_half(self) -> bool:
+        return self in (DType.F16, DType.BF16)
+
+    @property
+    def itemsize(self) -> int:
+        return {"f16": 2, "bf16": 2, "f32": 4, "f64": 8, "i32": 4, "i64": 8}[self.value]
+
+    @property
+    def reduction_dtype(self) -> DType:
+        """The dtype of `sum`/`norm`/`amax` of a tensor of this dtype."""
+        return DType.F32 if self.is_half else self
+
+    @staticmethod
+    def parse(text: str) -> DType | None:
+        try:
+            return DType(text)
+        except ValueError:
+            return None
+
+
+DTYPE_NAMES = tuple(d.value for d in DType)
+
+
+@dataclass(frozen=True)
+class Size:
+    """One dimension: its source spelling (`H`, `4*H`, `8`) and its numeric value."""
+
+    text: str
+    value: int
+
+    def __str__(self) -> str:
+        return self.text
+
+
+Shape = tuple[Size, ...]
+
+
+def numel(shape: Shape) -> int:
+    return math.prod(s.value for s in shape)
+
+
+def shape_values(shape: Shape) -> tuple[int, ...]:
+    return tuple(s.value for s in shape)
+
+
+def format_shape(shape: Shape, numeric: bool = False) -> str:
+    return "[" + ", ".join(str(s.value) if numeric else s.text for s in shape) + "]"
+
+
+class LayoutKind(enum.Enum):
+    REPLICATED = "replicated"
+    LOCAL = "local"
+    SLICED = "sliced"
+
+
+@dataclass(frozen=True)
+class Layout:
+    """How a tensor is stored across the ranks of a group.
+
+    `dim` is None for flat `sliced` (rank r holds the r-th contiguous chunk of the
+    row-major flattening) and a non-negative dimension for `sliced(d)` in normal form
+    (some dimension before d has extent > 1).
+    """
+
+    kind: LayoutKind
+    dim: int | None = None
+
+    @property
+    def is_sliced(self) -> bool:
+        return self.kind is LayoutKind.SLICED
+
+    @property
+    def is_replicated(self) -> bool:
+        return self.kind is LayoutKind.REPLICATED
+
+    @property
+    def is_local(self) -> bool:
+        return self.kind is LayoutKind.LOCAL
+
+    def __str__(self) -> str:
+        if self.kind is LayoutKind.SLICED and self.dim is not None:
+            return f"sliced({self.dim})"
+        return self.kind.value
+
+
+REPLICATED = Layout(LayoutKind.REPLICATED)
+LOCAL = Layout(LayoutKind.LOCAL)
+FLAT = Layout(LayoutKind.SLICED)
+
+
+def sliced(dim: int | None, shape: Shape) -> Layout:
+    """`sliced(dim)` in normal form for `shape` (dim may be negative)."""
+    if dim is None:
+        return FLAT
+    d = dim + len(shape) if dim < 0 else dim
+    if all(s.value == 1 for s in shape[:d]):
+        return FLAT
+    return Layout(LayoutKind.SLICED, d)
+
+
+def block_dim(layout: Layout, shape: Shape, group: int) -> int | None:
+    """The dimension a sliced layout partitions in blocks, if it is a block partition.
+
+    A flat layout is a block partition along its first non-unit dimension when that
+    extent divides by the group size; otherwise (or for non-sliced layouts) None.
+    """
+    if not layout.is_sliced:
+        return None
+    if layout.dim is not None:
+        return layout.dim
+    for i, s in enumerate(shape):
+        if s.value != 1:
+            return i if s.value % group == 0 else None
+    return None
+
+
+@dataclass(frozen=True)
+class Partition:
+    """Which global elements each rank holds, comparable across operands."""
+
+    flat: bool
+    dim_from_end: int  # for block partitions: dimension index counted from the end (1 = last)
+
+
+def partition(layout: Layout, shape: Shape, group: int) -> Partition | None:
+    if not layout.is_sliced:
+        return None
+    d = block_dim(layout, shape, group)
+    if d is None:
+        return Partition(True, 0)
+    return Partition(False, len(shape) - d)
+
+
+def same_slicing(
+    a: Layout, a_shape: Shape, b: Layout, b_shape: Shape, group: int
+) -> bool:
+    """Whether every rank holds the same global elements of two sliced operands
+    (compared after right-aligning broadcast dimensions)."""
+    pa, pb = partition(a, a_shape, group), partition(b, b_shape, group)
+    if pa is None or pb is None:
+        return False
+    if shape_values(a_shape) == shape_values(b_shape):
+        if pa == pb:
+            return True
+        # A flat slicing equals a block slicing on the first non-unit dimension.
+        return block_dim(a, a_shape, group) == block_dim(b, b_shape, group) is not None
+    if pa.flat or pb.flat:
+        return False
+    return pa.dim_from_end == pb.dim_from_end
+
+
+@dataclass(frozen=True)
+class TensorType:
+    """What a value is: element type, global shape, layout and pipeline stage."""
+
+    dtype: DType
+    shape: Shape
+    layout: Layout
+    pstage: int | None = 0  # None: on every pipeline stage (params, literals)
+
+    @property
+    def numel(self) -> int:
+        return numel(self.shape)
+
+    @property
+    def is_scalar(self) -> bool:
+        return len(self.shape) == 0
+
+    def __str__(self) -> str:
+        return f"{self.dtype.value}{format_shape(self.shape)} {self.layout}"

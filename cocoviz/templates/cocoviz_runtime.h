@@ -1,0 +1,662 @@
+// cocoviz_runtime.h — numeric runtime shared by cocoviz's emitted C++ and CUDA code.
+//
+// Copied verbatim next to the emitted sources; not a template. It implements the rules
+// of cocoviz/exec/numerics.py (DESIGN §2.5) so that emitted programs, the numpy reference
+// and the MPI executor agree bit for bit:
+//
+//   mix(z)    splitmix64 finalizer (uint64, wrapping)
+//   key       = mix(seed ^ fnv1a64(utf8(id)));   u(i) = mix(key ^ i), i the global flat index
+//   inputs    floats ((u >> 54) + 1) / 1024, integers u mod 16
+//   dropout   keep iff (u >> 32) >= floor(p * 2^32); kept x * float(1 / (1 - p)) in f32
+//             (f64 for f64; integers: f64 then truncation)
+//   f16/bf16  stored as uint16_t bit patterns, round-to-nearest-even conversions that are
+//             exact for subnormals, infinities and NaN; f64 -> f16 rounds directly,
+//             f64 -> bf16 goes through f32 (as numerics.to_dtype does)
+//   compare   |a - b| <= atol + rtol * |b|, NaN positions must match, integers exact
+//   .npy      writer and reader; f16 as '<f2', bf16 as float32 '<f4'
+//
+// Core functions are marked COCOVIZ_HD, which is __host__ __device__ under nvcc, so
+// cocoviz_runtime.cuh reuses them on the device. Include <mpi.h> before this header to
+// get the MPI helpers (datatypes, f16/bf16 reduction ops, CHECK_MPI).
+#ifndef COCOVIZ_RUNTIME_H_
+#define COCOVIZ_RUNTIME_H_
+
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#if defined(__CUDACC__)
+#define COCOVIZ_HD __host__ __device__ inline
+#else
+#define COCOVIZ_HD inline
+#endif
+
+#if defined(_OPENMP)
+#define COCOVIZ_OMP_PARALLEL_FOR _Pragma("omp parallel for schedule(static)")
+#else
+#define COCOVIZ_OMP_PARALLEL_FOR
+#endif
+
+namespace cocoviz {
+
+enum class DType : int { f16, bf16, f32, f64, i32, i64 };
+
+// ------------------------------------------------------------------ bit casts
+
+COCOVIZ_HD uint32_t float_bits(float f) {
+#if defined(__CUDA_ARCH__)
+  return __float_as_uint(f);
+#else
+  uint32_t u;
+  std::memcpy(&u, &f, sizeof u);
+  return u;
+#endif
+}
+
+COCOVIZ_HD float bits_float(uint32_t u) {
+#if defined(__CUDA_ARCH__)
+  return __uint_as_float(u);
+#else
+  float f;
+  std::memcpy(&f, &u, sizeof f);
+  return f;
+#endif
+}
+
+COCOVIZ_HD uint64_t double_bits(double d) {
+#if defined(__CUDA_ARCH__)
+  return static_cast<uint64_t>(__double_as_longlong(d));
+#else
+  uint64_t u;
+  std::memcpy(&u, &d, sizeof u);
+  return u;
+#endif
+}
+
+// ------------------------------------------------------------------ generator
+
+COCOVIZ_HD constexpr uint64_t mix(uint64_t z) {
+  z += 0x9E3779B97F4A7C15ull;
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return z ^ (z >> 31);
+}
+
+// FNV-1a over the bytes of a NUL-terminated UTF-8 string.
+COCOVIZ_HD constexpr uint64_t fnv1a64(const char* s) {
+  uint64_t h = 0xCBF29CE484222325ull;
+  for (; *s != '\0'; ++s) {
+    h ^= static_cast<uint64_t>(static_cast<unsigned char>(*s));
+    h *= 0x100000001B3ull;
+  }
+  return h;
+}
+
+COCOVIZ_HD constexpr uint64_t key_for(const char* id, uint64_t seed) {
+  return mix(seed ^ fnv1a64(id));
+}
+
+COCOVIZ_HD constexpr uint64_t uniform_bits(uint64_t key, uint64_t i) { return mix(key ^ i); }
+
+// Float inputs: k / 1024 for k in 1..1024, exact in f32 (and f16).
+COCOVIZ_HD float input_float(uint64_t u) {
+  return static_cast<float>(static_cast<uint32_t>(u >> 54) + 1u) * (1.0f / 1024.0f);
+}
+
+COCOVIZ_HD int64_t input_int(uint64_t u) { return static_cast<int64_t>(u & 15u); }
+
+// ------------------------------------------------------------- f16 and bf16
+
+// IEEE binary16 from binary64, rounding to nearest even. A float converts exactly to
+// double, so this is also the correctly rounded float -> half conversion. NaN keeps its
+// sign and the top 10 payload bits (a zero payload becomes 1), as numpy does.
+COCOVIZ_HD uint16_t f16_from_double(double d) {
+  const uint64_t b = double_bits(d);
+  const uint16_t sign = static_cast<uint16_t>((b >> 48) & 0x8000u);
+  const uint64_t exp = (b >> 52) & 0x7FFu;
+  const uint64_t sig = b & 0xFFFFFFFFFFFFFull;
+  if (exp == 0x7FFu) {
+    if (sig == 0) return static_cast<uint16_t>(sign | 0x7C00u);
+    uint16_t r = static_cast<uint16_t>(0x7C00u | (sig >> 42));
+    if (r == 0x7C00u) ++r;
+    return static_cast<uint16_t>(sign | r);
+  }
+  const int e = static_cast<int>(exp) - 1023;
+  if (e >= 16) return static_cast<uint16_t>(sign | 0x7C00u);
+  if (e >= -14) {
+    // Normal range; a carry out of the mantissa correctly bumps the exponent (to inf).
+    uint32_t h = (static_cast<uint32_t>(e + 15) << 10) | static_cast<uint32_t>(sig >> 42);
+    const uint64_t rem = sig & ((1ull << 42) - 1);
+    const uint64_t half = 1ull << 41;
+    if (rem > half || (rem == half && (h & 1u))) ++h;
+    return static_cast<uint16_t>(sign | h);
+  }
+  if (e < -25) return sign;  // below half the smallest subnormal (and double subnormals)
+  // Subnormal: value / 2^-24 = M * 2^(e - 28) with M the 53-bit significand.
+  const uint64_t m = sig | (1ull << 52);
+  const int shift = 28 - e;  // 43..53
+  uint64_t q = m >> shift;
+  const uint64_t rem = m & ((1ull << shift) - 1);
+  const uint64_t half = 1ull << (shift - 1);
+  if (rem > half || (rem == half && (q & 1u))) ++q;  // may carry into the smallest normal
+  return static_cast<uint16_t>(sign | q);
+}
+
+COCOVIZ_HD uint16_t f16_from_float(float f) { return f16_from_double(static_cast<double>(f)); }
+
+// Exact binary16 -> binary32. NaN payload bits move to the top of the f32 payload.
+COCOVIZ_HD float f16_to_float(uint16_t h) {
+  const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
+  const uint32_t exp = (h >> 10) & 0x1Fu;
+  uint32_t man = h & 0x3FFu;
+  if (exp == 0x1Fu) return bits_float(sign | 0x7F800000u | (man << 13));
+  if (exp != 0) return bits_float(sign | ((exp + 112u) << 23) | (man << 13));
+  if (man == 0) return bits_float(sign);
+  uint32_t e = 113;  // biased f32 exponent of 2^-14
+  while ((man & 0x400u) == 0) {
+    man <<= 1;
+    --e;
+  }
+  return bits_float(sign | (e << 23) | ((man & 0x3FFu) << 13));
+}
+
+// bfloat16 from binary32, nearest even on the top 16 bits. NaN keeps its sign and top
+// payload bits and gets the quiet bit, so it stays NaN.
+COCOVIZ_HD uint16_t bf16_from_float(float f) {
+  uint32_t u = float_bits(f);
+  if ((u & 0x7FFFFFFFu) > 0x7F800000u) return static_cast<uint16_t>((u >> 16) | 0x0040u);
+  u += 0x7FFFu + ((u >> 16) & 1u);
+  return static_cast<uint16_t>(u >> 16);
+}
+
+COCOVIZ_HD uint16_t bf16_from_double(double d) {
+  return bf16_from_float(static_cast<float>(d));
+}
+
+COCOVIZ_HD float bf16_to_float(uint16_t b) { return bits_float(static_cast<uint32_t>(b) << 16); }
+
+// ------------------------------------------------------------ dtype traits
+
+struct Tolerance {
+  double rtol;
+  double atol;
+};
+
+// Storage/compute types and conversions of each dtype on the CPU target. For the CUDA
+// storage types (__half, __nv_bfloat16) see cocoviz_runtime.cuh; the bit patterns agree.
+template <DType D>
+struct Dt;
+
+template <>
+struct Dt<DType::f16> {
+  using storage = uint16_t;
+  using compute = float;
+  static constexpr const char* name = "f16";
+  static constexpr const char* npy_descr = "<f2";
+  static constexpr bool is_float = true;
+  static constexpr Tolerance tolerance{5e-3, 1e-3};
+  static COCOVIZ_HD compute load(storage s) { return f16_to_float(s); }
+  static COCOVIZ_HD storage store(float c) { return f16_from_float(c); }
+  static COCOVIZ_HD storage store_double(double c) { return f16_from_double(c); }
+};
+
+template <>
+struct Dt<DType::bf16> {
+  using storage = uint16_t;
+  using compute = float;
+  static constexpr const char* name = "bf16";
+  static constexpr const char* npy_descr = "<f4";  // written as float32
+  static constexpr bool is_float = true;
+  static constexpr Tolerance tolerance{2e-2, 1e-2};
+  static COCOVIZ_HD compute load(storage s) { return bf16_to_float(s); }
+  static COCOVIZ_HD storage store(float c) { return bf16_from_float(c); }
+  static COCOVIZ_HD storage store_double(double c) { return bf16_from_double(c); }
+};
+
+template <>
+struct Dt<DType::f32> {
+  using storage = float;
+  using compute = float;
+  static constexpr const char* name = "f32";
+  static constexpr const char* npy_descr = "<f4";
+  static constexpr bool is_float = true;
+  static constexpr Tolerance tolerance{1e-5, 1e-6};
+  static COCOVIZ_HD compute load(storage s) { return s; }
+  static COCOVIZ_HD storage store(float c) { return c; }
+  static COCOVIZ_HD storage store_double(double c) { return static_cast<float>(c); }
+};
+
+template <>
+struct Dt<DType::f64> {
+  using storage = double;
+  using compute = double;
+  static constexpr const char* name = "f64";
+  static constexpr const char* npy_descr = "<f8";
+  static constexpr bool is_float = true;
+  static constexpr Tolerance tolerance{1e-10, 1e-12};
+  static COCOVIZ_HD compute load(storage s) { return s; }
+  static COCOVIZ_HD storage store(double c) { return c; }
+  static COCOVIZ_HD storage store_double(double c) { return c; }
+};
+
+template <>
+struct Dt<DType::i32> {
+  using storage = int32_t;
+  using compute = int64_t;
+  static constexpr const char* name = "i32";
+  static constexpr const char* npy_descr = "<i4";
+  static constexpr bool is_float = false;
+  static constexpr Tolerance tolerance{0.0, 0.0};
+  static COCOVIZ_HD compute load(storage s) { return s; }
+  static COCOVIZ_HD storage store(int64_t c) { return static_cast<int32_t>(c); }
+  static COCOVIZ_HD storage store_double(double c) { return static_cast<int32_t>(c); }
+};
+
+template <>
+struct Dt<DType::i64> {
+  using storage = int64_t;
+  using compute = int64_t;
+  static constexpr const char* name = "i64";
+  static constexpr const char* npy_descr = "<i8";
+  static constexpr bool is_float = false;
+  static constexpr Tolerance tolerance{0.0, 0.0};
+  static COCOVIZ_HD compute load(storage s) { return s; }
+  static COCOVIZ_HD storage store(int64_t c) { return c; }
+  static COCOVIZ_HD storage store_double(double c) { return static_cast<int64_t>(c); }
+};
+
+// ----------------------------------------------------------------- inputs
+
+// Input element with global flat index i of the stream `key` (= key_for(name, seed)).
+template <DType D>
+COCOVIZ_HD typename Dt<D>::storage input_element(uint64_t key, uint64_t i) {
+  const uint64_t u = uniform_bits(key, i);
+  if constexpr (Dt<D>::is_float) {
+    return Dt<D>::store_double(static_cast<double>(input_float(u)));
+  } else {
+    return Dt<D>::store(input_int(u));
+  }
+}
+
+// Fills dst[0, count) with the input elements of global indices [start, start + count).
+template <DType D>
+inline void fill_input(typename Dt<D>::storage* dst, const char* id, uint64_t seed,
+                       uint64_t start, uint64_t count) {
+  const uint64_t key = key_for(id, seed);
+  const int64_t n = static_cast<int64_t>(count);
+  COCOVIZ_OMP_PARALLEL_FOR
+  for (int64_t j = 0; j < n; ++j) {
+    dst[j] = input_element<D>(key, start + static_cast<uint64_t>(j));
+  }
+}
+
+// ---------------------------------------------------------------- dropout
+
+// floor(p * 2^32); p in [0, 1), so the product is exact and below 2^32.
+COCOVIZ_HD uint32_t dropout_threshold(double p) {
+  return static_cast<uint32_t>(floor(p * 4294967296.0));
+}
+
+COCOVIZ_HD bool dropout_keep(uint64_t key, uint64_t i, uint32_t threshold) {
+  return (uniform_bits(key, i) >> 32) >= threshold;
+}
+
+// 1 / (1 - p) evaluated in f64, rounded once to f32.
+COCOVIZ_HD float dropout_scale_f32(double p) { return static_cast<float>(1.0 / (1.0 - p)); }
+
+COCOVIZ_HD double dropout_scale_f64(double p) { return 1.0 / (1.0 - p); }
+
+// The dropout of one stored element: x * scale when kept, else 0, in x's dtype.
+template <DType D>
+COCOVIZ_HD typename Dt<D>::storage dropout_value(typename Dt<D>::storage x, bool keep,
+                                                 double p) {
+  if constexpr (D == DType::f16 || D == DType::bf16 || D == DType::f32) {
+    const float kept = Dt<D>::load(x) * dropout_scale_f32(p);
+    return Dt<D>::store(keep ? kept : 0.0f);
+  } else if constexpr (D == DType::f64) {
+    return keep ? x * dropout_scale_f64(p) : 0.0;
+  } else {
+    return keep ? Dt<D>::store_double(static_cast<double>(x) * dropout_scale_f64(p))
+                : typename Dt<D>::storage(0);
+  }
+}
+
+// ---------------------------------------------------------------- compare
+
+struct CompareResult {
+  bool ok = true;
+  double max_abs = 0.0;
+  double max_rel = 0.0;
+  uint64_t n_bad = 0;
+  uint64_t nan_mismatch = 0;
+  int64_t first_bad = -1;
+};
+
+inline void compare_step(CompareResult& r, uint64_t i, double a, double b, Tolerance tol) {
+  const bool an = std::isnan(a), bn = std::isnan(b);
+  bool bad = false;
+  if (an || bn) {
+    if (an != bn) {
+      bad = true;
+      ++r.nan_mismatch;
+    }
+  } else if (a != b) {
+    const double diff = std::fabs(a - b);
+    const double babs = std::fabs(b);
+    if (!(diff <= tol.atol + tol.rtol * babs)) bad = true;
+    if (diff > r.max_abs || std::isnan(diff)) r.max_abs = diff;
+    const double rel = diff / babs;
+    if (rel > r.max_rel || std::isnan(rel)) r.max_rel = rel;
+  }
+  if (bad) {
+    if (r.n_bad == 0) r.first_bad = static_cast<int64_t>(i);
+    ++r.n_bad;
+    r.ok = false;
+  }
+}
+
+// Compares n stored elements of `actual` against `expected` with D's tolerance.
+template <DType D>
+inline CompareResult compare(const typename Dt<D>::storage* actual,
+                             const typename Dt<D>::storage* expected, uint64_t n) {
+  CompareResult r;
+  for (uint64_t i = 0; i < n; ++i) {
+    if constexpr (Dt<D>::is_float) {
+      compare_step(r, i, static_cast<double>(Dt<D>::load(actual[i])),
+                   static_cast<double>(Dt<D>::load(expected[i])), Dt<D>::tolerance);
+    } else {
+      const int64_t a = actual[i], b = expected[i];
+      if (a != b) {
+        const double diff = std::fabs(static_cast<double>(a) - static_cast<double>(b));
+        if (diff > r.max_abs) r.max_abs = diff;
+        const double rel = diff / std::fabs(static_cast<double>(b));
+        if (rel > r.max_rel) r.max_rel = rel;
+        if (r.n_bad == 0) r.first_bad = static_cast<int64_t>(i);
+        ++r.n_bad;
+        r.ok = false;
+      }
+    }
+  }
+  return r;
+}
+
+// -------------------------------------------------------------------- npy
+
+struct NpyArray {
+  std::string descr;
+  std::vector<uint64_t> shape;
+  std::vector<unsigned char> data;
+
+  uint64_t numel() const {
+    uint64_t n = 1;
+    for (uint64_t s : shape) n *= s;
+    return n;
+  }
+};
+
+inline std::string npy_header(const char* descr, const std::vector<uint64_t>& shape) {
+  std::string dict = "{'descr': '";
+  dict += descr;
+  dict += "', 'fortran_order': False, 'shape': (";
+  for (size_t k = 0; k < shape.size(); ++k) {
+    dict += std::to_string(shape[k]);
+    if (shape.size() == 1 || k + 1 < shape.size()) dict += ",";
+    if (k + 1 < shape.size()) dict += " ";
+  }
+  dict += "), }";
+  // Magic (6) + version (2) + length (2) + dict + padding + '\n' is a multiple of 64.
+  const size_t unpadded = 10 + dict.size() + 1;
+  dict.append((64 - unpadded % 64) % 64, ' ');
+  dict += '\n';
+  std::string out("\x93NUMPY\x01\x00", 8);
+  out += static_cast<char>(dict.size() & 0xFF);
+  out += static_cast<char>((dict.size() >> 8) & 0xFF);
+  return out + dict;
+}
+
+// Writes a C-order array of `itemsize`-byte little-endian elements.
+inline void write_npy_raw(const std::string& path, const char* descr,
+                          const std::vector<uint64_t>& shape, const void* data,
+                          size_t itemsize) {
+  uint64_t n = 1;
+  for (uint64_t s : shape) n *= s;
+  const std::string header = npy_header(descr, shape);
+  FILE* f = std::fopen(path.c_str(), "wb");
+  if (f == nullptr) throw std::runtime_error("cannot open " + path + " for writing");
+  const bool ok = std::fwrite(header.data(), 1, header.size(), f) == header.size() &&
+                  (n == 0 || std::fwrite(data, itemsize, n, f) == n);
+  if (std::fclose(f) != 0 || !ok) throw std::runtime_error("cannot write " + path);
+}
+
+// Writes stored values of dtype D; bf16 is widened to float32 ('<f4').
+template <DType D>
+inline void write_npy(const std::string& path, const std::vector<uint64_t>& shape,
+                      const typename Dt<D>::storage* data) {
+  if constexpr (D == DType::bf16) {
+    uint64_t n = 1;
+    for (uint64_t s : shape) n *= s;
+    std::vector<float> wide(n);
+    for (uint64_t i = 0; i < n; ++i) wide[i] = bf16_to_float(data[i]);
+    write_npy_raw(path, "<f4", shape, wide.data(), sizeof(float));
+  } else {
+    write_npy_raw(path, Dt<D>::npy_descr, shape, data, sizeof(typename Dt<D>::storage));
+  }
+}
+
+inline std::string npy_dict_value(const std::string& dict, const std::string& key,
+                                  const std::string& path) {
+  const std::string quoted = "'" + key + "':";
+  const size_t at = dict.find(quoted);
+  if (at == std::string::npos) throw std::runtime_error(path + ": npy header lacks " + key);
+  size_t p = at + quoted.size();
+  while (p < dict.size() && dict[p] == ' ') ++p;
+  if (p < dict.size() && dict[p] == '\'') {
+    const size_t end = dict.find('\'', p + 1);
+    if (end == std::string::npos) throw std::runtime_error(path + ": bad npy header");
+    return dict.substr(p + 1, end - p - 1);
+  }
+  if (p < dict.size() && dict[p] == '(') {
+    const size_t end = dict.find(')', p);
+    if (end == std::string::npos) throw std::runtime_error(path + ": bad npy header");
+    return dict.substr(p + 1, end - p - 1);
+  }
+  const size_t end = dict.find_first_of(",}", p);
+  return dict.substr(p, end - p);
+}
+
+inline NpyArray read_npy_raw(const std::string& path) {
+  FILE* f = std::fopen(path.c_str(), "rb");
+  if (f == nullptr) throw std::runtime_error("cannot open " + path);
+  auto fail = [&](const std::string& why) {
+    std::fclose(f);
+    throw std::runtime_error(path + ": " + why);
+  };
+  unsigned char pre[10];
+  if (std::fread(pre, 1, 10, f) != 10 || std::memcmp(pre, "\x93NUMPY", 6) != 0) {
+    fail("not a .npy file");
+  }
+  size_t hlen = static_cast<size_t>(pre[8]) | (static_cast<size_t>(pre[9]) << 8);
+  if (pre[6] >= 2) {  // versions 2 and 3 have a 4-byte header length
+    unsigned char more[2];
+    if (std::fread(more, 1, 2, f) != 2) fail("truncated header");
+    hlen |= (static_cast<size_t>(more[0]) << 16) | (static_cast<size_t>(more[1]) << 24);
+  }
+  std::string dict(hlen, '\0');
+  if (std::fread(&dict[0], 1, hlen, f) != hlen) fail("truncated header");
+  NpyArray a;
+  a.descr = npy_dict_value(dict, "descr", path);
+  if (npy_dict_value(dict, "fortran_order", path).find("False") == std::string::npos) {
+    fail("Fortran-order arrays are not supported");
+  }
+  const std::string dims = npy_dict_value(dict, "shape", path);
+  size_t p = 0;
+  while (p < dims.size()) {
+    while (p < dims.size() && (dims[p] == ' ' || dims[p] == ',')) ++p;
+    if (p >= dims.size()) break;
+    size_t used = 0;
+    a.shape.push_back(std::stoull(dims.substr(p), &used));
+    p += used;
+  }
+  size_t itemsize = 0;
+  if (a.descr.size() >= 3 && (a.descr[0] == '<' || a.descr[0] == '|')) {
+    itemsize = static_cast<size_t>(std::stoul(a.descr.substr(2)));
+  } else {
+    fail("unsupported dtype " + a.descr + " (expected little-endian)");
+  }
+  const size_t bytes = static_cast<size_t>(a.numel()) * itemsize;
+  a.data.resize(bytes);
+  if (bytes != 0 && std::fread(a.data.data(), 1, bytes, f) != bytes) fail("truncated data");
+  std::fclose(f);
+  return a;
+}
+
+// Reads a .npy written for dtype D into stored values (bf16 from '<f4', rounded).
+// Throws when the file's descr does not match D or its element count is not `numel`.
+template <DType D>
+inline std::vector<typename Dt<D>::storage> read_npy(const std::string& path, uint64_t numel) {
+  const NpyArray a = read_npy_raw(path);
+  if (a.descr != Dt<D>::npy_descr) {
+    throw std::runtime_error(path + ": dtype " + a.descr + ", expected " + Dt<D>::npy_descr +
+                             " for " + Dt<D>::name);
+  }
+  if (a.numel() != numel) {
+    throw std::runtime_error(path + ": " + std::to_string(a.numel()) + " elements, expected " +
+                             std::to_string(numel));
+  }
+  std::vector<typename Dt<D>::storage> out(numel);
+  if constexpr (D == DType::bf16) {
+    for (uint64_t i = 0; i < numel; ++i) {
+      float v;
+      std::memcpy(&v, a.data.data() + i * sizeof(float), sizeof v);
+      out[i] = bf16_from_float(v);
+    }
+  } else if (numel != 0) {
+    std::memcpy(out.data(), a.data.data(), a.data.size());
+  }
+  return out;
+}
+
+// -------------------------------------------------------- failure reports
+
+// Prints "cocoviz: [rank R] stage 'S': CALL failed at FILE:LINE: DETAIL" and aborts the
+// job (MPI_Abort when MPI is up, so no rank waits forever on a dead peer).
+[[noreturn]] void check_failed(const char* api, const char* call, const char* detail,
+                               const char* stage, const char* file, int line);
+
+}  // namespace cocoviz
+
+// --------------------------------------------------------------------- MPI
+#if defined(MPI_VERSION)
+
+namespace cocoviz {
+
+[[noreturn]] inline void check_failed(const char* api, const char* call, const char* detail,
+                                      const char* stage, const char* file, int line) {
+  int up = 0, down = 0, rank = -1;
+  MPI_Initialized(&up);
+  MPI_Finalized(&down);
+  if (up && !down) MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  std::fprintf(stderr, "cocoviz: [rank %d] stage '%s': %s call %s failed at %s:%d: %s\n", rank,
+               stage, api, call, file, line, detail);
+  std::fflush(stderr);
+  if (up && !down) MPI_Abort(MPI_COMM_WORLD, 1);
+  std::exit(1);
+}
+
+template <DType D>
+inline MPI_Datatype mpi_datatype() {
+  if constexpr (D == DType::f16 || D == DType::bf16) return MPI_UINT16_T;
+  if constexpr (D == DType::f32) return MPI_FLOAT;
+  if constexpr (D == DType::f64) return MPI_DOUBLE;
+  if constexpr (D == DType::i32) return MPI_INT32_T;
+  if constexpr (D == DType::i64) return MPI_INT64_T;
+}
+
+enum class ReduceOp : int { sum, prod, max, min };
+
+// Pairwise reduction of f16/bf16 bit patterns, computed in f32 and rounded per step.
+template <DType D, ReduceOp Op>
+inline void half_reduce_fn(void* in, void* inout, int* len, MPI_Datatype*) {
+  const uint16_t* a = static_cast<const uint16_t*>(in);
+  uint16_t* b = static_cast<uint16_t*>(inout);
+  for (int i = 0; i < *len; ++i) {
+    const float x = Dt<D>::load(a[i]), y = Dt<D>::load(b[i]);
+    float r;
+    if constexpr (Op == ReduceOp::sum) r = x + y;
+    if constexpr (Op == ReduceOp::prod) r = x * y;
+    if constexpr (Op == ReduceOp::max) r = (x > y || std::isnan(x)) ? x : y;
+    if constexpr (Op == ReduceOp::min) r = (x < y || std::isnan(x)) ? x : y;
+    b[i] = Dt<D>::store(r);
+  }
+}
+
+// The MPI_Op for Op on dtype D: built-in for f32/f64/integers, user-defined (created on
+// first use, after MPI_Init) for f16/bf16. `avg` is `sum` followed by a division by the
+// group size, which the caller applies.
+template <DType D>
+inline MPI_Op mpi_op(ReduceOp op) {
+  if constexpr (D == DType::f16 || D == DType::bf16) {
+    static MPI_Op ops[4] = {MPI_OP_NULL, MPI_OP_NULL, MPI_OP_NULL, MPI_OP_NULL};
+    const int k = static_cast<int>(op);
+    if (ops[k] == MPI_OP_NULL) {
+      MPI_User_function* fns[4] = {
+          &half_reduce_fn<D, ReduceOp::sum>, &half_reduce_fn<D, ReduceOp::prod>,
+          &half_reduce_fn<D, ReduceOp::max>, &half_reduce_fn<D, ReduceOp::min>};
+      if (MPI_Op_create(fns[k], 1, &ops[k]) != MPI_SUCCESS) {
+        check_failed("MPI", "MPI_Op_create", "cannot create a half-precision op", "runtime",
+                     __FILE__, __LINE__);
+      }
+    }
+    return ops[k];
+  } else {
+    switch (op) {
+      case ReduceOp::sum: return MPI_SUM;
+      case ReduceOp::prod: return MPI_PROD;
+      case ReduceOp::max: return MPI_MAX;
+      case ReduceOp::min: return MPI_MIN;
+    }
+    return MPI_OP_NULL;
+  }
+}
+
+inline std::string mpi_error_string(int code) {
+  char text[MPI_MAX_ERROR_STRING];
+  int len = 0;
+  if (MPI_Error_string(code, text, &len) != MPI_SUCCESS) return "MPI error " + std::to_string(code);
+  return std::string(text, static_cast<size_t>(len));
+}
+
+}  // namespace cocoviz
+
+// CHECK_MPI("stage", MPI_Allreduce(...)): report the call, file:line and stage on failure.
+#define CHECK_MPI(stage, ...)                                                              \
+  do {                                                                                     \
+    const int cocoviz_rc_ = (__VA_ARGS__);                                                 \
+    if (cocoviz_rc_ != MPI_SUCCESS) {                                                      \
+      ::cocoviz::check_failed("MPI", #__VA_ARGS__,                                         \
+                              ::cocoviz::mpi_error_string(cocoviz_rc_).c_str(), (stage),   \
+                              __FILE__, __LINE__);                                         \
+    }                                                                                      \
+  } while (0)
+
+#else  // no MPI
+
+namespace cocoviz {
+[[noreturn]] inline void check_failed(const char* api, const char* call, const char* detail,
+                                      const char* stage, const char* file, int line) {
+  std::fprintf(stderr, "cocoviz: stage '%s': %s call %s failed at %s:%d: %s\n", stage, api,
+               call, file, line, detail);
+  std::fflush(stderr);
+  std::exit(1);
+}
+}  // namespace cocoviz
+
+#endif  // MPI_VERSION
+
+#endif  // COCOVIZ_RUNTIME_H_
