@@ -115,8 +115,17 @@ def _group_lines(g: Group, stages: dict[str, Stage], indent: str) -> list[str]:
     return lines
 
 
-def format_program(program: Program, schedules: bool = True) -> str:
-    """The program as `.coco` text (normal-form layouts, groups as blocks)."""
+def _annotate(lines: list[str], comments: list[str]) -> list[str]:
+    width = max((len(x) for x, c in zip(lines, comments, strict=True) if c), default=0)
+    return [f"{x.ljust(width)}  # {c}" if c else x for x, c in zip(lines, comments, strict=True)]
+
+
+def format_program(program: Program, schedules: bool = True, annotate: bool = False) -> str:
+    """The program as `.coco` text (normal-form layouts, groups as blocks).
+
+    With `annotate`, every stage line ends with a comment giving its inferred dtype,
+    shape and layout (and pipeline stage); comments keep the text parseable.
+    """
     p = program
     lines = [f"program {p.name}", f"ranks {p.grid}"]
     if p.dims:
@@ -133,11 +142,25 @@ def format_program(program: Program, schedules: bool = True) -> str:
         lines.append(f"input {i.name} : {t.dtype.value}{format_shape(t.shape)} {t.layout}{stage}")
     lines.append("")
     by_name = {s.name: s for s in p.stages}
+    body: list[str] = []
     for item in ordered_items(p):
         if isinstance(item, Group):
-            lines += _group_lines(item, by_name, "")
+            body += _group_lines(item, by_name, "")
         else:
-            lines.append(format_stage(by_name[item]))
+            body.append(format_stage(by_name[item]))
+    if annotate:
+        comments = []
+        for line in body:
+            name = line.strip().split(" = ", 1)[0]
+            st = by_name.get(name) if " = " in line else None
+            if st is None:
+                comments.append("")
+                continue
+            t = st.ty
+            where = f" @stage {t.pstage}" if p.grid.is_grid and t.pstage is not None else ""
+            comments.append(f"{t.dtype.value}{format_shape(t.shape)} {t.layout}{where}")
+        body = _annotate(body, comments)
+    lines += body
     if p.outputs:
         lines.append("")
         lines.append("output " + ", ".join(p.outputs))

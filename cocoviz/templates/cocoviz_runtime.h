@@ -29,6 +29,7 @@
 #include <cstring>
 #include <stdexcept>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #if defined(__CUDACC__)
@@ -307,22 +308,27 @@ COCOVIZ_HD bool dropout_keep(uint64_t key, uint64_t i, uint32_t threshold) {
   return (uniform_bits(key, i) >> 32) >= threshold;
 }
 
-// 1 / (1 - p) evaluated in f64, rounded once to f32.
-COCOVIZ_HD float dropout_scale_f32(double p) { return static_cast<float>(1.0 / (1.0 - p)); }
+// The factor applied to kept elements: f32 for f16/bf16/f32, f64 for f64 and integers.
+template <DType D>
+using dropout_scale_t =
+    typename std::conditional<D == DType::f16 || D == DType::bf16 || D == DType::f32, float,
+                              double>::type;
 
-COCOVIZ_HD double dropout_scale_f64(double p) { return 1.0 / (1.0 - p); }
+// 1 / (1 - p) evaluated in f64, rounded once to f32 where the scale is f32. Emitted code
+// computes it once on the host and passes it to kernels.
+template <DType D>
+COCOVIZ_HD dropout_scale_t<D> dropout_scale(double p) {
+  return static_cast<dropout_scale_t<D>>(1.0 / (1.0 - p));
+}
 
 // The dropout of one stored element: x * scale when kept, else 0, in x's dtype.
 template <DType D>
 COCOVIZ_HD typename Dt<D>::storage dropout_value(typename Dt<D>::storage x, bool keep,
-                                                 double p) {
-  if constexpr (D == DType::f16 || D == DType::bf16 || D == DType::f32) {
-    const float kept = Dt<D>::load(x) * dropout_scale_f32(p);
-    return Dt<D>::store(keep ? kept : 0.0f);
-  } else if constexpr (D == DType::f64) {
-    return keep ? x * dropout_scale_f64(p) : 0.0;
+                                                 dropout_scale_t<D> scale) {
+  if constexpr (Dt<D>::is_float) {
+    return Dt<D>::store(keep ? Dt<D>::load(x) * scale : dropout_scale_t<D>(0));
   } else {
-    return keep ? Dt<D>::store_double(static_cast<double>(x) * dropout_scale_f64(p))
+    return keep ? Dt<D>::store_double(static_cast<double>(x) * scale)
                 : typename Dt<D>::storage(0);
   }
 }
@@ -350,9 +356,9 @@ inline void compare_step(CompareResult& r, uint64_t i, double a, double b, Toler
     const double diff = std::fabs(a - b);
     const double babs = std::fabs(b);
     if (!(diff <= tol.atol + tol.rtol * babs)) bad = true;
-    if (diff > r.max_abs || std::isnan(diff)) r.max_abs = diff;
-    const double rel = diff / babs;
-    if (rel > r.max_rel || std::isnan(rel)) r.max_rel = rel;
+    if (diff > r.max_abs) r.max_abs = diff;
+    const double rel = diff / babs;  // inf where b is 0
+    if (rel > r.max_rel) r.max_rel = rel;
   }
   if (bad) {
     if (r.n_bad == 0) r.first_bad = static_cast<int64_t>(i);
@@ -542,16 +548,12 @@ inline std::vector<typename Dt<D>::storage> read_npy(const std::string& path, ui
   return out;
 }
 
-// -------------------------------------------------------- failure reports
-
-// Prints "cocoviz: [rank R] stage 'S': CALL failed at FILE:LINE: DETAIL" and aborts the
-// job (MPI_Abort when MPI is up, so no rank waits forever on a dead peer).
-[[noreturn]] void check_failed(const char* api, const char* call, const char* detail,
-                               const char* stage, const char* file, int line);
-
 }  // namespace cocoviz
 
-// --------------------------------------------------------------------- MPI
+// ------------------------------------------------------- failures and MPI
+//
+// check_failed prints "cocoviz: [rank R] stage 'S': API call CALL failed at FILE:LINE:
+// DETAIL" and ends the job (MPI_Abort when MPI is up, so no rank waits on a dead peer).
 #if defined(MPI_VERSION)
 
 namespace cocoviz {
@@ -571,11 +573,17 @@ namespace cocoviz {
 
 template <DType D>
 inline MPI_Datatype mpi_datatype() {
-  if constexpr (D == DType::f16 || D == DType::bf16) return MPI_UINT16_T;
-  if constexpr (D == DType::f32) return MPI_FLOAT;
-  if constexpr (D == DType::f64) return MPI_DOUBLE;
-  if constexpr (D == DType::i32) return MPI_INT32_T;
-  if constexpr (D == DType::i64) return MPI_INT64_T;
+  if constexpr (D == DType::f16 || D == DType::bf16) {
+    return MPI_UINT16_T;  // with the user ops of mpi_op
+  } else if constexpr (D == DType::f32) {
+    return MPI_FLOAT;
+  } else if constexpr (D == DType::f64) {
+    return MPI_DOUBLE;
+  } else if constexpr (D == DType::i32) {
+    return MPI_INT32_T;
+  } else {
+    return MPI_INT64_T;
+  }
 }
 
 enum class ReduceOp : int { sum, prod, max, min };

@@ -1,0 +1,179 @@
+"""The `cocoviz` command.
+
+Each command group lives in its own module with a `register(subparsers)` function that
+adds its subcommands; a subcommand's handler takes the parsed arguments and returns an
+exit code. Data goes to stdout, diagnostics to stderr; every user mistake is a
+`CocovizError` rendered once, with its exit code (DESIGN §6); anything else is reported
+as an internal error (exit 70), never as a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import os
+import sys
+import traceback
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from cocoviz.errors import CocovizError, ExitCode, InputError, InternalError, UsageError
+
+# Command modules, in the order their commands appear in --help.
+COMMAND_MODULES = (
+    "cocoviz.cli.inspect",
+    "cocoviz.cli.schedule",
+    "cocoviz.cli.sim",
+    "cocoviz.cli.emit",
+    "cocoviz.cli.run",
+    "cocoviz.cli.tui",
+)
+
+Handler = Callable[[argparse.Namespace], int]
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse that reports usage errors as exit 2 with a one-line message and hint."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        raise UsageError(message, hint=f"see '{self.prog} --help'")
+
+
+def add_program_options(p: argparse.ArgumentParser, schedule: bool = True) -> None:
+    """Options shared by every command that evaluates a program."""
+    p.add_argument("file", metavar="FILE", help="a .coco program (or the name of a sample)")
+    if schedule:
+        p.add_argument(
+            "--schedule",
+            "-s",
+            metavar="S",
+            help="a schedule block name, or a .sched file",
+        )
+    p.add_argument(
+        "-D",
+        dest="defines",
+        action="append",
+        metavar="NAME=VALUE",
+        help="override a dimension, e.g. -D H=1024",
+    )
+    p.add_argument("--ranks", metavar="N|tp=T,pp=P", help="override the rank count or grid")
+    p.add_argument("--seed", type=int, default=0, help="seed of the input and dropout generator")
+    p.add_argument("--hw", metavar="NAME|FILE", default=None, help="hardware profile")
+
+
+def add_json_option(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--json", action="store_true", help="machine-readable output on stdout")
+
+
+def resolve_program_path(file: str) -> Path:
+    """A path, or the name of an embedded sample when no such file exists."""
+    p = Path(file)
+    if p.exists():
+        return p
+    from cocoviz import samples
+
+    stem = file[: -len(".coco")] if file.endswith(".coco") else file
+    if "/" not in file and stem in samples.names():
+        return samples.path(stem)
+    return p
+
+
+def load_args_program(args: argparse.Namespace):  # type: ignore[no-untyped-def]
+    """Load FILE with -D and --ranks applied."""
+    from cocoviz.ir.lower import RanksOverride, load_file, parse_defines
+
+    defines = parse_defines(getattr(args, "defines", None))
+    ranks = RanksOverride.parse(args.ranks) if getattr(args, "ranks", None) else None
+    path = resolve_program_path(args.file)
+    if not path.exists():
+        raise InputError(f"{args.file}: no such file", hint=_file_hint(args.file))
+    return load_file(path, defines, ranks)
+
+
+def _file_hint(file: str) -> str | None:
+    from cocoviz import samples
+    from cocoviz.errors import did_you_mean
+
+    stem = Path(file).stem
+    hint = did_you_mean(stem, samples.names())
+    return hint or "run 'cocoviz samples' for the bundled programs"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(
+        prog="cocoviz",
+        description="Write a distributed computation once, reschedule it step by step, see "
+        "the graph and the timeline, and emit CUDA/NCCL or C++/MPI code.",
+    )
+    parser.add_argument("--version", action="store_true", help="print the version and exit")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    for mod in COMMAND_MODULES:
+        try:
+            module = importlib.import_module(mod)
+        except ModuleNotFoundError as err:
+            if err.name == mod:
+                continue
+            raise
+        module.register(sub)
+    return parser
+
+
+def _emit_error(err: CocovizError) -> None:
+    color = sys.stderr.isatty() and os.environ.get("NO_COLOR") is None
+    print(err.render(color), file=sys.stderr)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point; returns (and, as a script, exits with) the exit code."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    try:
+        parser = build_parser()
+        if not argv:
+            return _default(parser)
+        args = parser.parse_args(argv)
+        if args.version:
+            from importlib.metadata import version
+
+            print(f"cocoviz {version('cocoviz')}")
+            return ExitCode.OK
+        handler: Handler | None = getattr(args, "handler", None)
+        if handler is None:
+            parser.print_help()
+            return ExitCode.USAGE
+        return int(handler(args))
+    except CocovizError as err:
+        _emit_error(err)
+        return int(err.exit_code)
+    except InternalError as err:
+        print(f"internal error (a cocoviz bug): {err}", file=sys.stderr)
+        if os.environ.get("COCOVIZ_DEBUG"):
+            traceback.print_exc()
+        return int(ExitCode.INTERNAL)
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+    except BrokenPipeError:
+        return int(ExitCode.OK)
+    except Exception as err:  # noqa: BLE001 - the one boundary that turns bugs into exit 70
+        print(
+            f"internal error (a cocoviz bug): {type(err).__name__}: {err}\n"
+            "Please report it with the command you ran; set COCOVIZ_DEBUG=1 for details.",
+            file=sys.stderr,
+        )
+        if os.environ.get("COCOVIZ_DEBUG"):
+            traceback.print_exc()
+        return int(ExitCode.INTERNAL)
+
+
+def _default(parser: argparse.ArgumentParser) -> int:
+    """Bare `cocoviz`: the TUI on the default sample when it is available, else help."""
+    try:
+        tui = importlib.import_module("cocoviz.cli.tui")
+    except ModuleNotFoundError:
+        parser.print_help()
+        return ExitCode.OK
+    return int(tui.open_default())
+
+
+def entry() -> None:
+    sys.exit(main())

@@ -1,0 +1,156 @@
+"""`cocoviz check`, `cocoviz show` and `cocoviz samples`."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+from cocoviz.cli import add_json_option, add_program_options, load_args_program
+from cocoviz.errors import ExitCode, UsageError
+from cocoviz.ir.nodes import Program
+from cocoviz.ir.summary import Summary, format_bytes, summarize
+
+
+def register(sub: Any) -> None:
+    p = sub.add_parser(
+        "check",
+        help="parse, infer and apply every schedule block; exit 0 or a diagnostic",
+        description="Parse and type-check a program, apply each of its schedule blocks, and "
+        "print a one-line summary.",
+    )
+    add_program_options(p, schedule=False)
+    add_json_option(p)
+    p.set_defaults(handler=cmd_check)
+
+    p = sub.add_parser("show", help="print a program (text, json or dot), or draw its graph")
+    add_program_options(p)
+    p.add_argument("--format", choices=("text", "json", "dot"), default="text")
+    p.add_argument("--graph", action="store_true", help="draw the dataflow graph in the terminal")
+    add_json_option(p)
+    p.set_defaults(handler=cmd_show)
+
+    p = sub.add_parser("samples", help="list the bundled sample programs, or copy them")
+    p.add_argument("--copy", metavar="DIR", help="copy the samples into DIR")
+    p.add_argument("--gpt", metavar="LAYERS", type=int, help="print an N-layer GPT stack program")
+    add_json_option(p)
+    p.set_defaults(handler=cmd_samples)
+
+
+def apply_named_schedule(program: Program, name: str | None) -> Program:
+    """Apply `--schedule S` (a block name or a .sched file) when the schedule engine exists."""
+    if not name:
+        return program
+    try:
+        from cocoviz.session import apply_schedule_arg
+    except ModuleNotFoundError:
+        raise UsageError(
+            "--schedule needs the schedule transformations, which this build does not have yet"
+        ) from None
+    return apply_schedule_arg(program, name)
+
+
+def _check_schedules(program: Program) -> list[str]:
+    """Apply every schedule block; returns the names applied (raises on the first failure)."""
+    try:
+        from cocoviz.session import apply_block
+    except ModuleNotFoundError:
+        return []
+    for block in program.schedules:
+        apply_block(program, block)
+    return [b.name for b in program.schedules]
+
+
+def summary_line(s: Summary) -> str:
+    colls = ", ".join(f"{c.op} {c.name}" for c in s.comm) or "no communication"
+    return (
+        f"{s.program}: ranks {s.ranks}, {s.stages} stages "
+        f"({s.matmuls} matmul, {s.collectives} collective, {s.compute} compute); "
+        f"{colls}; each rank sends {format_bytes(s.sent_per_rank)}"
+    )
+
+
+def summary_json(s: Summary) -> dict[str, Any]:
+    return {
+        "program": s.program,
+        "ranks": s.ranks,
+        "world": s.world,
+        "stages": s.stages,
+        "matmuls": s.matmuls,
+        "collectives": s.collectives,
+        "compute": s.compute,
+        "communication": [
+            {"name": c.name, "op": c.op, "dtype": c.dtype, "bytes": c.nbytes, "sent_per_rank": c.sent_per_rank}
+            for c in s.comm
+        ],
+        "sent_per_rank": s.sent_per_rank,
+    }
+
+
+def cmd_check(args: argparse.Namespace) -> int:
+    program = load_args_program(args)
+    applied = _check_schedules(program)
+    s = summarize(program)
+    if args.json:
+        print(json.dumps({**summary_json(s), "schedules": applied}, indent=2))
+    else:
+        line = summary_line(s)
+        if applied:
+            line += f"; schedules ok: {', '.join(applied)}"
+        print(line)
+    return ExitCode.OK
+
+
+def cmd_show(args: argparse.Namespace) -> int:
+    from cocoviz.ir.graph import to_dot, to_json
+    from cocoviz.ir.printer import format_program
+
+    program = apply_named_schedule(load_args_program(args), args.schedule)
+    fmt = "json" if args.json else args.format
+    if args.graph:
+        from cocoviz.ir.draw import print_graph
+
+        print_graph(program)
+        return ExitCode.OK
+    if fmt == "json":
+        print(json.dumps(to_json(program), indent=2))
+    elif fmt == "dot":
+        print(to_dot(program), end="")
+    else:
+        print(format_program(program, schedules=not args.schedule, annotate=True), end="")
+    return ExitCode.OK
+
+
+def cmd_samples(args: argparse.Namespace) -> int:
+    from cocoviz import samples
+
+    if args.gpt is not None:
+        from cocoviz.samples.gpt import gpt_stack
+
+        if args.gpt < 1:
+            raise UsageError("--gpt needs a positive layer count")
+        print(gpt_stack(args.gpt), end="")
+        return ExitCode.OK
+    names = samples.names()
+    if args.copy:
+        dest = Path(args.copy)
+        dest.mkdir(parents=True, exist_ok=True)
+        clashes = [n for n in names if (dest / f"{n}.coco").exists()]
+        if clashes:
+            raise UsageError(
+                f"{dest}: would overwrite {', '.join(c + '.coco' for c in clashes)}",
+                hint="choose an empty directory",
+            )
+        for n in names:
+            shutil.copyfile(samples.path(n), dest / f"{n}.coco")
+        print(f"copied {len(names)} samples to {dest}")
+        return ExitCode.OK
+    if args.json:
+        print(json.dumps(names))
+        return ExitCode.OK
+    for n in names:
+        first = samples.text(n).splitlines()[0].lstrip("# ").strip()
+        print(f"{n:<24} {first}")
+    return ExitCode.OK

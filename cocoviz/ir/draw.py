@@ -1,0 +1,74 @@
+"""`cocoviz show --graph`: the dataflow graph drawn in the terminal with rich.
+
+Stages are placed in layers by longest path from the inputs; each layer is a row of
+boxes (op, dtype, shape, layout, what it reads), coloured by kind, with fused and
+overlapped groups named on their members.
+"""
+
+from __future__ import annotations
+
+from rich.columns import Columns
+from rich.console import Console, Group as RichGroup
+from rich.panel import Panel
+from rich.text import Text
+
+from cocoviz.ir.graph import deps, node_kind, stage_reads
+from cocoviz.ir.nodes import Program
+from cocoviz.ir.types import format_shape
+
+KIND_STYLE = {
+    "compute": "cyan",
+    "matmul": "yellow",
+    "collective": "red",
+    "fused": "green",
+    "overlapped": "magenta",
+}
+
+
+def layers(program: Program) -> list[list[str]]:
+    """Stage names by layer (longest path from the inputs)."""
+    d = deps(program)
+    depth: dict[str, int] = {}
+    for s in program.stages:  # program order is topological
+        depth[s.name] = 1 + max((depth[x] for x in d[s.name]), default=-1)
+    out: list[list[str]] = [[] for _ in range(max(depth.values(), default=-1) + 1)]
+    for s in program.stages:
+        out[depth[s.name]].append(s.name)
+    return out
+
+
+def render_graph(program: Program) -> RichGroup:
+    G = program.grid.group
+    parts: list[object] = []
+    ins = Text("inputs: ", style="bold")
+    for i, inp in enumerate(program.inputs):
+        if i:
+            ins.append("  ")
+        ins.append(f"{inp.name} ", style="bold")
+        ins.append(f"{inp.ty.dtype.value}{format_shape(inp.ty.shape)} {inp.ty.layout}", style="dim")
+    parts.append(ins)
+    for li, names in enumerate(layers(program)):
+        boxes = []
+        for n in names:
+            s = program.stage(n)
+            t = s.ty
+            kind = node_kind(program, n)
+            body = Text()
+            body.append(f"{s.expr.op.value}\n", style="bold")
+            body.append(f"{t.dtype.value}{format_shape(t.shape)}\n")
+            per_rank = "1/" + str(G) if t.layout.is_sliced else "full"
+            body.append(f"{t.layout} ({per_rank} per rank)\n", style=KIND_STYLE.get(kind, ""))
+            reads = sorted(stage_reads(s))
+            body.append("← " + ", ".join(reads) if reads else "← (constants)", style="dim")
+            group = program.group_of(n)
+            title = n if group is None else f"{n} [{group.kind.value}]"
+            boxes.append(Panel(body, title=title, border_style=KIND_STYLE.get(kind, "white"), expand=False))
+        parts.append(Text(f"layer {li}", style="dim"))
+        parts.append(Columns(boxes))
+    if program.outputs:
+        parts.append(Text("outputs: " + ", ".join(program.outputs), style="bold"))
+    return RichGroup(*parts)
+
+
+def print_graph(program: Program, console: Console | None = None) -> None:
+    (console or Console()).print(render_graph(program))

@@ -1,0 +1,97 @@
+"""Per-program figures for `check` and the TUI: stage counts, collectives, and the
+bytes each rank sends (ring-algorithm volumes, as NCCL moves them)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from cocoviz.ir.graph import implicit_reductions, reduce_name
+from cocoviz.ir.nodes import COLLECTIVES, Op, Program
+from cocoviz.ir.types import TensorType
+
+
+def per_rank_numel(ty: TensorType, group: int) -> int:
+    """Elements one rank stores for a value of this type."""
+    return ty.numel // group if ty.layout.is_sliced else ty.numel
+
+
+@dataclass(frozen=True)
+class CommOp:
+    name: str
+    op: str
+    dtype: str
+    nbytes: int  # bytes of the full (unsliced) buffer the collective works on
+    sent_per_rank: int  # bytes each participating rank sends
+
+
+@dataclass(frozen=True)
+class Summary:
+    program: str
+    ranks: str
+    world: int
+    stages: int
+    matmuls: int
+    collectives: int
+    compute: int
+    groups: int
+    comm: tuple[CommOp, ...]
+
+    @property
+    def sent_per_rank(self) -> int:
+        return sum(c.sent_per_rank for c in self.comm)
+
+
+def comm_ops(program: Program) -> list[CommOp]:
+    """Every communication of the program with the bytes each rank sends."""
+    G = program.grid.group
+    out: list[CommOp] = []
+    for s in program.stages:
+        e = s.expr
+        if e.op not in COLLECTIVES:
+            continue
+        x = e.args[0].type
+        itemsize = x.dtype.itemsize
+        full = x.numel * itemsize
+        if e.op is Op.ALLREDUCE:
+            sent = 2 * (G - 1) * full // G
+        elif e.op is Op.REDUCESCATTER:
+            sent = (G - 1) * full // G
+        elif e.op is Op.ALLGATHER:
+            sent = (G - 1) * full // G
+        elif e.op in (Op.BROADCAST, Op.REDUCE):
+            sent = full if G > 1 else 0
+        else:  # SEND
+            sent = per_rank_numel(x, G) * itemsize
+        out.append(CommOp(s.name, e.op.value, x.dtype.value, full, sent))
+    counts: dict[str, int] = {}
+    for stage, e in implicit_reductions(program):
+        k = counts.get(stage, 0)
+        counts[stage] = k + 1
+        size = e.type.dtype.itemsize
+        out.append(CommOp(reduce_name(stage, k), "allreduce", e.type.dtype.value, size, 2 * (G - 1) * size // G))
+    return out
+
+
+def summarize(program: Program) -> Summary:
+    st = program.stages
+    mm = sum(1 for s in st if s.expr.op is Op.MATMUL)
+    coll = sum(1 for s in st if s.expr.op in COLLECTIVES)
+    return Summary(
+        program=program.name,
+        ranks=str(program.grid),
+        world=program.grid.world,
+        stages=len(st),
+        matmuls=mm,
+        collectives=coll,
+        compute=len(st) - mm - coll,
+        groups=len(program.groups),
+        comm=tuple(comm_ops(program)),
+    )
+
+
+def format_bytes(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.2f} {unit}"
+        n /= 1024
+    return f"{n:.2f} TiB"  # pragma: no cover
