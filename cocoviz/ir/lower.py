@@ -236,7 +236,13 @@ class _Lowerer:
                 out_names.append(o.text)
         self.bag.raise_if_any()
         groups = tuple(_group(g) for g in groups_syntax)
-        prog = dataclasses.replace(prog, stages=tuple(stages), outputs=tuple(out_names), groups=groups)
+        prog = dataclasses.replace(
+            prog,
+            stages=tuple(stages),
+            outputs=tuple(out_names),
+            groups=groups,
+            source_names=frozenset(self.bound),
+        )
         check_updates(prog)
         return prog
 

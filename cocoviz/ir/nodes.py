@@ -266,7 +266,7 @@ class Program:
     outputs: tuple[str, ...]
     groups: tuple[Group, ...] = ()
     schedules: tuple[ScheduleBlock, ...] = ()
-    seed_names: frozenset[str] = field(default=frozenset(), compare=False, hash=False)
+    source_names: frozenset[str] = field(default=frozenset(), compare=False, hash=False)
     source: Source | None = field(default=None, compare=False, hash=False, repr=False)
 
     # --- lookups -------------------------------------------------------------------
