@@ -82,7 +82,13 @@ def summary_json(s: Summary) -> dict[str, Any]:
         "collectives": s.collectives,
         "compute": s.compute,
         "communication": [
-            {"name": c.name, "op": c.op, "dtype": c.dtype, "bytes": c.nbytes, "sent_per_rank": c.sent_per_rank}
+            {
+                "name": c.name,
+                "op": c.op,
+                "dtype": c.dtype,
+                "bytes": c.nbytes,
+                "sent_per_rank": c.sent_per_rank,
+            }
             for c in s.comm
         ],
         "sent_per_rank": s.sent_per_rank,

@@ -8,7 +8,8 @@ overlapped groups named on their members.
 from __future__ import annotations
 
 from rich.columns import Columns
-from rich.console import Console, Group as RichGroup
+from rich.console import Console, RenderableType
+from rich.console import Group as RichGroup
 from rich.panel import Panel
 from rich.text import Text
 
@@ -39,7 +40,7 @@ def layers(program: Program) -> list[list[str]]:
 
 def render_graph(program: Program) -> RichGroup:
     G = program.grid.group
-    parts: list[object] = []
+    parts: list[RenderableType] = []
     ins = Text("inputs: ", style="bold")
     for i, inp in enumerate(program.inputs):
         if i:
@@ -62,7 +63,9 @@ def render_graph(program: Program) -> RichGroup:
             body.append("← " + ", ".join(reads) if reads else "← (constants)", style="dim")
             group = program.group_of(n)
             title = n if group is None else f"{n} [{group.kind.value}]"
-            boxes.append(Panel(body, title=title, border_style=KIND_STYLE.get(kind, "white"), expand=False))
+            boxes.append(
+                Panel(body, title=title, border_style=KIND_STYLE.get(kind, "white"), expand=False)
+            )
         parts.append(Text(f"layer {li}", style="dim"))
         parts.append(Columns(boxes))
     if program.outputs:

@@ -192,7 +192,11 @@ def to_json(program: Program) -> dict[str, Any]:
             for s in program.stages
         ],
         "implicit_reductions": [
-            {"name": reduce_name(n, sum(1 for m, _ in red[:k] if m == n)), "stage": n, "op": e.op.value}
+            {
+                "name": reduce_name(n, sum(1 for m, _ in red[:k] if m == n)),
+                "stage": n,
+                "op": e.op.value,
+            }
             for k, (n, e) in enumerate(red)
         ],
         "groups": [group(g) for g in program.groups],
@@ -220,7 +224,11 @@ def _dot_id(name: str) -> str:
 def to_dot(program: Program) -> str:
     """Graphviz dot: inputs as ellipses, stages as boxes coloured by kind, groups as
     clusters, ordering edges dashed."""
-    lines = [f"digraph {_dot_id(program.name)} {{", "  rankdir=TB;", '  node [fontname="monospace"];']
+    lines = [
+        f"digraph {_dot_id(program.name)} {{",
+        "  rankdir=TB;",
+        '  node [fontname="monospace"];',
+    ]
     for i in program.inputs:
         t = i.ty
         label = f"{i.name}\\n{t.dtype.value}{format_shape(t.shape)}\\n{t.layout}"
@@ -242,7 +250,9 @@ def to_dot(program: Program) -> str:
         counter[0] += 1
         lines.append(f"{indent}subgraph cluster_{counter[0]} {{")
         chunks = f" chunks={g.chunks}" if g.kind is GroupKind.OVERLAPPED else ""
-        lines.append(f'{indent}  label="{g.kind.value}{chunks}"; style=filled; color="{_DOT_COLORS[g.kind.value]}";')
+        lines.append(
+            f'{indent}  label="{g.kind.value}{chunks}"; style=filled; color="{_DOT_COLORS[g.kind.value]}";'
+        )
         for it in g.items:
             if isinstance(it, Group):
                 cluster(it, indent + "  ")

@@ -73,23 +73,37 @@ class Op(enum.Enum):
 BINARY_INFIX = {Op.ADD, Op.SUB, Op.MUL, Op.DIV}
 BINARY_CALLS = {Op.MAX, Op.MIN, Op.POW}
 UNARY_CALLS = {
-    Op.SQRT, Op.RSQRT, Op.EXP, Op.LOG, Op.TANH, Op.SIGMOID, Op.RELU, Op.GELU, Op.ABS,
+    Op.SQRT,
+    Op.RSQRT,
+    Op.EXP,
+    Op.LOG,
+    Op.TANH,
+    Op.SIGMOID,
+    Op.RELU,
+    Op.GELU,
+    Op.ABS,
 }
 COMPARISONS = {Op.LT, Op.LE, Op.GT, Op.GE, Op.EQ, Op.NE}
 ROWWISE = {Op.LAYERNORM, Op.RMSNORM, Op.SOFTMAX}
 REDUCTIONS = {Op.SUM, Op.NORM, Op.AMAX}
 COLLECTIVES = {
-    Op.ALLREDUCE, Op.REDUCESCATTER, Op.ALLGATHER, Op.BROADCAST, Op.REDUCE, Op.SEND,
+    Op.ALLREDUCE,
+    Op.REDUCESCATTER,
+    Op.ALLGATHER,
+    Op.BROADCAST,
+    Op.REDUCE,
+    Op.SEND,
 }
 WHOLE_RHS = COLLECTIVES | {Op.MATMUL}
 ELEMENTWISE = (
-    BINARY_INFIX | BINARY_CALLS | UNARY_CALLS | COMPARISONS
+    BINARY_INFIX
+    | BINARY_CALLS
+    | UNARY_CALLS
+    | COMPARISONS
     | {Op.NEG, Op.WHERE, Op.CAST, Op.DROPOUT, Op.SLICE}
 )
 CALL_NAMES = {
-    op.value: op
-    for op in Op
-    if op not in BINARY_INFIX | COMPARISONS | {Op.REF, Op.CONST, Op.NEG}
+    op.value: op for op in Op if op not in BINARY_INFIX | COMPARISONS | {Op.REF, Op.CONST, Op.NEG}
 }
 
 

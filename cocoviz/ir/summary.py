@@ -68,7 +68,15 @@ def comm_ops(program: Program) -> list[CommOp]:
         k = counts.get(stage, 0)
         counts[stage] = k + 1
         size = e.type.dtype.itemsize
-        out.append(CommOp(reduce_name(stage, k), "allreduce", e.type.dtype.value, size, 2 * (G - 1) * size // G))
+        out.append(
+            CommOp(
+                reduce_name(stage, k),
+                "allreduce",
+                e.type.dtype.value,
+                size,
+                2 * (G - 1) * size // G,
+            )
+        )
     return out
 
 

@@ -72,6 +72,10 @@ def gpt_stack(layers: int, ranks: int = 8, b: int = 8, s: int = 1024, h: int = 4
             f"  fuse({p}ys_rs, {nxt})",
             f"  overlap({p}y, {p}ys_rs, chunks=4)",
         ]
-    out += [""] + body + ["", f"output x{layers}", "", "# Every MLP: ol(MM, fuse(RS-C-AG)).", "schedule fused {"]
+    out += (
+        [""]
+        + body
+        + ["", f"output x{layers}", "", "# Every MLP: ol(MM, fuse(RS-C-AG)).", "schedule fused {"]
+    )
     out += schedule + ["}"]
     return "\n".join(out) + "\n"
