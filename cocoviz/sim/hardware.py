@@ -25,7 +25,7 @@ import math
 import tomllib
 from dataclasses import dataclass
 from enum import StrEnum
-from functools import lru_cache
+from functools import cache
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -258,7 +258,7 @@ def load_profile(name_or_path: str | Path = DEFAULT_PROFILE) -> Hardware:
     )
 
 
-@lru_cache(maxsize=None)
+@cache
 def _load_shipped(name: str) -> Hardware:
     resource = resources.files("cocoviz.sim") / "profiles" / f"{name}.toml"
     where = f"{name}.toml"
@@ -320,12 +320,17 @@ class _Table:
 
     def error(self, key: str, problem: str) -> ProfileError:
         field = self._name(key)
-        return ProfileError(f"{self.where}: field '{field}': {problem}", path=self.where, field=field)
+        return ProfileError(
+            f"{self.where}: field '{field}': {problem}", path=self.where, field=field
+        )
 
     def _get(self, key: str) -> Any:
         self.used.add(key)
         if key not in self.data:
-            raise self.error(key, "missing")
+            spare = [k for k in self.data if k not in self.used]
+            close = difflib.get_close_matches(key, spare, n=1)
+            hint = f" ('{self._name(close[0])}' is not a field: a misspelling?)" if close else ""
+            raise self.error(key, f"missing{hint}")
         return self.data[key]
 
     def table(self, key: str) -> _Table:
@@ -356,12 +361,12 @@ class _Table:
             raise self.error(key, f"must be at least {minimum}, got {value}")
         return value
 
-    def number(self, key: str, *, low: float = 0.0, high: float = math.inf, zero: bool = False) -> float:
+    def number(
+        self, key: str, *, low: float = 0.0, high: float = math.inf, zero: bool = False
+    ) -> float:
         return self._check_number(key, self._get(key), low=low, high=high, zero=zero)
 
-    def _check_number(
-        self, key: str, value: Any, *, low: float, high: float, zero: bool
-    ) -> float:
+    def _check_number(self, key: str, value: Any, *, low: float, high: float, zero: bool) -> float:
         if isinstance(value, bool) or not isinstance(value, int | float):
             raise self.error(key, f"expected a number, got {value!r}")
         number = float(value)
@@ -391,7 +396,8 @@ class _Table:
             or any(not isinstance(r, list) or len(r) != width for r in value)
         ):
             raise self.error(
-                key, f"expected a non-empty list of [{', '.join(['x'] * width)}] rows, got {value!r}"
+                key,
+                f"expected a non-empty list of [{', '.join(['x'] * width)}] rows, got {value!r}",
             )
         return tuple(
             tuple(self._check_number(key, v, low=0.0, high=math.inf, zero=False) for v in row)
@@ -412,7 +418,9 @@ def _per_proto(t: _Table, key: str) -> PerProto:
 
 
 def _per_algo(t: _Table) -> PerAlgo:
-    result = PerAlgo(tree=_per_proto(t, "tree"), ring=_per_proto(t, "ring"), nvls=_per_proto(t, "nvls"))
+    result = PerAlgo(
+        tree=_per_proto(t, "tree"), ring=_per_proto(t, "ring"), nvls=_per_proto(t, "nvls")
+    )
     t.done()
     return result
 
@@ -502,7 +510,7 @@ def _build(raw: dict[str, Any], where: str) -> Hardware:
         per_ch_max_tree_bw=_per_scale(caps, "per_ch_max_tree_bw"),
     )
     if nccl.nvls and node.intra_link is not Link.NVLINK:
-        raise c.error("nvls", "NVLS needs intra_link = \"nvlink\"")
+        raise c.error("nvls", 'NVLS needs intra_link = "nvlink"')
     if nccl.nvls and nccl.nvls_efficiency == 0:
         raise c.error("nvls_efficiency", "must be greater than 0 when nvls = true")
     if nccl.nvls and nccl.nvls_channels == 0:
@@ -521,7 +529,9 @@ def _build(raw: dict[str, Any], where: str) -> Hardware:
     o.done()
 
     d = top.table("device")
-    device = DeviceSpec(peer_gbps=d.number("peer_gbps"), barrier_us=d.number("barrier_us", zero=True))
+    device = DeviceSpec(
+        peer_gbps=d.number("peer_gbps"), barrier_us=d.number("barrier_us", zero=True)
+    )
     d.done()
     top.done()
     return Hardware(name, description, where, gpu, node, nccl, overlap, device)

@@ -1,0 +1,201 @@
+"""Hardware profiles: shipped data, user files, and error messages that name the field."""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from importlib import resources
+from pathlib import Path
+
+import pytest
+
+from cocoviz.sim.hardware import (
+    DEFAULT_PROFILE,
+    Algo,
+    Hardware,
+    Link,
+    ProfileError,
+    Proto,
+    list_profiles,
+    load_profile,
+)
+
+SHIPPED = ["a100-dgx", "h100-dgx", "h200-hgx", "v100-dgx2"]
+
+
+def _shipped_text(name: str) -> str:
+    return (resources.files("cocoviz.sim") / "profiles" / f"{name}.toml").read_text()
+
+
+def _write(tmp_path: Path, text: str, name: str = "mine.toml") -> Path:
+    path = tmp_path / name
+    path.write_text(text)
+    return path
+
+
+def _edit(name: str, old: str, new: str) -> str:
+    """A shipped profile with one line changed (the line must exist exactly once)."""
+    text = _shipped_text(name)
+    assert text.count(old) == 1, old
+    return text.replace(old, new)
+
+
+def test_shipped_profiles_are_listed_and_load():
+    assert list_profiles() == SHIPPED
+    assert DEFAULT_PROFILE == "h100-dgx"
+    for name in SHIPPED:
+        hw = load_profile(name)
+        assert isinstance(hw, Hardware)
+        assert hw.name == name
+        hash(hw)  # frozen and hashable: usable as a cache key
+
+
+def test_profile_is_frozen():
+    hw = load_profile("h100-dgx")
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        hw.name = "x"  # type: ignore[misc]
+
+
+@pytest.mark.parametrize(
+    ("name", "gpus", "sms", "nvlink", "net_per_node"),
+    [
+        ("v100-dgx2", 16, 80, 6 * 20.0, 8 * 12.5 * 0.96),
+        ("a100-dgx", 8, 108, 12 * 20.0, 8 * 25.0 * 0.96),
+        ("h100-dgx", 8, 132, 18 * 20.6, 8 * 50.0 * 0.96),
+        ("h200-hgx", 8, 132, 18 * 20.6, 8 * 50.0 * 0.96),
+    ],
+)
+def test_derived_bandwidths(name, gpus, sms, nvlink, net_per_node):
+    hw = load_profile(name)
+    assert hw.gpus_per_node == gpus
+    assert hw.gpu.sms == sms
+    assert hw.nvlink_gbps == pytest.approx(nvlink)
+    assert hw.net_gbps(gpus) == pytest.approx(net_per_node)
+    # One GPU of a node reaches only the NICs next to it.
+    assert hw.net_gbps(1) == pytest.approx(net_per_node / hw.node.nics_per_node * max(1, hw.node.nics_per_node // gpus))
+
+
+def test_hopper_has_nvls_and_older_parts_do_not():
+    assert load_profile("h100-dgx").nccl.nvls
+    assert load_profile("h200-hgx").nccl.nvls
+    assert not load_profile("a100-dgx").nccl.nvls
+    assert not load_profile("v100-dgx2").nccl.nvls
+
+
+def test_latency_tables_index_by_algo_and_proto():
+    hw = load_profile("h100-dgx")
+    assert hw.nccl.base_latency_us[Algo.RING][Proto.LL] == 6.6
+    assert hw.nccl.hw_latency(Link.NVLINK)[Algo.RING][Proto.SIMPLE] == 3.4
+    assert hw.nccl.hw_latency(Link.NET)[Algo.TREE][Proto.LL128] == 8.5
+    assert hw.nccl.hw_latency(Link.NVLINK)[Algo.NVLS][Proto.SIMPLE] == 25.0
+    assert hw.gpu.matmul_tflops["bf16"] == 989.4
+    with pytest.raises(KeyError, match="unknown dtype 'f8'"):
+        hw.gpu.matmul_tflops["f8"]
+
+
+@pytest.mark.parametrize("name", SHIPPED)
+def test_every_number_in_a_shipped_profile_cites_a_source(name):
+    """A numeric line carries a comment, or sits under a commented table header or comment."""
+    context_has_comment = False
+    for raw in _shipped_text(name).splitlines():
+        line = raw.strip()
+        if not line:
+            continue
+        if line.startswith("#"):
+            context_has_comment = True
+            continue
+        if line.startswith("["):
+            context_has_comment = "#" in line
+            continue
+        key, _, value = line.partition("=")
+        value = value.split("#")[0].strip()
+        if value.startswith('"'):
+            continue  # strings: names and choices, not numbers
+        assert "#" in line or context_has_comment, f"{name}.toml: {key.strip()} has no source"
+
+
+def test_user_file_by_path(tmp_path):
+    path = _write(tmp_path, _edit("h100-dgx", 'name = "h100-dgx"', 'name = "lab"'))
+    hw = load_profile(path)
+    assert hw.name == "lab"
+    assert hw.source == str(path)
+    assert load_profile(str(path)) == hw
+
+
+def test_user_file_can_start_from_a_shipped_profile(tmp_path):
+    path = _write(tmp_path, 'base = "h100-dgx"\nname = "h100-4nic"\n[node]\nnics_per_node = 4\n')
+    hw = load_profile(path)
+    base = load_profile("h100-dgx")
+    assert hw.name == "h100-4nic"
+    assert hw.node.nics_per_node == 4
+    assert hw.gpu == base.gpu
+    assert hw.net_gbps(8) == pytest.approx(base.net_gbps(8) / 2)
+
+
+def test_unknown_profile_name_lists_the_known_ones():
+    with pytest.raises(ProfileError) as err:
+        load_profile("h100-dgz")
+    assert "unknown hardware profile 'h100-dgz'" in err.value.message
+    assert "did you mean 'h100-dgx'" in err.value.message
+    for name in SHIPPED:
+        assert name in err.value.message
+
+
+def test_missing_file(tmp_path):
+    missing = tmp_path / "nope.toml"
+    with pytest.raises(ProfileError, match="no such hardware profile file") as err:
+        load_profile(missing)
+    assert err.value.path == str(missing)
+
+
+def test_bad_toml(tmp_path):
+    path = _write(tmp_path, "name = \n")
+    with pytest.raises(ProfileError, match=r"mine\.toml: not valid TOML"):
+        load_profile(path)
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "field", "problem"),
+    [
+        ("sms = 132 ", "", "gpu.sms", "missing"),
+        ("sms = 132 ", 'sms = "many" ', "gpu.sms", "expected an integer, got 'many'"),
+        ("sms = 132 ", "sms = 0 ", "gpu.sms", "must be at least 1, got 0"),
+        ("hbm_gbps = 3350.0 ", "hbm_gbps = -1.0 ", "gpu.hbm_gbps", "must be greater than 0"),
+        ("matmul = 0.803 ", "matmul = 1.5 ", "gpu.efficiency.matmul", "at most 1"),
+        ("bf16 = 989.4 ", "bf16 = true ", "gpu.matmul_tflops.bf16", "expected a number, got True"),
+        ("ring = [6.6, 14.0, 8.4]", "ring = [6.6, 14.0]", "nccl.base_latency_us.ring", "list of 3"),
+        ("nvls = true ", "nvls = 1 ", "nccl.nvls", "expected true or false"),
+        ('intra_link = "nvlink"', 'intra_link = "usb"', "node.intra_link", "expected one of nvlink, pci"),
+        ("sms = 132 ", "smss = 132 ", "gpu.sms", "missing ('gpu.smss' is not a field: a misspelling?)"),
+        ("sms = 132 ", "sms = 132\nsmz = 1 ", "gpu.smz", "unknown field (did you mean 'gpu.sms'?)"),
+        ("hbm = [[1.0e6, 0.60], [1.0e7, 0.75], [1.0e8, 0.90]]", "hbm = [[1.0e7, 0.75], [1.0e6, 0.60]]",
+         "gpu.efficiency.hbm", "sorted"),
+    ],
+)  # fmt: skip
+def test_errors_name_the_file_and_the_field(tmp_path, old, new, field, problem):
+    path = _write(tmp_path, _edit("h100-dgx", old, new))
+    with pytest.raises(ProfileError) as err:
+        load_profile(path)
+    assert err.value.field == field
+    assert err.value.message.startswith(f"{path}: field '{field}': ")
+    assert problem in err.value.message
+
+
+def test_missing_table_is_named(tmp_path):
+    text = _shipped_text("h100-dgx")
+    start = text.index("[device]")
+    path = _write(tmp_path, text[:start])
+    with pytest.raises(ProfileError, match=re.escape("field 'device': missing")):
+        load_profile(path)
+
+
+def test_nvls_needs_nvlink(tmp_path):
+    path = _write(tmp_path, 'base = "h100-dgx"\n[node]\nintra_link = "pci"\n')
+    with pytest.raises(ProfileError, match="field 'nccl.nvls': NVLS needs intra_link"):
+        load_profile(path)
+
+
+def test_base_must_be_a_shipped_profile(tmp_path):
+    path = _write(tmp_path, 'base = "b200"\n')
+    with pytest.raises(ProfileError, match="field 'base': expected the name of a shipped profile"):
+        load_profile(path)
