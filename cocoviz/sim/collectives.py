@@ -1,0 +1,514 @@
+"""Time of one NCCL collective, after NCCL's own tuning model.
+
+NCCL fills a table ``time[algo][proto]`` for every collective and runs the cheapest
+entry (``src/graph/tuning.cc``, ``src/enqueue.cc``); this module reproduces that table
+from a ``Hardware`` profile::
+
+    time = latency + nbytes / algBw
+    latency = base[algo][proto] + steps × hopLatency  (+ inter-node terms)
+    algBw  = busBw × nRanks / nSteps       (ring: nSteps = 2(n−1) AR, n−1 RS/AG, n otherwise)
+    algBw  = busBw / 2                      (tree)
+
+``nbytes`` is always the size of the full logical buffer, as nccl-tests counts it: the
+allreduce buffer, the *gathered* allgather output, the *unreduced* reducescatter input,
+the broadcast/reduce buffer, the message of a send. ``CollCost.bus_bw_gbps`` is the
+bus bandwidth nccl-tests would print (``algBw × 2(n−1)/n`` for allreduce, ``× (n−1)/n``
+for reducescatter/allgather, ``× 1`` otherwise), so model and measurement compare
+directly. A world rank r runs on node ⌊r / ranks_per_node⌋; a communicator that spans
+nodes runs its rings and trees over the network and takes the network's bandwidth and
+latency terms.
+
+Functions the simulator calls:
+
+- ``collective_time(hw, coll, nbytes, nranks, *, algo=None, proto=None,
+  ranks_per_node=None) -> CollCost`` — the cheapest (or the forced) algorithm/protocol.
+- ``collective_candidates(...) -> list[CollCost]`` — every enabled choice, cheapest first.
+- ``p2p_time(hw, nbytes, *, same_node) -> CollCost`` — one send/recv pair.
+- ``scalar_allreduce(hw, nranks, *, nbytes=4, ranks_per_node=None) -> CollCost`` — the
+  implicit reduction of a norm or sum (latency-bound).
+- ``device_kernel_time(hw, nranks, *, reduce_bytes, gather_bytes, compute_s=0, sms=None)
+  -> DeviceKernelCost`` — one ``nccl-device`` fused RS→compute→AG kernel.
+
+Times are in seconds; bandwidths in GB/s (10^9 B/s).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from enum import StrEnum
+
+from cocoviz.sim.hardware import Algo, Hardware, Link, Proto
+
+__all__ = [
+    "Algo",
+    "Coll",
+    "CollCost",
+    "CostModelError",
+    "DeviceKernelCost",
+    "Proto",
+    "bus_factor",
+    "collective_candidates",
+    "collective_time",
+    "device_kernel_time",
+    "p2p_time",
+    "scalar_allreduce",
+]
+
+
+class CostModelError(ValueError):
+    """A question the model cannot answer (an unavailable algorithm, an impossible layout)."""
+
+
+class Coll(StrEnum):
+    """Collectives, spelled as the .coco language spells them (``sendrecv`` is ``send``)."""
+
+    ALLREDUCE = "allreduce"
+    REDUCESCATTER = "reducescatter"
+    ALLGATHER = "allgather"
+    BROADCAST = "broadcast"
+    REDUCE = "reduce"
+    SENDRECV = "sendrecv"
+
+    @classmethod
+    def parse(cls, text: str | Coll) -> Coll:
+        if isinstance(text, Coll):
+            return text
+        key = text.strip().lower().replace("_", "").replace("-", "")
+        key = {"send": "sendrecv", "recv": "sendrecv", "p2p": "sendrecv"}.get(key, key)
+        try:
+            return cls(key)
+        except ValueError:
+            known = ", ".join(c.value for c in cls)
+            raise CostModelError(f"unknown collective {text!r} (expected one of {known})") from None
+
+
+def _parse_algo(text: str | Algo) -> Algo:
+    if isinstance(text, Algo):
+        return text
+    try:
+        return Algo(text.strip().lower())
+    except ValueError:
+        known = ", ".join(a.value for a in Algo)
+        raise CostModelError(f"unknown algorithm {text!r} (expected one of {known})") from None
+
+
+def _parse_proto(text: str | Proto) -> Proto:
+    if isinstance(text, Proto):
+        return text
+    for proto in Proto:
+        if proto.value.lower() == text.strip().lower():
+            return proto
+    known = ", ".join(p.value for p in Proto)
+    raise CostModelError(f"unknown protocol {text!r} (expected one of {known})")
+
+
+def bus_factor(coll: Coll | str, nranks: int) -> float:
+    """nccl-tests' busBw / algBw factor (``doc/PERFORMANCE.md``)."""
+    c = Coll.parse(coll)
+    if nranks <= 1:
+        return 1.0
+    if c is Coll.ALLREDUCE:
+        return 2.0 * (nranks - 1) / nranks
+    if c in (Coll.REDUCESCATTER, Coll.ALLGATHER):
+        return (nranks - 1) / nranks
+    return 1.0
+
+
+@dataclass(frozen=True)
+class CollCost:
+    """The predicted cost of one collective call, as NCCL would run it."""
+
+    coll: Coll
+    nbytes: int
+    nranks: int
+    nnodes: int
+    algo: Algo
+    proto: Proto
+    time_s: float
+    """Whole call: latency_s + transfer_s."""
+    latency_s: float
+    """The size-independent part (NCCL's ``lat``)."""
+    transfer_s: float
+    """``nbytes / model_alg_bw``."""
+    model_alg_bw_gbps: float
+    """NCCL's asymptotic algorithm bandwidth for this choice (``bw[coll][algo][proto]``)."""
+    channels: int
+    """CTAs (one SM each) the call occupies after NCCL trims channels for small sizes."""
+    link: Link
+    """The slowest link class the call crosses."""
+
+    @property
+    def alg_bw_gbps(self) -> float:
+        """nbytes / time, as nccl-tests reports ``algbw``."""
+        return self.nbytes / self.time_s / 1e9 if self.time_s > 0 else 0.0
+
+    @property
+    def bus_bw_gbps(self) -> float:
+        """algbw × the nccl-tests factor, as nccl-tests reports ``busbw``."""
+        return self.alg_bw_gbps * bus_factor(self.coll, self.nranks)
+
+    @property
+    def label(self) -> str:
+        return f"{self.algo.value}/{self.proto.value}"
+
+
+@dataclass(frozen=True)
+class _Topo:
+    nranks: int
+    ranks_per_node: int
+    nnodes: int
+
+
+def _topology(hw: Hardware, nranks: int, ranks_per_node: int | None) -> _Topo:
+    if nranks < 1:
+        raise CostModelError(f"a collective needs at least 1 rank, got {nranks}")
+    gpn = hw.node.gpus_per_node
+    rpn = min(nranks, gpn) if ranks_per_node is None else ranks_per_node
+    if rpn < 1 or rpn > gpn:
+        raise CostModelError(
+            f"ranks_per_node must be between 1 and {gpn} (GPUs per node on {hw.name}), got {rpn}"
+        )
+    rpn = min(rpn, nranks)
+    return _Topo(nranks, rpn, math.ceil(nranks / rpn))
+
+
+def _graph_bw(hw: Hardware, topo: _Topo) -> float:
+    """NCCL's ``nChannels × bw`` for a ring or tree graph: the per-rank link rate."""
+    if topo.nnodes == 1:
+        return hw.intra_gbps
+    inter = hw.net_gbps(topo.ranks_per_node)
+    return inter if topo.ranks_per_node == 1 else min(hw.intra_gbps, inter)
+
+
+# NCCL src/graph/tuning.cc: "Trees are not perfectly sticking to the model for medium
+# sizes." Powers of two from 64 B to 256 MiB, [LL, LL128, Simple].
+_TREE_CORRECTION: dict[Proto, tuple[float, ...]] = {
+    Proto.LL: (1.0, 1.0, 1.0, 1.0, .9, .8, .7, .7, .7, .7, .6, .5, .4, .4, .5, .6, .7, .8, .9, 1.0, 1.0, 1.0, 1.0),
+    Proto.LL128: (1.0, 1.0, 1.0, 1.0, 1.0, .9, .8, .8, .8, .7, .6, .6, .6, .6, .6, .6, .8, .9, .9, .9, .9, 1.0, 1.0),
+    Proto.SIMPLE: (.9, .9, .9, .9, .9, .9, .9, .8, .7, .6, .6, .5, .5, .5, .5, .6, .7, .8, .7, .7, .8, .9, .9),
+}  # fmt: skip
+
+# NCCL's threads per CTA and bytes per thread before a channel is added (src/include/
+# device.h, comm.h; perf-data §1.1, §1.4).
+_THREADS = {Proto.LL: 512, Proto.LL128: 640, Proto.SIMPLE: 512}
+_THREAD_THRESHOLD = {Proto.LL: 8, Proto.LL128: 8, Proto.SIMPLE: 64}
+
+
+def _nsteps(coll: Coll, nranks: int) -> int:
+    if coll is Coll.ALLREDUCE:
+        return 2 * (nranks - 1)
+    if coll in (Coll.REDUCESCATTER, Coll.ALLGATHER):
+        return nranks - 1
+    return nranks
+
+
+def _available(hw: Hardware, coll: Coll, topo: _Topo) -> list[tuple[Algo, Proto]]:
+    if coll is Coll.SENDRECV:
+        return [(Algo.P2P, Proto.LL), (Algo.P2P, Proto.SIMPLE)]
+    pairs = [(Algo.RING, p) for p in Proto]
+    if coll is Coll.ALLREDUCE:
+        pairs += [(Algo.TREE, p) for p in Proto]
+        if _nvls_ok(hw, topo):
+            pairs.append((Algo.NVLS, Proto.SIMPLE))
+    return pairs
+
+
+def _nvls_ok(hw: Hardware, topo: _Topo) -> bool:
+    # Single-node NVLS only: multi-node NVLS needs CollNet/SHARP, which cocoviz does not model.
+    return hw.nccl.nvls and topo.nnodes == 1 and topo.nranks >= hw.nccl.nvls_min_ranks
+
+
+def _why_unavailable(hw: Hardware, coll: Coll, topo: _Topo, algo: Algo, proto: Proto | None) -> str:
+    if algo is Algo.P2P or coll is Coll.SENDRECV:
+        return f"{coll.value} runs only as p2p (LL or Simple), and p2p only serves sendrecv"
+    if algo is Algo.TREE:
+        return "tree serves only allreduce"
+    if algo is Algo.NVLS:
+        if coll is not Coll.ALLREDUCE:
+            return "nvls serves only allreduce in this model"
+        if not hw.nccl.nvls:
+            return f"{hw.name} has no NVLink SHARP (NVLS)"
+        if topo.nnodes > 1:
+            return "nvls across nodes needs CollNet/SHARP, which is not modelled"
+        if topo.nranks < hw.nccl.nvls_min_ranks:
+            return f"nvls is used only with at least {hw.nccl.nvls_min_ranks} ranks on {hw.name}"
+        if proto is not Proto.SIMPLE:
+            return "nvls runs only the Simple protocol"
+    return f"{algo.value}/{proto.value if proto else '*'} is not available for {coll.value}"
+
+
+def _channels(hw: Hardware, algo: Algo, proto: Proto, nbytes: int, nranks: int) -> int:
+    """NCCL trims channels while ``nBytes < nc × nThreads × threadThreshold``."""
+    most = hw.nccl.nvls_channels if algo is Algo.NVLS else hw.nccl.channels
+    threshold = _THREAD_THRESHOLD[proto] * (
+        nranks if algo is Algo.RING and proto is Proto.LL else 1
+    )
+    return max(1, min(most, nbytes // (_THREADS[proto] * threshold)))
+
+
+def _bus_bw(hw: Hardware, coll: Coll, topo: _Topo, algo: Algo, proto: Proto) -> float:
+    """NCCL's bus bandwidth for one algorithm/protocol (``ncclTopoTuneModel``)."""
+    caps = hw.nccl
+    nodes = topo.nnodes
+    bw = _graph_bw(hw, topo)
+    if algo is Algo.RING:
+        if proto is Proto.LL:
+            return min(caps.ll_max_bw.at(nodes), bw * 0.5)
+        if proto is Proto.LL128:
+            return min(bw * 0.92, caps.channels * caps.per_ch_max_ring_ll128_bw.at(nodes))
+        return bw
+    if algo is Algo.TREE:
+        bw = min(bw * 0.92, caps.channels * caps.per_ch_max_tree_bw.at(nodes))
+        if proto is Proto.LL:
+            return min(bw / 3.8, caps.ll_max_bw.at(nodes))
+        if proto is Proto.LL128:
+            scale = 7.0 / 9.0 if nodes == 1 else 120.0 / 128.0
+            return min(bw * scale, caps.channels * caps.per_ch_max_tree_ll128_bw.at(nodes))
+        return bw
+    if algo is Algo.P2P:
+        if topo.nnodes > 1:
+            bw = hw.nic_effective_gbps  # one GPU, its own NIC
+        return min(caps.ll_max_bw.at(nodes), bw * 0.5) if proto is Proto.LL else bw
+    raise AssertionError(f"no bus bandwidth rule for {algo}")
+
+
+def _alg_bw(hw: Hardware, coll: Coll, topo: _Topo, algo: Algo, proto: Proto, nbytes: int) -> float:
+    n = topo.nranks
+    if algo is Algo.NVLS:
+        # NVLS AllReduce: each GPU pushes its whole buffer into the switch (multimem.ld_reduce
+        # reads every GPU's copy of a shard) and takes its reduced shard back, then multicasts
+        # the shard (multimem.st). Per GPU that is S + S/n each way, so algBw = B·n/(n+1),
+        # with B the NVLink rate derated by NCCL's nvlsEfficiency. [D] Matches the 8x H200
+        # GPU-count sweep of perf-data §2.1 within 4%.
+        return hw.nvlink_gbps * hw.nccl.nvls_efficiency * n / (n + 1)
+    bus = _bus_bw(hw, coll, topo, algo, proto)
+    if algo is Algo.TREE:
+        alg = bus * 0.5
+        index = int(math.log2(nbytes >> 6)) if nbytes >= 64 else -1
+        if 0 <= index < len(_TREE_CORRECTION[proto]):
+            alg *= _TREE_CORRECTION[proto][index]
+        return alg
+    if algo is Algo.P2P:
+        return bus
+    return bus * n / _nsteps(coll, n)
+
+
+def _latency_us(
+    hw: Hardware, coll: Coll, topo: _Topo, algo: Algo, proto: Proto, nbytes: int
+) -> float:
+    """NCCL's latency table entry (``ncclTopoTuneModel`` + ``ncclTopoGetAlgoTime``)."""
+    c = hw.nccl
+    intra_link = hw.node.intra_link
+    base = c.base_latency_us[algo][proto]
+    intra = c.hw_latency(intra_link)[algo][proto]
+    inter_algo = Algo.TREE if topo.ranks_per_node == 1 and algo is not Algo.P2P else algo
+    inter = c.hw_latency(Link.NET)[inter_algo][proto] + c.net_latency_us
+    if proto is Proto.SIMPLE:
+        inter += c.net_latency_us  # flush
+    nodes = topo.nnodes
+    if algo is Algo.P2P:
+        return base + (intra if nodes == 1 else inter)
+    if algo is Algo.NVLS:
+        return intra + (inter if nodes > 1 else 0.0)
+    if algo is Algo.TREE:
+        return base + 2 * ((topo.ranks_per_node - 1) * intra + int(math.log2(nodes)) * inter)
+    # Ring
+    if coll in (Coll.BROADCAST, Coll.REDUCE):
+        # NVSwitch rings are duplicated channels (graph->sameChannels): one hop of latency.
+        return base + (intra if nodes == 1 else c.hw_latency(Link.NET)[Algo.RING][proto])
+    nsteps = _nsteps(coll, topo.nranks)
+    overhead = 0.0
+    if nodes > 1:
+        overhead = c.net_overhead_us * (3.0 if proto is Proto.SIMPLE else 1.0)
+    inter_steps = 0 if nodes == 1 else (2 * (nodes - 1) if coll is Coll.ALLREDUCE else nodes - 1)
+    lat = base + (nsteps - inter_steps) * max(intra, overhead) + inter_steps * inter
+    if (
+        proto is Proto.SIMPLE
+        and nodes > 1
+        and coll is Coll.ALLREDUCE
+        and nbytes // (c.channels * topo.nranks) >= 64
+    ):
+        lat *= c.ring_plateau
+    return lat
+
+
+def _cost(hw: Hardware, coll: Coll, nbytes: int, topo: _Topo, algo: Algo, proto: Proto) -> CollCost:
+    alg_bw = _alg_bw(hw, coll, topo, algo, proto, nbytes)
+    latency_us = _latency_us(hw, coll, topo, algo, proto, nbytes)
+    transfer_s = nbytes / (alg_bw * 1e9)
+    link = Link.NET if topo.nnodes > 1 else hw.node.intra_link
+    return CollCost(
+        coll=coll,
+        nbytes=nbytes,
+        nranks=topo.nranks,
+        nnodes=topo.nnodes,
+        algo=algo,
+        proto=proto,
+        time_s=latency_us * 1e-6 + transfer_s,
+        latency_s=latency_us * 1e-6,
+        transfer_s=transfer_s,
+        model_alg_bw_gbps=alg_bw,
+        channels=_channels(hw, algo, proto, nbytes, topo.nranks),
+        link=link,
+    )
+
+
+def collective_candidates(
+    hw: Hardware,
+    coll: Coll | str,
+    nbytes: int,
+    nranks: int,
+    *,
+    algo: Algo | str | None = None,
+    proto: Proto | str | None = None,
+    ranks_per_node: int | None = None,
+) -> list[CollCost]:
+    """Every enabled algorithm/protocol for this call, cheapest first.
+
+    ``algo``/``proto`` restrict the choice the way ``NCCL_ALGO``/``NCCL_PROTO`` do; a
+    restriction that leaves nothing raises ``CostModelError`` saying why.
+    """
+    c = Coll.parse(coll)
+    if nbytes < 0:
+        raise CostModelError(f"a collective moves a non-negative number of bytes, got {nbytes}")
+    topo = _topology(hw, 2 if c is Coll.SENDRECV else nranks, ranks_per_node)
+    want_algo = _parse_algo(algo) if algo is not None else None
+    want_proto = _parse_proto(proto) if proto is not None else None
+    pairs = [
+        (a, p)
+        for a, p in _available(hw, c, topo)
+        if (want_algo is None or a is want_algo) and (want_proto is None or p is want_proto)
+    ]
+    if not pairs:
+        assert want_algo is not None or want_proto is not None
+        why = (
+            _why_unavailable(hw, c, topo, want_algo, want_proto)
+            if want_algo is not None
+            else f"protocol {want_proto} is not available for {c.value}"
+        )
+        raise CostModelError(f"cannot run {c.value} on {topo.nranks} ranks of {hw.name}: {why}")
+    if topo.nranks == 1 or nbytes == 0:
+        simple = [(a, p) for a, p in pairs if p is Proto.SIMPLE and a in (Algo.RING, Algo.P2P)]
+        a, p = (simple or pairs)[0]
+        return [_zero_cost(c, nbytes, topo, a, p, hw)]
+    costs = [_cost(hw, c, nbytes, topo, a, p) for a, p in pairs]
+    return sorted(costs, key=lambda k: k.time_s)
+
+
+def _zero_cost(c: Coll, nbytes: int, topo: _Topo, a: Algo, p: Proto, hw: Hardware) -> CollCost:
+    """One rank or no bytes: NCCL returns without moving data."""
+    return CollCost(
+        c, nbytes, topo.nranks, topo.nnodes, a, p, 0.0, 0.0, 0.0, 0.0, 0, hw.node.intra_link
+    )
+
+
+def collective_time(
+    hw: Hardware,
+    coll: Coll | str,
+    nbytes: int,
+    nranks: int,
+    *,
+    algo: Algo | str | None = None,
+    proto: Proto | str | None = None,
+    ranks_per_node: int | None = None,
+) -> CollCost:
+    """The cost of one collective as NCCL would run it: its cheapest allowed choice.
+
+    ``nbytes`` is the full logical buffer (see the module docstring); ``ranks_per_node``
+    defaults to filling nodes (``min(nranks, gpus_per_node)``). For ``sendrecv`` the call
+    is one pair of ranks and ``nranks`` is ignored; pass ``ranks_per_node=1`` for a pair
+    on two nodes (or use ``p2p_time``).
+    """
+    return collective_candidates(
+        hw, coll, nbytes, nranks, algo=algo, proto=proto, ranks_per_node=ranks_per_node
+    )[0]
+
+
+def p2p_time(hw: Hardware, nbytes: int, *, same_node: bool = True) -> CollCost:
+    """One ``ncclSend``/``ncclRecv`` pair, inside a node (NVLink) or across nodes (a NIC).
+
+    NCCL's tuner has no p2p entry; the model uses the ring's per-hop latency and base
+    latency for the protocol and the bandwidth of the link the pair crosses. [A]
+    """
+    return collective_time(hw, Coll.SENDRECV, nbytes, 2, ranks_per_node=2 if same_node else 1)
+
+
+def scalar_allreduce(
+    hw: Hardware, nranks: int, *, nbytes: int = 4, ranks_per_node: int | None = None
+) -> CollCost:
+    """The small allreduce behind an implicit reduction (``norm``, ``sum``, ``amax``).
+
+    Latency-bound: NCCL runs it with LL, whose cost is its base latency plus one hop per
+    ring step.
+    """
+    return collective_time(hw, Coll.ALLREDUCE, nbytes, nranks, ranks_per_node=ranks_per_node)
+
+
+@dataclass(frozen=True)
+class DeviceKernelCost:
+    """One ``nccl-device`` fused kernel (NCCL device API, load/store over NVLink)."""
+
+    time_s: float
+    launch_s: float
+    barrier_s: float
+    read_s: float
+    compute_s: float
+    write_s: float
+    sms: int
+    peer_gbps: float
+    """The peer load/store bandwidth the kernel's SMs achieve."""
+
+
+def device_kernel_time(
+    hw: Hardware,
+    nranks: int,
+    *,
+    reduce_bytes: int,
+    gather_bytes: int,
+    compute_s: float = 0.0,
+    sms: int | None = None,
+) -> DeviceKernelCost:
+    """A fused RS→compute→AG as one kernel on the NCCL device API.
+
+    Each rank loads its owned 1/n of ``reduce_bytes`` from the n−1 peers' windows and
+    reduces it, runs the fused computation on its shard (``compute_s``, a roofline time
+    without launch), and stores its 1/n of ``gather_bytes`` into every peer. An LSA
+    barrier opens the kernel (peers' inputs are ready) and one separates the reads from
+    the writes into peers, so the three phases add up::
+
+        t = launch + 2·barrier + read + compute + write
+        read  = reduce_bytes·(n−1)/n / peer_bw      write = gather_bytes·(n−1)/n / peer_bw
+        peer_bw = device.peer_gbps · min(1, sms / nccl.channels)
+
+    (the SMs NCCL needs to saturate NVLink are taken as its channel count). Only one
+    NVLink domain: more ranks than GPUs per node raise ``CostModelError``.
+    """
+    if nranks < 1:
+        raise CostModelError(f"a fused kernel needs at least 1 rank, got {nranks}")
+    if nranks > hw.node.gpus_per_node:
+        raise CostModelError(
+            f"nccl-device needs all ranks in one NVLink domain: {nranks} ranks > "
+            f"{hw.node.gpus_per_node} GPUs per node on {hw.name}"
+        )
+    if reduce_bytes < 0 or gather_bytes < 0 or compute_s < 0:
+        raise CostModelError("byte counts and compute time must be non-negative")
+    used = hw.gpu.sms if sms is None else sms
+    if not 1 <= used <= hw.gpu.sms:
+        raise CostModelError(f"sms must be between 1 and {hw.gpu.sms}, got {used}")
+    peer = hw.device.peer_gbps * min(1.0, used / hw.nccl.channels)
+    remote = (nranks - 1) / nranks
+    read_s = reduce_bytes * remote / (peer * 1e9)
+    write_s = gather_bytes * remote / (peer * 1e9)
+    launch_s = hw.gpu.launch_overhead_us * 1e-6
+    barrier_s = 2 * hw.device.barrier_us * 1e-6 if nranks > 1 else 0.0
+    return DeviceKernelCost(
+        time_s=launch_s + barrier_s + read_s + compute_s + write_s,
+        launch_s=launch_s,
+        barrier_s=barrier_s,
+        read_s=read_s,
+        compute_s=compute_s,
+        write_s=write_s,
+        sms=used,
+        peer_gbps=peer,
+    )

@@ -1,0 +1,357 @@
+"""The collective model: calibration against nccl-tests, NCCL's own model, and relations."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from cocoviz.sim.collectives import (
+    Algo,
+    Coll,
+    CostModelError,
+    Proto,
+    bus_factor,
+    collective_candidates,
+    collective_time,
+    device_kernel_time,
+    p2p_time,
+    scalar_allreduce,
+)
+from cocoviz.sim.hardware import Link, load_profile
+from cocoviz.sim.model_table import format_table, model_table, table_title
+
+GIB = 1 << 30
+MIB = 1 << 20
+
+# Published large-message nccl-tests busBw (perf-data §2.1). (profile, collective, ranks,
+# ranks per node, forced algorithm, bytes, published GB/s, where it was published)
+CALIBRATION = [
+    ("a100-dgx", "allreduce", 8, 8, None, GIB, 232.0, "GTC24 S62129: NVLink3 DGX"),
+    ("a100-dgx", "allreduce", 8, 8, None, 16 * GIB, 232.0, "GTC24 S62129: NVLink3 DGX"),
+    ("a100-dgx", "allreduce", 8, 8, "ring", 16 * GIB, 235.0, "ml-engineering: DGX A100"),
+    ("h100-dgx", "allreduce", 8, 8, "ring", GIB, 370.0, "GTC24 S62129; nccl-tests#212"),
+    ("h100-dgx", "allreduce", 8, 8, "ring", 16 * GIB, 370.0, "GTC24 S62129; nccl-tests#212"),
+    ("h100-dgx", "allreduce", 8, 8, None, 16 * GIB, 480.0, "GTC24 S62129: NVLS"),
+    ("h200-hgx", "allreduce", 8, 8, "ring", 16 * GIB, 367.2, "ml-engineering, NCCL 2.27.7"),
+    ("h200-hgx", "allgather", 8, 8, "ring", 16 * GIB, 361.4, "ml-engineering, NCCL 2.27.7"),
+    ("h200-hgx", "reducescatter", 8, 8, "ring", 16 * GIB, 362.9, "ml-engineering, NCCL 2.27.7"),
+    ("h200-hgx", "allreduce", 8, 8, None, 16 * GIB, 480.0, "ml-engineering: NVLS"),
+    ("h200-hgx", "allreduce", 4, 4, None, 8 * GIB, 363.3, "ml-engineering GPU sweep"),
+    ("h200-hgx", "allreduce", 5, 5, None, 8 * GIB, 414.2, "ml-engineering GPU sweep"),
+    ("h200-hgx", "allreduce", 6, 6, None, 8 * GIB, 435.6, "ml-engineering GPU sweep"),
+    ("h200-hgx", "allreduce", 7, 7, None, 8 * GIB, 460.0, "ml-engineering GPU sweep"),
+    ("h200-hgx", "allreduce", 8, 8, None, 8 * GIB, 473.1, "ml-engineering GPU sweep"),
+    ("v100-dgx2", "allreduce", 16, 16, None, GIB, 122.0, "GTC24 S62129: NVLink2 node"),
+    # Multi-node, 8 NICs per node; the slide gives no node count, so several are checked.
+    ("a100-dgx", "allreduce", 16, 8, None, 16 * GIB, 192.0, "GTC24 S62129: 8x200Gb"),
+    ("a100-dgx", "allreduce", 32, 8, None, 16 * GIB, 192.0, "GTC24 S62129: 8x200Gb"),
+    ("a100-dgx", "allreduce", 64, 8, None, 16 * GIB, 192.0, "GTC24 S62129: 8x200Gb"),
+    ("h100-dgx", "allreduce", 16, 8, None, 16 * GIB, 380.0, "GTC24 S62129: 8x400Gb"),
+    ("h100-dgx", "allreduce", 32, 8, None, 16 * GIB, 380.0, "GTC24 S62129: 8x400Gb"),
+    ("h100-dgx", "allreduce", 64, 8, None, 16 * GIB, 380.0, "GTC24 S62129: 8x400Gb"),
+]
+
+
+@pytest.mark.parametrize(
+    ("profile", "coll", "nranks", "rpn", "algo", "nbytes", "published", "source"), CALIBRATION
+)
+def test_calibration_large_message_bus_bandwidth(
+    profile, coll, nranks, rpn, algo, nbytes, published, source
+):
+    hw = load_profile(profile)
+    cost = collective_time(hw, coll, nbytes, nranks, algo=algo, ranks_per_node=rpn)
+    assert cost.bus_bw_gbps == pytest.approx(published, rel=0.10), (source, cost)
+
+
+def test_calibration_picks_the_published_algorithm():
+    h100 = load_profile("h100-dgx")
+    assert collective_time(h100, "allreduce", 16 * GIB, 8).algo is Algo.NVLS
+    assert collective_time(h100, "allgather", 16 * GIB, 8).label == "ring/Simple"
+    assert collective_time(h100, "allreduce", 16 * GIB, 32).label == "ring/Simple"
+    # NVLS only above 4 GPUs (perf-data §2.1).
+    assert collective_time(load_profile("h200-hgx"), "allreduce", 8 * GIB, 4).algo is Algo.RING
+    assert collective_time(load_profile("a100-dgx"), "allreduce", 16 * GIB, 8).label == "ring/Simple"
+
+
+# Times NCCL's own tuner predicts for one NVSwitch node (perf-data §1.5, computed from the
+# single-node subset of tuning.cc): (profile, coll, bytes, µs, tolerance). The H100 row
+# there assumed a 360 GB/s ring graph; the profile has NCCL's 18 × 20.6 = 370.8.
+NCCL_MODEL = [
+    ("a100-dgx", "allreduce", 8, 15.0, 0.005),
+    ("a100-dgx", "allreduce", MIB, 35.9, 0.005),
+    ("a100-dgx", "allreduce", 16 * MIB, 173.6, 0.005),
+    ("a100-dgx", "allreduce", 256 * MIB, 2013.0, 0.005),
+    ("a100-dgx", "allgather", 8 * 8, 10.8, 0.005),
+    ("a100-dgx", "allgather", MIB, 21.3, 0.005),
+    ("a100-dgx", "allgather", 16 * MIB, 93.4, 0.005),
+    ("a100-dgx", "reducescatter", 256 * MIB, 1011.0, 0.005),
+    ("h100-dgx", "allreduce", 8, 15.0, 0.005),
+]
+
+
+@pytest.mark.parametrize(("profile", "coll", "nbytes", "micros", "tol"), NCCL_MODEL)
+def test_reproduces_nccl_tuner_predictions(profile, coll, nbytes, micros, tol):
+    hw = load_profile(profile)
+    assert collective_time(hw, coll, nbytes, 8).time_s * 1e6 == pytest.approx(micros, rel=tol)
+
+
+def test_h100_ring_matches_nccl_model_within_its_graph_rounding():
+    hw = load_profile("h100-dgx")
+    # perf-data §1.5: t(1 MiB) 28.0, t(16 MiB) 129.2, t(256 MiB) 1361 with NVLS off.
+    for nbytes, micros in [(MIB, 28.0), (16 * MIB, 129.2), (256 * MIB, 1361.0)]:
+        cost = collective_time(hw, "allreduce", nbytes, 8, algo="ring")
+        assert cost.time_s * 1e6 == pytest.approx(micros, rel=0.03)
+
+
+def test_nccl_latency_table_per_protocol():
+    hw = load_profile("h100-dgx")
+    expected = {  # perf-data §1.5, µs
+        ("allreduce", "ring"): (15.0, 40.6, 56.0),
+        ("allreduce", "tree"): (15.2, 31.5, 64.4),
+        ("allgather", "ring"): (10.8, 27.3, 32.2),
+        ("reducescatter", "ring"): (10.8, 27.3, 32.2),
+    }
+    for (coll, algo), lats in expected.items():
+        for proto, micros in zip(Proto, lats, strict=True):
+            cost = collective_time(hw, coll, 64, 8, algo=algo, proto=proto)
+            assert cost.latency_s * 1e6 == pytest.approx(micros, abs=0.01), (coll, algo, proto)
+
+
+def test_v100_uses_coconet_era_latency():
+    # NCCL 2.6.4 ring LL on 16 GPUs: 3.6 + 30 × 0.4 (perf-data §2.2).
+    cost = collective_time(load_profile("v100-dgx2"), "allreduce", 8, 16)
+    assert cost.label == "ring/LL"
+    assert cost.time_s * 1e6 == pytest.approx(15.6, abs=0.05)
+
+
+@pytest.mark.parametrize("profile", ["a100-dgx", "h100-dgx", "v100-dgx2"])
+def test_small_messages_are_latency_bound(profile):
+    hw = load_profile(profile)
+    n = hw.gpus_per_node
+    tiny = collective_time(hw, "allreduce", 8, n).time_s
+    for nbytes in (64, 512, 4096):
+        assert collective_time(hw, "allreduce", nbytes, n).time_s == pytest.approx(tiny, rel=0.02)
+    # ... and the time is mostly fixed cost well past a few KiB.
+    assert collective_time(hw, "allreduce", 32 * 1024, n).time_s < 1.5 * tiny
+    assert collective_time(hw, "allreduce", 64 * MIB, n).time_s > 10 * tiny
+
+
+@pytest.mark.parametrize("profile", ["a100-dgx", "h100-dgx", "h200-hgx", "v100-dgx2"])
+@pytest.mark.parametrize("coll", ["allreduce", "allgather", "reducescatter", "broadcast", "reduce"])
+@pytest.mark.parametrize("nbytes", [8, 4096, MIB, 64 * MIB, 4 * GIB])
+def test_cheapest_choice_wins(profile, coll, nbytes):
+    hw = load_profile(profile)
+    for nranks in (2, hw.gpus_per_node, 4 * hw.gpus_per_node):
+        options = collective_candidates(hw, coll, nbytes, nranks)
+        chosen = collective_time(hw, coll, nbytes, nranks)
+        assert chosen == options[0]
+        assert chosen.time_s == min(o.time_s for o in options)
+
+
+def test_choice_moves_from_ll_to_simple_as_size_grows():
+    hw = load_profile("a100-dgx")
+    protos = [collective_time(hw, "allreduce", 1 << k, 8).proto for k in range(3, 35)]
+    assert protos[0] is Proto.LL and protos[-1] is Proto.SIMPLE
+    assert Proto.LL128 in protos  # the middle sizes
+    first_simple = protos.index(Proto.SIMPLE)
+    assert Proto.LL not in protos[first_simple:]
+
+
+@pytest.mark.parametrize("profile", ["a100-dgx", "h100-dgx", "v100-dgx2"])
+@pytest.mark.parametrize("nbytes", [4 * MIB, 256 * MIB, 4 * GIB])
+def test_more_ranks_never_beat_the_bandwidth_bound(profile, nbytes):
+    hw = load_profile(profile)
+    previous = 0.0
+    for nranks in range(2, 8 * hw.gpus_per_node + 1):
+        t = collective_time(hw, "allreduce", nbytes, nranks, algo="ring").time_s
+        # Patarasuk & Yuan: no allreduce moves less than 2(n−1)/n·S per rank.
+        bound = 2 * (nranks - 1) / nranks * nbytes / (hw.nvlink_gbps * 1e9)
+        assert t >= bound
+        assert t >= previous * (1 - 1e-12), nranks  # a ring over more ranks is never faster
+        previous = t
+
+
+def test_crossing_nodes_uses_the_network():
+    hw = load_profile("a100-dgx")
+    inside = collective_time(hw, "allreduce", GIB, 8, algo="ring")
+    across = collective_time(hw, "allreduce", GIB, 16, algo="ring")
+    assert inside.link is Link.NVLINK and inside.nnodes == 1
+    assert across.link is Link.NET and across.nnodes == 2
+    assert across.model_alg_bw_gbps < inside.model_alg_bw_gbps
+    assert across.latency_s > inside.latency_s
+    # The same 16 ranks spread thinner reach fewer NICs per node and are slower.
+    sparse = collective_time(hw, "allreduce", GIB, 16, algo="ring", ranks_per_node=2)
+    assert sparse.nnodes == 8
+    assert sparse.time_s > across.time_s
+
+
+def test_ranks_per_node_is_checked():
+    hw = load_profile("h100-dgx")
+    with pytest.raises(CostModelError, match="ranks_per_node must be between 1 and 8"):
+        collective_time(hw, "allreduce", MIB, 16, ranks_per_node=9)
+    with pytest.raises(CostModelError, match="at least 1 rank"):
+        collective_time(hw, "allreduce", MIB, 0)
+
+
+@pytest.mark.parametrize(
+    ("profile", "coll", "algo", "proto", "message"),
+    [
+        ("a100-dgx", "allreduce", "nvls", None, "a100-dgx has no NVLink SHARP"),
+        ("h100-dgx", "allgather", "tree", None, "tree serves only allreduce"),
+        ("h100-dgx", "allreduce", "nvls", "LL", "nvls runs only the Simple protocol"),
+        ("h100-dgx", "allreduce", "p2p", None, "p2p only serves sendrecv"),
+    ],
+)
+def test_forced_choice_that_cannot_run_says_why(profile, coll, algo, proto, message):
+    with pytest.raises(CostModelError, match=message):
+        collective_time(load_profile(profile), coll, MIB, 8, algo=algo, proto=proto)
+
+
+def test_forced_choice_is_honoured():
+    hw = load_profile("h100-dgx")
+    assert collective_time(hw, "allreduce", 8, 8, algo="ring", proto="Simple").label == "ring/Simple"
+    assert collective_time(hw, "allreduce", 8, 8, algo=Algo.TREE).algo is Algo.TREE
+    assert collective_time(hw, "allreduce", GIB, 8, proto="ll").proto is Proto.LL
+    with pytest.raises(CostModelError, match="unknown algorithm 'star'"):
+        collective_time(hw, "allreduce", 8, 8, algo="star")
+    with pytest.raises(CostModelError, match="unknown collective 'alltoall'"):
+        collective_time(hw, "alltoall", 8, 8)
+
+
+def test_nvls_needs_one_node_and_enough_ranks():
+    hw = load_profile("h100-dgx")
+    with pytest.raises(CostModelError, match="nvls across nodes"):
+        collective_time(hw, "allreduce", GIB, 16, algo="nvls")
+    with pytest.raises(CostModelError, match="at least 5 ranks"):
+        collective_time(hw, "allreduce", GIB, 4, algo="nvls")
+
+
+def test_nothing_to_move_costs_nothing():
+    hw = load_profile("h100-dgx")
+    assert collective_time(hw, "allreduce", GIB, 1).time_s == 0.0
+    assert collective_time(hw, "allgather", 0, 8).time_s == 0.0
+    assert collective_time(hw, "allreduce", GIB, 1).channels == 0
+
+
+def test_bus_factors_follow_nccl_tests():
+    assert bus_factor("allreduce", 8) == pytest.approx(14 / 8)
+    assert bus_factor("allgather", 8) == pytest.approx(7 / 8)
+    assert bus_factor("reducescatter", 4) == pytest.approx(3 / 4)
+    assert bus_factor("broadcast", 8) == 1.0
+    assert bus_factor(Coll.SENDRECV, 2) == 1.0
+
+
+def test_reducescatter_and_allgather_cost_half_an_allreduce():
+    hw = load_profile("a100-dgx")
+    ar = collective_time(hw, "allreduce", 4 * GIB, 8, algo="ring")
+    rs = collective_time(hw, "reducescatter", 4 * GIB, 8, algo="ring")
+    ag = collective_time(hw, "allgather", 4 * GIB, 8, algo="ring")
+    assert rs.time_s + ag.time_s == pytest.approx(ar.time_s, rel=0.01)
+
+
+def test_small_collectives_take_few_sms():
+    hw = load_profile("h100-dgx")
+    small = collective_time(hw, "allreduce", 4096, 8)
+    large = collective_time(hw, "allreduce", GIB, 8, algo="ring")
+    assert small.channels == 1
+    assert large.channels == hw.nccl.channels
+    assert collective_time(hw, "allreduce", GIB, 8).channels == hw.nccl.nvls_channels
+
+
+def test_point_to_point_inside_and_across_nodes():
+    hw = load_profile("h100-dgx")
+    inside = p2p_time(hw, GIB)
+    across = p2p_time(hw, GIB, same_node=False)
+    assert inside.coll is Coll.SENDRECV and inside.algo is Algo.P2P
+    assert inside.link is Link.NVLINK and across.link is Link.NET
+    assert inside.alg_bw_gbps == pytest.approx(hw.nvlink_gbps, rel=0.05)
+    assert across.alg_bw_gbps == pytest.approx(hw.nic_effective_gbps, rel=0.05)
+    assert collective_time(hw, "send", GIB, 2, ranks_per_node=1) == across
+
+
+def test_scalar_allreduce_is_latency_bound():
+    hw = load_profile("h100-dgx")
+    cost = scalar_allreduce(hw, 8)
+    assert cost.proto is Proto.LL
+    assert cost.transfer_s < 0.001 * cost.time_s
+    assert scalar_allreduce(hw, 64).time_s > cost.time_s  # crossing nodes costs more
+
+
+def test_device_kernel_model():
+    hw = load_profile("h100-dgx")
+    s = 64 * MIB
+    full = device_kernel_time(hw, 8, reduce_bytes=s, gather_bytes=s, compute_s=10e-6)
+    assert full.read_s == pytest.approx(s * 7 / 8 / (hw.device.peer_gbps * 1e9))
+    assert full.time_s == pytest.approx(
+        full.launch_s + full.barrier_s + full.read_s + full.compute_s + full.write_s
+    )
+    assert full.barrier_s == pytest.approx(2 * hw.device.barrier_us * 1e-6)
+    few = device_kernel_time(hw, 8, reduce_bytes=s, gather_bytes=s, sms=8)
+    assert few.peer_gbps < full.peer_gbps and few.time_s > full.time_s - full.compute_s
+    # One launch instead of RS + kernel + AG: a small fused step beats the three calls.
+    small = 64 * 1024
+    fused = device_kernel_time(hw, 8, reduce_bytes=small, gather_bytes=small).time_s
+    split = (
+        collective_time(hw, "reducescatter", small, 8).time_s
+        + collective_time(hw, "allgather", small, 8).time_s
+    )
+    assert fused < split
+    with pytest.raises(CostModelError, match="one NVLink domain"):
+        device_kernel_time(hw, 16, reduce_bytes=s, gather_bytes=s)
+
+
+@given(
+    nbytes=st.integers(min_value=1, max_value=1 << 36),
+    nranks=st.integers(min_value=2, max_value=256),
+    coll=st.sampled_from(["allreduce", "allgather", "reducescatter", "broadcast", "reduce"]),
+)
+def test_costs_are_positive_and_consistent(nbytes, nranks, coll):
+    hw = load_profile("h100-dgx")
+    cost = collective_time(hw, coll, nbytes, nranks)
+    assert cost.time_s > 0 and math.isfinite(cost.time_s)
+    assert cost.time_s == pytest.approx(cost.latency_s + cost.transfer_s)
+    assert 1 <= cost.channels <= max(hw.nccl.channels, hw.nccl.nvls_channels)
+    assert cost.nnodes == math.ceil(nranks / hw.gpus_per_node)
+    bigger = collective_time(hw, coll, 2 * nbytes, nranks)
+    assert bigger.time_s >= cost.time_s
+
+
+# ---- nccl-tests-style tables
+
+
+def test_model_table_sweeps_8_bytes_to_16_gib():
+    hw = load_profile("h100-dgx")
+    rows = model_table(hw, "allreduce", 8)
+    assert [r.size for r in rows] == [8 << k for k in range(32)]
+    assert rows[-1].size == 16 * GIB
+    assert rows[0].count == 2 and rows[0].dtype == "f32" and rows[0].redop == "sum"
+    for r in rows:
+        assert r.bus_bw == pytest.approx(r.alg_bw * 14 / 8)
+        assert r.time_us == pytest.approx(collective_time(hw, "allreduce", r.size, 8).time_s * 1e6)
+
+
+def test_model_table_counts_per_rank_for_gathers():
+    hw = load_profile("a100-dgx")
+    rows = model_table(hw, "allgather", 8, algo="ring")
+    assert rows[0].size == 32  # 8 ranks × one float: smaller sizes are skipped
+    assert all(r.count * 4 * 8 == r.size for r in rows)
+    assert all(r.algo == "ring" for r in rows)
+    assert rows[-1].bus_bw == pytest.approx(240.0, rel=0.01)
+
+
+def test_format_table_looks_like_nccl_tests():
+    hw = load_profile("h100-dgx")
+    rows = model_table(hw, "allreduce", 8, "ring", max_bytes=1024)
+    text = format_table(rows, title=table_title(hw, "allreduce", 8, "ring"))
+    lines = text.splitlines()
+    assert lines[0] == "# cocoviz model: allreduce on h100-dgx, 8 ranks on 1 node (8 per node), ring/*"
+    assert "algbw" in text and "busbw" in text and "(elements)" in text
+    data = [line for line in lines if not line.startswith("#")]
+    assert len(data) == len(rows)
+    first = data[0].split()
+    assert first == ["8", "2", "float", "sum", "-1", "15.00", "0.00", "0.00", "ring/LL"]
+    assert lines[-2].startswith("# Avg bus bandwidth    : ")
+    assert all(line == line.rstrip() for line in lines)
