@@ -1,0 +1,316 @@
+"""Time of one compute kernel: a roofline with launch cost and shape-dependent GEMMs.
+
+Elementwise, row-wise and reduction kernels are a roofline over the CUDA-core peak and
+HBM, each derated by an achievable fraction::
+
+    t = max(launch_overhead, kernel_gap + max(flops / (vector_peak·eff),
+                                              bytes / (hbm·hbm_eff(bytes))))
+
+Kernels issued back to back cost at least the host's launch time (the GPU waits for the
+next launch) and otherwise their roofline plus the GPU-side gap between kernels.
+``hbm_eff`` rises with the bytes a kernel moves (Calculon's curve, interpolated in
+log-size so time stays monotone in size).
+
+A matmul ``[M, K] × [K, N]`` runs as CTA tiles ``tm × tn`` over the SMs; its compute
+time is waves × tile time, which models tile quantization (ragged edge tiles) and wave
+quantization (the last wave leaves SMs idle), times a K-dependent efficiency
+``K / (K + k_half)`` for each tile's prologue/epilogue. Like cuBLAS's heuristics, the
+model picks the best of the profile's tile shapes and of split-K 1–16. So Megatron's
+``[B·S, H/16] × [H/16, H]`` (K = 192) is far below peak where a square GEMM is not.
+
+Computation that overlaps communication runs on fewer SMs (the collective's channels
+each hold one), loses a further fraction to interference (Calculon's processor usage),
+and shares HBM with the collective's traffic: pass ``contention=comm_contention(hw,
+cost)``.
+
+Functions the simulator calls (times in seconds):
+
+- ``kernel_time(hw, flops, nbytes, dtype, *, contention=NO_CONTENTION, launch=True)``
+- ``matmul_time(hw, M, N, K, dtype, *, contention=NO_CONTENTION, launch=True)``
+- ``matmul_cost(...) -> MatmulCost`` (the same with the chosen tile, waves, efficiency)
+- ``chunked_matmul_times(hw, M, N, K, dtype, chunks, *, contention=..., launch=True)``
+  and ``chunk_efficiency(hw, M, N, K, dtype, chunks)`` for K-chunk overlap
+- ``comm_contention(hw, cost) -> Contention``, ``combine(*contentions)``
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from cocoviz.sim.collectives import Coll, CollCost
+from cocoviz.sim.hardware import DTYPES, Hardware, Link
+
+__all__ = [
+    "DTYPE_BYTES",
+    "NO_CONTENTION",
+    "Contention",
+    "MatmulCost",
+    "chunk_efficiency",
+    "chunked_matmul_times",
+    "combine",
+    "comm_contention",
+    "hbm_efficiency",
+    "kernel_time",
+    "matmul_cost",
+    "matmul_efficiency",
+    "matmul_time",
+]
+
+DTYPE_BYTES: dict[str, int] = {"f16": 2, "bf16": 2, "f32": 4, "f64": 8, "i32": 4, "i64": 8}
+
+_SPLIT_K = (1, 2, 4, 8, 16)
+_MIN_SPLIT_K_DEPTH = 128  # cuBLAS does not split K below one tile's depth of a few k-steps [A]
+_PARTIAL_BYTES = 4  # split-K partial sums are f32, written and read back once each
+
+
+@dataclass(frozen=True)
+class Contention:
+    """What concurrently running communication takes from a compute kernel."""
+
+    sm_fraction: float = 0.0
+    """Fraction of the SMs held by communication kernels (one per NCCL channel)."""
+    hbm_gbps: float = 0.0
+    """HBM bandwidth the communication consumes."""
+    interference: float = 0.0
+    """Fraction of compute throughput lost to overlap in total (Calculon's processor
+    usage); the loss is the larger of this and ``sm_fraction``."""
+
+    @property
+    def compute_lost(self) -> float:
+        return min(0.95, max(self.sm_fraction, self.interference))
+
+
+NO_CONTENTION = Contention()
+
+
+def combine(*contentions: Contention) -> Contention:
+    """Several collectives running at once: SMs and HBM add up, interference does not."""
+    return Contention(
+        sm_fraction=min(0.95, sum(c.sm_fraction for c in contentions)),
+        hbm_gbps=sum(c.hbm_gbps for c in contentions),
+        interference=max((c.interference for c in contentions), default=0.0),
+    )
+
+
+def comm_contention(hw: Hardware, cost: CollCost) -> Contention:
+    """The contention a running collective imposes on compute that overlaps it.
+
+    SMs: one per channel. HBM: each byte a rank puts on the wire costs
+    ``hbm_bytes_per_reduce_byte`` (reductions) or ``hbm_bytes_per_copy_byte`` bytes of
+    HBM traffic, at the rank's wire rate (its bus bandwidth).
+    """
+    if cost.time_s <= 0:
+        return NO_CONTENTION
+    reduces = cost.coll in (Coll.ALLREDUCE, Coll.REDUCESCATTER, Coll.REDUCE)
+    per_byte = (
+        hw.overlap.hbm_bytes_per_reduce_byte if reduces else hw.overlap.hbm_bytes_per_copy_byte
+    )
+    slowdown = (
+        hw.overlap.compute_slowdown_net
+        if cost.link is Link.NET
+        else hw.overlap.compute_slowdown_nvlink
+    )
+    return Contention(
+        sm_fraction=min(0.95, cost.channels / hw.gpu.sms),
+        hbm_gbps=per_byte * cost.bus_bw_gbps,
+        interference=slowdown,
+    )
+
+
+def _check_dtype(dtype: str) -> None:
+    if dtype not in DTYPES:
+        raise ValueError(f"unknown dtype {dtype!r} (expected one of {', '.join(DTYPES)})")
+
+
+def hbm_efficiency(hw: Hardware, nbytes: float) -> float:
+    """Achievable fraction of HBM bandwidth for a kernel moving ``nbytes``.
+
+    Piecewise linear in log10(bytes) through the profile's points, flat beyond the last;
+    below the first it continues the first segment's slope down to ``hbm_floor``.
+    """
+    points = hw.gpu.hbm_efficiency
+    floor = hw.gpu.hbm_efficiency_floor
+    if nbytes <= 0:
+        return floor
+    x = math.log10(nbytes)
+    xs = [math.log10(b) for b, _ in points]
+    ys = [e for _, e in points]
+    if x >= xs[-1]:
+        return ys[-1]
+    if len(xs) == 1:
+        return ys[0] if x >= xs[0] else floor
+    if x <= xs[0]:
+        slope = (ys[1] - ys[0]) / (xs[1] - xs[0]) if xs[1] > xs[0] else 0.0
+        return max(floor, ys[0] - slope * (xs[0] - x))
+    for i in range(len(xs) - 1):
+        x0, x1, y0, y1 = xs[i], xs[i + 1], ys[i], ys[i + 1]
+        if x0 <= x <= x1:
+            return y0 + (y1 - y0) * (x - x0) / (x1 - x0) if x1 > x0 else y1
+    return ys[-1]
+
+
+def _memory_s(hw: Hardware, nbytes: float, contention: Contention) -> float:
+    if nbytes <= 0:
+        return 0.0
+    bandwidth = hw.gpu.hbm_gbps * hbm_efficiency(hw, nbytes)
+    available = max(0.1 * bandwidth, bandwidth - contention.hbm_gbps)
+    return nbytes / (available * 1e9)
+
+
+def _with_launch(hw: Hardware, body_s: float, launch: bool) -> float:
+    if not launch:
+        return body_s
+    return max(hw.gpu.launch_overhead_us * 1e-6, hw.gpu.kernel_gap_us * 1e-6 + body_s)
+
+
+def kernel_time(
+    hw: Hardware,
+    flops: float,
+    nbytes: float,
+    dtype: str = "f32",
+    *,
+    contention: Contention = NO_CONTENTION,
+    launch: bool = True,
+) -> float:
+    """Roofline time of one non-matmul kernel (elementwise, row-wise, reduction).
+
+    ``launch=False`` gives the body alone, for work inside a fused kernel.
+    """
+    _check_dtype(dtype)
+    if flops < 0 or nbytes < 0:
+        raise ValueError("flops and bytes must be non-negative")
+    rate = hw.gpu.vector_tflops[dtype] * 1e12 * hw.gpu.vector_efficiency
+    compute_s = flops / (rate * (1.0 - contention.compute_lost)) if flops else 0.0
+    return _with_launch(hw, max(compute_s, _memory_s(hw, nbytes, contention)), launch)
+
+
+@dataclass(frozen=True)
+class MatmulCost:
+    """One GEMM as the model runs it."""
+
+    time_s: float
+    """Including launch (unless asked without)."""
+    compute_s: float
+    memory_s: float
+    tile: tuple[int, int]
+    split_k: int
+    waves: int
+    flops: float
+    efficiency: float
+    """Achieved FLOP/s over the dtype's peak, launch excluded."""
+
+
+def matmul_cost(
+    hw: Hardware,
+    m: int,
+    n: int,
+    k: int,
+    dtype: str = "f16",
+    *,
+    contention: Contention = NO_CONTENTION,
+    launch: bool = True,
+) -> MatmulCost:
+    """``[m, k] × [k, n]`` (leading batch dimensions folded into m)."""
+    _check_dtype(dtype)
+    if m < 0 or n < 0 or k < 0:
+        raise ValueError(f"matmul dimensions must be non-negative, got M={m} N={n} K={k}")
+    flops = 2.0 * m * n * k
+    size = DTYPE_BYTES[dtype]
+    if flops == 0:
+        memory_s = _memory_s(hw, m * n * size, contention)
+        return MatmulCost(_with_launch(hw, memory_s, launch), 0.0, memory_s, (0, 0), 1, 0, 0.0, 0.0)
+    gpu = hw.gpu
+    peak = gpu.matmul_tflops[dtype] * 1e12
+    per_sm = peak * gpu.matmul_efficiency / gpu.sms
+    sms = max(1, int(gpu.sms * (1.0 - contention.sm_fraction)))
+    # Interference beyond the SMs the collective holds slows every remaining SM.
+    extra = (1.0 - contention.sm_fraction) / (1.0 - contention.compute_lost)
+    base_bytes = (m * k + k * n + m * n) * size
+    shapes = {(tm, tn, te) for tm, tn, te in gpu.matmul_tiles} | {
+        (tn, tm, te) for tm, tn, te in gpu.matmul_tiles
+    }
+    best: tuple[float, float, float, tuple[int, int], int, int] | None = None
+    for tm, tn, tile_eff in sorted(shapes, key=lambda t: (-t[2], t[0], t[1])):
+        tiles = math.ceil(m / tm) * math.ceil(n / tn)
+        for split in _SPLIT_K:
+            if split > 1 and (tiles * split > sms * 2 or k / split < _MIN_SPLIT_K_DEPTH):
+                break
+            depth = math.ceil(k / split)
+            k_eff = depth / (depth + gpu.matmul_k_half)
+            waves = math.ceil(tiles * split / sms)
+            compute_s = waves * 2.0 * tm * tn * depth / (per_sm * tile_eff * k_eff) * extra
+            partials = 2 * (split - 1) * m * n * _PARTIAL_BYTES if split > 1 else 0
+            memory_s = _memory_s(hw, base_bytes + partials, contention)
+            body = max(compute_s, memory_s)
+            if best is None or body < best[0] - 1e-15:
+                best = (body, compute_s, memory_s, (tm, tn), split, waves)
+    assert best is not None
+    body, compute_s, memory_s, tile, split, waves = best
+    return MatmulCost(
+        time_s=_with_launch(hw, body, launch),
+        compute_s=compute_s,
+        memory_s=memory_s,
+        tile=tile,
+        split_k=split,
+        waves=waves,
+        flops=flops,
+        efficiency=flops / body / peak,
+    )
+
+
+def matmul_time(
+    hw: Hardware,
+    m: int,
+    n: int,
+    k: int,
+    dtype: str = "f16",
+    *,
+    contention: Contention = NO_CONTENTION,
+    launch: bool = True,
+) -> float:
+    """Seconds for ``[m, k] × [k, n]``; see ``matmul_cost``."""
+    return matmul_cost(hw, m, n, k, dtype, contention=contention, launch=launch).time_s
+
+
+def matmul_efficiency(hw: Hardware, m: int, n: int, k: int, dtype: str = "f16") -> float:
+    """Achieved fraction of the dtype's peak for this shape, launch excluded."""
+    return matmul_cost(hw, m, n, k, dtype, launch=False).efficiency
+
+
+def _chunk_rows(m: int, chunks: int) -> list[int]:
+    if chunks < 1:
+        raise ValueError(f"chunks must be at least 1, got {chunks}")
+    if chunks > max(m, 1):
+        raise ValueError(f"cannot cut {m} rows into {chunks} chunks")
+    size, extra = divmod(m, chunks)
+    return [size + (1 if i < extra else 0) for i in range(chunks)]
+
+
+def chunked_matmul_times(
+    hw: Hardware,
+    m: int,
+    n: int,
+    k: int,
+    dtype: str,
+    chunks: int,
+    *,
+    contention: Contention = NO_CONTENTION,
+    launch: bool = True,
+) -> tuple[float, ...]:
+    """Times of the row chunks of ``[m, k] × [k, n]`` cut into ``chunks`` GEMMs.
+
+    Overlap cuts the producer matmul into row chunks; each chunk is its own GEMM, so it
+    pays a launch and its own tile/wave quantization.
+    """
+    return tuple(
+        matmul_time(hw, rows, n, k, dtype, contention=contention, launch=launch)
+        for rows in _chunk_rows(m, chunks)
+    )
+
+
+def chunk_efficiency(hw: Hardware, m: int, n: int, k: int, dtype: str, chunks: int) -> float:
+    """Whole-GEMM time over the summed chunk times (1.0: chunking is free; lower: it costs)."""
+    whole = matmul_time(hw, m, n, k, dtype)
+    parts = sum(chunked_matmul_times(hw, m, n, k, dtype, chunks))
+    return whole / parts if parts > 0 else 1.0
