@@ -73,7 +73,9 @@ def test_calibration_picks_the_published_algorithm():
     assert collective_time(h100, "allreduce", 16 * GIB, 32).label == "ring/Simple"
     # NVLS only above 4 GPUs (perf-data §2.1).
     assert collective_time(load_profile("h200-hgx"), "allreduce", 8 * GIB, 4).algo is Algo.RING
-    assert collective_time(load_profile("a100-dgx"), "allreduce", 16 * GIB, 8).label == "ring/Simple"
+    assert (
+        collective_time(load_profile("a100-dgx"), "allreduce", 16 * GIB, 8).label == "ring/Simple"
+    )
 
 
 # Times NCCL's own tuner predicts for one NVSwitch node (perf-data §1.5, computed from the
@@ -212,7 +214,9 @@ def test_forced_choice_that_cannot_run_says_why(profile, coll, algo, proto, mess
 
 def test_forced_choice_is_honoured():
     hw = load_profile("h100-dgx")
-    assert collective_time(hw, "allreduce", 8, 8, algo="ring", proto="Simple").label == "ring/Simple"
+    assert (
+        collective_time(hw, "allreduce", 8, 8, algo="ring", proto="Simple").label == "ring/Simple"
+    )
     assert collective_time(hw, "allreduce", 8, 8, algo=Algo.TREE).algo is Algo.TREE
     assert collective_time(hw, "allreduce", GIB, 8, proto="ll").proto is Proto.LL
     with pytest.raises(CostModelError, match="unknown algorithm 'star'"):
@@ -347,7 +351,9 @@ def test_format_table_looks_like_nccl_tests():
     rows = model_table(hw, "allreduce", 8, "ring", max_bytes=1024)
     text = format_table(rows, title=table_title(hw, "allreduce", 8, "ring"))
     lines = text.splitlines()
-    assert lines[0] == "# cocoviz model: allreduce on h100-dgx, 8 ranks on 1 node (8 per node), ring/*"
+    assert (
+        lines[0] == "# cocoviz model: allreduce on h100-dgx, 8 ranks on 1 node (8 per node), ring/*"
+    )
     assert "algbw" in text and "busbw" in text and "(elements)" in text
     data = [line for line in lines if not line.startswith("#")]
     assert len(data) == len(rows)

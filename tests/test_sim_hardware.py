@@ -72,7 +72,9 @@ def test_derived_bandwidths(name, gpus, sms, nvlink, net_per_node):
     assert hw.nvlink_gbps == pytest.approx(nvlink)
     assert hw.net_gbps(gpus) == pytest.approx(net_per_node)
     # One GPU of a node reaches only the NICs next to it.
-    assert hw.net_gbps(1) == pytest.approx(net_per_node / hw.node.nics_per_node * max(1, hw.node.nics_per_node // gpus))
+    assert hw.net_gbps(1) == pytest.approx(
+        net_per_node / hw.node.nics_per_node * max(1, hw.node.nics_per_node // gpus)
+    )
 
 
 def test_hopper_has_nvls_and_older_parts_do_not():
