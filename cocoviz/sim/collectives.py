@@ -37,6 +37,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from enum import StrEnum
+from functools import lru_cache
 
 from cocoviz.sim.hardware import Algo, Hardware, Link, Proto
 
@@ -370,11 +371,25 @@ def collective_candidates(
     restriction that leaves nothing raises ``CostModelError`` saying why.
     """
     c = Coll.parse(coll)
+    want_algo = _parse_algo(algo) if algo is not None else None
+    want_proto = _parse_proto(proto) if proto is not None else None
+    return list(_candidates(hw, c, nbytes, nranks, want_algo, want_proto, ranks_per_node))
+
+
+@lru_cache(maxsize=1 << 16)
+def _candidates(
+    hw: Hardware,
+    c: Coll,
+    nbytes: int,
+    nranks: int,
+    want_algo: Algo | None,
+    want_proto: Proto | None,
+    ranks_per_node: int | None,
+) -> tuple[CollCost, ...]:
+    """``collective_candidates`` on parsed arguments, memoized: simulators ask again and again."""
     if nbytes < 0:
         raise CostModelError(f"a collective moves a non-negative number of bytes, got {nbytes}")
     topo = _topology(hw, 2 if c is Coll.SENDRECV else nranks, ranks_per_node)
-    want_algo = _parse_algo(algo) if algo is not None else None
-    want_proto = _parse_proto(proto) if proto is not None else None
     pairs = [
         (a, p)
         for a, p in _available(hw, c, topo)
@@ -391,9 +406,9 @@ def collective_candidates(
     if topo.nranks == 1 or nbytes == 0:
         simple = [(a, p) for a, p in pairs if p is Proto.SIMPLE and a in (Algo.RING, Algo.P2P)]
         a, p = (simple or pairs)[0]
-        return [_zero_cost(c, nbytes, topo, a, p, hw)]
+        return (_zero_cost(c, nbytes, topo, a, p, hw),)
     costs = [_cost(hw, c, nbytes, topo, a, p) for a, p in pairs]
-    return sorted(costs, key=lambda k: k.time_s)
+    return tuple(sorted(costs, key=lambda k: k.time_s))
 
 
 def _zero_cost(c: Coll, nbytes: int, topo: _Topo, a: Algo, p: Proto, hw: Hardware) -> CollCost:

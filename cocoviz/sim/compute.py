@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from functools import lru_cache
 
 from cocoviz.sim.collectives import Coll, CollCost
 from cocoviz.sim.hardware import DTYPES, Hardware, Link
@@ -212,6 +213,13 @@ def matmul_cost(
     launch: bool = True,
 ) -> MatmulCost:
     """``[m, k] × [k, n]`` (leading batch dimensions folded into m)."""
+    return _matmul_cost(hw, m, n, k, dtype, contention, launch)
+
+
+@lru_cache(maxsize=1 << 16)
+def _matmul_cost(
+    hw: Hardware, m: int, n: int, k: int, dtype: str, contention: Contention, launch: bool
+) -> MatmulCost:
     _check_dtype(dtype)
     if m < 0 or n < 0 or k < 0:
         raise ValueError(f"matmul dimensions must be non-negative, got M={m} N={n} K={k}")

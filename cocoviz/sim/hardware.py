@@ -96,7 +96,9 @@ class PerProto:
     simple: float
 
     def __getitem__(self, proto: Proto) -> float:
-        return (self.ll, self.ll128, self.simple)[list(Proto).index(proto)]
+        if proto is Proto.SIMPLE:
+            return self.simple
+        return self.ll128 if proto is Proto.LL128 else self.ll
 
 
 @dataclass(frozen=True)
@@ -108,10 +110,9 @@ class PerAlgo:
     nvls: PerProto
 
     def __getitem__(self, algo: Algo) -> PerProto:
-        if algo is Algo.P2P:
+        if algo is Algo.RING or algo is Algo.P2P:
             return self.ring  # NCCL's p2p runs the ring primitives on one peer
-        value: PerProto = getattr(self, algo.value)
-        return value
+        return self.tree if algo is Algo.TREE else self.nvls
 
 
 @dataclass(frozen=True)
@@ -174,7 +175,8 @@ class NcclSpec:
     per_ch_max_tree_bw: PerScale
 
     def hw_latency(self, link: Link) -> PerAlgo:
-        return self.hw_latency_us[list(Link).index(link)]
+        nvlink, pci, net = self.hw_latency_us
+        return nvlink if link is Link.NVLINK else net if link is Link.NET else pci
 
 
 @dataclass(frozen=True)
@@ -203,6 +205,11 @@ class Hardware:
     nccl: NcclSpec
     overlap: OverlapSpec
     device: DeviceSpec
+
+    def __hash__(self) -> int:
+        # Hashing every nested table on each memoized model call is slow; equal
+        # profiles share name and source, and equality still compares everything.
+        return hash((self.name, self.source))
 
     @property
     def gpus_per_node(self) -> int:
