@@ -13,6 +13,9 @@
   ``mpich`` wheel puts it in the venv's ``bin``), then ``PATH``; include and library
   directories come from ``mpicxx -show`` (MPICH) or ``mpicxx --showme`` (Open MPI).
 
+A ``*_HOME`` variable that is set wins: if it lacks the component, the component is
+reported missing (with a note in `Toolchain.notes`) rather than silently found elsewhere.
+
 Flags proven by ``tests/test_toolchain.py`` (CUDA 13.0, NCCL 2.32 wheel, cuBLAS 13 wheel,
 MPICH 5 wheel; ``-Wall`` warning-free for sm_80 and sm_90)::
 
@@ -76,7 +79,14 @@ _ARCH_RE = re.compile(r"^sm_(\d+)[a-z]?$")
 # The oldest architecture each CUDA major version can build, for when no nvcc is at hand.
 _MIN_ARCH_BY_CUDA_MAJOR = {11: 35, 12: 50, 13: 75}
 _SYSTEM_LIB_DIRS = frozenset(
-    ["/lib", "/lib64", "/usr/lib", "/usr/lib64", "/usr/lib/x86_64-linux-gnu", "/lib/x86_64-linux-gnu"]
+    [
+        "/lib",
+        "/lib64",
+        "/usr/lib",
+        "/usr/lib64",
+        "/usr/lib/x86_64-linux-gnu",
+        "/lib/x86_64-linux-gnu",
+    ]
 )
 
 
@@ -211,9 +221,7 @@ class Toolchain:
         """Components `target` needs that were not found, each with how to supply it."""
         out: list[str] = []
         if self.mpi is None:
-            out.append(
-                "MPI (mpicxx): set MPI_HOME, put mpicxx on PATH, or `pip install mpich`"
-            )
+            out.append("MPI (mpicxx): set MPI_HOME, put mpicxx on PATH, or `pip install mpich`")
         if target == "cpu":
             return tuple(out)
         if self.cuda is None:
@@ -411,13 +419,15 @@ def find_toolchain(environ: Mapping[str, str] | None = None) -> Toolchain:
 def _find_cuda(env: Mapping[str, str], notes: list[str]) -> CudaToolkit | None:
     candidates: list[tuple[Path, str]] = []
     if env.get("CUDA_HOME"):
+        # An explicit home wins: a wrong one is reported, not silently replaced.
         candidates.append((Path(env["CUDA_HOME"]), "CUDA_HOME"))
-    candidates.append((Path("/usr/local/cuda"), "/usr/local/cuda"))
-    on_path = shutil.which("nvcc", path=env.get("PATH"))
-    if on_path:
-        top = _nvcc_top(Path(on_path))
-        if top is not None:
-            candidates.append((top, "PATH"))
+    else:
+        candidates.append((Path("/usr/local/cuda"), "/usr/local/cuda"))
+        on_path = shutil.which("nvcc", path=env.get("PATH"))
+        if on_path:
+            top = _nvcc_top(Path(on_path))
+            if top is not None:
+                candidates.append((top, "PATH"))
     for home, source in candidates:
         nvcc = home / "bin" / "nvcc"
         if not nvcc.exists():
@@ -512,10 +522,13 @@ def _header_version(header: Path, name: str) -> tuple[int, ...]:
     if name == "NCCL":
         path, keys = header, ("NCCL_MAJOR", "NCCL_MINOR", "NCCL_PATCH")
     else:
-        path, keys = header.parent / "cublas_api.h", (
-            "CUBLAS_VER_MAJOR",
-            "CUBLAS_VER_MINOR",
-            "CUBLAS_VER_PATCH",
+        path, keys = (
+            header.parent / "cublas_api.h",
+            (
+                "CUBLAS_VER_MAJOR",
+                "CUBLAS_VER_MINOR",
+                "CUBLAS_VER_PATCH",
+            ),
         )
     try:
         text = path.read_text(errors="replace")
@@ -571,10 +584,11 @@ def _find_mpi(env: Mapping[str, str], notes: list[str]) -> MpiInstall | None:
     candidates: list[tuple[Path, str]] = []
     if env.get("MPI_HOME"):
         candidates.append((Path(env["MPI_HOME"]) / "bin" / "mpicxx", "MPI_HOME"))
-    candidates.append((Path(sys.executable).parent / "mpicxx", "next to python"))
-    on_path = shutil.which("mpicxx", path=env.get("PATH"))
-    if on_path:
-        candidates.append((Path(on_path), "PATH"))
+    else:
+        candidates.append((Path(sys.executable).parent / "mpicxx", "next to python"))
+        on_path = shutil.which("mpicxx", path=env.get("PATH"))
+        if on_path:
+            candidates.append((Path(on_path), "PATH"))
     for mpicxx, source in candidates:
         if not mpicxx.exists():
             if source == "MPI_HOME":

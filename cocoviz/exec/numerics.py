@@ -255,10 +255,10 @@ def to_dtype(x: npt.ArrayLike, dtype: DTypeLike) -> npt.NDArray[Any]:
     info = dtype_info(dtype)
     a = np.asarray(x)
     if info.name == "bf16":
-        with np.errstate(over="ignore"):
+        with np.errstate(over="ignore", invalid="ignore"):
             return round_bf16(a.astype(np.float32))
     if info.is_float:
-        with np.errstate(over="ignore"):
+        with np.errstate(over="ignore", invalid="ignore"):
             return a.astype(info.storage)
     if a.dtype.kind == "f":
         with np.errstate(invalid="ignore"):
@@ -443,9 +443,9 @@ class CompareResult:
 
     ok: bool
     max_abs: float
-    """Largest |a − b| over positions where neither is NaN (inf − inf of one sign is 0)."""
+    """Largest |a − b| over positions where neither is NaN (equal infinities give 0)."""
     max_rel: float
-    """Largest |a − b| / |b| over those positions (inf where b is 0 and a is not)."""
+    """Largest |a − b| / |b| there (inf where b is 0 or the difference is infinite)."""
     n_bad: int
     """Positions outside tolerance, NaN mismatches included."""
     nan_mismatch: int
@@ -468,7 +468,8 @@ def compare(a: npt.ArrayLike, b: npt.ArrayLike, dtype: DTypeLike) -> CompareResu
     """Compare `a` (actual) against `b` (expected) with `dtype`'s tolerance.
 
     Element i agrees iff both are NaN, or they are equal (so same-signed infinities
-    agree), or ``|a − b| ≤ atol + rtol·|b|``. Integers must match exactly.
+    agree), or both are finite and ``|a − b| ≤ atol + rtol·|b|``. Integers must match
+    exactly. Relative differences are infinite where b is 0 or an infinity differs.
     """
     info = dtype_info(dtype)
     aa, bb = np.asarray(a), np.asarray(b)
@@ -485,10 +486,11 @@ def compare(a: npt.ArrayLike, b: npt.ArrayLike, dtype: DTypeLike) -> CompareResu
     a_nan, b_nan = np.isnan(af), np.isnan(bf)
     both = ~(a_nan | b_nan)
     with np.errstate(invalid="ignore", over="ignore"):
-        diff = np.where(af == bf, 0.0, np.abs(af - bf))
-        diff = np.where(both, diff, 0.0)
+        equal = af == bf
+        diff = np.where(equal | ~both, 0.0, np.abs(af - bf))
         babs = np.abs(bf)
-        close = diff <= info.tolerance.atol + info.tolerance.rtol * babs
+        finite = np.isfinite(af) & np.isfinite(bf)
+        close = equal | (finite & (diff <= info.tolerance.atol + info.tolerance.rtol * babs))
     nan_bad = a_nan != b_nan
     bad = nan_bad | (both & ~close)
     return _result(bad, diff, np.where(both, babs, 1.0), int(np.count_nonzero(nan_bad)))
@@ -504,7 +506,7 @@ def _result(
     if diff.size == 0:
         return CompareResult(True, 0.0, 0.0, 0, 0)
     with np.errstate(divide="ignore", invalid="ignore"):
-        rel = np.where(diff == 0.0, 0.0, diff / babs)
+        rel = np.where(diff == 0.0, 0.0, np.where(np.isinf(diff), np.inf, diff / babs))
     return CompareResult(
         ok=n_bad == 0,
         max_abs=float(np.max(diff)),
@@ -521,7 +523,7 @@ def _result(
 def save_npy(path: str | os.PathLike[str], x: npt.ArrayLike, dtype: DTypeLike) -> None:
     """Write `x` as `dtype` to a ``.npy`` file (bf16 as float32, see `save_npy_bf16`)."""
     info = dtype_info(dtype)
-    np.save(path, np.ascontiguousarray(to_dtype(x, info)), allow_pickle=False)
+    np.save(path, to_dtype(x, info), allow_pickle=False)
 
 
 def save_npy_bf16(path: str | os.PathLike[str], x: npt.ArrayLike) -> None:

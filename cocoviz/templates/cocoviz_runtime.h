@@ -353,11 +353,13 @@ inline void compare_step(CompareResult& r, uint64_t i, double a, double b, Toler
       ++r.nan_mismatch;
     }
   } else if (a != b) {
+    // Unequal values agree only if both are finite and within tolerance.
     const double diff = std::fabs(a - b);
     const double babs = std::fabs(b);
-    if (!(diff <= tol.atol + tol.rtol * babs)) bad = true;
+    const bool finite = std::isfinite(a) && std::isfinite(b);
+    if (!finite || !(diff <= tol.atol + tol.rtol * babs)) bad = true;
     if (diff > r.max_abs) r.max_abs = diff;
-    const double rel = diff / babs;  // inf where b is 0
+    const double rel = std::isinf(diff) ? diff : diff / babs;  // inf where b is 0
     if (rel > r.max_rel) r.max_rel = rel;
   }
   if (bad) {
