@@ -6,15 +6,19 @@ This module is the one boundary where lark's exceptions are converted into
 
 from __future__ import annotations
 
+import dataclasses
 import functools
+import re
+import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from importlib import resources
 from typing import Any
 
 import lark
-from lark import Token, Transformer, v_args
-from lark.exceptions import UnexpectedCharacters, UnexpectedEOF, UnexpectedInput, UnexpectedToken
+import lark.lexer
+from lark import Token
+from lark.exceptions import UnexpectedEOF, UnexpectedInput, UnexpectedToken
 
 from cocoviz.errors import InputError, Source, Span
 from cocoviz.ir.nodes import Expr, Op, StepCall
@@ -114,6 +118,7 @@ class InputStmt:
     stage_kw: Name | None
     stage: Num | None
     span: Span
+    layout_span: Span | None = None  # the layout word and its argument
 
 
 @dataclass(frozen=True)
@@ -157,161 +162,238 @@ class Module:
 
 
 # --- the parser ------------------------------------------------------------------------
-class _ParenNewlines:
-    """Post-lexer: newlines inside ( ) and [ ] do not end a statement."""
+_OPENERS = {"LPAR": "RPAR", "LSQB": "RSQB", "LBRACE": "RBRACE"}
+_CLOSERS = {v: k for k, v in _OPENERS.items()}
+# Tokens after which a statement starts (where `input`, `output`, … are keywords).
+_STMT_START = {"_NL", "SEMICOLON", "LBRACE", "RBRACE"}
 
-    always_accept = ("_NL",)
 
-    def process(self, stream: Iterator[Token]) -> Iterator[Token]:
-        depth = 0
-        for tok in stream:
-            if tok.type == "_NL":
-                if depth == 0:
-                    yield tok
+class _BadCharacter(Exception):
+    def __init__(self, pos: int, line: int, col: int) -> None:
+        self.pos, self.line, self.col = pos, line, col
+
+
+class _Lexer(lark.lexer.Lexer):
+    """The tokenizer: one regular expression built from the grammar's terminals.
+
+    - Statement keywords (`program`, `input`, `fused`, …) are keywords only where a
+      statement starts; elsewhere they are names, like every function, dtype and
+      layout word (DESIGN §2.2).
+    - Newlines inside ( ) and [ ] do not end a statement; a run of newlines (with
+      comments and blank lines between) is one `_NL` token.
+    - It remembers the brackets still open, so that an unexpected end of file can
+      point at the one that was never closed.
+
+    It does the work of lark's contextual lexer plus a post-lexer at a fraction of the
+    cost (lexing was a third of the parse time of a large program).
+    """
+
+    __future_interface__ = 2  # lex(lexer_state, parser_state), used unwrapped
+
+    def __init__(self, conf: Any) -> None:
+        terms = {t.name: t for t in conf.terminals}
+        self.keywords = {
+            t.pattern.value: t.name
+            for t in terms.values()
+            if t.pattern.type == "str" and t.pattern.value.isalpha()
+        }
+        self.punct = {
+            t.pattern.value: t.name
+            for t in terms.values()
+            if t.pattern.type == "str" and not t.pattern.value.isalpha()
+        }
+        groups = [
+            f"(?P<{n}>{terms[n].pattern.to_regexp()})"
+            for n in ("WS", "COMMENT", "NUMBER", "NAME", "CMP")
+        ]
+        punct = "".join(re.escape(p) for p in sorted(self.punct))
+        self.regex = re.compile("|".join(groups + ["(?P<NL>\n)", f"(?P<PUNCT>[{punct}])"]))
+        self.open: list[Token] = []
+
+    def lex(self, lexer_state: Any, parser_state: Any) -> Iterator[Token]:
+        text: str = lexer_state.text.text
+        match = self.regex.match
+        keywords, punct = self.keywords, self.punct
+        self.open = opened = []
+        depth = 0  # open ( and [ since the innermost {
+        pos, line, line_start, n = 0, 1, 0, len(text)
+        prev = "_NL"
+        while pos < n:
+            m = match(text, pos)
+            if m is None:
+                raise _BadCharacter(pos, line, pos - line_start + 1)
+            kind = m.lastgroup
+            end = m.end()
+            col = pos - line_start + 1
+            if kind == "WS" or kind == "COMMENT":
+                pos = end
                 continue
-            if tok.type in ("LPAR", "LSQB"):
-                depth += 1
-            elif tok.type in ("RPAR", "RSQB"):
-                depth = max(depth - 1, 0)
-            elif tok.type in ("LBRACE", "RBRACE"):
-                depth = 0
-            yield tok
+            if kind == "NL":
+                if depth == 0 and prev != "_NL":
+                    prev = "_NL"
+                    yield Token("_NL", "\n", pos, line, col, line + 1, 1, end)
+                line += 1
+                line_start = pos = end
+                continue
+            value = m.group()
+            if kind == "PUNCT":
+                kind = punct[value]
+                if kind in _OPENERS:
+                    opened.append(Token(kind, value, pos, line, col, line, col + 1, end))
+                    depth = 0 if kind == "LBRACE" else depth + 1
+                elif kind in _CLOSERS:
+                    # drop brackets up to the matching opener (an unmatched closer is left
+                    # to the parser to report)
+                    for i in range(len(opened) - 1, -1, -1):
+                        if opened[i].type == _CLOSERS[kind]:
+                            del opened[i:]
+                            break
+                    depth = 0
+                    for o in reversed(opened):
+                        if o.type == "LBRACE":
+                            break
+                        depth += 1
+            elif kind == "NAME" and prev in _STMT_START and value in keywords:
+                kind = keywords[value]
+            assert kind is not None
+            prev = kind
+            yield Token(kind, value, pos, line, col, line, col + end - pos, end)
+            pos = end
 
 
-@functools.cache
-def _parser(start: str) -> lark.Lark:
-    text = resources.files("cocoviz.ir").joinpath("grammar.lark").read_text()
-    return lark.Lark(
-        text,
-        parser="lalr",
-        start=start,
-        postlex=_ParenNewlines(),
-        propagate_positions=True,
-        maybe_placeholders=False,
-        cache=False,
-    )
+class _Build:
+    """Parser callbacks: children (tokens and built objects) → syntax objects.
 
+    Lark calls these while it parses (no parse tree is built); spans are computed from
+    the first and last kept token or object of each rule.
+    """
 
-class _Build(Transformer[Token, Any]):
-    def __init__(self, source: Source) -> None:
-        super().__init__(visit_tokens=False)
-        self.source = source
+    def __init__(self) -> None:
+        self.source: Source | None = None
 
-    def _span(self, meta: Any) -> Span:
-        if getattr(meta, "empty", False):
-            return Span(self.source, 1, 1, 1, 1)
-        return Span(self.source, meta.line, meta.column, meta.end_line, meta.end_column)
-
+    # spans
     def _tok(self, tok: Token) -> Span:
-        return Span(
-            self.source,
-            tok.line or 1,
-            tok.column or 1,
-            tok.end_line or tok.line or 1,
-            tok.end_column or (tok.column or 1) + len(tok),
-        )
+        return Span(self.source, tok.line, tok.column, tok.end_line, tok.end_column)  # type: ignore[arg-type]
+
+    def _join(self, first: Any, last: Any) -> Span:
+        a = first if isinstance(first, Span) else self._span_of(first)
+        b = last if isinstance(last, Span) else self._span_of(last)
+        return Span(self.source, a.line, a.col, b.end_line, b.end_col)
+
+    def _span_of(self, x: Any) -> Span:
+        if isinstance(x, Token):
+            return self._tok(x)
+        span: Span = x.span
+        return span
 
     def _name(self, tok: Token) -> Name:
-        return Name(str(tok), self._tok(tok))
+        return Name(tok.value, self._tok(tok))
 
     def _num(self, tok: Token) -> Num:
-        return Num(str(tok), self._tok(tok))
+        return Num(tok.value, self._tok(tok))
+
+    def _signed(self, x: Any) -> tuple[Num, bool]:
+        return x if isinstance(x, tuple) else (self._num(x), False)
 
     # statements
-    @v_args(meta=True)
-    def start(self, meta: Any, children: list[Any]) -> tuple[Any, ...]:
-        return tuple(children)
+    def start(self, c: list[Any]) -> tuple[Any, ...]:
+        return tuple(c)
 
-    @v_args(meta=True)
-    def sched_file(self, meta: Any, children: list[Any]) -> tuple[Any, ...]:
-        return tuple(children)
+    def sched_file(self, c: list[Any]) -> tuple[Any, ...]:
+        return tuple(c)
 
-    @v_args(meta=True)
-    def program_stmt(self, meta: Any, c: list[Any]) -> ProgramStmt:
-        return ProgramStmt(self._name(c[0]), self._span(meta))
+    def program_stmt(self, c: list[Any]) -> ProgramStmt:
+        return ProgramStmt(self._name(c[1]), self._join(c[0], c[1]))
 
-    @v_args(meta=True)
-    def ranks_flat(self, meta: Any, c: list[Any]) -> RanksStmt:
-        return RanksStmt(self._span(meta), n=self._num(c[0]))
+    def ranks_flat(self, c: list[Any]) -> RanksStmt:
+        return RanksStmt(self._join(c[0], c[1]), n=self._num(c[1]))
 
-    @v_args(meta=True)
-    def ranks_grid(self, meta: Any, c: list[Any]) -> RanksStmt:
+    def ranks_grid(self, c: list[Any]) -> RanksStmt:
         return RanksStmt(
-            self._span(meta),
+            self._join(c[0], c[4]),
             grid=(
-                (self._name(c[0]), self._num(c[1])),
-                (self._name(c[2]), self._num(c[3])),
+                (self._name(c[1]), self._num(c[2])),
+                (self._name(c[3]), self._num(c[4])),
             ),
         )
 
-    @v_args(meta=True)
-    def dim_stmt(self, meta: Any, c: list[Any]) -> DimStmt:
-        return DimStmt(tuple(c), self._span(meta))
+    def dim_stmt(self, c: list[Any]) -> DimStmt:
+        return DimStmt(tuple(c[1:]), self._join(c[0], c[-1][1]))
 
     def dim_item(self, c: list[Any]) -> tuple[Name, Num]:
         return (self._name(c[0]), self._num(c[1]))
 
-    @v_args(meta=True)
-    def param_stmt(self, meta: Any, c: list[Any]) -> ParamStmt:
-        return ParamStmt(tuple(c), self._span(meta))
+    def param_stmt(self, c: list[Any]) -> ParamStmt:
+        return ParamStmt(tuple(c[1:]), self._join(c[0], c[-1][2]))
 
     def param_item(self, c: list[Any]) -> tuple[Name, Name, Num, bool]:
-        num, neg = c[2]
+        num, neg = self._signed(c[2])
         return (self._name(c[0]), self._name(c[1]), num, neg)
 
-    def signed(self, c: list[Any]) -> tuple[Num, bool]:
-        return (self._num(c[0]), False)
-
     def neg_number(self, c: list[Any]) -> tuple[Num, bool]:
-        return (self._num(c[0]), True)
+        n = self._num(c[1])
+        return (Num(n.text, self._join(c[0], n)), True)
 
-    @v_args(meta=True)
-    def input_stmt(self, meta: Any, c: list[Any]) -> InputStmt:
-        name, dtype = self._name(c[0]), self._name(c[1])
-        sizes = tuple(x for x in c[2:] if isinstance(x, SizeExpr))
-        rest = [x for x in c[2:] if not isinstance(x, SizeExpr)]
-        layout_name, layout_arg = rest[0]
-        stage_kw, stage = (rest[1] if len(rest) > 1 else (None, None))
+    def input_stmt(self, c: list[Any]) -> InputStmt:
+        name, dtype = self._name(c[1]), self._name(c[2])
+        sizes = tuple(x for x in c[3:] if isinstance(x, SizeExpr))
+        rest = [x for x in c[3:] if not isinstance(x, SizeExpr)]
+        layout_name, layout_arg, layout_span = rest[0]
+        stage_kw, stage = rest[1] if len(rest) > 1 else (None, None)
+        end = stage if stage is not None else layout_span
         return InputStmt(
-            name, dtype, sizes, layout_name, layout_arg, stage_kw, stage, self._span(meta)
+            name,
+            dtype,
+            sizes,
+            layout_name,
+            layout_arg,
+            stage_kw,
+            stage,
+            self._join(c[0], end),
+            layout_span,
         )
 
-    @v_args(meta=True)
-    def size(self, meta: Any, c: list[Any]) -> SizeExpr:
-        return SizeExpr(tuple(c), self._span(meta))
+    def size(self, c: list[Any]) -> SizeExpr:
+        factors = tuple(self._num(t) if t.type == "NUMBER" else self._name(t) for t in c)
+        return SizeExpr(factors, self._join(c[0], c[-1]))
 
-    def size_atom(self, c: list[Any]) -> Name | Num:
-        tok = c[0]
-        return self._num(tok) if tok.type == "NUMBER" else self._name(tok)
+    def layout_word(self, c: list[Any]) -> tuple[Name, None, Span]:
+        name = self._name(c[0])
+        return (name, None, name.span)
 
-    def layout(self, c: list[Any]) -> tuple[Name, tuple[Num, bool] | None]:
-        return (self._name(c[0]), c[1] if len(c) > 1 else None)
+    def layout_arg(self, c: list[Any]) -> tuple[Name, tuple[Num, bool], Span]:
+        return (self._name(c[0]), self._signed(c[1]), self._join(c[0], c[2]))
 
     def stage_ann(self, c: list[Any]) -> tuple[Name, Num]:
         return (self._name(c[0]), self._num(c[1]))
 
-    @v_args(meta=True)
-    def output_stmt(self, meta: Any, c: list[Any]) -> OutputStmt:
-        return OutputStmt(tuple(self._name(t) for t in c), self._span(meta))
+    def output_stmt(self, c: list[Any]) -> OutputStmt:
+        return OutputStmt(tuple(self._name(t) for t in c[1:]), self._join(c[0], c[-1]))
 
-    @v_args(meta=True)
-    def assign(self, meta: Any, c: list[Any]) -> Assign:
-        return Assign(self._name(c[0]), c[1], self._span(meta))
+    def assign(self, c: list[Any]) -> Assign:
+        return Assign(self._name(c[0]), c[1], self._join(c[0], c[1]))
 
-    @v_args(meta=True)
-    def schedule_block(self, meta: Any, c: list[Any]) -> ScheduleStmt:
-        return ScheduleStmt(self._name(c[0]), tuple(c[1:]), self._span(meta))
+    def schedule_block(self, c: list[Any]) -> ScheduleStmt:
+        return ScheduleStmt(self._name(c[1]), tuple(c[2:-1]), self._join(c[0], c[-1]))
 
-    @v_args(meta=True)
-    def step(self, meta: Any, c: list[Any]) -> StepCall:
+    def step(self, c: list[Any]) -> StepCall:
         name = self._name(c[0])
-        args = [a for a in c[1:] if a[0] == "pos"]
-        kwargs = [a for a in c[1:] if a[0] == "kw"]
+        args = [a for a in c[1:-1] if a[0] == "pos"]
+        kwargs: list[tuple[str, int]] = []
+        for k in c[1:-1]:
+            if k[0] != "kw":
+                continue
+            num: Num = k[2]
+            if not num.is_int:
+                raise InputError(
+                    f"{name.text}: {k[1].text}= must be an integer, got '{num.text}'", num.span
+                )
+            kwargs.append((k[1].text, int(num.text)))
         return StepCall(
             name.text,
             tuple(a[1].text for a in args),
-            tuple((k[1].text, int(float(k[2].text))) for k in kwargs),
-            span=self._span(meta),
+            tuple(kwargs),
+            span=self._join(c[0], c[-1]),
             arg_spans=tuple(a[1].span for a in args),
         )
 
@@ -321,68 +403,79 @@ class _Build(Transformer[Token, Any]):
     def step_kw(self, c: list[Any]) -> tuple[str, Name, Num]:
         return ("kw", self._name(c[0]), self._num(c[1]))
 
-    @v_args(meta=True)
-    def fused_block(self, meta: Any, c: list[Any]) -> FusedStmt:
-        return FusedStmt(tuple(c), self._span(meta))
+    def fused_block(self, c: list[Any]) -> FusedStmt:
+        return FusedStmt(tuple(c[1:-1]), self._join(c[0], c[-1]))
 
-    @v_args(meta=True)
-    def overlapped_block(self, meta: Any, c: list[Any]) -> OverlappedStmt:
-        return OverlappedStmt(self._name(c[0]), self._num(c[1]), tuple(c[2:]), self._span(meta))
+    def overlapped_block(self, c: list[Any]) -> OverlappedStmt:
+        return OverlappedStmt(
+            self._name(c[1]), self._num(c[2]), tuple(c[3:-1]), self._join(c[0], c[-1])
+        )
 
     # expressions
-    def _bin(self, op: Op, meta: Any, c: list[Any]) -> Expr:
-        return Expr(op, (c[0], c[1]), span=self._span(meta))
+    def add(self, c: list[Any]) -> Expr:
+        return Expr(Op.ADD, (c[0], c[1]), span=self._join(c[0], c[1]))
 
-    @v_args(meta=True)
-    def add(self, meta: Any, c: list[Any]) -> Expr:
-        return self._bin(Op.ADD, meta, c)
+    def sub(self, c: list[Any]) -> Expr:
+        return Expr(Op.SUB, (c[0], c[1]), span=self._join(c[0], c[1]))
 
-    @v_args(meta=True)
-    def sub(self, meta: Any, c: list[Any]) -> Expr:
-        return self._bin(Op.SUB, meta, c)
+    def mul(self, c: list[Any]) -> Expr:
+        return Expr(Op.MUL, (c[0], c[1]), span=self._join(c[0], c[1]))
 
-    @v_args(meta=True)
-    def mul(self, meta: Any, c: list[Any]) -> Expr:
-        return self._bin(Op.MUL, meta, c)
+    def div(self, c: list[Any]) -> Expr:
+        return Expr(Op.DIV, (c[0], c[1]), span=self._join(c[0], c[1]))
 
-    @v_args(meta=True)
-    def div(self, meta: Any, c: list[Any]) -> Expr:
-        return self._bin(Op.DIV, meta, c)
-
-    @v_args(meta=True)
-    def neg(self, meta: Any, c: list[Any]) -> Expr:
-        return Expr(Op.NEG, (c[0],), span=self._span(meta))
+    def neg(self, c: list[Any]) -> Expr:
+        return Expr(Op.NEG, (c[1],), span=self._join(c[0], c[1]))
 
     def number(self, c: list[Any]) -> Expr:
-        n = self._num(c[0])
-        return Expr(Op.CONST, value=n.value, span=n.span)
+        tok = c[0]
+        text = tok.value
+        value = int(text) if text.isdigit() else float(text)
+        return Expr(Op.CONST, value=value, span=self._tok(tok))
 
     def var(self, c: list[Any]) -> Expr:
-        n = self._name(c[0])
-        return Expr(Op.REF, name=n.text, span=n.span)
+        tok = c[0]
+        return Expr(Op.REF, name=tok.value, span=self._tok(tok))
 
-    @v_args(meta=True)
-    def call(self, meta: Any, c: list[Any]) -> Call:
-        return Call(self._name(c[0]), tuple(c[1:]), self._span(meta))
+    def call(self, c: list[Any]) -> Call:
+        return Call(self._name(c[0]), tuple(c[1:-1]), self._join(c[0], c[-1]))
 
-    def pos_arg(self, c: list[Any]) -> Any:
-        return c[0]
+    def paren(self, c: list[Any]) -> Any:
+        inner = c[1]
+        if isinstance(inner, (Expr, Call)):
+            return dataclasses.replace(inner, span=self._join(c[0], c[2]))
+        return inner
 
-    @v_args(meta=True)
-    def cmp_arg(self, meta: Any, c: list[Any]) -> Cmp:
-        return Cmp(Op(str(c[1])), c[0], c[2], self._span(meta))
+    def cmp_arg(self, c: list[Any]) -> Cmp:
+        return Cmp(Op(c[1].value), c[0], c[2], self._join(c[0], c[2]))
 
-    @v_args(meta=True)
-    def kw_arg(self, meta: Any, c: list[Any]) -> Kw:
-        return Kw(self._name(c[0]), c[1], self._span(meta))
+    def kw_arg(self, c: list[Any]) -> Kw:
+        return Kw(self._name(c[0]), c[1], self._join(c[0], c[1]))
 
-    @v_args(meta=True)
-    def op_plus(self, meta: Any, c: list[Any]) -> RedTok:
-        return RedTok("+", self._span(meta))
+    def op_plus(self, c: list[Any]) -> RedTok:
+        return RedTok("+", self._tok(c[0]))
 
-    @v_args(meta=True)
-    def op_star(self, meta: Any, c: list[Any]) -> RedTok:
-        return RedTok("*", self._span(meta))
+    def op_star(self, c: list[Any]) -> RedTok:
+        return RedTok("*", self._tok(c[0]))
+
+
+_BUILD = _Build()
+# One parser (and one set of callbacks) is shared; a lock makes the per-parse source
+# and the lexer's bracket stack safe when a worker thread parses too.
+_LOCK = threading.Lock()
+
+
+@functools.cache
+def _parser() -> lark.Lark:
+    text = resources.files("cocoviz.ir").joinpath("grammar.lark").read_text()
+    return lark.Lark(
+        text,
+        parser="lalr",
+        start=["start", "sched_file"],
+        lexer=_Lexer,
+        transformer=_BUILD,
+        maybe_placeholders=False,
+    )
 
 
 _TOKEN_WORDS = {
@@ -418,12 +511,51 @@ def _describe(tok_type: str) -> str:
 
 
 def _expected(names: set[str]) -> str:
-    words = sorted({_describe(n) for n in names if not n.startswith("__")})
+    # `;` and end of line are interchangeable; name the newline only
+    words = sorted({_describe(n) for n in names if not n.startswith("__") and n != "SEMICOLON"})
     if not words:
         return ""
     if len(words) > 6:
-        words = words[:6] + ["…"]
-    return "expected " + ", ".join(words)
+        return ""
+    if len(words) == 1:
+        return "expected " + words[0]
+    return "expected " + ", ".join(words[:-1]) + " or " + words[-1]
+
+
+def _lexer() -> _Lexer:
+    lexer = _parser().parser.lexer
+    assert isinstance(lexer, _Lexer)
+    return lexer
+
+
+def _bracket_note(source: Source) -> tuple[str, tuple[tuple[str, Span | None], ...], str | None]:
+    """For an unexpected end of file: the innermost bracket never closed, if any."""
+    opened = _lexer().open
+    if not opened:
+        return "", (), None
+    tok = opened[-1]
+    closer = {"LPAR": ")", "LSQB": "]", "LBRACE": "}"}[tok.type]
+    line, col = tok.line or 1, tok.column or 1
+    span = Span(source, line, col, line, col + 1)
+    return (
+        f"; the '{tok.value}' at line {tok.line} is never closed",
+        ((f"'{tok.value}' opened here", span),),
+        f"add the missing '{closer}'",
+    )
+
+
+def _end_of_input(err: UnexpectedToken, source: Source) -> Span:
+    """Where an unexpected end of file is reported: just after the last token."""
+    tok = err.token  # $END borrows the position of the last token, if there was one
+    text = source.text
+    pos = getattr(tok, "start_pos", None)
+    if not text.strip() or pos is None or tok.line is None:
+        return Span(source, 1, 1, 1, 2)
+    if 0 <= pos < len(text) and text[pos] in "\r\n":  # the last token was a newline
+        line, col = tok.line, tok.column
+    else:
+        line, col = tok.end_line, tok.end_column
+    return Span(source, line, col, line, col + 1)
 
 
 def _syntax_error(err: UnexpectedInput, source: Source) -> InputError:
@@ -431,48 +563,46 @@ def _syntax_error(err: UnexpectedInput, source: Source) -> InputError:
     col = getattr(err, "column", None) or 1
     if isinstance(err, UnexpectedToken):
         tok = err.token
+        exp = _expected(set(err.expected))
         if tok.type == "$END":
-            lines = source.text.splitlines() or [""]
-            line, col = len(lines), len(lines[-1]) + 1
-            what = "end of file"
-        elif tok.type == "_NL":
+            extra, notes, hint = _bracket_note(source)
+            return InputError(
+                "syntax error: unexpected end of file" + (extra or (f"; {exp}" if exp else "")),
+                _end_of_input(err, source),
+                hint,
+                notes,
+            )
+        if tok.type == "_NL":
             what = "end of line"
             line, col = tok.line or line, tok.column or col
+            span = Span(source, line, col, line, col + 1)
         else:
             what = f"'{tok}'"
-        span = Span(source, line, col, line, col + max(len(str(tok)), 1) if tok.type not in ("$END", "_NL") else col + 1)
-        exp = _expected(set(err.expected))
-        hint = None
-        if tok.type == "_NL" and "RPAR" in err.expected:
-            hint = "a ')' is missing"
-        return InputError(f"syntax error: unexpected {what}" + (f"; {exp}" if exp else ""), span, hint)
-    if isinstance(err, UnexpectedCharacters):
-        ch = source.line(line)[col - 1 : col] or "?"
-        return InputError(
-            f"syntax error: unexpected character {ch!r}", Span(source, line, col, line, col + 1)
-        )
+            span = Span(source, line, col, tok.end_line or line, tok.end_column or col + 1)
+        return InputError(f"syntax error: unexpected {what}" + (f"; {exp}" if exp else ""), span)
     if isinstance(err, UnexpectedEOF):
-        lines = source.text.splitlines() or [""]
-        return InputError(
-            "syntax error: unexpected end of file",
-            Span(source, len(lines), len(lines[-1]) + 1, len(lines), len(lines[-1]) + 2),
-        )
+        return InputError("syntax error: unexpected end of file", Span(source, 1, 1, 1, 2))
     return InputError(f"syntax error: {err}", Span(source, line, col, line, col + 1))
 
 
 def _run(text: str, source: Source, start: str) -> tuple[Any, ...]:
-    try:
-        tree = _parser(start).parse(text)
-    except UnexpectedInput as err:
-        raise _syntax_error(err, source) from None
-    except lark.exceptions.LarkError as err:  # pragma: no cover - defensive boundary
-        raise InputError(f"syntax error: {err}", Span(source, 1, 1, 1, 2)) from None
-    try:
-        result: tuple[Any, ...] = _Build(source).transform(tree)
-    except lark.exceptions.VisitError as err:
-        if isinstance(err.orig_exc, InputError):
-            raise err.orig_exc from None
-        raise
+    parser = _parser()
+    with _LOCK:
+        _BUILD.source = source
+        try:
+            result: tuple[Any, ...] = parser.parse(text, start=start)  # type: ignore[assignment]
+        except UnexpectedInput as err:
+            raise _syntax_error(err, source) from None
+        except _BadCharacter as bad:
+            ch = text[bad.pos]
+            raise InputError(
+                f"syntax error: unexpected character {ch!r}",
+                Span(source, bad.line, bad.col, bad.line, bad.col + 1),
+            ) from None
+        except lark.exceptions.LarkError as err:  # pragma: no cover - defensive boundary
+            raise InputError(f"syntax error: {err}", Span(source, 1, 1, 1, 2)) from None
+        finally:
+            _BUILD.source = None
     return result
 
 
