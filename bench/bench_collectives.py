@@ -1,6 +1,7 @@
 """Print the cost model next to published figures, and time the model itself.
 
     python bench/bench_collectives.py            # markdown tables for docs/cost-model.md
+    python bench/bench_collectives.py --profiles # every profile constant with its source
     python bench/bench_collectives.py --speed    # calls per second of the model functions
 
 The tables in docs/cost-model.md are this script's output; rerun it after changing a
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import time
+from importlib import resources
 
 from cocoviz.sim.collectives import collective_time
 from cocoviz.sim.compute import chunk_efficiency, matmul_efficiency
@@ -134,6 +136,51 @@ def gemm_table() -> str:
     return "\n".join(lines)
 
 
+def _profile_lines(name: str) -> dict[str, tuple[str, str]]:
+    """Dotted field -> (value as written, its source comment) from a shipped profile."""
+    text = (resources.files("cocoviz.sim") / "profiles" / f"{name}.toml").read_text()
+    table, table_note, pending, fields = "", "", "", {}
+    for raw in text.splitlines():
+        line = raw.strip()
+        if not line:
+            continue
+        if line.startswith("#"):
+            pending = line.lstrip("# ").strip() if table else ""
+            continue
+        code, _, note = line.partition("#")
+        if code.startswith("["):
+            table, table_note, pending = code.strip()[1:-1], note.strip(), ""
+            continue
+        key, _, value = code.partition("=")
+        dotted = f"{table}.{key.strip()}" if table else key.strip()
+        fields[dotted] = (value.strip(), note.strip() or pending or table_note)
+        pending = ""
+    return fields
+
+
+def profile_table() -> str:
+    names = list_profiles()
+    per_profile = {name: _profile_lines(name) for name in names}
+    keys = list(per_profile["h100-dgx"])
+    lines = [
+        "| field | " + " | ".join(names) + " | source |",
+        "|---|" + "---|" * (len(names) + 1),
+    ]
+    for key in keys:
+        if key in ("name", "description"):
+            continue
+        values = [per_profile[n][key][0].replace("|", "/") for n in names]
+        groups: dict[str, list[str]] = {}
+        for n in names:
+            groups.setdefault(per_profile[n][key][1], []).append(n)
+        if len(groups) == 1:
+            source = next(iter(groups))
+        else:
+            source = "; ".join(f"{', '.join(ns)}: {note}" for note, ns in groups.items())
+        lines.append(f"| `{key}` | " + " | ".join(values) + f" | {source.replace('|', '/')} |")
+    return "\n".join(lines)
+
+
 def speed() -> None:
     hw = load_profile("h100-dgx")
     sizes = [1 << k for k in range(3, 35)]
@@ -154,9 +201,13 @@ def speed() -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--speed", action="store_true", help="time the model functions")
+    parser.add_argument("--profiles", action="store_true", help="table of profile constants")
     args = parser.parse_args()
     if args.speed:
         speed()
+        return
+    if args.profiles:
+        print(profile_table())
         return
     print("### Large-message bus bandwidth\n")
     print(calibration_table())
