@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import difflib
 import enum
+import functools
+import unicodedata
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
@@ -32,8 +34,14 @@ class Source:
     path: str
     text: str
 
+    @functools.cached_property
+    def lines(self) -> list[str]:
+        """The lines as the parser counts them: split at '\\n' only (not at the other
+        characters `str.splitlines` breaks on), without a trailing '\\r'."""
+        return [line.removesuffix("\r") for line in self.text.split("\n")]
+
     def line(self, n: int) -> str:
-        lines = self.text.splitlines()
+        lines = self.lines
         return lines[n - 1] if 0 < n <= len(lines) else ""
 
 
@@ -87,17 +95,29 @@ class Diagnostic:
 
 
 def _excerpt(span: Span) -> list[str]:
-    if span.source is None:
+    """The source line of a span and a row of carets under it (to the end of the line
+    when the span goes on to later lines)."""
+    if span.source is None or not 0 < span.line <= len(span.source.lines):
         return []
     text = span.source.line(span.line)
-    if not text and span.line > len(span.source.text.splitlines()):
-        return []
+    shown = "".join(c if c.isprintable() else " " for c in text)  # tabs etc.: one column
     gutter = f"{span.line:>4} | "
-    start = max(span.col, 1)
-    end = span.end_col if span.end_line == span.line and span.end_col > start else start + 1
-    end = min(end, max(len(text) + 1, start + 1))
-    caret = " " * (len(gutter) - 2) + "| " + " " * (start - 1) + "^" * (end - start)
-    return [gutter + text.expandtabs(1), caret]
+    start = min(max(span.col, 1), len(text) + 1)
+    if span.end_line > span.line:
+        end = max(len(text) + 1, start + 1)
+    else:
+        end = min(max(span.end_col, start + 1), max(len(text) + 1, start + 1))
+    pad = _width(shown[: start - 1])
+    marks = max(_width(shown[start - 1 : end - 1]), 1)
+    caret = " " * (len(gutter) - 2) + "| " + " " * pad + "^" * marks
+    return [gutter + shown, caret]
+
+
+def _width(text: str) -> int:
+    """Terminal columns of a text (wide East Asian characters take two)."""
+    if text.isascii():
+        return len(text)
+    return sum(2 if unicodedata.east_asian_width(c) in "WF" else 1 for c in text)
 
 
 class CocovizError(Exception):
@@ -180,8 +200,13 @@ class DiagnosticBag:
         self.items.extend(err.diagnostics)
 
     def raise_if_any(self, cls: type[CocovizError] = InputError) -> None:
+        """Raise one error holding every diagnostic, in source order."""
         if self.items:
-            raise cls("", diagnostics=self.items)
+
+            def where(d: Diagnostic) -> tuple[int, int]:
+                return (d.span.line, d.span.col) if d.span else (0, 0)
+
+            raise cls("", diagnostics=sorted(self.items, key=where))
 
 
 def did_you_mean(name: str, candidates: Iterable[str]) -> str | None:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Mapping, Sequence
+from typing import Any, TypeVar
 
 from cocoviz.errors import InputError, Span
 from cocoviz.ir.nodes import (
@@ -48,6 +49,17 @@ from cocoviz.ir.types import (
 )
 
 Env = Mapping[str, TensorType]
+_T = TypeVar("_T")
+
+
+def _replace(obj: _T, **changes: Any) -> _T:
+    """`dataclasses.replace` for the frozen, slot-less IR dataclasses (`Expr`,
+    `TensorType`) without its per-call field introspection: inference copies every node,
+    and this made lowering of large programs markedly faster."""
+    new = object.__new__(type(obj))
+    new.__dict__.update(obj.__dict__)
+    new.__dict__.update(changes)
+    return new
 
 
 def _fmt(ty: TensorType) -> str:
@@ -67,9 +79,7 @@ def promote_weak(a: DType, b: DType) -> DType:
     return DType.I64
 
 
-def check_divisible(
-    shape: Shape, layout: Layout, group: int, span: Span | None, what: str
-) -> None:
+def check_divisible(shape: Shape, layout: Layout, group: int, span: Span | None, what: str) -> None:
     """A sliced extent (or numel, for flat) must divide by the group size."""
     if not layout.is_sliced or group == 1:
         return
@@ -142,11 +152,16 @@ class Inferencer:
             if found is None:
                 found = (p, a)
             elif found[0] != p:
+                early = found[1] if found[0] < p else a
+                lo, hi = min(found[0], p), max(found[0], p)
+                name = source_text(early)
+                steps = "" if hi - lo == 1 else f" ({hi - lo} sends to reach stage {hi})"
                 raise InputError(
                     f"operands live on different pipeline stages: {describe(found[1])} is on "
                     f"stage {found[0]}, {describe(a)} on stage {p}",
                     a.span or span,
-                    hint="send it first: `x1 = send(x)` moves a value to the next stage",
+                    hint=f"send it first: `{_ident(name)}_next = send({name})` moves it from "
+                    f"stage {lo} to stage {lo + 1}{steps}",
                 )
         return found[0] if found else None
 
@@ -154,16 +169,26 @@ class Inferencer:
         tensors = [a for a in args if not a.type.is_scalar]
         if tensors:
             first = tensors[0]
+            dt = first.type.dtype
             for a in tensors[1:]:
-                if a.type.dtype != first.type.dtype:
+                if a.type.dtype != dt:
                     raise InputError(
                         f"operands have different dtypes: {describe(first)} is "
-                        f"{first.type.dtype.value}, {describe(a)} is {a.type.dtype.value}",
+                        f"{dt.value}, {describe(a)} is {a.type.dtype.value}; mixing dtypes "
+                        "needs an explicit cast",
                         a.span or span,
-                        hint=f"convert one explicitly, e.g. cast({first.type.dtype.value}, "
-                        f"{describe(a)})",
+                        hint=f"convert one of them, e.g. cast({dt.value}, {source_text(a)})",
                     )
-            return first.type.dtype
+            if not dt.is_float:
+                for a in args:
+                    if a.op is Op.CONST and isinstance(a.value, float) and a.value != int(a.value):
+                        raise InputError(
+                            f"the literal {a.value!r} would be converted to {dt.value} (the "
+                            f"dtype of {describe(first)}) and lose its fraction",
+                            a.span or span,
+                            hint=f"compute in floating point: cast(f32, {source_text(first)})",
+                        )
+            return dt
         dt = args[0].type.dtype
         for a in args[1:]:
             dt = promote_weak(dt, a.type.dtype)
@@ -202,23 +227,33 @@ class Inferencer:
                 hint="a local value holds different full-size contents on each rank: reduce it "
                 "first (allreduce or reducescatter)",
             )
-        for a in lower_sliced:
-            if result is None or not result[0].is_sliced:
+        if result is None and lower_sliced:
+            # Only broadcast operands are sliced: the result is sliced along the dimension
+            # they are sliced on (replicated full-shape operands adopt that layout).
+            a = lower_sliced[0]
+            ad = block_dim(a.type.layout, a.type.shape, self.G)
+            if ad is None:
                 raise InputError(
-                    f"{describe(a)} is sliced ({a.type.layout}) but has a broadcast shape "
-                    f"{format_shape(a.type.shape)}: a lower-rank operand may be sliced only "
-                    "along the sliced dimension of a full-shape sliced operand",
+                    f"{describe(a)} is flat-sliced with a broadcast shape "
+                    f"{format_shape(a.type.shape)} whose chunks are not blocks of one "
+                    "dimension, so it cannot be broadcast",
                     a.span or span,
-                    hint="make it replicated; broadcast operands are indexed by global position",
+                    hint="make it replicated, or slice it along a dimension (sliced(d))",
+                )
+            result = (sliced(len(shape) - len(a.type.shape) + ad, shape), a)
+        for a in lower_sliced:
+            assert result is not None
+            if result[0].is_local:
+                raise InputError(
+                    f"cannot combine sliced {describe(a)} with local {describe(result[1])}",
+                    a.span or span,
+                    hint="a local value holds different full-size contents on each rank: "
+                    "reduce it first (allreduce or reducescatter)",
                 )
             prev, pa = result
             rd = block_dim(prev, shape, self.G)
             ad = block_dim(a.type.layout, a.type.shape, self.G)
-            if (
-                rd is None
-                or ad is None
-                or len(shape) - rd != len(a.type.shape) - ad
-            ):
+            if rd is None or ad is None or len(shape) - rd != len(a.type.shape) - ad:
                 raise InputError(
                     f"{describe(a)} ({a.type.layout} of {format_shape(a.type.shape)}) is not "
                     f"sliced along the same dimension as {describe(pa)} ({prev})",
@@ -237,19 +272,22 @@ class Inferencer:
         ty = e.type
         if not ty.layout.is_replicated or shape_values(ty.shape) != shape_values(shape):
             return e
-        if e.op in BINARY_INFIX | BINARY_CALLS | UNARY_CALLS | {Op.NEG, Op.CAST, Op.WHERE, Op.DROPOUT}:
+        if e.op in BINARY_INFIX | BINARY_CALLS | UNARY_CALLS | {
+            Op.NEG,
+            Op.CAST,
+            Op.WHERE,
+            Op.DROPOUT,
+        }:
             args = tuple(self._slice_replicated(a, layout, shape) for a in e.args)
-            return dataclasses.replace(
-                e, args=args, ty=dataclasses.replace(ty, layout=layout)
-            )
+            return _replace(e, args=args, ty=_replace(ty, layout=layout))
         if e.op in COMPARISONS:
             args = tuple(self._slice_replicated(a, layout, shape) for a in e.args)
-            return dataclasses.replace(e, args=args, ty=dataclasses.replace(ty, layout=layout))
+            return _replace(e, args=args, ty=_replace(ty, layout=layout))
         return Expr(
             Op.SLICE,
             (e,),
             value=layout.dim,
-            ty=dataclasses.replace(ty, layout=layout),
+            ty=_replace(ty, layout=layout),
             span=e.span,
         )
 
@@ -265,18 +303,22 @@ class Inferencer:
         ty = self.env.get(e.name)
         if ty is None:
             raise InputError(f"unknown name '{e.name}'", e.span)
-        return dataclasses.replace(e, ty=ty)
+        return _replace(e, ty=ty)
 
     def _const(self, e: Expr) -> Expr:
         dt = DType.I32 if isinstance(e.value, int) else DType.F32
-        return dataclasses.replace(e, ty=TensorType(dt, (), REPLICATED, None))
+        return _replace(e, ty=TensorType(dt, (), REPLICATED, None))
 
     def _elementwise(self, e: Expr) -> Expr:
         args = tuple(self.infer(a, False) for a in e.args)
         if e.op is Op.WHERE:
             cond, a, b = args
             operands: tuple[Expr, ...] = (cond, a, b)
-            dtype = self._dtype((a, b), e.span)
+            if a.type.is_scalar and b.type.is_scalar and not cond.type.is_scalar:
+                # both branches are weak scalars: they take the compared tensor's dtype
+                dtype = cond.type.dtype
+            else:
+                dtype = self._dtype((a, b), e.span)
         elif e.op is Op.CAST:
             operands = args
             assert e.dtype_arg is not None
@@ -300,9 +342,7 @@ class Inferencer:
             check_divisible(shape, layout, self.G, e.span, "the result")
             operands = tuple(self._slice_replicated(a, layout, shape) for a in operands)
         pstage = self._pstage(operands, e.span)
-        return dataclasses.replace(
-            e, args=operands, ty=TensorType(dtype, shape, layout, pstage)
-        )
+        return _replace(e, args=operands, ty=TensorType(dtype, shape, layout, pstage))
 
     def _slice(self, e: Expr) -> Expr:
         (x,) = (self.infer(a, False) for a in e.args)
@@ -323,15 +363,15 @@ class Inferencer:
                 )
         layout = sliced(d if isinstance(d, int) else None, x.type.shape)
         check_divisible(x.type.shape, layout, self.G, e.span, describe(x))
-        return dataclasses.replace(
-            e, args=(x,), value=layout.dim, ty=dataclasses.replace(x.type, layout=layout)
-        )
+        return _replace(e, args=(x,), value=layout.dim, ty=_replace(x.type, layout=layout))
 
     def _dropout(self, e: Expr) -> Expr:
         (x,) = (self.infer(a, False) for a in e.args)
         if not x.type.dtype.is_float:
-            raise InputError(f"dropout needs a floating-point operand, got {x.type.dtype.value}", e.span)
-        return dataclasses.replace(e, args=(x,), ty=x.type)
+            raise InputError(
+                f"dropout needs a floating-point operand, got {x.type.dtype.value}", e.span
+            )
+        return _replace(e, args=(x,), ty=x.type)
 
     def _rowwise(self, e: Expr) -> Expr:
         args = tuple(self.infer(a, False) for a in e.args)
@@ -340,7 +380,9 @@ class Inferencer:
         if len(ty.shape) == 0:
             raise InputError(f"{e.op.value} needs a tensor of rank ≥ 1, got a scalar", e.span)
         if not ty.dtype.is_float:
-            raise InputError(f"{e.op.value} needs a floating-point operand, got {ty.dtype.value}", e.span)
+            raise InputError(
+                f"{e.op.value} needs a floating-point operand, got {ty.dtype.value}", e.span
+            )
         last = ty.shape[-1]
         for p in args[1:]:
             pt = p.type
@@ -355,7 +397,7 @@ class Inferencer:
                     f"{e.op.value}: {describe(p)} is {pt.dtype.value} but {describe(x)} is "
                     f"{ty.dtype.value}",
                     p.span or e.span,
-                    hint=f"cast({ty.dtype.value}, {describe(p)})",
+                    hint=f"cast({ty.dtype.value}, {source_text(p)})",
                 )
             if not pt.layout.is_replicated:
                 raise InputError(
@@ -381,13 +423,13 @@ class Inferencer:
                     hint="gather it first (allgather), or slice along another dimension",
                 )
         pstage = self._pstage(args, e.span)
-        return dataclasses.replace(e, args=args, ty=dataclasses.replace(ty, pstage=pstage))
+        return _replace(e, args=args, ty=_replace(ty, pstage=pstage))
 
     def _reduction(self, e: Expr) -> Expr:
         (x,) = (self.infer(a, False) for a in e.args)
         ty = x.type
         layout = LOCAL if ty.layout.is_local else REPLICATED
-        return dataclasses.replace(
+        return _replace(
             e,
             args=(x,),
             ty=TensorType(ty.dtype.reduction_dtype, (), layout, ty.pstage),
@@ -419,9 +461,12 @@ class Inferencer:
             )
         if at.dtype != bt.dtype:
             raise InputError(
-                f"matmul: operands have different dtypes ({at.dtype.value} and {bt.dtype.value})",
+                f"matmul: operands have different dtypes: {describe(a)} is {at.dtype.value}, "
+                f"{describe(b)} is {bt.dtype.value}; mixing dtypes needs an explicit cast",
                 e.span,
-                hint=f"cast({at.dtype.value}, {describe(b)})",
+                hint=f"cast one of them in a stage of its own, e.g. "
+                f"`{_ident(source_text(b))}_{at.dtype.value} = cast({at.dtype.value}, "
+                f"{source_text(b)})`",
             )
         if not at.dtype.is_float:
             raise InputError("matmul needs floating-point operands", e.span)
@@ -449,33 +494,12 @@ class Inferencer:
             layout = sliced(-1, shape)
         elif la.is_local and (lb.is_local or lb.is_replicated):
             layout = LOCAL
-        elif la.is_sliced and da == ka and lb.is_replicated:
-            raise InputError(
-                f"matmul: {describe(a)} is sliced on the contraction dimension K but "
-                f"{describe(b)} is replicated",
-                e.span,
-                hint=f"slice {describe(b)} along dimension 0 (sliced(0)) to get local partial "
-                f"sums, or make {describe(a)} replicated",
-            )
-        elif la.is_local and lb.is_sliced:
-            raise InputError(
-                f"matmul: local {describe(a)} × sliced {describe(b)} is not defined",
-                e.span,
-                hint=f"make {describe(b)} replicated, or reduce {describe(a)} first",
-            )
         else:
-            raise InputError(
-                f"matmul: unsupported layouts {la} × {lb} for {describe(a)} × {describe(b)}",
-                e.span,
-                hint="legal: replicated×replicated, sliced-on-K × sliced(0), sliced-on-rows × "
-                "replicated, replicated × sliced(-1), local × replicated|local",
-            )
+            raise InputError(*_matmul_layout_error(a, b, da, db, e.span))
         if layout.is_sliced:
             check_divisible(shape, layout, G, e.span, "the matmul result")
         pstage = self._pstage((a, b), e.span)
-        return dataclasses.replace(
-            e, args=(a, b), ty=TensorType(at.dtype, shape, layout, pstage)
-        )
+        return _replace(e, args=(a, b), ty=TensorType(at.dtype, shape, layout, pstage))
 
     def _update(self, e: Expr) -> Expr:
         t, v = (self.infer(x, False) for x in e.args)
@@ -511,9 +535,7 @@ class Inferencer:
                 "sliced←same slicing, local←local",
             )
         pstage = self._pstage((t, v), e.span)
-        return dataclasses.replace(
-            e, args=(t, v), ty=TensorType(tt.dtype, tt.shape, layout, pstage)
-        )
+        return _replace(e, args=(t, v), ty=TensorType(tt.dtype, tt.shape, layout, pstage))
 
     def _collective(self, e: Expr) -> Expr:
         (x,) = (self.infer(a, False) for a in e.args)
@@ -574,14 +596,70 @@ class Inferencer:
                     "stage",
                     e.span,
                 )
-            return dataclasses.replace(e, args=(x,), ty=dataclasses.replace(ty, pstage=p + 1))
+            return _replace(e, args=(x,), ty=_replace(ty, pstage=p + 1))
         if op in (Op.BROADCAST, Op.REDUCE):
             root = e.value if isinstance(e.value, int) else 0
             if not 0 <= root < G:
                 raise InputError(
                     f"{op.value}: root {root} is not a rank of the group (0…{G - 1})", e.span
                 )
-        return dataclasses.replace(e, args=(x,), ty=dataclasses.replace(ty, layout=layout))
+        return _replace(e, args=(x,), ty=_replace(ty, layout=layout))
+
+
+def _matmul_layout_error(
+    a: Expr, b: Expr, da: int | None, db: int | None, span: Span | None
+) -> tuple[str, Span | None, str]:
+    """Message, span and hint for an illegal matmul layout pair: which operand to change."""
+    la, lb = a.type.layout, b.type.layout
+    ka = len(a.type.shape) - 1
+    an, bn = describe(a), describe(b)
+    head = f"matmul: {an} is {la} and {bn} is {lb}, "
+    if la.is_sliced and da == ka:  # a sliced on K
+        if lb.is_replicated:
+            why = "but a left operand sliced on the contraction dimension K needs a right "
+            why += "operand sliced on K too"
+        else:
+            why = f"but {bn} must be sliced on K, its first dimension, to match"
+        return (
+            head + why,
+            span,
+            f"declare {bn} sliced(0) to get local partial sums (then allreduce them), or "
+            f"make {an} replicated",
+        )
+    if la.is_sliced:  # a sliced on rows
+        return (
+            head + "but a left operand sliced on its rows needs a replicated right operand",
+            span,
+            f"make {bn} replicated (allgather it), or slice {an} on its last dimension "
+            "(sliced(-1)) with " + bn + " sliced(0)",
+        )
+    if la.is_local:
+        return (
+            head + "but a local left operand needs a local or replicated right operand",
+            span,
+            f"make {bn} replicated (allgather it), or reduce {an} first (allreduce)",
+        )
+    # a replicated
+    if lb.is_local:
+        return (
+            head + "but a local right operand needs a local left operand",
+            span,
+            f"reduce {bn} first (allreduce), or make {an} local",
+        )
+    if db == 0:
+        return (
+            head + f"but {bn} is sliced on the contraction dimension K, so {an} must be "
+            "sliced on K too",
+            span,
+            f"slice {an} on its last dimension (sliced(-1)) to get local partial sums, or "
+            f"slice {bn} on its columns (sliced(1))",
+        )
+    return (
+        head + f"but the flat slicing of {bn} splits neither whole rows nor whole columns "
+        "across the ranks",
+        span,
+        f"slice {bn} along a dimension: sliced(1) (columns) or sliced(0) (rows)",
+    )
 
 
 _RULES: dict[Op, Callable[[Inferencer, Expr], Expr]] = {
@@ -598,6 +676,21 @@ _RULES: dict[Op, Callable[[Inferencer, Expr], Expr]] = {
         for op in (Op.ALLREDUCE, Op.REDUCESCATTER, Op.ALLGATHER, Op.BROADCAST, Op.REDUCE, Op.SEND)
     },
 }
+
+
+def source_text(e: Expr) -> str:
+    """An operand as the user could write it in a hint (a name, or `…`)."""
+    if e.op is Op.REF and e.name is not None:
+        return e.name
+    if e.op is Op.CONST and e.value is not None:
+        return repr(e.value)
+    if e.op is Op.SLICE and e.args and e.args[0].op is Op.REF and e.args[0].name:
+        return e.args[0].name
+    return "…"
+
+
+def _ident(name: str) -> str:
+    return name if name.isidentifier() else "x"
 
 
 def describe(e: Expr) -> str:

@@ -7,8 +7,12 @@ type/layout inference. Name errors are collected and reported together.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
-from collections.abc import Mapping
+import gc
+import math
+import re
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -37,10 +41,26 @@ from cocoviz.ir.nodes import (
     ScheduleBlock,
     Stage,
 )
-from cocoviz.ir.types import DTYPE_NAMES, LOCAL, REPLICATED, DType, Layout, Size, TensorType, sliced
+from cocoviz.ir.types import (
+    DTYPE_NAMES,
+    LOCAL,
+    REPLICATED,
+    DType,
+    Layout,
+    Size,
+    TensorType,
+    numel,
+    sliced,
+)
 
 LAYOUT_WORDS = ("replicated", "local", "sliced")
-REDUCE_WORDS = {"+": ReduceOp.SUM, "*": ReduceOp.PROD, "max": ReduceOp.MAX, "min": ReduceOp.MIN, "avg": ReduceOp.AVG}
+REDUCE_WORDS = {
+    "+": ReduceOp.SUM,
+    "*": ReduceOp.PROD,
+    "max": ReduceOp.MAX,
+    "min": ReduceOp.MIN,
+    "avg": ReduceOp.AVG,
+}
 
 
 @dataclass(frozen=True)
@@ -60,7 +80,8 @@ class RanksOverride:
         if set(parts) == {"tp", "pp"} and all(v.isdigit() for v in parts.values()):
             return RanksOverride(tp=int(parts["tp"]), pp=int(parts["pp"]))
         raise UsageError(
-            f"--ranks expects N or tp=T,pp=P, got '{text}'", hint="for example --ranks 8 or --ranks tp=4,pp=2"
+            f"--ranks expects N or tp=T,pp=P, got '{text}'",
+            hint="for example --ranks 8 or --ranks tp=4,pp=2",
         )
 
 
@@ -76,13 +97,45 @@ def parse_defines(items: list[str] | None) -> dict[str, int]:
     return out
 
 
+# Sizes and integers are 64-bit in emitted code; keep every product of sizes in range.
+_MAX_SIZE = 2**62
+
+
+class _AlreadyReported(Exception):
+    """A declaration depends on one whose error is already reported."""
+
+
 def _int(num: syn.Num, what: str, positive: bool = True) -> int:
     if not num.is_int:
         raise InputError(f"{what} must be an integer, got '{num.text}'", num.span)
     v = int(num.text)
     if positive and v <= 0:
         raise InputError(f"{what} must be positive, got {v}", num.span)
+    if v > _MAX_SIZE:
+        raise InputError(f"{what} is too large: {v} (at most 2^62)", num.span)
     return v
+
+
+def _check_number(e: Expr) -> Expr:
+    """A literal must be finite and, if an integer, fit in 64 bits."""
+    v = e.value
+    if isinstance(v, float) and not math.isfinite(v):
+        raise InputError("number out of range: it overflows a 64-bit float", e.span)
+    if isinstance(v, int) and not -(2**63) <= v < 2**63:
+        raise InputError("integer out of range: it does not fit in 64 bits", e.span)
+    return e
+
+
+def _source_words(text: str) -> set[str]:
+    return set(re.findall(r"[A-Za-z_][A-Za-z0-9_]*", text)) if len(text) < 100_000 else set()
+
+
+def _default_program_name(path: str) -> str:
+    """The file stem, made an identifier so that the printed `program NAME` parses."""
+    if path in ("<input>", ""):
+        return "program"
+    stem = re.sub(r"[^A-Za-z0-9_]", "_", Path(path).stem) or "program"
+    return "_" + stem if stem[0].isdigit() else stem
 
 
 class _Lowerer:
@@ -97,9 +150,12 @@ class _Lowerer:
         self.ranks = ranks
         self.bag = DiagnosticBag()
         self.bound: dict[str, Span | None] = {}
+        self.assign: syn.Assign | None = None  # the stage being resolved
+        self.bad_dims: set[str] = set()  # dimensions whose declaration failed
+        self.source_names = _source_words(module.source.text)
 
     # --- declarations -----------------------------------------------------------------
-    def _bind(self, name: syn.Name, kind: str) -> None:
+    def _bind(self, name: syn.Name) -> None:
         if name.text in self.bound:
             raise InputError(
                 f"'{name.text}' is already defined",
@@ -112,23 +168,24 @@ class _Lowerer:
     def lower(self) -> Program:
         stmts = self.module.statements
         src = self.module.source
-        name = Path(src.path).stem if src.path not in ("<input>", "") else "program"
+        name = _default_program_name(src.path)
         name_set = False
         grid: Grid | None = None
         grid_span: Span | None = None
         dims: list[DimDecl] = []
         dim_values: dict[str, tuple[int, Span]] = {}
         params: list[Param] = []
-        inputs: list[Input] = []
-        assigns: list[tuple[syn.Assign, Any]] = []  # (assign, group path)
-        groups_syntax: list[Any] = []
+        input_stmts: list[syn.InputStmt] = []
+        assigns: list[syn.Assign] = []
+        groups_syntax: list[syn.FusedStmt | syn.OverlappedStmt] = []
         outputs: list[syn.Name] = []
         schedules: list[ScheduleBlock] = []
+        bag = self.bag
 
         for st in stmts:
             if isinstance(st, syn.ProgramStmt):
                 if name_set:
-                    raise InputError("a second 'program' statement", st.span)
+                    bag.add(InputError("a second 'program' statement", st.span))
                 name, name_set = st.name.text, True
             elif isinstance(st, syn.RanksStmt):
                 if grid is not None:
@@ -138,43 +195,53 @@ class _Lowerer:
                 grid, grid_span = self._grid(st), st.span
             elif isinstance(st, syn.DimStmt):
                 for dn, dv in st.items:
-                    self._bind(dn, "dim")
-                    v = _int(dv, f"dimension '{dn.text}'")
-                    dim_values[dn.text] = (v, dn.span)
+                    try:
+                        self._bind(dn)
+                        dim_values[dn.text] = (_int(dv, f"dimension '{dn.text}'"), dn.span)
+                    except InputError as err:
+                        self.bad_dims.add(dn.text)
+                        bag.add(err)
             elif isinstance(st, syn.ParamStmt):
                 for pn, pt, pv, neg in st.items:
-                    self._bind(pn, "param")
-                    params.append(self._param(pn, pt, pv, neg))
+                    try:
+                        self._bind(pn)
+                        params.append(self._param(pn, pt, pv, neg))
+                    except InputError as err:
+                        bag.add(err)
             elif isinstance(st, syn.InputStmt):
-                inputs.append(st)  # type: ignore[arg-type]
-                self._bind(st.name, "input")
+                try:
+                    self._bind(st.name)
+                    input_stmts.append(st)
+                except InputError as err:
+                    bag.add(err)
             elif isinstance(st, syn.Assign):
-                assigns.append((st, None))
+                assigns.append(st)
             elif isinstance(st, syn.FusedStmt):
                 groups_syntax.append(st)
-                for a in st.items:
-                    assigns.append((a, None))
+                assigns.extend(st.items)
             elif isinstance(st, syn.OverlappedStmt):
                 groups_syntax.append(st)
                 for it in st.items:
                     if isinstance(it, syn.FusedStmt):
-                        for a in it.items:
-                            assigns.append((a, None))
+                        assigns.extend(it.items)
                     else:
-                        assigns.append((it, None))
+                        assigns.append(it)
             elif isinstance(st, syn.OutputStmt):
                 outputs.extend(st.names)
             elif isinstance(st, syn.ScheduleStmt):
                 if any(s.name == st.name.text for s in schedules):
-                    raise InputError(f"schedule '{st.name.text}' is defined twice", st.name.span)
+                    bag.add(InputError(f"schedule '{st.name.text}' is defined twice", st.name.span))
                 schedules.append(ScheduleBlock(st.name.text, st.steps, st.span))
 
         for d in self.defines:
             if d not in dim_values:
                 raise UsageError(
                     f"-D {d}: the program has no dimension named '{d}'",
-                    hint=did_you_mean(d, dim_values) or (
-                        "its dimensions are " + ", ".join(dim_values) if dim_values else "it declares no dimensions"
+                    hint=did_you_mean(d, dim_values)
+                    or (
+                        "its dimensions are " + ", ".join(dim_values)
+                        if dim_values
+                        else "it declares no dimensions"
                     ),
                 )
         for dn_text, (v, span) in dim_values.items():
@@ -183,7 +250,70 @@ class _Lowerer:
         grid = self._apply_ranks_override(grid, grid_span)
         self.grid = grid
 
-        typed_inputs = [self._input(st) for st in inputs]  # type: ignore[arg-type]
+        typed_inputs: list[Input] = []
+        for ist in input_stmts:
+            try:
+                typed_inputs.append(self._input(ist))
+            except _AlreadyReported:
+                pass
+            except InputError as err:
+                bag.add(err)
+        groups: list[Group] = []
+        for g in groups_syntax:
+            try:
+                groups.append(_group(g))
+            except InputError as err:
+                bag.add(err)
+        # Resolve every stage before typing any, so that all name errors (in
+        # declarations too) are reported together. A declaration that failed still
+        # binds its name, so that it causes no second error where it is used.
+        defined: set[str] = {p.name for p in params} | {i.name.text for i in input_stmts}
+        defined |= {it[0].text for st in stmts if isinstance(st, syn.ParamStmt) for it in st.items}
+        later = {a.name.text: a for a in assigns}
+        raw: list[tuple[syn.Assign, Expr]] = []
+        for a in assigns:
+            try:
+                self._bind(a.name)
+            except InputError as err:
+                bag.add(err)
+                continue
+            self.assign = a
+            try:
+                expr = self._expr(a.expr, defined, later, a.name.text, top=True)
+                raw.append((a, _tag_dropouts(expr, a.name.text)))
+            except InputError as err:
+                bag.add(err)
+            defined.add(a.name.text)
+        stage_names = {a.name.text for a, _ in raw}
+        out_names: list[str] = []
+        for o in outputs:
+            if o.text in out_names:
+                bag.add(InputError(f"output '{o.text}' is listed twice", o.span))
+            elif o.text in stage_names:
+                out_names.append(o.text)
+            elif o.text in later:
+                pass  # its stage failed; that error is reported
+            elif o.text in defined or o.text in self.dims:
+                bag.add(
+                    InputError(
+                        f"output '{o.text}' is not a stage",
+                        o.span,
+                        hint="outputs name stages; to output an input unchanged, name a copy "
+                        f"of it: {o.text}_out = {o.text} * 1"
+                        if o.text in defined
+                        else "outputs name stages",
+                    )
+                )
+            else:
+                bag.add(
+                    InputError(
+                        f"unknown output '{o.text}'",
+                        o.span,
+                        hint=did_you_mean(o.text, stage_names),
+                    )
+                )
+        bag.raise_if_any()
+
         prog = Program(
             name=name,
             grid=grid,
@@ -195,25 +325,6 @@ class _Lowerer:
             schedules=tuple(schedules),
             source=src,
         )
-        # resolve all stages first so that all name errors are reported together
-        defined: set[str] = {p.name for p in params} | {i.name for i in typed_inputs}
-        later = {a.name.text: a for a, _ in assigns}
-        raw: list[tuple[syn.Assign, Expr]] = []
-        for a, _ in assigns:
-            try:
-                self._bind(a.name, "stage")
-            except InputError as err:
-                self.bag.add(err)
-                continue
-            try:
-                expr = self._expr(a.expr, defined, later, a.name.text, top=True)
-                expr = _tag_dropouts(expr, a.name.text)
-                raw.append((a, expr))
-            except InputError as err:
-                self.bag.add(err)
-            defined.add(a.name.text)
-        self.bag.raise_if_any()
-
         env = program_env(prog)
         inf = Inferencer(grid, env, {i.name for i in typed_inputs})
         stages: list[Stage] = []
@@ -222,28 +333,15 @@ class _Lowerer:
             env[a.name.text] = typed.type
             stages.append(Stage(a.name.text, typed, a.span))
 
-        stage_names = {s.name for s in stages}
-        out_names: list[str] = []
-        for o in outputs:
-            if o.text not in stage_names:
-                hint = did_you_mean(o.text, stage_names)
-                if o.text in defined:
-                    raise InputError(f"output '{o.text}' is not a stage", o.span, hint="outputs name stages")
-                self.bag.add(InputError(f"unknown output '{o.text}'", o.span, hint=hint))
-            elif o.text in out_names:
-                raise InputError(f"output '{o.text}' is listed twice", o.span)
-            else:
-                out_names.append(o.text)
-        self.bag.raise_if_any()
-        groups = tuple(_group(g) for g in groups_syntax)
         prog = dataclasses.replace(
             prog,
             stages=tuple(stages),
             outputs=tuple(out_names),
-            groups=groups,
+            groups=tuple(groups),
             source_names=frozenset(self.bound),
         )
         check_updates(prog)
+        _check_reads_after_update(prog)
         return prog
 
     def _grid(self, st: syn.RanksStmt) -> Grid:
@@ -254,8 +352,9 @@ class _Lowerer:
         vals = {n1.text: v1, n2.text: v2}
         if set(vals) != {"tp", "pp"}:
             bad = n1 if n1.text not in ("tp", "pp") else n2
+            what = f"'{bad.text}' twice" if n1.text == n2.text else f"'{bad.text}'"
             raise InputError(
-                f"ranks grid expects tp=T, pp=P; got '{bad.text}'",
+                f"ranks grid expects tp=T, pp=P; got {what}",
                 bad.span,
                 hint="for example: ranks tp=8, pp=2",
             )
@@ -297,9 +396,13 @@ class _Lowerer:
                 hint=did_you_mean(pt.text, DTYPE_NAMES) or "dtypes: " + " ".join(DTYPE_NAMES),
             )
         v: float | int = pv.value
+        if isinstance(v, float) and not math.isfinite(v):
+            raise InputError(f"param '{pn.text}': default out of range", pv.span)
         if not dt.is_float:
             if not pv.is_int:
-                raise InputError(f"param '{pn.text}' is {dt.value} but its default is not an integer", pv.span)
+                raise InputError(
+                    f"param '{pn.text}' is {dt.value} but its default is not an integer", pv.span
+                )
         else:
             v = float(v)
         return Param(pn.text, dt, -v if neg else v, pn.span)
@@ -312,6 +415,8 @@ class _Lowerer:
                 value *= _int(f, "a size")
                 texts.append(f.text)
             else:
+                if f.text in self.bad_dims:
+                    raise _AlreadyReported()
                 if f.text not in self.dims:
                     raise InputError(
                         f"unknown dimension '{f.text}'",
@@ -320,6 +425,11 @@ class _Lowerer:
                     )
                 value *= self.dims[f.text]
                 texts.append(f.text)
+        if value > _MAX_SIZE:
+            raise InputError(
+                f"size {'*'.join(texts)} = {value} is too large (at most 2^62 elements)",
+                se.span,
+            )
         return Size("*".join(texts), value)
 
     def _input(self, st: syn.InputStmt) -> Input:
@@ -331,13 +441,19 @@ class _Lowerer:
                 hint=did_you_mean(st.dtype.text, DTYPE_NAMES) or "dtypes: " + " ".join(DTYPE_NAMES),
             )
         shape = tuple(self._size(s) for s in st.sizes)
+        if numel(shape) > _MAX_SIZE:
+            raise InputError(
+                f"input '{st.name.text}' has {numel(shape)} elements, too many (at most 2^62)",
+                st.span,
+            )
         word = st.layout.text
         layout: Layout
         if word not in LAYOUT_WORDS:
             raise InputError(
                 f"unknown layout '{word}'",
                 st.layout.span,
-                hint=did_you_mean(word, LAYOUT_WORDS) or "layouts: replicated, local, sliced, sliced(d)",
+                hint=did_you_mean(word, LAYOUT_WORDS)
+                or "layouts: replicated, local, sliced, sliced(d)",
             )
         if st.layout_arg is not None and word != "sliced":
             raise InputError(f"layout '{word}' takes no argument", st.layout.span)
@@ -354,17 +470,23 @@ class _Lowerer:
                 raise InputError(
                     f"sliced({d}) is out of range for '{st.name.text}' of rank {len(shape)}",
                     num.span,
-                    hint=f"dimensions are 0…{len(shape) - 1} (or -1…-{len(shape)})" if shape else "a scalar cannot be sliced",
+                    hint=f"dimensions are 0…{len(shape) - 1} (or -1…-{len(shape)})"
+                    if shape
+                    else "a scalar cannot be sliced",
                 )
             layout = sliced(d, shape)
         if layout.is_sliced and not shape:
             raise InputError(f"scalar input '{st.name.text}' cannot be sliced", st.layout.span)
-        check_divisible(shape, layout, self.grid.group, st.span, f"input '{st.name.text}'")
+        check_divisible(
+            shape, layout, self.grid.group, st.layout_span or st.span, f"input '{st.name.text}'"
+        )
         pstage = 0
         if st.stage is not None:
             assert st.stage_kw is not None
             if st.stage_kw.text != "stage":
-                raise InputError(f"expected '@stage K', got '@{st.stage_kw.text}'", st.stage_kw.span)
+                raise InputError(
+                    f"expected '@stage K', got '@{st.stage_kw.text}'", st.stage_kw.span
+                )
             if not self.grid.is_grid:
                 raise InputError(
                     "'@stage' needs a pipeline grid",
@@ -379,40 +501,26 @@ class _Lowerer:
         return Input(st.name.text, TensorType(dt, shape, layout, pstage), st.name.span)
 
     # --- expressions ------------------------------------------------------------------
-    def _expr(self, node: Any, defined: set[str], later: dict[str, Any], stage: str, top: bool) -> Expr:
+    def _expr(
+        self, node: Any, defined: set[str], later: dict[str, Any], stage: str, top: bool
+    ) -> Expr:
         if isinstance(node, Expr):
             if node.op is Op.REF:
                 assert node.name is not None
                 if node.name not in defined:
-                    if node.name in later and node.name != stage:
-                        raise InputError(
-                            f"'{node.name}' is used before it is defined",
-                            node.span,
-                            notes=[("defined here", later[node.name].span)],
-                            hint="stages must be defined before their uses",
-                        )
-                    if node.name == stage:
-                        raise InputError(f"stage '{stage}' refers to itself", node.span)
-                    if node.name in self.dims:
-                        raise InputError(
-                            f"'{node.name}' is a dimension, not a value",
-                            node.span,
-                            hint="dimensions size tensors; use a param for a runtime scalar",
-                        )
-                    raise InputError(
-                        f"unknown name '{node.name}'",
-                        node.span,
-                        hint=did_you_mean(node.name, defined),
-                    )
+                    # name errors are collected, so that all of them are reported at once
+                    self.bag.add(self._name_error(node, defined, later, stage))
                 return node
             if node.op is Op.CONST:
-                return node
+                return _check_number(node)
             if node.op is Op.NEG and isinstance(node.args[0], Expr) and node.args[0].op is Op.CONST:
                 v = node.args[0].value
                 assert v is not None
-                return Expr(Op.CONST, value=-v, span=node.span)
+                return _check_number(Expr(Op.CONST, value=-v, span=node.span))
             args = tuple(self._collect(a, defined, later, stage) for a in node.args)
-            return dataclasses.replace(node, args=args)
+            if args == node.args:
+                return node
+            return Expr(node.op, args, span=node.span)
         if isinstance(node, syn.Call):
             return self._call(node, defined, later, stage, top)
         if isinstance(node, syn.Cmp):
@@ -422,7 +530,9 @@ class _Lowerer:
                 hint="for example where(x > 0, x, 0)",
             )
         if isinstance(node, syn.RedTok):
-            raise InputError(f"'{node.text}' is only allowed as the operator of a collective", node.span)
+            raise InputError(
+                f"'{node.text}' is only allowed as the operator of a collective", node.span
+            )
         if isinstance(node, syn.Kw):
             raise InputError(f"unexpected keyword argument '{node.name.text}'", node.span)
         raise InputError("unexpected expression", getattr(node, "span", None))
@@ -430,7 +540,69 @@ class _Lowerer:
     def _collect(self, node: Any, defined: set[str], later: dict[str, Any], stage: str) -> Expr:
         return self._expr(node, defined, later, stage, top=False)
 
-    def _call(self, c: syn.Call, defined: set[str], later: dict[str, Any], stage: str, top: bool) -> Expr:
+    def _name_error(
+        self, node: Expr, defined: set[str], later: dict[str, Any], stage: str
+    ) -> InputError:
+        name = node.name
+        assert name is not None
+        if name == stage:
+            return InputError(
+                f"stage '{stage}' refers to itself",
+                node.span,
+                hint="each name is assigned once; name the new value differently",
+            )
+        if name in later:
+            return InputError(
+                f"'{name}' is used before it is defined",
+                node.span,
+                notes=[("defined here", later[name].span)],
+                hint="stages must be defined before their uses",
+            )
+        if name in self.dims:
+            return InputError(
+                f"'{name}' is a dimension, not a value",
+                node.span,
+                hint="dimensions size tensors; use a param for a runtime scalar",
+            )
+        if name in CALL_NAMES:
+            return InputError(
+                f"'{name}' is a function, not a value",
+                node.span,
+                hint=f"call it: {name}(...)",
+            )
+        return InputError(
+            f"unknown name '{name}'",
+            node.span,
+            hint=did_you_mean(name, defined),
+        )
+
+    def _name_it_first(self, c: syn.Call, stage: str) -> str:
+        """The fix for a collective or matmul inside an expression: the two stages to write."""
+        a = self.assign
+        generic = f"name it first: `t = {c.name.text}(...)`, then use t here"
+        src = self.module.source
+        if a is None or c.span.line != c.span.end_line or a.span.line != a.span.end_line:
+            return generic
+        line = src.line(a.span.line)
+        call = line[c.span.col - 1 : c.span.end_col - 1]
+        fresh = f"{stage}_{c.name.text}"
+        k = 2
+        while fresh in self.bound or fresh in self.source_names:
+            fresh, k = f"{stage}_{c.name.text}_{k}", k + 1
+        rhs_start = a.expr.span.col - 1 if getattr(a.expr, "span", None) else None
+        if rhs_start is None:
+            return generic
+        rhs = line[rhs_start : a.span.end_col - 1]
+        rest = rhs.replace(call, fresh, 1)
+        return (
+            "name it first, so that a schedule can refer to it:\n"
+            f"    {fresh} = {call}\n"
+            f"    {stage} = {rest}"
+        )
+
+    def _call(
+        self, c: syn.Call, defined: set[str], later: dict[str, Any], stage: str, top: bool
+    ) -> Expr:
         fname = c.name.text
         op = CALL_NAMES.get(fname)
         if op is None:
@@ -443,7 +615,7 @@ class _Lowerer:
             raise InputError(
                 f"{fname}(...) must be the whole right-hand side of a named stage",
                 c.span,
-                hint=f"name it first: `t = {fname}(...)`, then use t here",
+                hint=self._name_it_first(c, stage),
             )
         pos = [a for a in c.args if not isinstance(a, syn.Kw)]
         kws = {a.name.text: a for a in c.args if isinstance(a, syn.Kw)}
@@ -477,7 +649,9 @@ class _Lowerer:
                 and node.args[0].value is not None
             ):
                 return -node.args[0].value
-            raise InputError(f"{fname}: {what} must be a number literal", getattr(node, "span", c.span))
+            raise InputError(
+                f"{fname}: {what} must be a number literal", getattr(node, "span", c.span)
+            )
 
         if op in COLLECTIVES:
             rop: ReduceOp | None = None
@@ -525,7 +699,9 @@ class _Lowerer:
             arity(2, "x, p")
             p = literal(pos[1], "the probability p")
             if not 0 <= p < 1:
-                raise InputError(f"dropout: p must be in [0, 1), got {p}", getattr(pos[1], "span", c.span))
+                raise InputError(
+                    f"dropout: p must be in [0, 1), got {p}", getattr(pos[1], "span", c.span)
+                )
             tag = None
             if "id" in kws:
                 idv = kws["id"].value
@@ -537,7 +713,10 @@ class _Lowerer:
         if op is Op.SLICE:
             no_kw()
             if len(pos) not in (1, 2):
-                raise InputError(f"slice takes 1 or 2 arguments (slice(x) or slice(x, d)), got {len(pos)}", c.span)
+                raise InputError(
+                    f"slice takes 1 or 2 arguments (slice(x) or slice(x, d)), got {len(pos)}",
+                    c.span,
+                )
             d = None
             if len(pos) == 2:
                 dv = literal(pos[1], "the dimension")
@@ -590,17 +769,51 @@ class _Lowerer:
 
 
 def _tag_dropouts(expr: Expr, stage: str) -> Expr:
+    """Give each dropout its stable id `<stage>#<k>`, k counting the dropout calls of the
+    stage's expression in source order (the order of their opening `dropout(`)."""
+    if not any(e.op is Op.DROPOUT for e in expr.walk()):
+        return expr
     counter = [0]
 
     def go(e: Expr) -> Expr:
-        args = tuple(go(a) for a in e.args)
+        tag = e.tag
         if e.op is Op.DROPOUT:
             tag = e.tag or f"{stage}#{counter[0]}"
             counter[0] += 1
-            return dataclasses.replace(e, args=args, tag=tag)
-        return dataclasses.replace(e, args=args) if args != e.args else e
+        args = tuple(go(a) for a in e.args)
+        if args == e.args and tag == e.tag:
+            return e
+        return dataclasses.replace(e, args=args, tag=tag)
 
     return go(expr)
+
+
+def _check_reads_after_update(program: Program) -> None:
+    """In the source, a stage after `u = update(t, e)` must not read `t`.
+
+    Every read of an updated input is ordered before the write (DESIGN §2.4), so such a
+    read would see the old value although it is written after the update; the printer
+    writes reads before updates, so printed programs always satisfy this.
+    """
+    updates = program.updates()
+    if not updates:
+        return
+    seen: dict[str, Stage] = {}
+    for s in program.stages:
+        for e in s.expr.walk():
+            if e.op is Op.REF and e.name in seen:
+                u = seen[e.name]
+                raise InputError(
+                    f"'{e.name}' is read after its update '{u.name}'",
+                    e.span or s.span,
+                    notes=[(f"'{e.name}' is updated here", u.span)],
+                    hint=f"read '{u.name}' for the new value; reads of '{e.name}' itself see "
+                    f"the old value and must come before '{u.name}'",
+                )
+        if s.expr.op is Op.UPDATE:
+            t = s.expr.args[0].name
+            assert t is not None
+            seen[t] = s
 
 
 def _group(st: Any) -> Group:
@@ -630,7 +843,22 @@ def load_program(
     ranks: RanksOverride | None = None,
 ) -> Program:
     """Parse and lower a `.coco` text."""
-    return lower(syn.parse_module(text, path), defines, ranks)
+    with _no_gc():
+        return lower(syn.parse_module(text, path), defines, ranks)
+
+
+@contextlib.contextmanager
+def _no_gc() -> Iterator[None]:
+    """Pause the cyclic garbage collector: parsing and lowering allocate many small,
+    acyclic objects, and the collections this triggers took a sixth of the time of a
+    large program."""
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
 
 
 def load_file(
@@ -658,5 +886,3 @@ def _nearby(p: Path) -> str | None:
     except OSError:
         return None
     return did_you_mean(p.name, names)
-
-

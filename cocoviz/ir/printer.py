@@ -55,6 +55,9 @@ class _ExprPrinter:
             return f"({s})" if prec >= 2 else s
         if op in COMPARISONS:
             return f"{self.expr(e.args[0])} {op.value} {self.expr(e.args[1])}"
+        if op is Op.DROPOUT:  # ids count dropout calls in source order: number it first
+            default = f"{self.stage}#{self.dropouts}"
+            self.dropouts += 1
         args = [self.expr(a) for a in e.args]
         if op in (Op.ALLREDUCE, Op.REDUCESCATTER, Op.REDUCE):
             assert e.rop is not None
@@ -69,8 +72,6 @@ class _ExprPrinter:
         if op is Op.DROPOUT:
             assert e.value is not None
             args.append(format_number(e.value))
-            default = f"{self.stage}#{self.dropouts}"
-            self.dropouts += 1
             if e.tag != default and e.tag is not None:
                 src, _, k = e.tag.rpartition("#")
                 args.append(f"id={src}")

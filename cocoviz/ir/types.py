@@ -155,9 +155,7 @@ def partition(layout: Layout, shape: Shape, group: int) -> Partition | None:
     return Partition(False, len(shape) - d)
 
 
-def same_slicing(
-    a: Layout, a_shape: Shape, b: Layout, b_shape: Shape, group: int
-) -> bool:
+def same_slicing(a: Layout, a_shape: Shape, b: Layout, b_shape: Shape, group: int) -> bool:
     """Whether every rank holds the same global elements of two sliced operands
     (compared after right-aligning broadcast dimensions)."""
     pa, pb = partition(a, a_shape, group), partition(b, b_shape, group)
