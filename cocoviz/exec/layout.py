@@ -1,0 +1,196 @@
+"""Per-rank storage of a value and its global view (DESIGN §2.5, docs/semantics-notes.md).
+
+For a `TensorType` and a group of G ranks:
+
+- **replicated**: every rank stores the whole tensor; the global value is rank 0's copy
+  (all ranks must agree bit for bit).
+- **local**: every rank stores a full-shape tensor of its own; the global value is the
+  stack ``[G, *shape]``; rank r's element i has global flat index ``r·numel + i``.
+- **flat sliced**: rank r stores elements ``[r·numel/G, (r+1)·numel/G)`` of the row-major
+  flattening. When that chunk is a block of the first non-unit dimension (`block_dim`)
+  it is *viewed* with the block shape (same memory order), so it broadcasts like a
+  `sliced(d)` block; otherwise it is 1-D.
+- **sliced(d)**: rank r stores block r along dimension d (extent ``shape[d]/G``).
+
+`rank_shape` gives the shape of a rank's array, `split_global`/`join_global` convert
+between the global value and the per-rank arrays, and `global_flat_index` gives the
+global flat index of each element a rank stores (dropout, inputs and broadcast operands
+use it).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from cocoviz.ir.types import TensorType, block_dim, shape_values
+
+__all__ = [
+    "chunk_range",
+    "global_flat_index",
+    "global_shape",
+    "is_contiguous_chunk",
+    "join_global",
+    "rank_shape",
+    "rank_slices",
+    "split_global",
+    "take_rank_part",
+]
+
+Array = npt.NDArray[Any]
+IndexArray = npt.NDArray[np.int64]
+
+
+def global_shape(ty: TensorType, group: int) -> tuple[int, ...]:
+    """Shape of the global value: the declared shape, or ``[G, *shape]`` for local."""
+    shape = shape_values(ty.shape)
+    return (group, *shape) if ty.layout.is_local else shape
+
+
+def _block(ty: TensorType, group: int) -> int | None:
+    return block_dim(ty.layout, ty.shape, group)
+
+
+def rank_shape(ty: TensorType, group: int) -> tuple[int, ...]:
+    """Shape of the array one rank stores."""
+    shape = shape_values(ty.shape)
+    lay = ty.layout
+    if not lay.is_sliced:
+        return shape
+    d = _block(ty, group)
+    if d is None:
+        return (ty.numel // group,)
+    return shape[:d] + (shape[d] // group,) + shape[d + 1 :]
+
+
+def rank_slices(ty: TensorType, group: int, rank: int) -> tuple[slice, ...] | None:
+    """For a block-partitioned sliced value: the index of rank's block in the global
+    array; None for flat chunks that are not blocks and for non-sliced layouts."""
+    d = _block(ty, group)
+    if d is None:
+        return None
+    n = ty.shape[d].value // group
+    return (slice(None),) * d + (slice(rank * n, (rank + 1) * n),)
+
+
+def chunk_range(ty: TensorType, group: int, rank: int) -> tuple[int, int]:
+    """[start, stop) of rank's flat chunk for a flat-sliced value."""
+    c = ty.numel // group
+    return rank * c, (rank + 1) * c
+
+
+def is_contiguous_chunk(ty: TensorType, group: int) -> bool:
+    """Whether each rank's elements form one contiguous run of global flat indices
+    (every layout except a block partition along a dimension after the first non-unit one)."""
+    if not ty.layout.is_sliced:
+        return True
+    d = _block(ty, group)
+    if d is None:
+        return True
+    return all(s.value == 1 for s in ty.shape[:d])
+
+
+def take_rank_part(value: Array, ty: TensorType, group: int, rank: int) -> Array:
+    """Rank's part of a global value (for local: its row of the ``[G, *shape]`` stack).
+
+    For sliced layouts this is `slice(x)` semantics: a view where possible.
+    """
+    lay = ty.layout
+    if lay.is_replicated:
+        return value
+    if lay.is_local:
+        return value[rank]
+    sl = rank_slices(ty, group, rank)
+    if sl is not None:
+        return value[sl]
+    lo, hi = chunk_range(ty, group, rank)
+    return value.reshape(-1)[lo:hi]
+
+
+def split_global(value: npt.ArrayLike, ty: TensorType, group: int) -> list[Array]:
+    """The per-rank arrays of a global value (copies; replicated ranks get equal copies)."""
+    v = np.asarray(value)
+    expect = global_shape(ty, group)
+    if v.shape != expect:
+        raise ValueError(f"global value has shape {v.shape}, expected {expect} for {ty}")
+    return [
+        np.array(take_rank_part(v, ty, group, r)).reshape(rank_shape(ty, group))
+        for r in range(group)
+    ]
+
+
+def join_global(per_rank: Sequence[npt.ArrayLike], ty: TensorType, group: int) -> Array:
+    """The global value of per-rank arrays: the inverse of `split_global`.
+
+    Replicated: rank 0's copy, after asserting every rank holds the same bits.
+    """
+    arrays = [np.asarray(a) for a in per_rank]
+    if len(arrays) != group:
+        raise ValueError(f"expected {group} per-rank arrays, got {len(arrays)}")
+    want = rank_shape(ty, group)
+    for r, a in enumerate(arrays):
+        if a.shape != want:
+            raise ValueError(f"rank {r} stores shape {a.shape}, expected {want} for {ty}")
+    lay = ty.layout
+    if lay.is_replicated:
+        first = arrays[0]
+        for r, a in enumerate(arrays[1:], start=1):
+            if a is not first and not _same_bits(first, a):
+                raise AssertionError(f"replicated value differs between rank 0 and rank {r} ({ty})")
+        return first
+    if lay.is_local:
+        return np.stack(arrays)
+    d = _block(ty, group)
+    shape = shape_values(ty.shape)
+    if d is None:
+        return np.concatenate([a.reshape(-1) for a in arrays]).reshape(shape)
+    return np.concatenate(arrays, axis=d)
+
+
+def _same_bits(a: Array, b: Array) -> bool:
+    if a.dtype != b.dtype or a.shape != b.shape:
+        return False
+    return bool(
+        np.array_equal(
+            np.ascontiguousarray(a).view(np.uint8), np.ascontiguousarray(b).view(np.uint8)
+        )
+    )
+
+
+def global_flat_index(ty: TensorType, group: int, rank: int) -> IndexArray:
+    """Global flat index of each element rank stores, in the rank's array shape.
+
+    Replicated: the index into the global shape; local: the index into ``[G, *shape]``
+    (``rank·numel + i``); sliced: the index the element has in the global tensor.
+    """
+    lay = ty.layout
+    n = ty.numel
+    shape = rank_shape(ty, group)
+    if lay.is_replicated:
+        return np.arange(n, dtype=np.int64).reshape(shape)
+    if lay.is_local:
+        return (np.arange(n, dtype=np.int64) + np.int64(rank * n)).reshape(shape)
+    if is_contiguous_chunk(ty, group):
+        lo, hi = chunk_range(ty, group, rank)
+        return np.arange(lo, hi, dtype=np.int64).reshape(shape)
+    sl = rank_slices(ty, group, rank)
+    assert sl is not None
+    return block_flat_index(shape_values(ty.shape), sl)
+
+
+def block_flat_index(shape: tuple[int, ...], index: tuple[slice, ...]) -> IndexArray:
+    """Global flat indices of the elements of ``x[index]`` for x of `shape`, built from
+    per-dimension ranges (no temporary of the global size)."""
+    strides = [1] * len(shape)
+    for j in range(len(shape) - 2, -1, -1):
+        strides[j] = strides[j + 1] * shape[j + 1]
+    out: IndexArray = np.zeros((), dtype=np.int64)
+    for j, n in enumerate(shape):
+        sl = index[j] if j < len(index) else slice(None)
+        lo, hi, _ = sl.indices(n)
+        ax = np.arange(lo, hi, dtype=np.int64) * np.int64(strides[j])
+        out = out[..., None] + ax
+    return out

@@ -1,0 +1,583 @@
+"""The semantics of every operation on one rank's storage, in numpy (one definition,
+shared by the reference of simulated ranks and the mpi4py executor).
+
+Contract: docs/semantics-notes.md. In short:
+
+- A stage's expression is evaluated in the compute type (f32 for f16/bf16/f32, f64 for
+  f64, int64 for integers) and its value rounded once to the stage dtype (`stage_value`).
+  `cast` and `dropout` round to their dtype where they occur.
+- A weak scalar (shape ``[]``) meeting a tensor is first converted to the node's dtype.
+- Values are per-rank arrays shaped by `layout.rank_shape`. A replicated operand combined
+  with a sliced result is read at the *global* flat index of each result element
+  (`broadcast_operand`), never at the local one.
+- Whole-tensor reductions of a sliced value are per-rank partials (`reduction_partial`),
+  combined across the group in rank order (`combine_ranks`), then finished
+  (`reduction_finish`); the driver supplies the cross-rank step through
+  `RankContext.combine`.
+- Collectives are functions over the list of the group's per-rank arrays; every reduction
+  across ranks, collective or implicit, goes through `combine_ranks`, so an allreduce and a
+  reducescatter followed by an allgather give the same bits.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any, Protocol
+
+import numpy as np
+import numpy.typing as npt
+
+from cocoviz.exec import numerics as nx
+from cocoviz.exec.layout import (
+    block_flat_index,
+    chunk_range,
+    is_contiguous_chunk,
+    join_global,
+    rank_shape,
+    rank_slices,
+    take_rank_part,
+)
+from cocoviz.ir.nodes import (
+    COMPARISONS,
+    REDUCTIONS,
+    ROWWISE,
+    Expr,
+    Op,
+    ReduceOp,
+)
+from cocoviz.ir.types import DType, TensorType, block_dim, shape_values
+
+__all__ = [
+    "RankContext",
+    "accumulation_dtype",
+    "partial_rop",
+    "reduction_partial_of",
+    "storage_dtype",
+    "trunc_div",
+    "allgather",
+    "allreduce",
+    "broadcast",
+    "broadcast_operand",
+    "combine_ranks",
+    "compute_dtype",
+    "evaluate",
+    "implicit_reductions",
+    "matmul",
+    "reduce",
+    "reduce_values",
+    "reducescatter",
+    "reduction_finish",
+    "reduction_partial",
+    "round_to",
+    "stage_value",
+    "to_compute",
+]
+
+Array = npt.NDArray[Any]
+
+
+# ------------------------------------------------------------------------- dtypes
+
+
+def compute_dtype(dtype: DType) -> np.dtype[Any]:
+    """The numpy type a value of `dtype` is computed in (f32, f64 or int64)."""
+    return nx.dtype_info(dtype).compute
+
+
+def storage_dtype(dtype: DType) -> np.dtype[Any]:
+    return nx.dtype_info(dtype).storage
+
+
+def round_to(x: npt.ArrayLike, dtype: DType) -> Array:
+    """Round computed values to `dtype`'s storage (f16/bf16 nearest even, ints wrap)."""
+    a = np.asarray(x)
+    if a.dtype == np.bool_:
+        a = a.astype(np.int64)
+    return nx.to_dtype(a, dtype)
+
+
+def to_compute(x: npt.ArrayLike, dtype: DType) -> Array:
+    """Widen stored values of `dtype` to its compute type (exact)."""
+    a = np.asarray(x)
+    ct = compute_dtype(dtype)
+    return a if a.dtype == ct else a.astype(ct)
+
+
+def _as(x: Array, dtype: DType) -> Array:
+    """Values of any computed type as `dtype`'s compute type, rounded to `dtype` first
+    when that is narrower (weak scalars, cast)."""
+    return to_compute(round_to(x, dtype), dtype)
+
+
+# ----------------------------------------------------------------- rank context
+
+
+class RankContext(Protocol):
+    """What an expression on one rank can see."""
+
+    @property
+    def rank(self) -> int:
+        """Index of this rank within its group (the tp index)."""
+        ...
+
+    @property
+    def group(self) -> int:
+        """Group size G."""
+        ...
+
+    @property
+    def seed(self) -> int: ...
+
+    def lookup(self, name: str) -> Array:
+        """This rank's stored array of an input, param or earlier stage."""
+        ...
+
+    def combine(self, e: Expr, partial: Array) -> Array:
+        """The cross-rank step of an implicit reduction: this rank's partial in, the
+        group's combined partial (`combine_ranks` over ranks in order) out."""
+        ...
+
+
+# ------------------------------------------------------------ global indexing
+
+
+def _strides(shape: tuple[int, ...]) -> list[int]:
+    st = [1] * len(shape)
+    for j in range(len(shape) - 2, -1, -1):
+        st[j] = st[j + 1] * shape[j + 1]
+    return st
+
+
+def operand_flat_index(
+    gidx: npt.NDArray[np.int64], result_shape: tuple[int, ...], op_shape: tuple[int, ...]
+) -> npt.NDArray[np.int64]:
+    """Flat index into an operand of `op_shape` (right-aligned, numpy broadcasting) of the
+    result elements with global flat indices `gidx` in a result of `result_shape`."""
+    pad = (1,) * (len(result_shape) - len(op_shape)) + op_shape
+    rs, ps = _strides(result_shape), _strides(pad)
+    out = np.zeros(gidx.shape, dtype=np.int64)
+    for j, (n, m) in enumerate(zip(result_shape, pad, strict=True)):
+        if m == 1 or n == 1:
+            continue
+        coord = (gidx // np.int64(rs[j])) % np.int64(n)
+        out += coord * np.int64(ps[j])
+    return out
+
+
+def broadcast_operand(value: Array, result_ty: TensorType, group: int, rank: int) -> Array:
+    """A whole (replicated) operand as read by `rank`'s elements of a sliced result.
+
+    Each result element reads the operand at its *global* position, reduced to the
+    operand's shape by broadcasting. For a block partition that is a view of the
+    operand's block; for a flat chunk that is not a block, a gather by global index.
+    """
+    if value.ndim == 0 or not result_ty.layout.is_sliced:
+        return value
+    shape = shape_values(result_ty.shape)
+    pad = (1,) * (len(shape) - value.ndim) + value.shape
+    v = value.reshape(pad)
+    sl = rank_slices(result_ty, group, rank)
+    if sl is not None:
+        d = len(sl) - 1
+        if pad[d] == 1:
+            return v
+        return v[sl]
+    lo, hi = chunk_range(result_ty, group, rank)
+    gidx = np.arange(lo, hi, dtype=np.int64)
+    return value.reshape(-1)[operand_flat_index(gidx, shape, value.shape)]
+
+
+def rank_flat_index(
+    ty: TensorType, group: int, rank: int
+) -> npt.NDArray[np.int64] | tuple[int, int]:
+    """Global flat indices of rank's elements: a (start, stop) range when contiguous."""
+    lay = ty.layout
+    n = ty.numel
+    if lay.is_replicated:
+        return 0, n
+    if lay.is_local:
+        return rank * n, (rank + 1) * n
+    if is_contiguous_chunk(ty, group):
+        return chunk_range(ty, group, rank)
+    sl = rank_slices(ty, group, rank)
+    assert sl is not None
+    return block_flat_index(shape_values(ty.shape), sl)
+
+
+# ---------------------------------------------------------------- elementwise
+
+
+def trunc_div(a: Array, b: Array) -> Array:
+    """Integer division truncating toward zero (C); division by zero gives 0."""
+    with np.errstate(divide="ignore", invalid="ignore"):
+        q = np.floor_divide(a, b)
+        r = np.remainder(a, b)
+    fix = (r != 0) & ((a < 0) != (b < 0))
+    return np.where(fix, q + 1, q)
+
+
+def _int_pow(a: Array, b: Array) -> Array:
+    neg = b < 0
+    with np.errstate(over="ignore"):
+        p = np.power(a, np.where(neg, 0, b))
+    # C-like integer semantics for negative exponents: 1 and -1 stay, others give 0.
+    small = np.where(a == 1, 1, np.where(a == -1, np.where(b % 2 == 0, 1, -1), 0))
+    return np.where(neg, small, p)
+
+
+def _binary(op: Op, a: Array, b: Array, is_float: bool) -> Array:
+    if op is Op.ADD:
+        return a + b
+    if op is Op.SUB:
+        return a - b
+    if op is Op.MUL:
+        return a * b
+    if op is Op.DIV:
+        return a / b if is_float else trunc_div(a, b)
+    if op is Op.MAX:
+        return np.maximum(a, b)
+    if op is Op.MIN:
+        return np.minimum(a, b)
+    if op is Op.POW:
+        return np.power(a, b) if is_float else _int_pow(a, b)
+    raise AssertionError(f"not a binary op: {op}")
+
+
+def _gelu(x: Array) -> Array:
+    t = x.dtype.type
+    c = t(math.sqrt(2.0 / math.pi))
+    return t(0.5) * x * (t(1.0) + np.tanh(c * (x + t(0.044715) * x * x * x)))
+
+
+_UNARY: dict[Op, Callable[[Array], Array]] = {
+    Op.NEG: np.negative,
+    Op.SQRT: np.sqrt,
+    Op.RSQRT: lambda x: x.dtype.type(1.0) / np.sqrt(x),
+    Op.EXP: np.exp,
+    Op.LOG: np.log,
+    Op.TANH: np.tanh,
+    Op.SIGMOID: lambda x: x.dtype.type(1.0) / (x.dtype.type(1.0) + np.exp(-x)),
+    Op.RELU: lambda x: np.maximum(x, x.dtype.type(0)),
+    Op.GELU: _gelu,
+    Op.ABS: np.abs,
+}
+
+_COMPARE: dict[Op, Callable[[Array, Array], Array]] = {
+    Op.LT: np.less,
+    Op.LE: np.less_equal,
+    Op.GT: np.greater,
+    Op.GE: np.greater_equal,
+    Op.EQ: np.equal,
+    Op.NE: np.not_equal,
+}
+
+
+# ------------------------------------------------------------------- row-wise
+
+
+def _rows(x: Array, n: int) -> Array:
+    return x.reshape(-1, n)
+
+
+def layernorm(x: Array, g: Array, b: Array, eps: float) -> Array:
+    """``(x − mean)/sqrt(var + eps)·g + b`` over the last dimension (biased variance)."""
+    n = g.shape[-1]
+    r = _rows(x, n)
+    t = r.dtype.type
+    mean = np.mean(r, axis=-1, keepdims=True)
+    d = r - mean
+    var = np.mean(d * d, axis=-1, keepdims=True)
+    out = d / np.sqrt(var + t(eps)) * g + b
+    return out.reshape(x.shape)
+
+
+def rmsnorm(x: Array, g: Array, eps: float) -> Array:
+    """``x/sqrt(mean(x²) + eps)·g`` over the last dimension."""
+    n = g.shape[-1]
+    r = _rows(x, n)
+    t = r.dtype.type
+    ms = np.mean(r * r, axis=-1, keepdims=True)
+    return (r / np.sqrt(ms + t(eps)) * g).reshape(x.shape)
+
+
+def softmax(x: Array, n: int) -> Array:
+    """``exp(x − max)/Σ`` over the last dimension (of length n)."""
+    r = _rows(x, n)
+    e = np.exp(r - np.max(r, axis=-1, keepdims=True))
+    return (e / np.sum(e, axis=-1, keepdims=True)).reshape(x.shape)
+
+
+# ----------------------------------------------------------------- reductions
+
+
+def accumulation_dtype(dtype: DType) -> np.dtype[Any]:
+    """Reductions accumulate in f32 (f16/bf16/f32), f64 or int64."""
+    return compute_dtype(dtype)
+
+
+def reduction_partial(op: Op, x: Array, dtype: DType) -> Array:
+    """One rank's partial of `sum`/`norm`/`amax` over its values `x` (of `dtype`):
+    Σx, Σx² or max|x|, as a 0-d array of the accumulation type."""
+    acc = accumulation_dtype(dtype)
+    xa = x.astype(acc, copy=False)
+    if op is Op.SUM:
+        return np.asarray(np.sum(xa, dtype=acc))
+    if op is Op.NORM:
+        return np.asarray(np.sum(xa * xa, dtype=acc))
+    if op is Op.AMAX:
+        return np.asarray(np.max(np.abs(xa)) if xa.size else acc.type(0))
+    raise AssertionError(f"not a reduction: {op}")
+
+
+def partial_rop(op: Op) -> ReduceOp:
+    """How partials of a reduction combine across ranks."""
+    return ReduceOp.MAX if op is Op.AMAX else ReduceOp.SUM
+
+
+def reduction_finish(op: Op, combined: Array, dtype: DType) -> Array:
+    """The reduction's value (in the compute type of its result dtype) from the combined
+    partial: sqrt once for `norm`."""
+    out = dtype.reduction_dtype
+    if op is Op.NORM:
+        if out.is_float:
+            return to_compute(np.sqrt(combined), out)
+        return to_compute(round_to(np.sqrt(combined.astype(np.float64)), out), out)
+    return to_compute(combined, out)
+
+
+# ------------------------------------------------------- combining across ranks
+
+
+def combine_ranks(arrays: Sequence[npt.ArrayLike], rop: ReduceOp, compute: np.dtype[Any]) -> Array:
+    """THE cross-rank reduction: ``((x0 ⊕ x1) ⊕ x2) …`` in rank order, in the compute type
+    `compute`, unrounded; `avg` divides the sum by the number of ranks (truncating for
+    integers). Elementwise, so combining chunks gives the chunks of the combination."""
+    if not arrays:
+        raise ValueError("nothing to combine")
+    acc = np.array(arrays[0], dtype=compute, copy=True)
+    is_float = compute.kind == "f"
+    with np.errstate(over="ignore", invalid="ignore"):
+        for a in arrays[1:]:
+            x = np.asarray(a).astype(compute, copy=False)
+            if rop in (ReduceOp.SUM, ReduceOp.AVG):
+                acc += x
+            elif rop is ReduceOp.PROD:
+                acc *= x
+            elif rop is ReduceOp.MAX:
+                np.maximum(acc, x, out=acc)
+            else:
+                np.minimum(acc, x, out=acc)
+    if rop is ReduceOp.AVG:
+        n = compute.type(len(arrays))
+        acc = acc / n if is_float else trunc_div(acc, np.asarray(n))
+    return acc
+
+
+def reduce_values(arrays: Sequence[Array], rop: ReduceOp, dtype: DType) -> Array:
+    """`combine_ranks` of stored values of `dtype`, rounded once to `dtype`."""
+    return round_to(combine_ranks(arrays, rop, compute_dtype(dtype)), dtype)
+
+
+# ---------------------------------------------------------------- collectives
+
+
+def _readonly(a: Array) -> Array:
+    a.flags.writeable = False
+    return a
+
+
+def allreduce(arrays: Sequence[Array], rop: ReduceOp, dtype: DType) -> list[Array]:
+    """Every rank gets the combination of all ranks' arrays (one shared array)."""
+    out = _readonly(reduce_values(arrays, rop, dtype))
+    return [out] * len(arrays)
+
+
+def reducescatter(
+    arrays: Sequence[Array], rop: ReduceOp, dtype: DType, out_ty: TensorType
+) -> list[Array]:
+    """Rank r gets the combination of every rank's r-th flat chunk (NCCL's layout)."""
+    g = len(arrays)
+    shape = rank_shape(out_ty, g)
+    flat = [np.asarray(a).reshape(-1) for a in arrays]
+    out = []
+    for r in range(g):
+        lo, hi = chunk_range(out_ty, g, r)
+        out.append(reduce_values([f[lo:hi] for f in flat], rop, dtype).reshape(shape))
+    return out
+
+
+def allgather(arrays: Sequence[Array], in_ty: TensorType) -> list[Array]:
+    """Every rank gets the global value of a sliced operand (one shared array)."""
+    out = join_global(arrays, in_ty, len(arrays))
+    out = _readonly(np.ascontiguousarray(out).reshape(shape_values(in_ty.shape)))
+    return [out] * len(arrays)
+
+
+def broadcast(arrays: Sequence[Array], root: int) -> list[Array]:
+    """Every rank gets the root's array."""
+    out = _readonly(np.array(arrays[root]))
+    return [out] * len(arrays)
+
+
+def reduce(arrays: Sequence[Array], rop: ReduceOp, dtype: DType, root: int) -> list[Array]:
+    """The root gets the combination; every other rank holds zeros (a local value)."""
+    combined = reduce_values(arrays, rop, dtype)
+    zeros = np.zeros_like(combined)
+    return [combined if r == root else zeros.copy() for r in range(len(arrays))]
+
+
+def matmul(a: Array, b: Array, out_ty: TensorType, group: int) -> Array:
+    """One rank's ``a[..., K] × b[K, N]`` on its stored blocks, accumulated in f32 (f64 for
+    f64) and rounded once to the result dtype, shaped as the result's rank array.
+
+    `a` and `b` are the rank's operand arrays in their compute type; a flat-sliced `a`
+    whose chunk is whole rows is viewed as rows of length K.
+    """
+    dtype = out_ty.dtype
+    acc = np.float64 if dtype is DType.F64 else np.float32
+    b2 = b.astype(acc, copy=False)
+    a2 = a.astype(acc, copy=False).reshape(-1, b2.shape[0])
+    out = np.matmul(a2, b2)
+    return round_to(out, dtype).reshape(rank_shape(out_ty, group))
+
+
+# ---------------------------------------------------------- expression evaluation
+
+
+def implicit_reductions(e: Expr) -> Iterator[Expr]:
+    """Reduction nodes of sliced values in `e`, innermost first (post-order)."""
+    for a in e.args:
+        yield from implicit_reductions(a)
+    if e.op in REDUCTIONS and e.args[0].type.layout.is_sliced:
+        yield e
+
+
+def evaluate(e: Expr, ctx: RankContext) -> Array:
+    """The value of expression `e` on `ctx`'s rank, in the compute type of `e`'s dtype
+    (a bool array for comparisons), shaped as the rank's array of `e`'s type."""
+    return _Eval(ctx).eval(e)
+
+
+def stage_value(e: Expr, ctx: RankContext) -> Array:
+    """A stage's value on one rank: `evaluate`, rounded once to the stage dtype, in the
+    rank's storage shape."""
+    v = evaluate(e, ctx)
+    ty = e.type
+    return np.asarray(round_to(v, ty.dtype)).reshape(rank_shape(ty, ctx.group))
+
+
+def reduction_partial_of(e: Expr, ctx: RankContext) -> Array:
+    """This rank's partial of the reduction node `e` (for the driver's combine step)."""
+    ev = _Eval(ctx)
+    x = e.args[0]
+    return reduction_partial(e.op, ev.eval(x), x.type.dtype)
+
+
+class _Eval:
+    def __init__(self, ctx: RankContext) -> None:
+        self.ctx = ctx
+
+    # Operands of a node with dtype `dtype` and type `ty`: weak scalars converted to the
+    # node dtype; replicated operands of a sliced node read at global positions.
+    def _operand(self, a: Expr, node_ty: TensorType, dtype: DType | None) -> Array:
+        v = self.eval(a)
+        at = a.type
+        if dtype is not None and at.is_scalar and (not node_ty.is_scalar or at.dtype != dtype):
+            v = _as(v, dtype) if v.dtype != np.bool_ else v
+        if node_ty.layout.is_sliced and not at.layout.is_sliced and not at.is_scalar:
+            v = broadcast_operand(v, node_ty, self.ctx.group, self.ctx.rank)
+        return v
+
+    def eval(self, e: Expr) -> Array:
+        op = e.op
+        ty = e.type
+        ctx = self.ctx
+        if op is Op.REF:
+            assert e.name is not None
+            return to_compute(ctx.lookup(e.name), ty.dtype)
+        if op is Op.CONST:
+            assert e.value is not None
+            return _as(np.asarray(e.value), ty.dtype)
+        if op is Op.SLICE:
+            (x,) = e.args
+            full = self.eval(x)
+            part = take_rank_part(full, ty, ctx.group, ctx.rank)
+            return part.reshape(rank_shape(ty, ctx.group))
+        if op is Op.CAST:
+            (x,) = e.args
+            v = self.eval(x)
+            return _as(v, ty.dtype)
+        if op is Op.DROPOUT:
+            return self._dropout(e)
+        if op in COMPARISONS:
+            a, b = (self._operand(x, ty, ty.dtype) for x in e.args)
+            return _COMPARE[op](a, b)
+        if op is Op.WHERE:
+            c_e, a_e, b_e = e.args
+            c = self._operand(c_e, ty, None)
+            if c.dtype != np.bool_:
+                c = c != 0
+            a = self._operand(a_e, ty, ty.dtype)
+            b = self._operand(b_e, ty, ty.dtype)
+            return np.where(c, a, b)
+        if op in _UNARY:
+            (x,) = e.args
+            v = self._operand(x, ty, ty.dtype)
+            with np.errstate(all="ignore"):
+                return _UNARY[op](v)
+        if op in (Op.ADD, Op.SUB, Op.MUL, Op.DIV, Op.MAX, Op.MIN, Op.POW):
+            a, b = (self._operand(x, ty, ty.dtype) for x in e.args)
+            with np.errstate(all="ignore"):
+                return _binary(op, a, b, ty.dtype.is_float)
+        if op in ROWWISE:
+            return self._rowwise(e)
+        if op in REDUCTIONS:
+            x = e.args[0]
+            part = reduction_partial(op, self.eval(x), x.type.dtype)
+            if x.type.layout.is_sliced:
+                part = ctx.combine(e, part)
+            with np.errstate(invalid="ignore"):
+                return reduction_finish(op, part, x.type.dtype)
+        if op is Op.UPDATE:
+            return self.eval(e.args[1])
+        if op is Op.MATMUL:
+            a, b = (self.eval(x) for x in e.args)
+            return to_compute(matmul(a, b, ty, ctx.group), ty.dtype)
+        raise ValueError(
+            f"{op.value} cannot be evaluated inside an expression on one rank: "
+            "communication is evaluated by the driver over all ranks"
+        )
+
+    def _dropout(self, e: Expr) -> Array:
+        (x_e,) = e.args
+        ty = e.type
+        ctx = self.ctx
+        x = self.eval(x_e)
+        assert e.tag is not None and e.value is not None
+        p = float(e.value)
+        where = rank_flat_index(ty, ctx.group, ctx.rank)
+        if isinstance(where, tuple):
+            keep = nx.dropout_keep(e.tag, ctx.seed, p, where[0], where[1] - where[0])
+        else:
+            keep = nx.dropout_keep_at(e.tag, ctx.seed, p, where)
+        keep = keep.reshape(x.shape)
+        return to_compute(nx.dropout_apply(x, keep, p, ty.dtype), ty.dtype)
+
+    def _rowwise(self, e: Expr) -> Array:
+        ty = e.type
+        x = self.eval(e.args[0])
+        params = [self.eval(a) for a in e.args[1:]]
+        n = ty.shape[-1].value
+        eps = float(e.value) if e.value is not None else 0.0
+        with np.errstate(all="ignore"):
+            if e.op is Op.LAYERNORM:
+                return layernorm(x, params[0], params[1], eps)
+            if e.op is Op.RMSNORM:
+                return rmsnorm(x, params[0], eps)
+            return softmax(x, n)
+
+
+def rank_block_dim(ty: TensorType, group: int) -> int | None:
+    """The dimension a sliced value's rank arrays are blocks of (None: 1-D chunks)."""
+    return block_dim(ty.layout, ty.shape, group)

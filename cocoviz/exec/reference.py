@@ -1,0 +1,446 @@
+"""The numpy reference: a Program on G·P simulated ranks (DESIGN §2.5).
+
+Every rank holds exactly what it would store (`layout.rank_shape`): sliced chunks, its
+own local contents, a full replicated copy. Inputs come from the shared generator (each
+rank generates only its part of the global index space) or from given global arrays.
+Stages run in program order; fused and overlapped groups do not change values (a
+transformation never changes a global value), so the reference ignores them.
+
+Replicated values are computed once per pipeline stage and the one array is shared by the
+ranks of the group (each would compute the same bits from the same operands); shared
+arrays are read-only. The per-rank view is still exact: `RunResult.storage(name, rank)`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from cocoviz.errors import InputError, UsageError, did_you_mean
+from cocoviz.exec import numerics as nx
+from cocoviz.exec import ops
+from cocoviz.exec.layout import (
+    chunk_range,
+    global_flat_index,
+    global_shape,
+    is_contiguous_chunk,
+    join_global,
+    rank_shape,
+    take_rank_part,
+)
+from cocoviz.ir.nodes import COLLECTIVES, Expr, Op, Program, Stage
+from cocoviz.ir.types import REPLICATED, TensorType, format_shape
+
+__all__ = [
+    "DEFAULT_MAX_MEM",
+    "RunResult",
+    "check_memory",
+    "estimate_bytes",
+    "run_reference",
+]
+
+Array = npt.NDArray[Any]
+
+DEFAULT_MAX_MEM = 4 << 30
+"""Default limit of `estimate_bytes` (4 GiB, `--max-mem`)."""
+
+
+@dataclass
+class Stored:
+    """One value on the ranks of its pipeline stage: arrays indexed by tp rank."""
+
+    ty: TensorType
+    arrays: list[Array]
+
+    @property
+    def pstage(self) -> int | None:
+        return self.ty.pstage
+
+
+@dataclass
+class RunResult:
+    """What a reference run leaves behind: every value's per-rank storage."""
+
+    program: Program
+    seed: int
+    values: dict[str, Stored] = field(repr=False)
+    initial: dict[str, Stored] = field(repr=False)
+
+    @property
+    def group(self) -> int:
+        return self.program.grid.group
+
+    def _stored(self, name: str) -> Stored:
+        updates = self.program.updates()
+        if name in updates:
+            return self.values[updates[name]]
+        if name in self.values:
+            return self.values[name]
+        hint = did_you_mean(name, self.values)
+        raise KeyError(f"no value named '{name}'" + (f" ({hint})" if hint else ""))
+
+    def global_value(self, name: str) -> Array:
+        """The global value of a stage, an input or a param. An updated input gives the
+        global value of its update stage (its value after the program); see `initial_value`
+        for the value it started with."""
+        s = self._stored(name)
+        return join_global(s.arrays, s.ty, self.group)
+
+    def initial_value(self, name: str) -> Array:
+        """The global value an input started with."""
+        s = self.initial[name]
+        return join_global(s.arrays, s.ty, self.group)
+
+    def storage(self, name: str, rank: int) -> Array:
+        """What world rank `rank` stores for `name` (world rank = pp·T + tp)."""
+        grid = self.program.grid
+        if not 0 <= rank < grid.world:
+            raise IndexError(f"rank {rank} is outside the world of {grid.world} ranks")
+        s = self._stored(name)
+        p, tp = divmod(rank, grid.tp)
+        if s.pstage is not None and s.pstage != p:
+            raise KeyError(
+                f"'{name}' lives on pipeline stage {s.pstage}; rank {rank} is on stage {p}"
+            )
+        return s.arrays[tp]
+
+    def type_of(self, name: str) -> TensorType:
+        return self._stored(name).ty
+
+    @property
+    def outputs(self) -> dict[str, Array]:
+        """Global values of the program's outputs."""
+        return {n: self.global_value(n) for n in self.program.outputs}
+
+    @property
+    def updated_inputs(self) -> dict[str, Array]:
+        """Global values of the updated inputs after the program."""
+        return {n: self.global_value(n) for n in self.program.updates()}
+
+
+# ---------------------------------------------------------------------- memory
+
+
+def _stored_bytes(ty: TensorType, group: int) -> int:
+    isz = ops.storage_dtype(ty.dtype).itemsize
+    if ty.layout.is_local:
+        return group * ty.numel * isz
+    return ty.numel * isz
+
+
+def _stage_temp_bytes(s: Stage, group: int) -> int:
+    """Working memory while evaluating one stage: a few compute-type temporaries of the
+    largest per-rank array involved, plus the full combine buffer of a collective."""
+    ty = s.ty
+    ct = ops.compute_dtype(ty.dtype).itemsize
+    per_rank = int(np.prod(rank_shape(ty, group))) if ty.shape else 1
+    biggest = per_rank
+    for e in s.expr.walk():
+        if e.ty is not None and e.ty.shape:
+            biggest = max(biggest, int(np.prod(rank_shape(e.ty, group))))
+    temp = 4 * biggest * max(ct, 4)
+    if s.expr.op in COLLECTIVES:
+        temp += ty.numel * max(ct, 4)
+    if s.expr.op is Op.MATMUL:
+        a, b = s.expr.args
+        temp += 4 * (
+            int(np.prod(rank_shape(a.type, group))) + int(np.prod(rank_shape(b.type, group)))
+        )
+    return temp
+
+
+def estimate_bytes(program: Program) -> int:
+    """Peak memory of `run_reference(program)`: every stored value (replicated once per
+    pipeline stage, local ×G, sliced ×1) plus the largest stage's temporaries."""
+    g = program.grid.group
+    total = sum(_stored_bytes(i.ty, g) for i in program.inputs)
+    total += sum(_stored_bytes(s.ty, g) for s in program.stages)
+    temp = max((_stage_temp_bytes(s, g) for s in program.stages), default=0)
+    return total + temp
+
+
+def _fmt_bytes(n: int) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if n < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024  # type: ignore[assignment]
+    raise AssertionError
+
+
+def check_memory(
+    program: Program, max_mem: int | None = None, *, need: int | None = None, what: str = ""
+) -> int:
+    """Raise UsageError (exit 2) when the reference would need more than `max_mem` bytes
+    (default `DEFAULT_MAX_MEM`); return the estimate (`need` overrides it)."""
+    limit = DEFAULT_MAX_MEM if max_mem is None else max_mem
+    if need is None:
+        need = estimate_bytes(program)
+    what = what or f"evaluating '{program.name}'"
+    if need > limit:
+        dims = ", ".join(f"{d.name}={d.value}" for d in program.dims)
+        example = (
+            f"-D {program.dims[0].name}={max(1, program.dims[0].value // 4)}"
+            if program.dims
+            else "-D NAME=VALUE"
+        )
+        raise UsageError(
+            f"{what} in the reference needs about {_fmt_bytes(need)} "
+            f"({program.grid.world} simulated ranks, {dims or 'no dims'}), more than the "
+            f"limit of {_fmt_bytes(limit)}",
+            hint=f"use smaller sizes ({example}) or fewer ranks (--ranks), or raise --max-mem",
+        )
+    return need
+
+
+# ---------------------------------------------------------------------- inputs
+
+
+def _generate(name: str, ty: TensorType, group: int, seed: int) -> list[Array]:
+    dt = ty.dtype.value
+    lay = ty.layout
+    shape = rank_shape(ty, group)
+    if lay.is_replicated:
+        a = nx.generate_input(name, dt, ty.numel, seed).reshape(shape)
+        a.flags.writeable = False
+        return [a] * group
+    if lay.is_local:
+        n = ty.numel
+        return [
+            nx.generate_input(name, dt, group * n, seed, r * n, n).reshape(shape)
+            for r in range(group)
+        ]
+    if is_contiguous_chunk(ty, group):
+        out = []
+        for r in range(group):
+            lo, hi = chunk_range(ty, group, r)
+            out.append(nx.generate_input(name, dt, ty.numel, seed, lo, hi - lo).reshape(shape))
+        return out
+    return [
+        nx.generate_input_at(name, dt, seed, global_flat_index(ty, group, r)) for r in range(group)
+    ]
+
+
+def _given(name: str, value: Any, ty: TensorType, group: int) -> list[Array]:
+    a = np.asarray(value)
+    want = global_shape(ty, group)
+    storage = ops.storage_dtype(ty.dtype)
+    decl = f"{ty.dtype.value}{format_shape(ty.shape)} {ty.layout}"
+    if a.dtype != storage:
+        raise InputError(
+            f"input '{name}' is declared {decl} (numpy {storage}), but the given array "
+            f"has dtype {a.dtype}",
+            hint=f"convert it first, e.g. x.astype(np.{storage})"
+            + (" (bf16 values are stored as float32)" if ty.dtype.value == "bf16" else ""),
+        )
+    if a.shape != want:
+        what = (
+            "[G, *shape] (local inputs hold one row per rank)"
+            if ty.layout.is_local
+            else "its global shape"
+        )
+        raise InputError(
+            f"input '{name}' is declared {decl}: expected an array of shape {list(want)} "
+            f"({what}), got {list(a.shape)}",
+        )
+    if ty.dtype.value == "bf16":
+        a = nx.round_bf16(a)
+    if ty.layout.is_replicated:
+        r0 = np.array(a)
+        r0.flags.writeable = False
+        return [r0] * group
+    shape = rank_shape(ty, group)
+    return [np.array(take_rank_part(a, ty, group, r)).reshape(shape) for r in range(group)]
+
+
+# ---------------------------------------------------------------------- the run
+
+
+class _Ctx:
+    """RankContext of one rank of one pipeline stage during one stage's evaluation."""
+
+    def __init__(self, run: _Runner, pstage: int | None, rank: int) -> None:
+        self.run = run
+        self.pstage = pstage
+        self._rank = rank
+
+    @property
+    def rank(self) -> int:
+        return self._rank
+
+    @property
+    def group(self) -> int:
+        return self.run.group
+
+    @property
+    def seed(self) -> int:
+        return self.run.seed
+
+    def lookup(self, name: str) -> Array:
+        s = self.run.values[name]
+        return s.arrays[self._rank]
+
+    def combine(self, e: Expr, partial: Array) -> Array:
+        return self.run.combined[e]
+
+
+class _Runner:
+    def __init__(self, program: Program, seed: int) -> None:
+        self.program = program
+        self.seed = seed
+        self.group = program.grid.group
+        self.values: dict[str, Stored] = {}
+        self.combined: dict[Expr, Array] = {}
+
+    def run_stage(self, s: Stage) -> None:
+        e = s.expr
+        ty = s.ty
+        g = self.group
+        if e.op in COLLECTIVES:
+            self.values[s.name] = Stored(ty, self._collective(e))
+            return
+        self._precombine(e)
+        if ty.layout.is_replicated:
+            v = ops.stage_value(e, _Ctx(self, ty.pstage, 0))
+            v.flags.writeable = False
+            arrays = [v] * g
+        else:
+            arrays = [ops.stage_value(e, _Ctx(self, ty.pstage, r)) for r in range(g)]
+        self.values[s.name] = Stored(ty, arrays)
+
+    def _precombine(self, e: Expr) -> None:
+        """Implicit reductions of sliced values in `e`, innermost first: every rank's
+        partial, combined in rank order (the cross-rank step `_Ctx.combine` returns)."""
+        self.combined = {}
+        for red in ops.implicit_reductions(e):
+            if red in self.combined:
+                continue
+            x = red.args[0]
+            parts = [
+                ops.reduction_partial_of(red, _Ctx(self, x.type.pstage, r))
+                for r in range(self.group)
+            ]
+            acc = ops.accumulation_dtype(x.type.dtype)
+            self.combined[red] = ops.combine_ranks(parts, ops.partial_rop(red.op), acc)
+
+    def _operand(self, x: Expr) -> list[Array]:
+        if x.op is Op.REF:
+            assert x.name is not None
+            return list(self.values[x.name].arrays)
+        g = self.group
+        self._precombine(x)
+        if x.type.layout.is_replicated:
+            v = ops.stage_value(x, _Ctx(self, x.type.pstage, 0))
+            return [v] * g
+        return [ops.stage_value(x, _Ctx(self, x.type.pstage, r)) for r in range(g)]
+
+    def _collective(self, e: Expr) -> list[Array]:
+        (x,) = e.args
+        arrays = self._operand(x)
+        dtype = x.type.dtype
+        op = e.op
+        if op is Op.ALLREDUCE:
+            assert e.rop is not None
+            return ops.allreduce(arrays, e.rop, dtype)
+        if op is Op.REDUCESCATTER:
+            assert e.rop is not None
+            return ops.reducescatter(arrays, e.rop, dtype, e.type)
+        if op is Op.ALLGATHER:
+            return ops.allgather(arrays, x.type)
+        if op is Op.BROADCAST:
+            return ops.broadcast(arrays, int(e.value or 0))
+        if op is Op.REDUCE:
+            assert e.rop is not None
+            return ops.reduce(arrays, e.rop, dtype, int(e.value or 0))
+        assert op is Op.SEND
+        # Rank (p, tp) sends its storage to rank (p+1, tp): the receiver holds a copy.
+        if x.type.layout.is_replicated:
+            v = np.array(arrays[0])
+            v.flags.writeable = False
+            return [v] * self.group
+        return [np.array(a) for a in arrays]
+
+
+def run_reference(
+    program: Program,
+    seed: int = 0,
+    inputs: Mapping[str, npt.ArrayLike] | None = None,
+    *,
+    params: Mapping[str, float | int] | None = None,
+    max_mem: int | None = None,
+    keep: Iterable[str] | None = None,
+    preloaded: Mapping[str, Stored] | None = None,
+) -> RunResult:
+    """Run `program` on its G·P simulated ranks.
+
+    `inputs` maps input names to global values (shape ``[G, *shape]`` for local inputs,
+    numpy dtype of the declared type: float16 for f16, float32 for bf16); inputs not
+    given come from the shared generator with `seed`. `params` overrides param defaults.
+    Raises InputError for a bad input and UsageError when the estimated memory exceeds
+    `max_mem` (default 4 GiB).
+
+    By default every value stays available afterwards. With `keep` (names), only those,
+    the outputs and the updated inputs are kept, and other values are freed after their
+    last use. `preloaded` supplies per-rank input storage from an earlier run of a program
+    with the same input declarations (so `verify` generates its inputs once).
+    """
+    check_memory(program, max_mem)
+    g = program.grid.group
+    given = dict(inputs or {})
+    known = {i.name for i in program.inputs}
+    for name in given:
+        if name not in known:
+            hint = did_you_mean(name, known)
+            raise InputError(
+                f"'{program.name}' has no input named '{name}' (inputs: "
+                f"{', '.join(sorted(known)) or 'none'})",
+                hint=hint,
+            )
+    run = _Runner(program, seed)
+    for p in program.params:
+        value = p.default
+        if params and p.name in params:
+            value = params[p.name]
+        a = ops.round_to(np.asarray(value), p.dtype)
+        a.flags.writeable = False
+        run.values[p.name] = Stored(TensorType(p.dtype, (), REPLICATED, None), [a] * g)
+    if params:
+        for name in params:
+            if not any(q.name == name for q in program.params):
+                raise InputError(
+                    f"'{program.name}' has no param named '{name}'",
+                    hint=did_you_mean(name, [q.name for q in program.params]),
+                )
+    for i in program.inputs:
+        if preloaded and i.name in preloaded and i.name not in given:
+            if preloaded[i.name].ty != i.ty:
+                raise ValueError(
+                    f"preloaded input '{i.name}' has type {preloaded[i.name].ty}, not {i.ty}"
+                )
+            arrays = preloaded[i.name].arrays
+        elif i.name in given:
+            arrays = _given(i.name, given[i.name], i.ty, g)
+        else:
+            arrays = _generate(i.name, i.ty, g, seed)
+        run.values[i.name] = Stored(i.ty, arrays)
+    initial = {i.name: run.values[i.name] for i in program.inputs}
+    last_use = _last_uses(program) if keep is not None else {}
+    kept = set(keep or ()) | set(program.outputs) | set(program.updates().values())
+    for k, s in enumerate(program.stages):
+        run.run_stage(s)
+        for name in [n for n, last in last_use.items() if last == k and n not in kept]:
+            run.values.pop(name, None)
+    return RunResult(program, seed, run.values, initial)
+
+
+def _last_uses(program: Program) -> dict[str, int]:
+    """Name → index of the last stage that reads it (stages nobody reads: their own)."""
+    last: dict[str, int] = {}
+    for k, s in enumerate(program.stages):
+        last.setdefault(s.name, k)
+        for n in s.expr.refs():
+            last[n] = k
+    return last
