@@ -701,7 +701,15 @@ def describe(e: Expr) -> str:
         return repr(e.value)
     if e.op is Op.SLICE and e.args and e.args[0].op is Op.REF:
         return f"'slice({e.args[0].name})'"
-    return f"the {e.op.value} expression"
+    sp = e.span
+    if sp is not None and sp.source is not None and sp.line == sp.end_line:
+        text = sp.source.line(sp.line)[sp.col - 1 : sp.end_col - 1]
+        if 0 < len(text) <= 40:
+            return f"'{text}'"
+    return f"the {_OP_WORDS.get(e.op, e.op.value + '(…)')} expression"
+
+
+_OP_WORDS = {Op.ADD: "+", Op.SUB: "-", Op.MUL: "*", Op.DIV: "/", Op.NEG: "negation"}
 
 
 def program_env(program: Program) -> dict[str, TensorType]:

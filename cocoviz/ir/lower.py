@@ -364,10 +364,14 @@ class _Lowerer:
         r = self.ranks
         if r is None:
             if grid is None:
+                stmts = self.module.statements
+                first = next((st for st in stmts if isinstance(st, syn.ProgramStmt)), None)
+                if first is None and stmts:
+                    first = stmts[0]
                 raise InputError(
                     "the program does not say how many ranks it runs on",
-                    Span(self.module.source, 1, 1, 1, 2),
-                    hint="add `ranks N` (or `ranks tp=T, pp=P`), or pass --ranks",
+                    getattr(first, "span", None) or Span(self.module.source, 1, 1, 1, 2),
+                    hint="add `ranks N` (or `ranks tp=T, pp=P`) after `program`, or pass --ranks",
                 )
             return grid
         if r.tp is not None and r.pp is not None:

@@ -7,6 +7,7 @@ This module is the one boundary where lark's exceptions are converted into
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import functools
 import re
 import threading
@@ -558,6 +559,20 @@ def _end_of_input(err: UnexpectedToken, source: Source) -> Span:
     return Span(source, line, col, line, col + 1)
 
 
+KEYWORDS = ("program", "ranks", "dim", "param", "input", "output", "schedule")
+
+
+def _misspelled_keyword(before: str) -> str | None:
+    """A hint when the statement starts with a word that is close to a keyword."""
+    m = re.fullmatch(r"\s*([A-Za-z_][A-Za-z0-9_]*)\s*", before)
+    if m is None or m.group(1) in KEYWORDS:
+        return None
+    close = difflib.get_close_matches(m.group(1), KEYWORDS, n=1, cutoff=0.6)
+    if not close:
+        return None
+    return f"did you mean '{close[0]}'? a statement starts with a keyword or 'NAME ='"
+
+
 def _syntax_error(err: UnexpectedInput, source: Source) -> InputError:
     line = getattr(err, "line", None) or 1
     col = getattr(err, "column", None) or 1
@@ -579,7 +594,11 @@ def _syntax_error(err: UnexpectedInput, source: Source) -> InputError:
         else:
             what = f"'{tok}'"
             span = Span(source, line, col, tok.end_line or line, tok.end_column or col + 1)
-        return InputError(f"syntax error: unexpected {what}" + (f"; {exp}" if exp else ""), span)
+        return InputError(
+            f"syntax error: unexpected {what}" + (f"; {exp}" if exp else ""),
+            span,
+            _misspelled_keyword(source.line(line)[: col - 1]),
+        )
     if isinstance(err, UnexpectedEOF):
         return InputError("syntax error: unexpected end of file", Span(source, 1, 1, 1, 2))
     return InputError(f"syntax error: {err}", Span(source, line, col, line, col + 1))
