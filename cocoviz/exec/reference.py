@@ -132,34 +132,56 @@ def _stored_bytes(ty: TensorType, group: int) -> int:
     return ty.numel * isz
 
 
+_GEN_CHUNK = 1 << 22
+"""Elements the generator handles per numpy pass (numerics bounds its temporaries so)."""
+
+
+def _numel(shape: tuple[int, ...]) -> int:
+    return int(np.prod(shape)) if shape else 1
+
+
+def _input_temp_bytes(ty: TensorType, group: int) -> int:
+    """Generating one input: about 56 bytes of uint64/float64 temporaries per element,
+    per pass of at most `_GEN_CHUNK` elements."""
+    n = ty.numel if ty.layout.is_replicated else _numel(rank_shape(ty, group))
+    return 56 * min(n, _GEN_CHUNK)
+
+
 def _stage_temp_bytes(s: Stage, group: int) -> int:
-    """Working memory while evaluating one stage: a few compute-type temporaries of the
-    largest per-rank array involved, plus the full combine buffer of a collective."""
+    """Working memory while evaluating one stage: compute-type temporaries of the largest
+    per-rank array involved, the generator's for dropout, the combine buffers of a
+    collective, the f32 copies and product of a matmul."""
     ty = s.ty
-    ct = ops.compute_dtype(ty.dtype).itemsize
-    per_rank = int(np.prod(rank_shape(ty, group))) if ty.shape else 1
-    biggest = per_rank
+    ct = max(ops.compute_dtype(ty.dtype).itemsize, 4)
+    biggest = _numel(rank_shape(ty, group))
+    dropout = False
     for e in s.expr.walk():
-        if e.ty is not None and e.ty.shape:
-            biggest = max(biggest, int(np.prod(rank_shape(e.ty, group))))
-    temp = 4 * biggest * max(ct, 4)
+        if e.ty is not None:
+            biggest = max(biggest, _numel(rank_shape(e.ty, group)))
+        dropout |= e.op is Op.DROPOUT
+    temp = 6 * biggest * ct
+    if dropout:
+        temp += 56 * min(biggest, _GEN_CHUNK)
     if s.expr.op in COLLECTIVES:
-        temp += ty.numel * max(ct, 4)
+        temp += 2 * ty.numel * ct
     if s.expr.op is Op.MATMUL:
         a, b = s.expr.args
-        temp += 4 * (
-            int(np.prod(rank_shape(a.type, group))) + int(np.prod(rank_shape(b.type, group)))
-        )
+        temp += ct * (_numel(rank_shape(a.type, group)) + _numel(rank_shape(b.type, group)))
     return temp
 
 
 def estimate_bytes(program: Program) -> int:
-    """Peak memory of `run_reference(program)`: every stored value (replicated once per
-    pipeline stage, local ×G, sliced ×1) plus the largest stage's temporaries."""
+    """Peak memory of `run_reference(program)` (keeping every value): every stored value
+    (replicated once per pipeline stage, local ×G, sliced ×1) plus the largest temporaries
+    of one input's generation or one stage's evaluation."""
     g = program.grid.group
     total = sum(_stored_bytes(i.ty, g) for i in program.inputs)
     total += sum(_stored_bytes(s.ty, g) for s in program.stages)
-    temp = max((_stage_temp_bytes(s, g) for s in program.stages), default=0)
+    temp = max(
+        [_input_temp_bytes(i.ty, g) for i in program.inputs]
+        + [_stage_temp_bytes(s, g) for s in program.stages]
+        + [0]
+    )
     return total + temp
 
 
