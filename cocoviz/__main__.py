@@ -1,0 +1,5 @@
+"""`python -m cocoviz`."""
+
+from cocoviz.cli import entry
+
+entry()

@@ -1,0 +1,5 @@
+"""`python -m cocoviz.cli`."""
+
+from cocoviz.cli import entry
+
+entry()

@@ -1,0 +1,236 @@
+"""`cocoviz run`: execute a program and its schedule — in-process simulated ranks (the
+reference) by default, or one real MPI process per rank with `--mpi`."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from cocoviz.cli import add_json_option, add_program_options, load_args_program
+from cocoviz.cli.inspect import apply_named_schedule
+from cocoviz.errors import ExitCode, MismatchError, UsageError
+from cocoviz.ir.nodes import Program
+
+DUMP_MARKER = ".cocoviz-dump"
+
+
+def register(sub: Any) -> None:
+    p = sub.add_parser(
+        "run",
+        help="execute a program (simulated ranks, or real MPI processes with --mpi)",
+        description="Execute FILE with its schedule. By default the ranks are simulated in "
+        "one process (the numpy reference); with --mpi every rank is a real process under "
+        "mpiexec holding only its own storage, and the schedule's communication structure "
+        "(fused groups on shards, overlapped groups as chunked non-blocking collectives) "
+        "is what executes. Outputs are compared with the reference of the unscheduled "
+        "program unless --no-check.",
+    )
+    add_program_options(p)
+    p.add_argument("--mpi", action="store_true", help="run one MPI process per rank")
+    p.add_argument("--inputs", metavar="DIR", help="read inputs from DIR/NAME.npy (global shapes)")
+    p.add_argument("--dump", metavar="DIR", help="write outputs and updated inputs as DIR/NAME.npy")
+    p.add_argument(
+        "--force",
+        action="store_true",
+        help="let --dump write into a directory cocoviz did not create",
+    )
+    p.add_argument("--no-check", action="store_true", help="do not compare with the reference")
+    p.add_argument(
+        "--trace", metavar="OUT.json", help="write the measured timeline (Perfetto / Chrome trace)"
+    )
+    p.add_argument(
+        "--iters",
+        type=int,
+        default=1,
+        metavar="N",
+        help="with --mpi: time N iterations after a warm-up (median reported)",
+    )
+    p.add_argument(
+        "--timeout", type=float, default=600.0, metavar="S", help="stop an MPI run after S seconds"
+    )
+    p.add_argument(
+        "--max-mem",
+        type=_size,
+        default=None,
+        metavar="BYTES",
+        help="memory limit of the reference (default 4 GiB)",
+    )
+    add_json_option(p)
+    p.set_defaults(handler=cmd_run)
+
+
+def _size(text: str) -> int:
+    units = {"k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
+    t = text.strip().lower().rstrip("ib").rstrip("b")
+    try:
+        if t and t[-1] in units:
+            return int(float(t[:-1]) * units[t[-1]])
+        return int(t)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a size: '{text}' (e.g. 4G, 512M)") from None
+
+
+def collected_names(program: Program) -> list[str]:
+    """Outputs, then the update stages of updated inputs (their new global values)."""
+    names = list(program.outputs)
+    for stage in program.updates().values():
+        if stage not in names:
+            names.append(stage)
+    return names
+
+
+def _prepare_dump(path: str, force: bool) -> Path:
+    d = Path(path)
+    if d.exists() and not d.is_dir():
+        raise UsageError(f"--dump {d}: exists and is not a directory")
+    if d.exists() and any(d.iterdir()) and not (d / DUMP_MARKER).exists() and not force:
+        raise UsageError(
+            f"--dump {d}: the directory is not empty and was not written by cocoviz",
+            hint="choose a new directory, or pass --force",
+        )
+    d.mkdir(parents=True, exist_ok=True)
+    (d / DUMP_MARKER).write_text("written by cocoviz run --dump\n")
+    return d
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from cocoviz.exec import numerics as nx
+    from cocoviz.exec.reference import check_memory, run_reference
+
+    original = load_args_program(args)
+    scheduled = apply_named_schedule(original, args.schedule)
+    names = collected_names(original)
+    dump_dir = _prepare_dump(args.dump, args.force) if args.dump else None
+    given: dict[str, np.ndarray] | None = None
+    if args.inputs:
+        from cocoviz.exec.mpi_run import load_inputs_dir
+
+        given = {k: np.asarray(v) for k, v in load_inputs_dir(original, args.inputs).items()}
+
+    measured: dict[str, Any] = {}
+    if args.mpi:
+        from cocoviz.exec.mpi_run import run_mpi
+
+        check_memory(original, args.max_mem)
+        if args.iters < 1:
+            raise UsageError("--iters must be at least 1")
+        mrun = run_mpi(
+            scheduled,
+            names,
+            seed=args.seed,
+            inputs_dir=args.inputs,
+            timeout_s=args.timeout,
+            iters=args.iters,
+        )
+        values = mrun.outputs
+        timeline = mrun.timeline(scheduled)
+        summ = timeline.summary
+        measured = {
+            "mode": "mpi",
+            "ranks": mrun.world,
+            "iters": args.iters,
+            "wall_s": mrun.wall_s,
+            "makespan_s": mrun.makespan_s,
+            "communication_s": summ.comm_s,
+            "exposed_communication_s": summ.exposed_comm_s,
+            "overlap_fraction": summ.overlap_fraction,
+            "critical_rank": summ.critical_rank,
+            "stages": [
+                {"stage": row.name, "kind": row.kind, "calls": row.calls, "busy_s": row.busy_s}
+                for row in summ.stages
+            ],
+        }
+        if args.trace:
+            from cocoviz.sim.trace import write_trace
+
+            write_trace(timeline, args.trace)
+    else:
+        if args.trace:
+            raise UsageError("--trace records real processes: add --mpi")
+        t0 = time.perf_counter()
+        res = run_reference(scheduled, args.seed, given, max_mem=args.max_mem)
+        values = {n: res.global_value(n) for n in names}
+        measured = {
+            "mode": "reference",
+            "ranks": scheduled.grid.world,
+            "wall_s": time.perf_counter() - t0,
+        }
+
+    rows: list[dict[str, Any]] = []
+    ok = True
+    if not args.no_check:
+        ref = run_reference(original, args.seed, given, max_mem=args.max_mem)
+        for n in names:
+            ty = original.type_of(n)
+            c = nx.compare(values[n], ref.global_value(n), ty.dtype.value)
+            ok &= c.ok
+            rows.append(
+                {
+                    "name": n,
+                    "dtype": ty.dtype.value,
+                    "max_abs": c.max_abs,
+                    "max_rel": c.max_rel,
+                    "ok": c.ok,
+                }
+            )
+    if dump_dir is not None:
+        for n in names:
+            nx.save_npy(dump_dir / f"{n}.npy", values[n], original.type_of(n).dtype.value)
+
+    if args.json:
+        print(
+            json.dumps(
+                {
+                    "program": original.name,
+                    "schedule": args.schedule,
+                    **measured,
+                    "check": rows,
+                    "ok": ok,
+                },
+                indent=2,
+            )
+        )
+    else:
+        _print_text(original, args, measured, rows, dump_dir)
+    if not ok:
+        bad = [r["name"] for r in rows if not r["ok"]]
+        raise MismatchError(
+            f"the run's results differ from the reference: {', '.join(bad)}",
+            hint="run 'cocoviz verify' on the same schedule to see whether the schedule or the executor is at fault",
+        )
+    return ExitCode.OK
+
+
+def _print_text(
+    program: Program,
+    args: argparse.Namespace,
+    m: dict[str, Any],
+    rows: list[dict[str, Any]],
+    dump: Path | None,
+) -> None:
+    sched = f" with schedule {args.schedule}" if args.schedule else ""
+    print(
+        f"{program.name}{sched}: {m['mode']} run on {m['ranks']} ranks, wall {m['wall_s'] * 1e3:.1f} ms"
+    )
+    if m["mode"] == "mpi":
+        print(
+            f"  makespan {m['makespan_s'] * 1e3:.3f} ms, communication {m['communication_s'] * 1e3:.3f} ms, "
+            f"exposed {m['exposed_communication_s'] * 1e3:.3f} ms, overlap {m['overlap_fraction'] * 100:.0f}%"
+        )
+        print(f"  {'stage':<20} {'kind':<12} {'calls':>5} {'busy ms':>9}")
+        for row in m["stages"]:
+            print(
+                f"  {row['stage']:<20} {row['kind']:<12} {row['calls']:>5} {row['busy_s'] * 1e3:>9.3f}"
+            )
+    for r in rows:
+        verdict = "ok" if r["ok"] else "MISMATCH"
+        print(
+            f"  check {r['name']:<16} {r['dtype']:<5} max abs {r['max_abs']:.3g}  max rel {r['max_rel']:.3g}  {verdict}"
+        )
+    if dump is not None:
+        print(f"  wrote {len(rows) or len(collected_names(program))} arrays to {dump}")

@@ -1,0 +1,519 @@
+"""One rank of `cocoviz run --mpi`: a real process holding only its per-rank storage.
+
+Started by `cocoviz.exec.mpi_run` as ``mpiexec -n N python -m cocoviz.exec.mpi_worker
+SPEC.json``. The per-op semantics are `cocoviz.exec.ops` (the same definitions as the
+reference); collectives go through mpi4py on numpy buffers:
+
+- reductions (allreduce, reducescatter, reduce and the implicit scalar reductions) run
+  in the compute type (f32 for f16/bf16/f32, f64, int64) with MPI's SUM/PROD/MAX/MIN and
+  are rounded once to the stored dtype, as the reference does; `avg` is a sum divided by
+  G. Implicit scalar reductions gather the partials and combine them in rank order
+  through `ops.combine_ranks`, exactly as the reference.
+- `send` is MPI Send/Recv between the same tp index of consecutive pipeline stages.
+- an overlapped group runs as a K-chunk pipeline of non-blocking collectives
+  (Ireduce_scatter_block, Iallgather, Iallreduce, Isend/Irecv) issued in the same
+  deterministic chunk-major order on every rank, so that chunk k+1's matmul runs while
+  chunk k's collectives are in flight. Chunk k of rank r holds global flat elements
+  ``k·n/K + r·n/(K·G) + i``: exactly the flat chunk of virtual rank k·G + r in a group of
+  K·G, which is how compute inside the pipeline is evaluated.
+
+Each rank writes `status.<rank>` (started / done / error: …) and `result.<rank>.json`
+(measured events) into the job directory; rank 0 writes the global outputs as `.npy`.
+Any exception is reported with the rank and ends the job with MPI_Abort.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from cocoviz.exec import numerics as nx
+from cocoviz.exec import ops
+from cocoviz.exec.layout import (
+    chunk_range,
+    global_flat_index,
+    is_contiguous_chunk,
+    join_global,
+    rank_shape,
+    take_rank_part,
+)
+from cocoviz.ir.graph import ordered_items
+from cocoviz.ir.nodes import COLLECTIVES, Expr, Group, GroupKind, Op, Program, ReduceOp, Stage
+from cocoviz.ir.types import TensorType, shape_values
+
+Array = npt.NDArray[Any]
+
+
+def generate_rank_input(name: str, ty: TensorType, group: int, rank: int, seed: int) -> Array:
+    """The part of generated input `name` that `rank` stores (shared generator, §2.5)."""
+    dt = ty.dtype.value
+    shape = rank_shape(ty, group)
+    if ty.layout.is_replicated:
+        return nx.generate_input(name, dt, ty.numel, seed).reshape(shape)
+    if ty.layout.is_local:
+        n = ty.numel
+        return nx.generate_input(name, dt, group * n, seed, rank * n, n).reshape(shape)
+    if is_contiguous_chunk(ty, group):
+        lo, hi = chunk_range(ty, group, rank)
+        return nx.generate_input(name, dt, ty.numel, seed, lo, hi - lo).reshape(shape)
+    return nx.generate_input_at(name, dt, seed, global_flat_index(ty, group, rank)).reshape(shape)
+
+
+@dataclass
+class Event:
+    stage: str
+    stream: str  # "compute" or "comm"
+    kind: str
+    start: float
+    end: float
+    nbytes: int = 0
+    chunk: int | None = None
+
+
+@dataclass
+class _Ctx:
+    """`ops.RankContext` of this process (or of a virtual rank inside a chunk pipeline)."""
+
+    values: dict[str, Array]
+    rank_: int
+    group_: int
+    seed_: int
+    comm: Any
+    comm_group: int
+    extra: dict[str, Array] = field(default_factory=dict)
+
+    @property
+    def rank(self) -> int:
+        return self.rank_
+
+    @property
+    def group(self) -> int:
+        return self.group_
+
+    @property
+    def seed(self) -> int:
+        return self.seed_
+
+    def lookup(self, name: str) -> Array:
+        if name in self.extra:
+            return self.extra[name]
+        return self.values[name]
+
+    def combine(self, e: Expr, partial: Array) -> Array:
+        if self.group_ != self.comm_group:
+            raise RuntimeError(
+                f"a whole-tensor reduction ({e.op.value}) inside an overlapped group cannot "
+                "be evaluated chunk by chunk"
+            )
+        parts = self.comm.allgather(np.asarray(partial))
+        x = e.args[0]
+        return ops.combine_ranks(parts, ops.partial_rop(e.op), ops.accumulation_dtype(x.type.dtype))
+
+
+class Worker:
+    def __init__(self, spec: dict[str, Any], program: Program, world: Any) -> None:
+        from mpi4py import MPI
+
+        self.MPI = MPI
+        self.spec = spec
+        self.program = program
+        self.world = world
+        self.T = program.grid.tp
+        self.P = program.grid.pp
+        self.wrank = world.Get_rank()
+        self.pp = self.wrank // self.T
+        self.tp = self.wrank % self.T
+        self.comm = world.Split(color=self.pp, key=self.tp)
+        self.seed = int(spec.get("seed", 0))
+        self.values: dict[str, Array] = {}
+        self.events: list[Event] = []
+        self.t0 = 0.0
+
+    # --- setup ------------------------------------------------------------------------
+    def on_my_stage(self, ty: TensorType) -> bool:
+        return ty.pstage is None or ty.pstage == self.pp
+
+    def load_inputs(self) -> None:
+        inputs_dir = self.spec.get("inputs_dir")
+        for p in self.program.params:
+            self.values[p.name] = ops.round_to(np.asarray(p.default), p.dtype)
+        for i in self.program.inputs:
+            if not self.on_my_stage(i.ty):
+                continue
+            path = Path(inputs_dir) / f"{i.name}.npy" if inputs_dir else None
+            if path is not None and path.exists():
+                full = np.load(path, mmap_mode="r")
+                if i.ty.dtype.value == "bf16":
+                    full = nx.round_bf16(np.asarray(full))
+                part = take_rank_part(full, i.ty, self.T, self.tp)
+                self.values[i.name] = np.array(part).reshape(rank_shape(i.ty, self.T))
+            else:
+                self.values[i.name] = generate_rank_input(i.name, i.ty, self.T, self.tp, self.seed)
+
+    def ctx(self) -> _Ctx:
+        return _Ctx(self.values, self.tp, self.T, self.seed, self.comm, self.T)
+
+    def now(self) -> float:
+        return time.perf_counter() - self.t0
+
+    def record(
+        self,
+        stage: str,
+        stream: str,
+        kind: str,
+        start: float,
+        nbytes: int = 0,
+        chunk: int | None = None,
+    ) -> None:
+        self.events.append(Event(stage, stream, kind, start, self.now(), nbytes, chunk))
+
+    # --- MPI reductions in the compute type --------------------------------------------
+    def mpi_op(self, rop: ReduceOp) -> Any:
+        M = self.MPI
+        return {
+            ReduceOp.SUM: M.SUM,
+            ReduceOp.AVG: M.SUM,
+            ReduceOp.PROD: M.PROD,
+            ReduceOp.MAX: M.MAX,
+            ReduceOp.MIN: M.MIN,
+        }[rop]
+
+    def finish(self, acc: Array, rop: ReduceOp, dtype: Any, group: int) -> Array:
+        if rop is ReduceOp.AVG:
+            n = acc.dtype.type(group)
+            acc = acc / n if acc.dtype.kind == "f" else ops.trunc_div(acc, np.asarray(n))
+        return ops.round_to(acc, dtype)
+
+    def compute_buffer(self, x: Array, dtype: Any) -> Array:
+        return np.ascontiguousarray(ops.to_compute(x, dtype))
+
+    # --- stages -----------------------------------------------------------------------
+    def operand(self, x: Expr) -> Array:
+        if x.op is Op.REF:
+            assert x.name is not None
+            return self.values[x.name]
+        return ops.stage_value(x, self.ctx())
+
+    def run_stage(self, s: Stage) -> None:
+        e = s.expr
+        if e.op is Op.SEND:
+            self.run_send(s)
+            return
+        if not self.on_my_stage(s.ty):
+            return
+        start = self.now()
+        if e.op in COLLECTIVES:
+            out, nbytes = self.run_collective(s)
+            self.values[s.name] = out
+            self.record(s.name, "comm", e.op.value, start, nbytes)
+            return
+        self.values[s.name] = ops.stage_value(e, self.ctx())
+        kind = "matmul" if e.op is Op.MATMUL else "compute"
+        self.record(s.name, "compute", kind, start)
+
+    def run_collective(self, s: Stage) -> tuple[Array, int]:
+        e = s.expr
+        (x,) = e.args
+        xt = x.type
+        dtype = xt.dtype
+        G = self.T
+        data = self.operand(x)
+        comm = self.comm
+        if e.op is Op.ALLGATHER:
+            send = np.ascontiguousarray(data).reshape(-1)
+            recv = np.empty(send.size * G, dtype=send.dtype)
+            comm.Allgather(send, recv)
+            parts = [
+                recv[r * send.size : (r + 1) * send.size].reshape(data.shape) for r in range(G)
+            ]
+            out = np.ascontiguousarray(join_global(parts, xt, G)).reshape(shape_values(xt.shape))
+            return out, send.nbytes * (G - 1)
+        if e.op is Op.BROADCAST:
+            buf = np.array(data, copy=True)
+            comm.Bcast(buf, root=int(e.value or 0))
+            return buf, buf.nbytes
+        assert e.rop is not None
+        c = self.compute_buffer(data, dtype)
+        op = self.mpi_op(e.rop)
+        if e.op is Op.ALLREDUCE:
+            acc = np.empty_like(c)
+            comm.Allreduce(c, acc, op=op)
+            return self.finish(acc, e.rop, dtype, G).reshape(rank_shape(s.ty, G)), 2 * c.nbytes * (
+                G - 1
+            ) // G
+        if e.op is Op.REDUCESCATTER:
+            flat = c.reshape(-1)
+            acc = np.empty(flat.size // G, dtype=flat.dtype)
+            comm.Reduce_scatter_block(flat, acc, op=op)
+            return self.finish(acc, e.rop, dtype, G).reshape(rank_shape(s.ty, G)), c.nbytes * (
+                G - 1
+            ) // G
+        assert e.op is Op.REDUCE
+        root = int(e.value or 0)
+        acc = np.empty_like(c)
+        comm.Reduce(c, acc if self.tp == root else None, op=op, root=root)
+        if self.tp == root:
+            return self.finish(acc, e.rop, dtype, G).reshape(rank_shape(s.ty, G)), c.nbytes
+        return np.zeros(rank_shape(s.ty, G), dtype=ops.storage_dtype(dtype)), c.nbytes
+
+    def run_send(self, s: Stage) -> None:
+        (x,) = s.expr.args
+        src_stage = x.type.pstage if x.type.pstage is not None else 0
+        start = self.now()
+        if self.pp == src_stage:
+            data = np.ascontiguousarray(self.operand(x))
+            self.world.Send(data, dest=self.wrank + self.T, tag=1)
+            self.record(s.name, "comm", "send", start, data.nbytes)
+        elif self.pp == src_stage + 1:
+            buf = np.empty(rank_shape(s.ty, self.T), dtype=ops.storage_dtype(s.ty.dtype))
+            self.world.Recv(buf, source=self.wrank - self.T, tag=1)
+            self.values[s.name] = buf
+            self.record(s.name, "comm", "recv", start, buf.nbytes)
+
+    # --- overlapped groups ------------------------------------------------------------
+    def run_overlapped(self, g: Group) -> None:
+        ChunkPipeline(self, g).run()
+
+    def run(self, iters: int = 1, warmup: int = 0) -> None:
+        """Run the program `warmup + iters` times from the same inputs; the events are
+        the last iteration's, `makespans` every timed iteration's."""
+        self.makespans: list[float] = []
+        for it in range(warmup + iters):
+            self.events = []
+            self.run_once()
+            if it >= warmup:
+                self.makespans.append(self.makespan)
+
+    def run_once(self) -> None:
+        self.world.Barrier()
+        self.t0 = time.perf_counter()
+        for item in ordered_items(self.program):
+            if isinstance(item, Group) and item.kind is GroupKind.OVERLAPPED:
+                self.run_overlapped(item)
+            elif isinstance(item, Group):
+                for name in item.stages():
+                    self.run_stage(self.program.stage(name))
+            else:
+                self.run_stage(self.program.stage(item))
+        self.world.Barrier()
+        self.makespan = self.now()
+
+    # --- results ----------------------------------------------------------------------
+    def gather_globals(self, names: list[str]) -> dict[str, Array]:
+        """Global values of `names` on world rank 0 (replicated: the first rank of the
+        value's pipeline stage; sliced: joined; local: stacked)."""
+        out: dict[str, Array] = {}
+        for name in names:
+            ty = self.type_of(name)
+            owner_stage = ty.pstage if ty.pstage is not None else 0
+            mine = self.values.get(name) if self.pp == owner_stage else None
+            parts = self.world.gather(mine if mine is not None else None, root=0)
+            if self.wrank == 0:
+                stage_parts = parts[owner_stage * self.T : (owner_stage + 1) * self.T]
+                out[name] = np.asarray(join_global(stage_parts, ty, self.T))
+        return out
+
+    def type_of(self, name: str) -> TensorType:
+        return self.program.type_of(name)
+
+
+class ChunkPipeline:
+    """An overlapped group as a K-chunk software pipeline of non-blocking collectives.
+
+    Every chunk passes through the group's stages in order. At tick t chunk k runs step
+    t − k, chunks in increasing order; every rank issues the same collectives in the same
+    order (chunk-major), so non-blocking collectives match. A step that needs a previous
+    step's collective waits for it first; the next chunk's matmul meanwhile overlaps it.
+    Values that are whole on a rank (the matmul's rows, gathered or all-reduced results)
+    are stitched from their chunk blocks at the end; sliced values exist only as chunk
+    pieces (the transformation forbids their use outside the group).
+    """
+
+    def __init__(self, w: Worker, g: Group) -> None:
+        self.w = w
+        assert g.chunks is not None
+        self.K = g.chunks
+        members = set(g.stages())
+        self.stages = [s for s in w.program.stages if s.name in members]
+        self.names = {s.name for s in self.stages}
+        self.pieces: list[dict[str, Array]] = [{} for _ in range(self.K)]
+        self.pending: list[dict[str, tuple[Any, Any, float]]] = [{} for _ in range(self.K)]
+
+    def run(self) -> None:
+        n = len(self.stages)
+        for t in range(self.K + n - 1):
+            for k in range(self.K):
+                if 0 <= t - k < n:
+                    self.step(k, self.stages[t - k])
+        for k in range(self.K):
+            for name in list(self.pending[k]):
+                self.complete(k, name)
+        for s in self.stages:
+            if s.ty.layout.is_sliced or not all(s.name in p for p in self.pieces):
+                continue
+            blocks = [p[s.name] for p in self.pieces]
+            self.w.values[s.name] = np.concatenate(blocks).reshape(rank_shape(s.ty, self.w.T))
+
+    def rows_chunk(self, a: Array, k: int) -> Array:
+        """Chunk k of a value that is whole on this rank: its k-th block of rows."""
+        flat = np.ascontiguousarray(a).reshape(-1)
+        n = flat.size // self.K
+        return flat[k * n : (k + 1) * n]
+
+    def value(self, k: int, name: str) -> Array:
+        if name in self.pending[k]:
+            self.complete(k, name)
+        return self.pieces[k][name]
+
+    def complete(self, k: int, name: str) -> None:
+        req, finish, start = self.pending[k].pop(name)
+        req.Wait()
+        self.pieces[k][name] = finish()
+        self.w.record(name, "comm", self.w.program.stage(name).expr.op.value, start, chunk=k)
+
+    def input(self, k: int, x: Expr) -> Array:
+        if x.op is Op.REF and x.name in self.names:
+            return self.value(k, x.name)
+        if x.op is Op.REF:
+            assert x.name is not None
+            return self.rows_chunk(self.w.values[x.name], k)
+        raise RuntimeError("an overlapped collective must read a named stage")
+
+    def step(self, k: int, s: Stage) -> None:
+        w = self.w
+        e = s.expr
+        if e.op is Op.SEND:
+            self.send(k, s)
+            return
+        if not w.on_my_stage(s.ty):
+            return
+        start = w.now()
+        if e.op is Op.MATMUL:
+            a, b = e.args
+            a_arr = ops.to_compute(w.operand(a), a.type.dtype)
+            b_arr = ops.to_compute(w.operand(b), b.type.dtype)
+            rows = a_arr.reshape(-1, b_arr.shape[0])
+            m = rows.shape[0] // self.K
+            acc = np.float64 if s.ty.dtype.value == "f64" else np.float32
+            out = rows[k * m : (k + 1) * m].astype(acc, copy=False) @ b_arr.astype(acc, copy=False)
+            self.pieces[k][s.name] = ops.round_to(out, s.ty.dtype).reshape(-1)
+            w.record(s.name, "compute", "matmul", start, chunk=k)
+        elif e.op in COLLECTIVES:
+            self.collective(k, s, start)
+        else:
+            v = ops.stage_value(e, self.chunk_ctx(k, s))
+            self.pieces[k][s.name] = np.ascontiguousarray(v).reshape(-1)
+            w.record(s.name, "compute", "compute", start, chunk=k)
+
+    def chunk_ctx(self, k: int, s: Stage) -> _Ctx:
+        """Compute on chunk pieces: virtual rank k·G + r of a group of K·G."""
+        w = self.w
+        G, K = w.T, self.K
+        extra: dict[str, Array] = {}
+        for name in s.expr.refs():
+            if name in self.names:
+                ty = w.program.stage(name).ty
+                piece = self.value(k, name)
+                extra[name] = piece.reshape(rank_shape(ty, K * G)) if ty.layout.is_sliced else piece
+        return _Ctx(w.values, k * G + w.tp, K * G, w.seed, w.comm, G, extra)
+
+    def send(self, k: int, s: Stage) -> None:
+        w = self.w
+        (x,) = s.expr.args
+        src_stage = x.type.pstage if x.type.pstage is not None else 0
+        start = w.now()
+        if w.pp == src_stage:
+            data = np.ascontiguousarray(self.input(k, x))
+            req = w.world.Isend(data, dest=w.wrank + w.T, tag=100 + k)
+            self.pending[k][s.name] = (req, lambda d=data: d, start)
+        elif w.pp == src_stage + 1:
+            n = s.ty.numel // (self.K * w.T)
+            buf = np.empty(n, dtype=ops.storage_dtype(s.ty.dtype))
+            req = w.world.Irecv(buf, source=w.wrank - w.T, tag=100 + k)
+            self.pending[k][s.name] = (req, lambda b=buf: b, start)
+
+    def collective(self, k: int, s: Stage, start: float) -> None:
+        w = self.w
+        e = s.expr
+        (src,) = e.args
+        G = w.T
+        data = self.input(k, src)
+        if e.op is Op.ALLGATHER:
+            send = np.ascontiguousarray(data).reshape(-1)
+            recv = np.empty(send.size * G, dtype=send.dtype)
+            req = w.comm.Iallgather(send, recv)
+            self.pending[k][s.name] = (req, lambda r=recv: r, start)
+            return
+        if e.rop is None or e.op not in (Op.REDUCESCATTER, Op.ALLREDUCE):
+            raise RuntimeError(f"{e.op.value} cannot run inside an overlapped group")
+        dtype = src.type.dtype
+        rop = e.rop
+        c = w.compute_buffer(data, dtype).reshape(-1)
+        if e.op is Op.REDUCESCATTER:
+            acc = np.empty(c.size // G, dtype=c.dtype)
+            req = w.comm.Ireduce_scatter_block(c, acc, op=w.mpi_op(rop))
+        else:
+            acc = np.empty_like(c)
+            req = w.comm.Iallreduce(c, acc, op=w.mpi_op(rop))
+        self.pending[k][s.name] = (
+            req,
+            lambda a=acc: w.finish(a, rop, dtype, G).reshape(-1),
+            start,
+        )
+
+
+def _status(job: Path, rank: int, text: str) -> None:
+    (job / f"status.{rank}").write_text(text)
+
+
+def main(argv: list[str]) -> int:
+    from mpi4py import MPI
+
+    from cocoviz.ir.lower import load_program
+
+    world = MPI.COMM_WORLD
+    rank = world.Get_rank()
+    spec = json.loads(Path(argv[0]).read_text())
+    job = Path(spec["dir"])
+    _status(job, rank, f"started pid={os.getpid()}")
+    try:
+        program = load_program(spec["program"], spec.get("path", "<mpi>"))
+        w = Worker(spec, program, world)
+        w.load_inputs()
+        iters = int(spec.get("iters", 1))
+        w.run(iters, warmup=1 if iters > 1 else 0)
+        names = list(spec["collect"])
+        values = w.gather_globals(names)
+        if rank == 0:
+            for name, v in values.items():
+                ty = program.type_of(name)
+                nx.save_npy(job / "out" / f"{name}.npy", v, ty.dtype.value)
+        result = {
+            "rank": rank,
+            "pp": w.pp,
+            "tp": w.tp,
+            "makespan": sorted(w.makespans)[len(w.makespans) // 2],
+            "makespans": w.makespans,
+            "events": [ev.__dict__ for ev in w.events],
+        }
+        (job / f"result.{rank}.json").write_text(json.dumps(result))
+        _status(job, rank, "done")
+        return 0
+    except BaseException as err:  # noqa: BLE001 - report, then end the whole job
+        msg = f"{type(err).__name__}: {err}"
+        _status(job, rank, f"error: {msg}")
+        print(f"cocoviz: rank {rank}: {msg}", file=sys.stderr, flush=True)
+        world.Abort(1)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
