@@ -175,10 +175,10 @@ class MpiRun:
                     )
                 )
             flows = []
-            for j, e in enumerate(out):
-                for src in d.get(e.stage, ()):
-                    i = index.get((r, src, e.chunk), index.get((r, src, None)))
-                    if i is not None and out[i].stream != e.stream and out[i].end <= e.start + 1e-9:
+            for j, ev in enumerate(out):
+                for src in d.get(ev.stage, ()):
+                    i = index.get((r, src, ev.chunk), index.get((r, src, None)))
+                    if i is not None and out[i].stream != ev.stream and out[i].end <= ev.start + 1e-9:
                         flows.append((i, j))
             lanes.append(Lane(r, r // T, (r,), tuple(out), tuple(flows)))
         cross = []

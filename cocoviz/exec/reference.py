@@ -278,6 +278,17 @@ def _given(name: str, value: Any, ty: TensorType, group: int) -> list[Array]:
     return [np.array(take_rank_part(a, ty, group, r)).reshape(shape) for r in range(group)]
 
 
+def _same_global(a: TensorType, b: TensorType) -> bool:
+    """Whether values of the two types have the same global form (only the slicing or
+    replication differs)."""
+    return (
+        a.dtype == b.dtype
+        and a.shape == b.shape
+        and a.pstage == b.pstage
+        and a.layout.is_local == b.layout.is_local
+    )
+
+
 # ---------------------------------------------------------------------- the run
 
 
@@ -406,8 +417,9 @@ def run_reference(
 
     By default every value stays available afterwards. With `keep` (names), only those,
     the outputs and the updated inputs are kept, and other values are freed after their
-    last use. `preloaded` supplies per-rank input storage from an earlier run of a program
-    with the same input declarations (so `verify` generates its inputs once).
+    last use. `preloaded` supplies the inputs of an earlier run (`RunResult.initial`), so
+    that `verify` generates them once; an input stored with another slicing is re-split
+    from its global value.
     """
     check_memory(program, max_mem)
     g = program.grid.group
@@ -437,14 +449,13 @@ def run_reference(
                     hint=did_you_mean(name, [q.name for q in program.params]),
                 )
     for i in program.inputs:
-        if preloaded and i.name in preloaded and i.name not in given:
-            if preloaded[i.name].ty != i.ty:
-                raise ValueError(
-                    f"preloaded input '{i.name}' has type {preloaded[i.name].ty}, not {i.ty}"
-                )
-            arrays = preloaded[i.name].arrays
-        elif i.name in given:
+        pre = preloaded.get(i.name) if preloaded else None
+        if i.name in given:
             arrays = _given(i.name, given[i.name], i.ty, g)
+        elif pre is not None and pre.ty == i.ty:
+            arrays = pre.arrays
+        elif pre is not None and _same_global(pre.ty, i.ty):
+            arrays = _given(i.name, join_global(pre.arrays, pre.ty, g), i.ty, g)
         else:
             arrays = _generate(i.name, i.ty, g, seed)
         run.values[i.name] = Stored(i.ty, arrays)

@@ -255,10 +255,12 @@ class Inferencer:
             ad = block_dim(a.type.layout, a.type.shape, self.G)
             if rd is None or ad is None or len(shape) - rd != len(a.type.shape) - ad:
                 raise InputError(
-                    f"{describe(a)} ({a.type.layout} of {format_shape(a.type.shape)}) is not "
-                    f"sliced along the same dimension as {describe(pa)} ({prev})",
+                    f"{describe(a)} is sliced {_along(ad, a.type.shape)}, but {describe(pa)} "
+                    f"is sliced {_along(rd, pa.type.shape)}: a sliced broadcast operand must be "
+                    "sliced along the result's sliced dimension",
                     a.span or span,
-                    hint="make it replicated; broadcast operands are indexed by global position",
+                    hint=f"make {describe(a)} replicated (broadcast operands are read at the "
+                    "global index of each element)",
                 )
         if result is None:
             return REPLICATED
@@ -334,7 +336,8 @@ class Inferencer:
             raise InputError(
                 f"{e.op.value} needs a floating-point operand, got {dtype.value}",
                 e.span,
-                hint=f"cast it first, e.g. {e.op.value}(cast(f32, …))",
+                hint=f"cast it first, e.g. {e.op.value}(cast(f32, "
+                f"{source_text(operands[0]) if operands else '…'}))",
             )
         shape = broadcast_shapes([(a.type.shape, a.span) for a in operands])
         layout = self._layout(operands, shape, e.span)
@@ -512,10 +515,13 @@ class Inferencer:
         tt, vt = t.type, v.type
         if shape_values(tt.shape) != shape_values(vt.shape) or tt.dtype != vt.dtype:
             raise InputError(
-                f"update: the new value must have {t.name}'s shape and dtype "
-                f"{tt.dtype.value}{format_shape(tt.shape)}, got "
-                f"{vt.dtype.value}{format_shape(vt.shape)}",
+                f"update: the new value of '{t.name}' must be "
+                f"{tt.dtype.value}{format_shape(tt.shape)} like '{t.name}' (no broadcasting "
+                f"or conversion), got {vt.dtype.value}{format_shape(vt.shape)}",
                 v.span or e.span,
+                hint=f"cast({tt.dtype.value}, …) converts the dtype"
+                if shape_values(tt.shape) == shape_values(vt.shape)
+                else None,
             )
         lt, lv = tt.layout, vt.layout
         layout: Layout
@@ -531,8 +537,7 @@ class Inferencer:
             raise InputError(
                 f"update: cannot write a {lv} value into {lt} input '{t.name}'",
                 e.span,
-                hint="legal: replicated←replicated, replicated←sliced (then allgather), "
-                "sliced←same slicing, local←local",
+                hint=_update_hint(t, v),
             )
         pstage = self._pstage((t, v), e.span)
         return _replace(e, args=(t, v), ty=TensorType(tt.dtype, tt.shape, layout, pstage))
@@ -604,6 +609,20 @@ class Inferencer:
                     f"{op.value}: root {root} is not a rank of the group (0…{G - 1})", e.span
                 )
         return _replace(e, args=(x,), ty=_replace(ty, layout=layout))
+
+
+def _update_hint(t: Expr, v: Expr) -> str:
+    lt, lv = t.type.layout, v.type.layout
+    if lv.is_local:
+        return (
+            "a local value differs from rank to rank: reduce its local operands first "
+            "(allreduce, or reducescatter for a sliced input)"
+        )
+    if lt.is_sliced and lv.is_replicated:
+        return f"each rank writes its own part: use slice(…) of the new value, like slice({t.name})"
+    if lt.is_sliced:
+        return f"the new value must be sliced like '{t.name}' ({lt})"
+    return f"a local input is written with a local value; '{t.name}' is local"
 
 
 def _matmul_layout_error(
@@ -678,14 +697,26 @@ _RULES: dict[Op, Callable[[Inferencer, Expr], Expr]] = {
 }
 
 
+def _along(d: int | None, shape: Shape) -> str:
+    """'along H (dimension 1)' for a block dimension, or 'in flat chunks'."""
+    if d is None:
+        return "in flat chunks"
+    return f"along {shape[d].text} (dimension {d} of {format_shape(shape)})"
+
+
 def source_text(e: Expr) -> str:
-    """An operand as the user could write it in a hint (a name, or `…`)."""
+    """An operand as the user could write it in a hint: its name or source text, or `…`."""
     if e.op is Op.REF and e.name is not None:
         return e.name
     if e.op is Op.CONST and e.value is not None:
         return repr(e.value)
     if e.op is Op.SLICE and e.args and e.args[0].op is Op.REF and e.args[0].name:
         return e.args[0].name
+    sp = e.span
+    if sp is not None and sp.source is not None and sp.line == sp.end_line:
+        text = sp.source.line(sp.line)[sp.col - 1 : sp.end_col - 1]
+        if 0 < len(text) <= 40:
+            return text
     return "…"
 
 

@@ -626,9 +626,17 @@ class _Lowerer:
 
         def arity(n: int, sig: str) -> None:
             if len(pos) != n:
+                hint = None
+                if op in (Op.ALLREDUCE, Op.REDUCESCATTER, Op.REDUCE) and len(pos) == 1:
+                    hint = (
+                        "the reduction operator (+ * max min avg) comes first, e.g. "
+                        f"{fname}(+, x)"
+                    )
                 raise InputError(
-                    f"{fname} takes {n} argument{'s' if n != 1 else ''} ({fname}({sig})), got {len(pos)}",
+                    f"{fname} takes {n} argument{'s' if n != 1 else ''} ({fname}({sig})), "
+                    f"got {len(pos)}",
                     c.span,
+                    hint=hint,
                 )
 
         def no_kw(allowed: tuple[str, ...] = ()) -> None:
