@@ -629,8 +629,7 @@ class _Lowerer:
                 hint = None
                 if op in (Op.ALLREDUCE, Op.REDUCESCATTER, Op.REDUCE) and len(pos) == 1:
                     hint = (
-                        "the reduction operator (+ * max min avg) comes first, e.g. "
-                        f"{fname}(+, x)"
+                        f"the reduction operator (+ * max min avg) comes first, e.g. {fname}(+, x)"
                     )
                 raise InputError(
                     f"{fname} takes {n} argument{'s' if n != 1 else ''} ({fname}({sig})), "
@@ -829,11 +828,20 @@ def _check_reads_after_update(program: Program) -> None:
 
 
 def _group(st: Any) -> Group:
+    """A printed `fused { }` or `overlapped chunks=K { }` block as a group (whether the
+    group is legal is checked by the schedule verifier, as for a `fuse` step)."""
     if isinstance(st, syn.FusedStmt):
+        if not st.items:
+            raise InputError("an empty 'fused' block", st.span, hint="list the fused stages in it")
         return Group(GroupKind.FUSED, tuple(a.name.text for a in st.items))
     assert isinstance(st, syn.OverlappedStmt)
     if st.chunks_kw.text != "chunks":
         raise InputError(f"expected 'chunks=K', got '{st.chunks_kw.text}'", st.chunks_kw.span)
+    if len(st.items) < 2:
+        raise InputError(
+            "an 'overlapped' block needs at least two members (stages or fused blocks)",
+            st.span,
+        )
     items: list[str | Group] = []
     for it in st.items:
         items.append(_group(it) if isinstance(it, syn.FusedStmt) else it.name.text)
