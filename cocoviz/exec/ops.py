@@ -359,11 +359,13 @@ def combine_ranks(arrays: Sequence[npt.ArrayLike], rop: ReduceOp, compute: np.dt
     is_float = compute.kind == "f"
     with np.errstate(over="ignore", invalid="ignore"):
         for a in arrays[1:]:
-            x = np.asarray(a).astype(compute, copy=False)
+            # Mixed-type ufuncs widen `a` to `compute` in buffered blocks (exact: the
+            # compute type holds every stored value), without a full-size temporary.
+            x = np.asarray(a)
             if rop in (ReduceOp.SUM, ReduceOp.AVG):
-                acc += x
+                np.add(acc, x, out=acc)
             elif rop is ReduceOp.PROD:
-                acc *= x
+                np.multiply(acc, x, out=acc)
             elif rop is ReduceOp.MAX:
                 np.maximum(acc, x, out=acc)
             else:
