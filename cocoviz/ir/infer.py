@@ -731,7 +731,8 @@ def describe(e: Expr) -> str:
     if e.op is Op.CONST:
         return repr(e.value)
     if e.op is Op.SLICE and e.args and e.args[0].op is Op.REF:
-        return f"'slice({e.args[0].name})'"
+        dim = "" if e.value is None else f", {e.value}"
+        return f"'slice({e.args[0].name}{dim})'"
     sp = e.span
     if sp is not None and sp.source is not None and sp.line == sp.end_line:
         text = sp.source.line(sp.line)[sp.col - 1 : sp.end_col - 1]
