@@ -134,6 +134,7 @@ class Worker:
         self.comm = world.Split(color=self.pp, key=self.tp)
         self.seed = int(spec.get("seed", 0))
         self.values: dict[str, Array] = {}
+        self.buffers: dict[str, Array] = {}
         self.events: list[Event] = []
         self.t0 = 0.0
 
@@ -190,7 +191,19 @@ class Worker:
         if rop is ReduceOp.AVG:
             n = acc.dtype.type(group)
             acc = acc / n if acc.dtype.kind == "f" else ops.trunc_div(acc, np.asarray(n))
+        if acc.dtype == ops.storage_dtype(dtype):
+            return acc  # computed in the stored type already (f32, f64): nothing to round
         return ops.round_to(acc, dtype)
+
+    def buffer(self, name: str, like: Array, size: int | None = None) -> Array:
+        """A receive buffer for stage `name`, reused across iterations (fresh memory would
+        be paid for in page faults on every timed iteration)."""
+        n = like.size if size is None else size
+        buf = self.buffers.get(name)
+        if buf is None or buf.size != n or buf.dtype != like.dtype:
+            buf = np.empty(n, dtype=like.dtype)
+            self.buffers[name] = buf
+        return buf
 
     def compute_buffer(self, x: Array, dtype: Any) -> Array:
         return np.ascontiguousarray(ops.to_compute(x, dtype))
@@ -229,7 +242,7 @@ class Worker:
         comm = self.comm
         if e.op is Op.ALLGATHER:
             send = np.ascontiguousarray(data).reshape(-1)
-            recv = np.empty(send.size * G, dtype=send.dtype)
+            recv = self.buffer(s.name, send, send.size * G)
             comm.Allgather(send, recv)
             parts = [
                 recv[r * send.size : (r + 1) * send.size].reshape(data.shape) for r in range(G)
@@ -244,14 +257,14 @@ class Worker:
         c = self.compute_buffer(data, dtype)
         op = self.mpi_op(e.rop)
         if e.op is Op.ALLREDUCE:
-            acc = np.empty_like(c)
+            acc = self.buffer(s.name, c).reshape(c.shape)
             comm.Allreduce(c, acc, op=op)
             return self.finish(acc, e.rop, dtype, G).reshape(rank_shape(s.ty, G)), 2 * c.nbytes * (
                 G - 1
             ) // G
         if e.op is Op.REDUCESCATTER:
             flat = c.reshape(-1)
-            acc = np.empty(flat.size // G, dtype=flat.dtype)
+            acc = self.buffer(s.name, flat, flat.size // G)
             comm.Reduce_scatter_block(flat, acc, op=op)
             return self.finish(acc, e.rop, dtype, G).reshape(rank_shape(s.ty, G)), c.nbytes * (
                 G - 1
