@@ -53,7 +53,7 @@ def scheduled_form(
     original: Program, defines: dict[str, int], ranks: RanksOverride
 ) -> tuple[Program, str]:
     try:
-        from cocoviz.session import apply_block, find_block  # type: ignore[attr-defined]
+        from cocoviz.session import apply_block, find_block
     except ImportError:
         return load_program(HAND_WRITTEN, "fused.coco", defines, ranks), "hand-written fused form"
     return apply_block(original, find_block(original, "fused")), "schedule 'fused' applied"
