@@ -1,0 +1,371 @@
+"""`cocoviz simulate`, `cocoviz tune` and `cocoviz model-table`."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from cocoviz.cli import add_json_option, add_program_options, load_args_program
+from cocoviz.errors import Diagnostic, ExitCode, InputError, UsageError
+from cocoviz.sim.hardware import DEFAULT_PROFILE, Hardware, ProfileError, load_profile
+
+
+def register(sub: Any) -> None:
+    p = sub.add_parser(
+        "simulate",
+        help="predict the per-rank timeline of a (scheduled) program",
+        description="Simulate one run of a program on a hardware profile: a timeline per "
+        "rank and stream, the predicted time, exposed communication, overlap, speedup over "
+        "the unscheduled program, and a per-stage table. Warnings about steps the model "
+        "predicts to be slower go to stderr.",
+    )
+    add_program_options(p)
+    _add_collectives(p)
+    p.add_argument("--trace", metavar="OUT.json", help="write a Chrome/Perfetto trace")
+    p.add_argument(
+        "--width", type=int, default=None, help="width of the drawn timeline (default: terminal)"
+    )
+    add_json_option(p)
+    p.set_defaults(handler=cmd_simulate)
+
+    p = sub.add_parser(
+        "tune",
+        help="rank the legal schedules of a program by predicted time",
+        description="Enumerate legal schedules (split, reorder, asslice, dce, fuse, overlap "
+        "with chunk counts 2-16 over the program's collectives), predict each with the "
+        "model and print the best.",
+    )
+    add_program_options(p, schedule=False)
+    _add_collectives(p)
+    p.add_argument("--top", type=int, default=10, metavar="K", help="schedules to list")
+    p.add_argument("-o", "--output", metavar="BEST.sched", help="write the best schedule")
+    add_json_option(p)
+    p.set_defaults(handler=cmd_tune)
+
+    p = sub.add_parser(
+        "model-table",
+        help="the collective model as an nccl-tests table (size, time, algbw, busbw)",
+        description="Print the model's prediction for each size of an nccl-tests sweep, to "
+        "compare line by line with measured all_reduce_perf / reduce_scatter_perf / "
+        "all_gather_perf output.",
+    )
+    p.add_argument("--hw", metavar="NAME|FILE", default=None, help="hardware profile")
+    p.add_argument(
+        "--coll",
+        default="allreduce",
+        choices=("allreduce", "reducescatter", "allgather", "broadcast", "reduce", "sendrecv"),
+        help="collective (default allreduce)",
+    )
+    p.add_argument("--ranks", type=int, default=None, help="ranks (default: one full node)")
+    p.add_argument("--algo", choices=("ring", "tree", "nvls"), default=None)
+    p.add_argument("--proto", choices=("LL", "LL128", "Simple"), default=None)
+    p.add_argument("--ranks-per-node", type=int, default=None, metavar="N")
+    p.add_argument("--dtype", default="f32", choices=("f16", "bf16", "f32", "f64", "i32", "i64"))
+    p.add_argument("-b", "--min-bytes", default="8", metavar="SIZE", help="smallest size (8)")
+    p.add_argument("-e", "--max-bytes", default="16G", metavar="SIZE", help="largest size (16G)")
+    add_json_option(p)
+    p.set_defaults(handler=cmd_model_table)
+
+
+def _add_collectives(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--collectives",
+        choices=("nccl", "nccl-device"),
+        default="nccl",
+        help="lowering of fused collectives (default nccl)",
+    )
+
+
+def load_hw(name: str | None) -> Hardware:
+    """`--hw`: a shipped profile name or a TOML file; a bad file is an input error."""
+    try:
+        return load_profile(name or DEFAULT_PROFILE)
+    except ProfileError as err:
+        hint = "fix the field named above" if err.field else None
+        raise InputError(err.message, hint=hint) from None
+
+
+def _warn(message: str, hint: str | None = None) -> None:
+    color = sys.stderr.isatty()
+    print(Diagnostic(message, hint=hint, severity="warning").render(color), file=sys.stderr)
+
+
+def _console(width: int | None = None, stderr: bool = False) -> Any:
+    from rich.console import Console
+
+    return Console(
+        file=sys.stderr if stderr else sys.stdout,
+        width=width,
+        highlight=False,
+        soft_wrap=False,
+    )
+
+
+# ---------------------------------------------------------------------------------------
+# simulate
+
+
+def timeline_json(timeline: Any) -> dict[str, Any]:
+    s = timeline.summary
+    return {
+        "program": timeline.program,
+        "hardware": timeline.hardware,
+        "collectives": timeline.collectives,
+        "ranks": {"tp": timeline.tp, "pp": timeline.pp, "world": timeline.world},
+        "summary": {
+            "makespan_s": s.makespan_s,
+            "compute_s": s.compute_s,
+            "comm_s": s.comm_s,
+            "exposed_comm_s": s.exposed_comm_s,
+            "overlap_fraction": s.overlap_fraction,
+            "critical_rank": s.critical_rank,
+            "baseline_s": s.baseline_s,
+            "speedup": s.speedup,
+        },
+        "stages": [
+            {
+                "name": r.name,
+                "pipeline_stage": r.pstage,
+                "kind": r.kind,
+                "stream": r.stream,
+                "calls": r.calls,
+                "time_s": r.busy_s,
+                "start_s": r.start_s,
+                "end_s": r.end_s,
+                "bytes": r.bytes,
+                "flops": r.flops,
+                "detail": r.detail,
+            }
+            for r in s.stages
+        ],
+        "warnings": [w.to_json() for w in timeline.warnings],
+        "lanes": [
+            {
+                "ranks": list(lane.ranks),
+                "pipeline_stage": lane.pstage,
+                "events": [
+                    {
+                        "name": e.name,
+                        "stage": e.stage,
+                        "stages": list(e.members),
+                        "stream": e.stream,
+                        "kind": e.kind.value,
+                        "start_s": e.start,
+                        "end_s": e.end,
+                        "bytes": e.bytes,
+                        "flops": e.flops,
+                        "chunk": e.chunk,
+                        "chunks": e.chunks,
+                        "detail": e.detail,
+                        "slowdown": e.slowdown,
+                    }
+                    for e in lane.events
+                ],
+            }
+            for lane in timeline.lanes
+        ],
+    }
+
+
+def cmd_simulate(args: argparse.Namespace) -> int:
+    from cocoviz.cli.inspect import apply_named_schedule
+    from cocoviz.sim.textview import render_stage_table, render_summary, render_timeline
+    from cocoviz.sim.timeline import simulate
+    from cocoviz.sim.trace import write_trace
+
+    hw = load_hw(args.hw)
+    original = load_args_program(args)
+    program = apply_named_schedule(original, args.schedule)
+    baseline = original if args.schedule and not original.groups else None
+    timeline = simulate(program, hw, collectives=args.collectives, baseline=baseline)
+    if args.trace:
+        n = write_trace(timeline, args.trace)
+        print(
+            f"wrote {args.trace}: {n} trace events for {timeline.world} ranks "
+            "(open in ui.perfetto.dev or chrome://tracing)",
+            file=sys.stderr,
+        )
+    if args.json:
+        print(json.dumps(timeline_json(timeline), indent=2))
+    else:
+        console = _console(args.width)
+        width = args.width or min(console.width, 160)
+        console.print(render_summary(timeline))
+        console.print()
+        console.print(render_timeline(timeline, width=width))
+        console.print()
+        console.print(render_stage_table(timeline))
+    for w in timeline.warnings:
+        _warn(w.message, w.suggestion)
+    return ExitCode.OK
+
+
+# ---------------------------------------------------------------------------------------
+# tune
+
+
+def cmd_tune(args: argparse.Namespace) -> int:
+    from cocoviz.sim.tune import tune, write_schedule
+
+    if args.top < 1:
+        raise UsageError("--top needs a positive count")
+    hw = load_hw(args.hw)
+    program = load_args_program(args)
+    progress = None
+    live: Any = None
+    if sys.stderr.isatty() and not args.json:
+        from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+        live = Progress(
+            TextColumn("tuning {task.description}"),
+            BarColumn(),
+            TextColumn("{task.completed} schedules"),
+            TimeElapsedColumn(),
+            console=_console(stderr=True),
+            transient=True,
+        )
+        task = live.add_task(program.name, total=None)
+
+        def progress(done: int) -> None:
+            live.update(task, completed=done)
+
+        live.start()
+    try:
+        result = tune(program, hw, collectives=args.collectives, progress=progress)
+    finally:
+        if live is not None:
+            live.stop()
+    best = result.candidates[: args.top]
+    if args.output:
+        write_schedule(result.best, Path(args.output))
+        print(f"wrote {args.output}: {len(result.best.steps)} steps", file=sys.stderr)
+    if args.json:
+        print(
+            json.dumps(
+                {
+                    "program": program.name,
+                    "hardware": hw.name,
+                    "collectives": args.collectives,
+                    "evaluated": result.evaluated,
+                    "baseline_s": result.baseline_s,
+                    "schedules": [
+                        {
+                            "rank": i + 1,
+                            "time_s": c.time_s,
+                            "speedup": result.baseline_s / c.time_s if c.time_s else None,
+                            "name": c.name,
+                            "block": c.block,
+                            "steps": [str(s) for s in c.steps],
+                        }
+                        for i, c in enumerate(best)
+                    ],
+                },
+                indent=2,
+            )
+        )
+        return ExitCode.OK
+    from rich.table import Table
+    from rich.text import Text
+
+    from cocoviz.sim.textview import format_time
+
+    table = Table(
+        title=f"{program.name} on {hw.name}, {program.grid.world} ranks: "
+        f"{result.evaluated} schedules evaluated",
+        title_justify="left",
+    )
+    table.add_column("rank", justify="right")
+    table.add_column("predicted", justify="right")
+    table.add_column("speedup", justify="right")
+    table.add_column("schedule")
+    table.add_column("steps", overflow="fold")
+    for i, c in enumerate(best):
+        speed = result.baseline_s / c.time_s if c.time_s else float("nan")
+        table.add_row(
+            str(i + 1),
+            format_time(c.time_s),
+            f"{speed:.2f}x",
+            Text(c.title),
+            Text("; ".join(str(s) for s in c.steps) or "(as written)"),
+        )
+    _console().print(table)
+    return ExitCode.OK
+
+
+# ---------------------------------------------------------------------------------------
+# model-table
+
+
+_SUFFIX = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
+
+
+def parse_size(text: str, option: str) -> int:
+    """`8`, `64K`, `16M`, `16G` (binary units, as nccl-tests reads -b/-e)."""
+    t = text.strip().upper().removesuffix("B").removesuffix("I")
+    unit = t[-1] if t and t[-1] in _SUFFIX else ""
+    number = t[:-1] if unit else t
+    if not number.isdigit():
+        raise UsageError(f"{option} expects a size such as 8, 64K, 16M or 16G, got '{text}'")
+    return int(number) * _SUFFIX[unit]
+
+
+def cmd_model_table(args: argparse.Namespace) -> int:
+    from cocoviz.sim.collectives import CostModelError
+    from cocoviz.sim.model_table import format_table, model_table, table_title
+
+    hw = load_hw(args.hw)
+    ranks = args.ranks if args.ranks is not None else hw.gpus_per_node
+    if ranks < 1:
+        raise UsageError("--ranks needs a positive count")
+    lo = parse_size(args.min_bytes, "--min-bytes")
+    hi = parse_size(args.max_bytes, "--max-bytes")
+    try:
+        rows = model_table(
+            hw,
+            args.coll,
+            ranks,
+            args.algo,
+            proto=args.proto,
+            ranks_per_node=args.ranks_per_node,
+            dtype=args.dtype,
+            min_bytes=lo,
+            max_bytes=hi,
+        )
+        title = table_title(
+            hw, args.coll, ranks, args.algo, proto=args.proto, ranks_per_node=args.ranks_per_node
+        )
+    except CostModelError as err:
+        raise UsageError(str(err)) from None
+    if args.json:
+        print(
+            json.dumps(
+                {
+                    "title": title,
+                    "hardware": hw.name,
+                    "collective": args.coll,
+                    "ranks": ranks,
+                    "rows": [
+                        {
+                            "size": r.size,
+                            "count": r.count,
+                            "type": r.dtype,
+                            "redop": r.redop,
+                            "root": r.root,
+                            "time_us": r.time_us,
+                            "algbw": r.alg_bw,
+                            "busbw": r.bus_bw,
+                            "algo": r.algo,
+                            "proto": r.proto,
+                        }
+                        for r in rows
+                    ],
+                },
+                indent=2,
+            )
+        )
+    else:
+        print(format_table(rows, title=title), end="")
+    return ExitCode.OK

@@ -1,0 +1,651 @@
+"""The event simulator: a scheduled Program on a Hardware profile → a per-rank Timeline.
+
+Every world rank has a compute stream and a communication stream. The host issues the
+program's stages and groups in their (contracted) topological order; each stream runs
+what it is given in issue order (FIFO, as a CUDA stream does), and an operation starts
+when its stream is free and every value it needs is ready on that rank:
+
+- data edges and the ordering edges of ``update`` (a read of ``t`` before its write);
+- a collective starts on all ranks of its tp group at once, when the last one is ready;
+- a ``send`` occupies the communication streams of both ranks of a pair, which may sit
+  on different nodes (world rank r on node ⌊r / gpus_per_node⌋, r = pp·T + tp);
+- an overlapped group issues its items chunk by chunk (chunk-major: s1₀ s2₀ s1₁ s2₁ …),
+  so computation of chunk k+1 overlaps communication of chunk k;
+- a compute kernel that runs while the communication stream is busy is slowed by the
+  collective's contention (SMs held by its channels, HBM it consumes, interference),
+  piece by piece over the overlapping intervals.
+
+Kernel times include their launch (``kernel_time``/``matmul_time`` with launch); NCCL's
+base latency includes its own.
+
+Ranks of a program are symmetric within a tp group; the simulator runs one *lane* per
+class of identical ranks (per pipeline stage, and per pattern of node crossings of its
+pipeline column) and replicates the lane's events for each of its ranks on output, so a
+1-D program of any size costs one lane. ``Timeline.events`` and ``events_of(rank)`` give
+faithful per-rank events.
+
+Use: ``simulate(program, hw, collectives="nccl", baseline=None) -> Timeline``; the
+summary (``timeline.summary``) has the makespan, communication left exposed, the overlap
+fraction, the speedup over a baseline and a per-stage table; ``timeline.warnings`` lists
+schedule steps the model predicts to make things slower.
+"""
+
+from __future__ import annotations
+
+import bisect
+import dataclasses
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from cocoviz.ir.graph import contracted_order
+from cocoviz.ir.nodes import Group, GroupKind, Program
+from cocoviz.sim.compute import NO_CONTENTION, Contention
+from cocoviz.sim.hardware import Hardware
+from cocoviz.sim.workload import (
+    COMM,
+    COMPUTE,
+    STREAMS,
+    Context,
+    Kind,
+    Operation,
+    comm_contention_of,
+    duration,
+    is_compute,
+    lower_item,
+    lower_overlap,
+    p2p_duration,
+)
+
+_COMM_KINDS = frozenset(k for k in Kind if k.is_comm)
+
+__all__ = [
+    "Event",
+    "Lane",
+    "SimWarning",
+    "StageRow",
+    "Summary",
+    "Timeline",
+    "simulate",
+    "simulate_ops",
+    "summarize",
+    "unscheduled",
+]
+
+
+@dataclass(frozen=True, slots=True)
+class Event:
+    """One slice of a stream: times in seconds from the start of the program."""
+
+    rank: int
+    stream: str
+    stage: str
+    kind: Kind
+    start: float
+    end: float
+    bytes: float
+    flops: float
+    name: str
+    members: tuple[str, ...] = ()
+    chunk: int | None = None
+    chunks: int = 1
+    detail: str = ""
+    peer: int | None = None
+    """For p2p: the other rank of the pair."""
+    slowdown: float = 1.0
+    """Duration over the duration without contention (> 1: overlapping communication)."""
+
+    @property
+    def duration(self) -> float:
+        return self.end - self.start
+
+    @property
+    def label(self) -> str:
+        return self.name if self.chunk is None else f"{self.name}[{self.chunk + 1}/{self.chunks}]"
+
+    @property
+    def is_comm(self) -> bool:
+        return self.kind in _COMM_KINDS
+
+
+@dataclass(frozen=True)
+class Lane:
+    """Ranks that behave identically: the events (with ``rank = ranks[0]``) and the
+    dependencies between them that cross streams (pairs of event indices)."""
+
+    index: int
+    pstage: int
+    ranks: tuple[int, ...]
+    events: tuple[Event, ...]
+    flows: tuple[tuple[int, int], ...]
+
+    @property
+    def end(self) -> float:
+        return max((e.end for e in self.events), default=0.0)
+
+
+@dataclass(frozen=True)
+class CrossFlow:
+    """A dependency between lanes (a send and its receive): rank r of ``src_lane`` → rank
+    r + ``rank_offset`` of ``dst_lane``."""
+
+    src_lane: int
+    src: int
+    dst_lane: int
+    dst: int
+    rank_offset: int
+
+
+@dataclass(frozen=True)
+class StageRow:
+    """One line of the per-stage table (a stage, a fused kernel, a collective)."""
+
+    name: str
+    pstage: int
+    kind: str
+    stream: str
+    calls: int
+    busy_s: float
+    start_s: float
+    end_s: float
+    bytes: float
+    flops: float
+    detail: str
+
+
+@dataclass(frozen=True)
+class SimWarning:
+    """A schedule step the model predicts to make things slower."""
+
+    code: str
+    message: str
+    stages: tuple[str, ...] = ()
+    predicted_s: float | None = None
+    alternative_s: float | None = None
+    suggestion: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+@dataclass(frozen=True)
+class Summary:
+    makespan_s: float
+    compute_s: float
+    """Busy time of computation on the critical rank (union of its kernels)."""
+    comm_s: float
+    """Busy time of communication on the critical rank."""
+    exposed_comm_s: float
+    """Communication time on the critical rank with no computation running."""
+    overlap_fraction: float
+    """Share of communication hidden under computation (0 when there is none)."""
+    critical_rank: int
+    baseline_s: float | None
+    speedup: float | None
+    stages: tuple[StageRow, ...]
+
+
+@dataclass(frozen=True)
+class Timeline:
+    program: str
+    hardware: str
+    collectives: str
+    tp: int
+    pp: int
+    lanes: tuple[Lane, ...]
+    cross: tuple[CrossFlow, ...]
+    summary: Summary
+    warnings: tuple[SimWarning, ...] = ()
+
+    @property
+    def world(self) -> int:
+        return self.tp * self.pp
+
+    @property
+    def makespan(self) -> float:
+        return self.summary.makespan_s
+
+    def lane_of(self, rank: int) -> Lane:
+        for lane in self.lanes:
+            if rank in lane.ranks:
+                return lane
+        raise KeyError(f"no rank {rank} in a world of {self.world}")
+
+    def events_of(self, rank: int) -> list[Event]:
+        lane = self.lane_of(rank)
+        if rank == lane.ranks[0]:
+            return list(lane.events)
+        return [_moved(e, rank, self.tp) for e in lane.events]
+
+    @property
+    def events(self) -> list[Event]:
+        """Every event of every rank, rank by rank."""
+        out: list[Event] = []
+        for rank in range(self.world):
+            out += self.events_of(rank)
+        return out
+
+    def flows(self) -> Iterator[tuple[tuple[int, int], tuple[int, int]]]:
+        """Dependencies across streams or ranks as ((rank, i), (rank, j)), where i and j
+        index ``events_of(rank)``."""
+        for lane in self.lanes:
+            for r in lane.ranks:
+                for a, b in lane.flows:
+                    yield (r, a), (r, b)
+        for c in self.cross:
+            for r in self.lanes[c.src_lane].ranks:
+                yield (r, c.src), (r + c.rank_offset, c.dst)
+
+
+def _moved(e: Event, rank: int, tp: int) -> Event:
+    peer = None if e.peer is None else e.peer + (rank - e.rank)
+    return dataclasses.replace(e, rank=rank, peer=peer)
+
+
+# ---------------------------------------------------------------------------------------
+# The engine
+
+
+class _LaneState:
+    def __init__(self, index: int, pstage: int, ranks: tuple[int, ...], column: int) -> None:
+        self.index = index
+        self.pstage = pstage
+        self.ranks = ranks
+        self.column = column
+        self.free = {s: 0.0 for s in STREAMS}
+        self.ready: dict[tuple[str, int], tuple[float, int]] = {}
+        self.events: list[Event] = []
+        self.flows: list[tuple[int, int]] = []
+        self.comm_iv: list[tuple[float, float, Contention]] = []
+        self.comm_ends: list[float] = []
+
+    def need(self, needs: Iterable[str], chunk: int) -> tuple[float, list[int]]:
+        t = 0.0
+        srcs: list[int] = []
+        for key in needs:
+            hit = self.ready.get((key, chunk)) if chunk >= 0 else None
+            if hit is None:
+                hit = self.ready.get((key, -1))
+            if hit is None:
+                continue
+            t = max(t, hit[0])
+            if hit[1] >= 0:
+                srcs.append(hit[1])
+        return t, srcs
+
+    def add(self, e: Event, srcs: Sequence[int], makes: Iterable[str], chunk: int) -> int:
+        idx = len(self.events)
+        self.events.append(e)
+        self.free[e.stream] = max(self.free[e.stream], e.end)
+        for s in srcs:
+            if self.events[s].stream != e.stream:
+                self.flows.append((s, idx))
+        for key in makes:
+            self.ready[(key, chunk)] = (e.end, idx)
+        return idx
+
+    def add_comm_interval(self, start: float, end: float, c: Contention) -> None:
+        if end > start:
+            self.comm_iv.append((start, end, c))
+            self.comm_ends.append(end)
+
+
+class _Engine:
+    def __init__(self, ctx: Context) -> None:
+        self.ctx = ctx
+        self.hw = ctx.hw
+        grid = ctx.program.grid
+        self.tp, self.pp = grid.tp, grid.pp
+        gpn = ctx.hw.gpus_per_node
+        # Column classes: tp indices whose pipeline hops cross nodes in the same pattern.
+        classes: dict[tuple[bool, ...], list[int]] = {}
+        for t in range(self.tp):
+            sig = tuple(
+                (p * self.tp + t) // gpn != ((p + 1) * self.tp + t) // gpn
+                for p in range(self.pp - 1)
+            )
+            classes.setdefault(sig, []).append(t)
+        self.crossings = list(classes)
+        self.lanes: list[_LaneState] = []
+        self.by_pstage: dict[int, list[_LaneState]] = {}
+        self.by_key: dict[tuple[int, int], _LaneState] = {}
+        for p in range(self.pp):
+            for c, (_sig, cols) in enumerate(classes.items()):
+                lane = _LaneState(len(self.lanes), p, tuple(p * self.tp + t for t in cols), c)
+                self.lanes.append(lane)
+                self.by_pstage.setdefault(p, []).append(lane)
+                self.by_key[(p, c)] = lane
+        self.cross: list[CrossFlow] = []
+        self._contention: dict[Operation, Contention] = {}
+
+    def lanes_for(self, pstage: int | None) -> list[_LaneState]:
+        if pstage is None:
+            return self.lanes
+        return self.by_pstage.get(pstage, [])
+
+    def _contention_of(self, op: Operation) -> Contention:
+        c = self._contention.get(op)
+        if c is None:
+            c = comm_contention_of(self.hw, op)
+            self._contention[op] = c
+        return c
+
+    def _event(
+        self,
+        lane: _LaneState,
+        op: Operation,
+        start: float,
+        end: float,
+        chunk: int,
+        chunks: int,
+        **kw: Any,
+    ) -> Event:
+        return Event(
+            rank=lane.ranks[0],
+            stream=op.stream,
+            stage=op.stage,
+            kind=op.kind,
+            start=start,
+            end=end,
+            bytes=op.nbytes,
+            flops=op.flops,
+            name=op.name,
+            members=op.members,
+            chunk=chunk if chunk >= 0 else None,
+            chunks=chunks,
+            detail=op.detail,
+            **kw,
+        )
+
+    def place(self, op: Operation, chunk: int = -1, chunks: int = 1) -> None:
+        if op.dest is not None:
+            self._place_p2p(op, chunk, chunks)
+            return
+        lanes = self.lanes_for(op.pstage)
+        if op.sync:
+            needs = [lane.need(op.needs, chunk) for lane in lanes]
+            start = max(
+                (max(t, lane.free[op.stream]) for lane, (t, _) in zip(lanes, needs, strict=True)),
+                default=0.0,
+            )
+            end = start + duration(self.hw, op)
+            c = self._contention_of(op)
+            for lane, (_, srcs) in zip(lanes, needs, strict=True):
+                lane.add(self._event(lane, op, start, end, chunk, chunks), srcs, op.makes, chunk)
+                lane.add_comm_interval(start, end, c)
+            return
+        for lane in lanes:
+            t, srcs = lane.need(op.needs, chunk)
+            start = max(t, lane.free[op.stream])
+            if op.stream == COMPUTE and is_compute(op):
+                base = duration(self.hw, op)
+                end = self._run_compute(lane, op, start, base)
+                slowdown = (end - start) / base if base > 0 else 1.0
+                e = self._event(lane, op, start, end, chunk, chunks, slowdown=slowdown)
+            else:
+                end = start + duration(self.hw, op)
+                e = self._event(lane, op, start, end, chunk, chunks)
+            lane.add(e, srcs, op.makes, chunk)
+            if op.stream == COMM:
+                lane.add_comm_interval(start, end, self._contention_of(op))
+
+    def _run_compute(self, lane: _LaneState, op: Operation, start: float, d0: float) -> float:
+        """End of a compute op started at ``start``: slower while communication runs."""
+        i = bisect.bisect_right(lane.comm_ends, start)
+        t, rem = start, 1.0
+        for a, b, c in lane.comm_iv[i:]:
+            if a > t:
+                fast = (a - t) / d0 if d0 > 0 else float("inf")
+                if rem <= fast:
+                    return t + rem * d0
+                rem -= fast
+                t = a
+            d1 = duration(self.hw, op, c) if c != NO_CONTENTION else d0
+            slow = (b - t) / d1 if d1 > 0 else float("inf")
+            if rem <= slow:
+                return t + rem * d1
+            rem -= slow
+            t = b
+        return t + rem * d0
+
+    def _place_p2p(self, op: Operation, chunk: int, chunks: int) -> None:
+        assert op.pstage is not None and op.dest is not None
+        for src in self.lanes_for(op.pstage):
+            dst = self.by_key[(op.dest, src.column)]
+            crosses = self.crossings[src.column][op.pstage] if self.pp > 1 else False
+            cost = p2p_duration(self.hw, op, same_node=not crosses)
+            t, srcs = src.need(op.needs, chunk)
+            start = max(t, src.free[COMM], dst.free[COMM])
+            end = start + cost.time_s
+            where = "network" if crosses else "NVLink"
+            offset = (op.dest - op.pstage) * self.tp
+            e_send = self._event(src, op, start, end, chunk, chunks, peer=src.ranks[0] + offset)
+            e_send = dataclasses.replace(e_send, detail=f"send to pp {op.dest} over {where}")
+            i_send = src.add(e_send, srcs, (), chunk)
+            e_recv = self._event(dst, op, start, end, chunk, chunks, peer=dst.ranks[0] - offset)
+            e_recv = dataclasses.replace(e_recv, detail=f"recv from pp {op.pstage} over {where}")
+            i_recv = dst.add(e_recv, (), op.makes, chunk)
+            c = self._contention_of(op)
+            src.add_comm_interval(start, end, c)
+            dst.add_comm_interval(start, end, c)
+            self.cross.append(CrossFlow(src.index, i_send, dst.index, i_recv, offset))
+
+    def run_item(self, item: str | Group) -> None:
+        if isinstance(item, Group) and item.kind is GroupKind.OVERLAPPED:
+            per_chunk = lower_overlap(self.ctx, item)
+            self.run_chunks(per_chunk)
+            return
+        for op in lower_item(self.ctx, item):
+            self.place(op)
+
+    def run_chunks(self, per_chunk: Sequence[Sequence[Operation]]) -> None:
+        k = len(per_chunk)
+        made: set[str] = set()
+        for c, ops in enumerate(per_chunk):
+            for op in ops:
+                self.place(op, c if k > 1 else -1, k)
+                made.update(op.makes)
+        if k > 1:
+            for lane in self.lanes:
+                for key in made:
+                    best: tuple[float, int] | None = None
+                    for c in range(k):
+                        hit = lane.ready.get((key, c))
+                        if hit is not None and (best is None or hit[0] >= best[0]):
+                            best = hit
+                    if best is not None:
+                        lane.ready[(key, -1)] = best
+
+    def lanes_out(self) -> tuple[Lane, ...]:
+        return tuple(
+            Lane(ls.index, ls.pstage, ls.ranks, tuple(ls.events), tuple(ls.flows))
+            for ls in self.lanes
+        )
+
+    @property
+    def end(self) -> float:
+        return max((e.end for ls in self.lanes for e in ls.events), default=0.0)
+
+
+def simulate_ops(ctx: Context, per_chunk: Sequence[Sequence[Operation]]) -> float:
+    """Makespan of operations alone, on fresh streams with every outside value ready
+    (for comparing alternatives of one step: chunk counts, fused or not)."""
+    engine = _Engine(ctx)
+    engine.run_chunks(per_chunk)
+    return engine.end
+
+
+# ---------------------------------------------------------------------------------------
+# Summary
+
+
+def _union(intervals: Iterable[tuple[float, float]]) -> list[tuple[float, float]]:
+    out: list[tuple[float, float]] = []
+    for a, b in sorted(intervals):
+        if b <= a:
+            continue
+        if out and a <= out[-1][1]:
+            if b > out[-1][1]:
+                out[-1] = (out[-1][0], b)
+        else:
+            out.append((a, b))
+    return out
+
+
+def _measure(iv: Sequence[tuple[float, float]]) -> float:
+    return sum(b - a for a, b in iv)
+
+
+def _minus(a: Sequence[tuple[float, float]], b: Sequence[tuple[float, float]]) -> float:
+    """Measure of a \\ b for two sorted unions."""
+    total = 0.0
+    j = 0
+    for s, e in a:
+        cur = s
+        while j < len(b) and b[j][1] <= cur:
+            j += 1
+        k = j
+        while k < len(b) and b[k][0] < e:
+            if b[k][0] > cur:
+                total += b[k][0] - cur
+            cur = max(cur, b[k][1])
+            k += 1
+        if cur < e:
+            total += e - cur
+    return total
+
+
+def _stage_rows(lanes: Sequence[Lane]) -> tuple[StageRow, ...]:
+    rows: dict[tuple[str, int], dict[str, Any]] = {}
+    seen: set[int] = set()
+    for lane in lanes:
+        if lane.pstage in seen:
+            continue
+        seen.add(lane.pstage)
+        for e in lane.events:
+            key = (e.name, lane.pstage)
+            r = rows.get(key)
+            if r is None:
+                rows[key] = {
+                    "name": e.name,
+                    "pstage": lane.pstage,
+                    "kind": e.kind.value,
+                    "stream": e.stream,
+                    "calls": 1,
+                    "busy_s": e.duration,
+                    "start_s": e.start,
+                    "end_s": e.end,
+                    "bytes": e.bytes,
+                    "flops": e.flops,
+                    "detail": e.detail,
+                }
+            else:
+                r["calls"] += 1
+                r["busy_s"] += e.duration
+                r["start_s"] = min(r["start_s"], e.start)
+                r["end_s"] = max(r["end_s"], e.end)
+                r["bytes"] += e.bytes
+                r["flops"] += e.flops
+    out = [StageRow(**r) for r in rows.values()]
+    out.sort(key=lambda r: (r.start_s, r.pstage, r.name))
+    return tuple(out)
+
+
+def summarize(lanes: Sequence[Lane], baseline_s: float | None = None) -> Summary:
+    """Makespan, exposed communication and overlap of the lane that finishes last."""
+    if not lanes or not any(lane.events for lane in lanes):
+        return Summary(0.0, 0.0, 0.0, 0.0, 0.0, 0, baseline_s, None, ())
+    crit = max(lanes, key=lambda lane: (lane.end, -lane.index))
+    comm = _union((e.start, e.end) for e in crit.events if e.is_comm)
+    comp = _union((e.start, e.end) for e in crit.events if not e.is_comm)
+    comm_s = _measure(comm)
+    exposed = _minus(comm, comp)
+    makespan = max(lane.end for lane in lanes)
+    speedup = baseline_s / makespan if baseline_s and makespan > 0 else None
+    return Summary(
+        makespan_s=makespan,
+        compute_s=_measure(comp),
+        comm_s=comm_s,
+        exposed_comm_s=exposed,
+        overlap_fraction=(1.0 - exposed / comm_s) if comm_s > 0 else 0.0,
+        critical_rank=crit.ranks[0],
+        baseline_s=baseline_s,
+        speedup=speedup,
+        stages=_stage_rows(lanes),
+    )
+
+
+# ---------------------------------------------------------------------------------------
+# Entry point
+
+
+def unscheduled(program: Program) -> Program:
+    """The same stages without fusion or overlap (the default baseline)."""
+    return dataclasses.replace(program, groups=())
+
+
+@dataclass
+class _Run:
+    ctx: Context
+    engine: _Engine = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.engine = _Engine(self.ctx)
+        order = contracted_order(self.ctx.program, self.ctx.program.groups)
+        if order is None:
+            from cocoviz.errors import InternalError
+
+            raise InternalError(f"{self.ctx.program.name}: the grouped graph has a cycle")
+        for item in order:
+            self.engine.run_item(item)
+
+
+def makespan(program: Program, hw: Hardware, collectives: str = "nccl") -> float:
+    """Only the predicted time of a program (what the tuner ranks by)."""
+    return _Run(Context(program, hw, collectives)).engine.end
+
+
+def simulate(
+    program: Program,
+    hw: Hardware,
+    *,
+    collectives: str = "nccl",
+    baseline: Program | Timeline | float | None = None,
+    warnings: bool = True,
+) -> Timeline:
+    """Simulate one run of ``program`` on every rank.
+
+    ``baseline`` is what the speedup compares against: the program before its schedule
+    (a Program), an earlier Timeline, or a time in seconds; by default the same stages
+    without fusion or overlap. ``warnings=False`` skips the analysis of slow steps.
+    """
+    ctx = Context(program, hw, collectives)
+    run = _Run(ctx)
+    lanes = run.engine.lanes_out()
+    if isinstance(baseline, Timeline):
+        base_s: float | None = baseline.makespan
+    elif isinstance(baseline, Program):
+        base_s = makespan(baseline, hw, collectives)
+    elif isinstance(baseline, int | float):
+        base_s = float(baseline)
+    else:
+        base_s = makespan(unscheduled(program), hw, collectives) if program.groups else None
+        if base_s is None:
+            base_s = run.engine.end
+    summary = summarize(lanes, base_s)
+    found: tuple[SimWarning, ...] = ()
+    if warnings:
+        from cocoviz.sim.warnings import schedule_warnings
+
+        found = tuple(schedule_warnings(ctx, summary))
+    return Timeline(
+        program=program.name,
+        hardware=hw.name,
+        collectives=collectives,
+        tp=program.grid.tp,
+        pp=program.grid.pp,
+        lanes=lanes,
+        cross=tuple(run.engine.cross),
+        summary=summary,
+        warnings=found,
+    )

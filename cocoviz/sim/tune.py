@@ -1,0 +1,464 @@
+"""The tuner: enumerate legal schedules of a program and rank them by the model.
+
+For each ``allreduce`` of the program, in program order, the tuner tries the schedules
+CoCoNet's paper names and their overlapped variants, built step by step with the
+schedule transformations (a step that does not apply is skipped):
+
+- as written (AR-C), and with the computation after the allreduce fused (AR-fuse(C));
+- ``split`` alone (RS-AG-C);
+- ``split``, ``reorder`` (with the region extended by side computations such as LAMB's
+  ``norm(w)``), ``asslice`` of the updated inputs, ``dce`` (RS-C-AG);
+- that, fused into one collective (``fuse(RS-C-AG)``), or with a send fused into the
+  computation on the receiver (``fuse(P2P-C)``);
+- ``overlap`` of every sub-chain of the producer → collective → … → allgather chain,
+  with 2, 4, 8 and 16 chunks.
+
+The best choice for one collective is kept while the next is tuned (coordinate descent),
+and the program's own ``schedule`` blocks are evaluated too. Each candidate is ranked by
+the simulated makespan (``cocoviz.sim.timeline.makespan``).
+
+``best_chunks(program, stages, hw)`` gives the chunk count the model prefers for an
+overlap of ``stages`` (the default K of ``overlap``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from cocoviz.errors import CocovizError, InternalError
+from cocoviz.ir.graph import contracted_order
+from cocoviz.ir.nodes import (
+    COLLECTIVES,
+    ELEMENTWISE,
+    REDUCTIONS,
+    ROWWISE,
+    Group,
+    GroupKind,
+    Op,
+    Program,
+)
+from cocoviz.sim.hardware import Hardware
+from cocoviz.sim.timeline import makespan
+from cocoviz.sim.workload import Context
+
+__all__ = [
+    "CHUNK_CHOICES",
+    "Candidate",
+    "TuneResult",
+    "best_chunks",
+    "schedule_label",
+    "tune",
+    "write_schedule",
+]
+
+CHUNK_CHOICES = (2, 4, 8, 16)
+_ELIGIBLE = ELEMENTWISE | ROWWISE | REDUCTIONS | {Op.UPDATE, Op.SEND, Op.REF, Op.CONST}
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One schedule: its steps, a CoCoNet-style name, and the predicted time."""
+
+    steps: tuple[str, ...]
+    name: str
+    time_s: float
+    block: str | None = None
+    """The program's schedule block that gives the same program, if any."""
+
+    @property
+    def title(self) -> str:
+        return self.name if self.block is None else f"{self.name} [{self.block}]"
+
+
+@dataclass
+class TuneResult:
+    program: str
+    hardware: str
+    baseline_s: float
+    candidates: list[Candidate] = field(default_factory=list)
+    evaluated: int = 0
+
+    @property
+    def best(self) -> Candidate:
+        return self.candidates[0]
+
+
+# ---------------------------------------------------------------------------------------
+# Labels
+
+
+def _token(program: Program, name: str) -> str:
+    op = program.stage(name).expr.op
+    return {
+        Op.MATMUL: "MM",
+        Op.ALLREDUCE: "AR",
+        Op.REDUCESCATTER: "RS",
+        Op.ALLGATHER: "AG",
+        Op.SEND: "P2P",
+        Op.BROADCAST: "BC",
+        Op.REDUCE: "R",
+    }.get(op, "C")
+
+
+def _tokens(program: Program, names: Sequence[str]) -> list[str]:
+    out: list[str] = []
+    run = 0
+    for n in names:
+        t = _token(program, n)
+        if t == "C":
+            run += 1
+            continue
+        if run:
+            out.append("C" if run == 1 else f"C×{run}")
+            run = 0
+        out.append(t)
+    if run:
+        out.append("C" if run == 1 else f"C×{run}")
+    return out
+
+
+def _group_label(program: Program, g: Group) -> str:
+    if g.kind is GroupKind.FUSED:
+        inside = set(g.stages())
+        members = [s.name for s in program.stages if s.name in inside]
+        toks = _tokens(program, members)
+        toks = ["C" if t.startswith("C") else t for t in toks]  # one kernel
+        if toks == ["C"]:
+            return "C"
+        return f"fuse({'-'.join(toks)})"
+    parts = [
+        _group_label(program, it) if isinstance(it, Group) else "-".join(_tokens(program, [it]))
+        for it in g.items
+    ]
+    if g.chunks is not None:
+        parts.append(f"K={g.chunks}")
+    return f"ol({', '.join(parts)})"
+
+
+def schedule_label(program: Program) -> str:
+    """A CoCoNet-style name for the structure of a program: ``MM-AR-C``,
+    ``fuse(RS-C-AG)``, ``ol(MM, fuse(RS-C-AG), K=4)``. ``C`` is one compute kernel (a
+    stage or a fused group), ``C×n`` n separate kernels."""
+    order = contracted_order(program, program.groups) or [s.name for s in program.stages]
+    parts: list[str] = []
+    pending: list[str] = []
+    for item in order:
+        if isinstance(item, Group):
+            if pending:
+                parts += _tokens(program, pending)
+                pending = []
+            parts.append(_group_label(program, item))
+        else:
+            pending.append(item)
+    if pending:
+        parts += _tokens(program, pending)
+    return "-".join(parts) or "(empty)"
+
+
+# ---------------------------------------------------------------------------------------
+# Building schedules
+
+
+def _apply(program: Program, steps: Sequence[str]) -> Program | None:
+    from cocoviz.ir.transforms import as_transformation
+
+    p = program
+    for s in steps:
+        try:
+            p = as_transformation(s).apply(p)
+        except CocovizError:
+            return None
+    return p
+
+
+def _stage_names(program: Program) -> set[str]:
+    return {s.name for s in program.stages}
+
+
+def _compute_region(program: Program, start: str) -> list[str]:
+    """Eligible compute stages downstream of ``start`` (through eligible stages), plus
+    side stages that read only inputs and params and feed the region (LAMB's norm(w))."""
+    ctx_users: dict[str, list[str]] = {}
+    for s in program.stages:
+        for r in set(s.expr.refs()):
+            ctx_users.setdefault(r, []).append(s.name)
+    region: list[str] = []
+    seen = {start}
+    todo = [start]
+    while todo:
+        n = todo.pop()
+        for u in ctx_users.get(n, ()):
+            if u in seen:
+                continue
+            seen.add(u)
+            if program.stage(u).expr.op in _ELIGIBLE and program.stage(u).expr.op is not Op.SEND:
+                region.append(u)
+                todo.append(u)
+    stages = _stage_names(program)
+    inside = set(region)
+    for s in program.stages:
+        if s.name in inside or s.name == start or s.expr.op not in _ELIGIBLE:
+            continue
+        reads = set(s.expr.refs())
+        users = ctx_users.get(s.name, [])
+        if not (reads & stages) and users and all(u in inside for u in users):
+            region.append(s.name)
+            inside.add(s.name)
+    order = {s.name: i for i, s in enumerate(program.stages)}
+    return sorted(region, key=order.__getitem__)
+
+
+def _producer_matmul(program: Program, coll: str) -> str | None:
+    arg = program.stage(coll).expr.args[0]
+    if arg.op is Op.REF and arg.name in _stage_names(program):
+        if program.stage(arg.name).expr.op is Op.MATMUL:
+            return arg.name
+    return None
+
+
+def _item_of(program: Program, name: str) -> str | Group:
+    g = program.group_of(name)
+    return g if g is not None and g.kind is GroupKind.FUSED else name
+
+
+def _chain(program: Program, start: str, limit: int = 5) -> list[str]:
+    """Items (named by a member) from ``start`` on, each the one consumer of the last."""
+    users: dict[str, set[str]] = {}
+    for s in program.stages:
+        for r in set(s.expr.refs()):
+            users.setdefault(r, set()).add(s.name)
+    chain = [start]
+    item = _item_of(program, start)
+    while len(chain) < limit:
+        members = set(item.stages()) if isinstance(item, Group) else {item}
+        outs: list[str | Group] = []
+        for m in members:
+            for u in users.get(m, ()):
+                if u not in members:
+                    it = _item_of(program, u)
+                    if it not in outs:
+                        outs.append(it)
+        if len(outs) != 1:
+            break
+        item = outs[0]
+        name = item if isinstance(item, str) else next(iter(item.stages()))
+        if isinstance(item, str) and program.stage(item).expr.op is Op.MATMUL:
+            break
+        chain.append(name)
+    return chain
+
+
+def _rs_fusions(program: Program, rs: str) -> Iterator[list[str]]:
+    """Fuse steps for a split collective: RS → C → AG, or a send with its computation."""
+    region = _compute_region(program, rs)
+    users: dict[str, list[str]] = {}
+    for s in program.stages:
+        for r in set(s.expr.refs()):
+            users.setdefault(r, []).append(s.name)
+    gathers = [
+        u
+        for n in [rs, *region]
+        for u in users.get(n, ())
+        if program.stage(u).expr.op is Op.ALLGATHER
+    ]
+    gathers = list(dict.fromkeys(gathers))
+    if gathers:
+        yield [f"fuse({', '.join([rs, *region, *gathers])})"]
+        yield [f"fuse({', '.join([rs, *gathers])})"]
+    for s in program.stages:
+        if s.expr.op is Op.SEND and (rs in set(s.expr.refs()) or set(s.expr.refs()) & set(region)):
+            after = [u for u in users.get(s.name, ()) if program.stage(u).expr.op in _ELIGIBLE]
+            if after:
+                yield [f"fuse({', '.join([s.name, *after])})"]
+
+
+def _overlaps(program: Program, coll: str) -> Iterator[list[str]]:
+    mm = _producer_matmul(program, coll)
+    chain = _chain(program, mm or coll)
+    for i in range(len(chain)):
+        for j in range(i + 2, len(chain) + 1):
+            for k in CHUNK_CHOICES:
+                yield [f"overlap({', '.join(chain[i:j])}, chunks={k})"]
+
+
+def _recipes(program: Program, coll: str) -> Iterator[list[str]]:
+    """Step lists for one allreduce (each relative to ``program``)."""
+    yield []
+    region = _compute_region(program, coll)
+    if len(region) >= 2:
+        yield [f"fuse({', '.join(region)})"]
+    for ol in _overlaps(program, coll):
+        yield ol
+        if len(region) >= 2:
+            yield [f"fuse({', '.join(region)})", *ol]
+    split = [f"split({coll})"]
+    yield split
+    after_split = _apply(program, split)
+    if after_split is None:
+        return
+    reorders = [[f"reorder({coll})"]]
+    if region:
+        reorders.append([f"reorder({coll}, {', '.join(region)})"])
+    seen: list[Program] = []
+    for r in reorders:
+        moved = _apply(after_split, r)
+        if moved is None or moved in seen:
+            continue
+        seen.append(moved)
+        yield from _after_reorder(moved, coll, split + r)
+
+
+def _after_reorder(moved: Program, coll: str, base: list[str]) -> Iterator[list[str]]:
+    """asslice (of inputs whose update is not an output: outputs keep their layout), dce,
+    then fusions and overlaps."""
+    outputs = set(moved.outputs)
+    gathered_out = {
+        ref
+        for s in moved.stages
+        if s.name in outputs and s.expr.op is Op.ALLGATHER
+        for ref in s.expr.refs()
+    }
+    targets = [
+        t
+        for t, u in moved.updates().items()
+        if moved.type_of(t).layout.is_replicated and u not in outputs and u not in gathered_out
+    ]
+    extra: list[str] = []
+    if targets and _apply(moved, [f"asslice({', '.join(targets)})"]) is not None:
+        extra.append(f"asslice({', '.join(targets)})")
+    else:
+        for t in targets:
+            if _apply(moved, [*extra, f"asslice({t})"]) is not None:
+                extra.append(f"asslice({t})")
+    after = _apply(moved, extra)
+    assert after is not None
+    dced = _apply(after, ["dce()"])
+    if dced is not None and dced != after:
+        extra.append("dce()")
+        after = dced
+    rcag = base + extra
+    yield rcag
+    rs = f"{coll}_rs"
+    if rs not in _stage_names(after):
+        return
+    for ol in _overlaps(after, rs):
+        yield rcag + ol
+    for fz in _rs_fusions(after, rs):
+        fused = _apply(after, fz)
+        if fused is None:
+            continue
+        yield rcag + fz
+        for ol in _overlaps(fused, rs):
+            yield rcag + fz + ol
+
+
+# ---------------------------------------------------------------------------------------
+# The search
+
+
+def tune(
+    program: Program,
+    hw: Hardware,
+    *,
+    collectives: str = "nccl",
+    progress: Callable[[int], None] | None = None,
+) -> TuneResult:
+    """Rank legal schedules of ``program`` (as loaded, before any schedule block)."""
+    try:
+        import cocoviz.ir.transforms  # noqa: F401
+    except ImportError as err:  # pragma: no cover - the transformations ship with cocoviz
+        raise InternalError(f"tune needs the schedule transformations: {err}") from None
+    baseline = makespan(program, hw, collectives)
+    result = TuneResult(program.name, hw.name, baseline)
+    seen: dict[Program, Candidate] = {}
+
+    def evaluate(steps: Sequence[str], p: Program, block: str | None = None) -> Candidate:
+        hit = seen.get(p)
+        if hit is not None:
+            if hit.block is None and (block is not None or len(steps) < len(hit.steps)):
+                seen[p] = Candidate(tuple(steps), hit.name, hit.time_s, block)
+            return seen[p]
+        t = makespan(p, hw, collectives)
+        c = Candidate(tuple(steps), schedule_label(p), t, block)
+        seen[p] = c
+        result.evaluated += 1
+        if progress is not None:
+            progress(result.evaluated)
+        return c
+
+    evaluate((), program)
+    current: Program = program
+    current_steps: tuple[str, ...] = ()
+    colls = [s.name for s in program.stages if s.expr.op is Op.ALLREDUCE]
+    for coll in colls:
+        if coll not in _stage_names(current):
+            continue
+        best: tuple[float, Program, tuple[str, ...]] | None = None
+        for steps in _recipes(current, coll):
+            p = _apply(current, steps)
+            if p is None:
+                continue
+            try:
+                c = evaluate((*current_steps, *steps), p)
+            except CocovizError:
+                continue
+            if best is None or c.time_s < best[0]:
+                best = (c.time_s, p, (*current_steps, *steps))
+        if best is not None:
+            _, current, current_steps = best
+    for sched in program.schedules:
+        block_steps = tuple(str(s) for s in sched.steps)
+        p = _apply(program, block_steps)
+        if p is not None:
+            evaluate(block_steps, p, sched.name)
+    result.candidates = sorted(seen.values(), key=lambda c: (c.time_s, len(c.steps), c.steps))
+    return result
+
+
+def write_schedule(candidate: Candidate, path: Path, header: str | None = None) -> None:
+    """Write a candidate as a ``.sched`` file (one step a line)."""
+    lines = [f"# {header or candidate.name}: predicted {candidate.time_s * 1e6:.1f} us"]
+    lines += list(candidate.steps)
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+
+
+# ---------------------------------------------------------------------------------------
+# Chunk counts
+
+
+def best_chunks(
+    program: Program,
+    stages: Sequence[str],
+    hw: Hardware,
+    *,
+    collectives: str = "nccl",
+    candidates: Sequence[int] = CHUNK_CHOICES,
+) -> int:
+    """The chunk count the model predicts fastest for ``overlap(*stages)`` on ``hw``.
+
+    ``stages`` name the items (a member of a fused group stands for the group). Only
+    legal counts (dividing the rows, and so on) are tried; ValueError when none is.
+    """
+    from cocoviz.sim.warnings import chunk_times
+
+    items: list[str | Group] = []
+    for n in stages:
+        g = program.group_of(n)
+        item: str | Group = g if g is not None and g.kind is GroupKind.FUSED else n
+        if item not in items:
+            items.append(item)
+    ctx = Context(program, hw, collectives)
+    group = Group(GroupKind.OVERLAPPED, tuple(items), None)
+    times = chunk_times(ctx, group, [k for k in candidates if k >= 2])
+    if not times:
+        raise ValueError(
+            f"no chunk count among {', '.join(map(str, candidates))} is legal for "
+            f"overlap({', '.join(stages)})"
+        )
+    return min(times, key=lambda k: (times[k], k))
+
+
+def _is_collective(program: Program, name: str) -> bool:
+    return program.stage(name).expr.op in COLLECTIVES

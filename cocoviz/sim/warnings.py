@@ -1,0 +1,303 @@
+"""Warnings for schedule steps the model predicts to make a program slower.
+
+Each check compares a step with its alternative on the same operations, simulated alone
+(fresh streams, every outside value ready), so it names the step that loses:
+
+- ``overlap-slower``: an overlapped group is slower than running its items one after the
+  other (per-chunk latency and smaller GEMMs cost more than the overlap hides);
+- ``overlap-chunks``: another chunk count is predicted at least 5% faster;
+- ``rs-c-ag-slower``: reducescatter → computation on 1/G → allgather (fused or not) is
+  slower than allreduce → computation on the whole tensor (AR-C), as for a tiny tensor
+  where collective latency dominates; ``split-alone`` when nothing moved between them;
+- ``schedule-slower``: the whole schedule is slower than the baseline.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from cocoviz.ir.nodes import COLLECTIVES, Group, GroupKind, Op
+from cocoviz.sim.collectives import Coll
+from cocoviz.sim.compute import NO_CONTENTION
+from cocoviz.sim.timeline import SimWarning, Summary, simulate_ops
+from cocoviz.sim.workload import (
+    CollSpec,
+    Context,
+    KernelSpec,
+    Operation,
+    chunks_legal,
+    duration,
+    lower_item,
+    lower_overlap,
+)
+
+CHUNK_CANDIDATES = (1, 2, 4, 8, 16)
+_MARGIN = 1.02  # a step must lose by more than 2% to be reported
+
+
+def _fmt(seconds: float) -> str:
+    us = seconds * 1e6
+    if us >= 1000:
+        return f"{us / 1000:.3g} ms"
+    return f"{us:.3g} µs"
+
+
+def item_name(item: str | Group) -> str:
+    return item if isinstance(item, str) else next(iter(item.stages()))
+
+
+def overlap_step(g: Group, chunks: int | None = None) -> str:
+    names = ", ".join(item_name(it) for it in g.items)
+    return f"overlap({names}, chunks={chunks if chunks is not None else g.chunks})"
+
+
+def chunk_times(
+    ctx: Context, g: Group, candidates: Sequence[int] = CHUNK_CANDIDATES
+) -> dict[int, float]:
+    """Predicted time of an overlapped group alone for each legal chunk count (1 = no
+    overlap: the items one after the other)."""
+    out: dict[int, float] = {}
+    for k in sorted(set(candidates)):
+        if chunks_legal(ctx, g, k):
+            out[k] = simulate_ops(ctx, lower_overlap(ctx, g, k))
+    return out
+
+
+def _overlap_warnings(
+    ctx: Context, g: Group, cache: dict[object, dict[int, float]]
+) -> list[SimWarning]:
+    k = g.chunks or 1
+    key = (
+        tuple(
+            (op.spec, op.stream, op.kind, op.pstage, op.dest) for op in lower_overlap(ctx, g, 1)[0]
+        ),
+        k,
+    )
+    times = cache.get(key)
+    if times is None:
+        times = chunk_times(ctx, g, (*CHUNK_CANDIDATES, k))
+        cache[key] = times
+    if k not in times or 1 not in times:
+        return []
+    step = overlap_step(g)
+    stages = tuple(g.stages())
+    best = min(times, key=lambda c: (times[c], c))
+    if k > 1 and times[k] > times[1] * _MARGIN:
+        better = [c for c in times if c > 1 and times[c] < times[1]]
+        hint = (
+            f"chunks={min(better, key=lambda c: times[c])} is predicted to win"
+            if better
+            else "leave these stages without overlap"
+        )
+        return [
+            SimWarning(
+                "overlap-slower",
+                f"{step} is predicted slower than no overlap: {_fmt(times[k])} vs "
+                f"{_fmt(times[1])} (per-chunk latency and smaller GEMMs cost more than the "
+                "overlap hides)",
+                stages,
+                times[k],
+                times[1],
+                hint,
+            )
+        ]
+    if best != k and best > 1 and times[best] * 1.05 < times[k]:
+        return [
+            SimWarning(
+                "overlap-chunks",
+                f"{step}: chunks={best} is predicted faster ({_fmt(times[best])} vs "
+                f"{_fmt(times[k])})",
+                stages,
+                times[k],
+                times[best],
+                f"use {overlap_step(g, best)}",
+            )
+        ]
+    return []
+
+
+def _full_size_compute(ctx: Context, ops: Sequence[Operation], fused: bool) -> float:
+    """The compute of ``ops`` on the whole tensor instead of 1/G (as in AR-C)."""
+    g = ctx.group
+    kernels = [op.spec for op in ops if isinstance(op.spec, KernelSpec)]
+    if not kernels:
+        return 0.0
+    if fused:
+        flops = sum(k.flops for k in kernels) * g
+        nbytes = sum(k.nbytes for k in kernels) * g
+        return KernelSpec(flops, nbytes, kernels[0].dtype).time(ctx.hw, NO_CONTENTION)
+    return sum(
+        KernelSpec(k.flops * g, k.nbytes * g, k.dtype).time(ctx.hw, NO_CONTENTION) for k in kernels
+    )
+
+
+def _allreduce_time(ctx: Context, rs: str) -> float:
+    x = ctx.stage(rs).expr.args[0].type
+    spec = CollSpec(
+        Coll.ALLREDUCE,
+        x.numel * x.dtype.itemsize,
+        ctx.group,
+        ctx.ranks_per_node(ctx.pstage_of(rs)),
+    )
+    return spec.cost(ctx.hw).time_s
+
+
+def _region(ctx: Context, rs: str) -> tuple[list[str], list[str]] | None:
+    """Compute stages between a reducescatter and the allgathers it feeds, and those
+    allgathers; None when its value leaves through anything else."""
+    region: list[str] = []
+    ags: list[str] = []
+    todo = [rs]
+    seen = {rs}
+    while todo:
+        n = todo.pop()
+        for u in ctx.users.get(n, ()):
+            if u in seen:
+                continue
+            seen.add(u)
+            op = ctx.stage(u).expr.op
+            if op is Op.ALLGATHER:
+                ags.append(u)
+            elif op in COLLECTIVES or op is Op.MATMUL:
+                return None
+            else:
+                region.append(u)
+                todo.append(u)
+    if not ags:
+        return None
+    order = {s.name: i for i, s in enumerate(ctx.program.stages)}
+    return sorted(region, key=order.__getitem__), sorted(ags, key=order.__getitem__)
+
+
+def _rs_warning(ctx: Context, group: Group | None, rs: str) -> list[SimWarning]:
+    if group is not None:
+        ops = lower_item(ctx, group)
+        compute_ops = [op for op in ops if isinstance(op.spec, KernelSpec)]
+        full = _full_size_compute(ctx, compute_ops, fused=True)
+        stages = tuple(group.stages())
+        step = f"fuse({', '.join(stages)})"
+        what = "the fused reducescatter → compute → allgather"
+        ops_seq = ops
+    else:
+        found = _region(ctx, rs)
+        if found is None:
+            return []
+        region, ags = found
+        ops_seq = []
+        for n in [rs, *region, *ags]:
+            ops_seq += lower_item(ctx, n)
+        compute_ops = [op for op in ops_seq if isinstance(op.spec, KernelSpec)]
+        full = _full_size_compute(ctx, compute_ops, fused=False)
+        stages = (rs, *region, *ags)
+        step = f"split({ags[0] if not region else rs})"
+        what = "reducescatter → compute on 1/G → allgather"
+        if not region:
+            what = "reducescatter → allgather"
+    mine = simulate_ops(ctx, [ops_seq])
+    ar = _allreduce_time(ctx, rs)
+    alternative = ar + full
+    if mine <= alternative * _MARGIN:
+        return []
+    shard = sum(duration(ctx.hw, op) for op in compute_ops)
+    comm = mine - shard
+    if group is None and len(stages) == 2:
+        return [
+            SimWarning(
+                "split-alone",
+                f"{step} alone is predicted slower than the allreduce it replaces: "
+                f"{_fmt(mine)} vs {_fmt(alternative)} (two collectives, nothing computed on "
+                "the shard)",
+                stages,
+                mine,
+                alternative,
+                "reorder computation across the allgather, or do not split",
+            )
+        ]
+    return [
+        SimWarning(
+            "rs-c-ag-slower",
+            f"{step}: {what} is predicted slower than allreduce → compute (AR-C): "
+            f"{_fmt(mine)} vs {_fmt(alternative)}; the collectives cost {_fmt(comm - ar)} "
+            f"more than one allreduce, computing on 1/{ctx.group} of the data saves only "
+            f"{_fmt(max(0.0, full - shard))}",
+            stages,
+            mine,
+            alternative,
+            "keep the allreduce (AR-C) here",
+        )
+    ]
+
+
+def _merge_alike(found: list[SimWarning]) -> list[SimWarning]:
+    """One warning for the same finding on identical groups (the layers of a stack)."""
+    merged: dict[tuple[object, ...], list[SimWarning]] = {}
+    for w in found:
+        key = (
+            w.code,
+            None if w.predicted_s is None else round(w.predicted_s, 12),
+            None if w.alternative_s is None else round(w.alternative_s, 12),
+        )
+        merged.setdefault(key, []).append(w)
+    out: list[SimWarning] = []
+    for ws in merged.values():
+        first = ws[0]
+        if len(ws) == 1:
+            out.append(first)
+            continue
+        stages = tuple(n for w in ws for n in w.stages)
+        out.append(
+            SimWarning(
+                first.code,
+                f"{first.message}; the same holds for {len(ws) - 1} more alike",
+                stages,
+                first.predicted_s,
+                first.alternative_s,
+                first.suggestion,
+            )
+        )
+    return out
+
+
+def schedule_warnings(ctx: Context, summary: Summary) -> list[SimWarning]:
+    """Every warning for a simulated program."""
+    out: list[SimWarning] = []
+    cache: dict[object, dict[int, float]] = {}
+    rs_cache: dict[object, list[SimWarning]] = {}
+    grouped: dict[str, Group] = {}
+    for g in ctx.program.groups:
+        if g.kind is GroupKind.OVERLAPPED:
+            out += _overlap_warnings(ctx, g, cache)
+            for it in g.items:
+                if isinstance(it, Group):
+                    for n in it.stages():
+                        grouped[n] = it
+        else:
+            for n in g.stages():
+                grouped[n] = g
+    for s in ctx.program.stages:
+        if s.expr.op is not Op.REDUCESCATTER:
+            continue
+        gs = grouped.get(s.name)
+        if gs is not None and not any(ctx.stage(n).expr.op is Op.ALLGATHER for n in gs.stages()):
+            continue
+        x = s.expr.args[0].type
+        key = (gs is None, tuple(ctx.stage(n).ty for n in (gs.stages() if gs else [s.name])), x)
+        if key in rs_cache and rs_cache[key] == []:
+            continue
+        found = _rs_warning(ctx, gs, s.name)
+        rs_cache[key] = found
+        out += found
+    out = _merge_alike(out)
+    if summary.speedup is not None and summary.speedup < 1 / _MARGIN:
+        out.append(
+            SimWarning(
+                "schedule-slower",
+                f"this schedule is predicted slower than the baseline: "
+                f"{_fmt(summary.makespan_s)} vs {_fmt(summary.baseline_s or 0.0)} "
+                f"({summary.speedup:.2f}x)",
+                (),
+                summary.makespan_s,
+                summary.baseline_s,
+            )
+        )
+    return out

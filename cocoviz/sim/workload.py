@@ -1,0 +1,854 @@
+"""What one rank does for each stage or group of a Program, as costed operations.
+
+The simulator (``cocoviz.sim.timeline``) places operations on streams; this module
+decides what the operations are and what each costs, from the cost model
+(``collectives``, ``compute``) and per-rank sizes (a sliced value is 1/G of its global
+size on each rank):
+
+- an unfused compute stage is one kernel; a ``matmul`` is one GEMM on the per-rank
+  shapes its layouts give (``[B·S, H/16] × [H/16, H]`` for Megatron's row-parallel
+  layer); a stage holding an implicit scalar reduction of a sliced value is a partial
+  kernel, the small collective ``<stage>.reduce``, and (when more follows the
+  reduction) a finishing kernel;
+- a fused compute group is one kernel whose memory traffic is what enters and leaves the
+  group (intermediates stay in registers), cut into phases at reductions and at row-wise
+  values other members consume (a grid-wide sync inside one cooperative kernel, or a
+  new launch after a cross-rank ``.reduce``);
+- a fused RS→C→AG (``--collectives nccl``) is the reducescatter, the fused kernel on the
+  shard and the allgathers, all on the communication stream (as the emitter issues
+  them); with ``nccl-device`` it is one kernel costed by ``device_kernel_time``;
+- a ``send`` is a p2p transfer between the same tp index of two pipeline stages, over
+  NVLink or the network depending on where the two world ranks sit;
+- an overlapped group is lowered once per chunk with 1/K of every size (a matmul chunk is
+  a GEMM on 1/K of the rows, with its own launch and tile quantization).
+
+Every operation carries a hashable ``spec`` from which its cost is computed (and cached),
+so identical layers of a deep stack cost one evaluation.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from enum import StrEnum
+from functools import lru_cache
+
+from cocoviz.errors import UsageError
+from cocoviz.ir.graph import deps, implicit_reductions, reduce_name, users
+from cocoviz.ir.nodes import (
+    COLLECTIVES,
+    REDUCTIONS,
+    ROWWISE,
+    Expr,
+    Group,
+    GroupKind,
+    Op,
+    Program,
+    Stage,
+)
+from cocoviz.ir.summary import per_rank_numel
+from cocoviz.ir.types import TensorType, block_dim, numel
+from cocoviz.sim.collectives import (
+    Coll,
+    CollCost,
+    CostModelError,
+    collective_time,
+    device_kernel_time,
+    p2p_time,
+)
+from cocoviz.sim.compute import (
+    NO_CONTENTION,
+    Contention,
+    comm_contention,
+    kernel_time,
+    matmul_time,
+)
+from cocoviz.sim.hardware import Hardware
+
+COMPUTE = "compute"
+COMM = "comm"
+STREAMS = (COMPUTE, COMM)
+COLLECTIVE_MODES = ("nccl", "nccl-device")
+
+
+class Kind(StrEnum):
+    """What an event is; the timeline colours by kind."""
+
+    MATMUL = "matmul"
+    COMPUTE = "compute"
+    FUSED = "fused"
+    COLLECTIVE = "collective"
+    REDUCE = "reduce"
+    P2P = "p2p"
+    DEVICE = "fused-collective"
+
+    @property
+    def is_comm(self) -> bool:
+        return self in COMM_KINDS
+
+
+COMM_KINDS = frozenset({Kind.COLLECTIVE, Kind.REDUCE, Kind.P2P, Kind.DEVICE})
+
+# FLOPs per output element (per input element for reductions). Memory-bound either way;
+# these only decide the rare compute-bound elementwise kernel.
+_FLOPS = {
+    Op.SQRT: 2, Op.RSQRT: 2, Op.EXP: 8, Op.LOG: 8, Op.TANH: 8, Op.SIGMOID: 8, Op.GELU: 10,
+    Op.POW: 8, Op.DROPOUT: 10, Op.LAYERNORM: 8, Op.RMSNORM: 6, Op.SOFTMAX: 6, Op.NORM: 2,
+    Op.REF: 0, Op.CONST: 0, Op.SLICE: 0, Op.UPDATE: 0,
+}  # fmt: skip
+
+
+# ---------------------------------------------------------------------------------------
+# Cached cost evaluations
+
+
+@lru_cache(maxsize=65536)
+def _kernel(
+    hw: Hardware, flops: float, nbytes: float, dtype: str, c: Contention, launch: bool
+) -> float:
+    return kernel_time(hw, flops, nbytes, dtype, contention=c, launch=launch)
+
+
+@lru_cache(maxsize=65536)
+def _matmul(hw: Hardware, m: int, n: int, k: int, dtype: str, c: Contention) -> float:
+    return matmul_time(hw, m, n, k, dtype, contention=c)
+
+
+@lru_cache(maxsize=65536)
+def _collective(hw: Hardware, coll: Coll, nbytes: int, nranks: int, rpn: int) -> CollCost:
+    return collective_time(hw, coll, nbytes, nranks, ranks_per_node=rpn)
+
+
+@lru_cache(maxsize=4096)
+def _p2p(hw: Hardware, nbytes: int, same_node: bool) -> CollCost:
+    return p2p_time(hw, nbytes, same_node=same_node)
+
+
+# ---------------------------------------------------------------------------------------
+# Operations
+
+
+@dataclass(frozen=True)
+class KernelSpec:
+    """A non-GEMM kernel (or one phase of a fused kernel)."""
+
+    flops: float
+    nbytes: float
+    dtype: str
+    launch: bool = True
+    sync_us: float = 0.0  # a grid-wide sync before this phase (cooperative kernel)
+
+    def time(self, hw: Hardware, c: Contention) -> float:
+        return (
+            _kernel(hw, self.flops, self.nbytes, self.dtype, c, self.launch) + self.sync_us * 1e-6
+        )
+
+
+@dataclass(frozen=True)
+class MatmulSpec:
+    m: int
+    n: int
+    k: int
+    dtype: str
+
+    @property
+    def flops(self) -> float:
+        return 2.0 * self.m * self.n * self.k
+
+    @property
+    def nbytes(self) -> float:
+        size = {"f16": 2, "bf16": 2, "f32": 4, "f64": 8, "i32": 4, "i64": 8}[self.dtype]
+        return float((self.m * self.k + self.k * self.n + self.m * self.n) * size)
+
+    def time(self, hw: Hardware, c: Contention) -> float:
+        return _matmul(hw, self.m, self.n, self.k, self.dtype, c)
+
+
+@dataclass(frozen=True)
+class CollSpec:
+    """A collective over the tp group of a pipeline stage (``nbytes``: NCCL's full buffer)."""
+
+    coll: Coll
+    nbytes: int
+    nranks: int
+    ranks_per_node: int
+
+    def cost(self, hw: Hardware) -> CollCost:
+        return _collective(hw, self.coll, self.nbytes, self.nranks, self.ranks_per_node)
+
+
+@dataclass(frozen=True)
+class P2PSpec:
+    nbytes: int
+
+
+@dataclass(frozen=True)
+class DeviceSpec:
+    """A fused RS→C→AG as one ``nccl-device`` kernel."""
+
+    nranks: int
+    reduce_bytes: int
+    gather_bytes: int
+    compute: KernelSpec
+    reductions: int = 0  # scalar reductions inside: one extra LSA barrier each
+
+    def time(self, hw: Hardware) -> float:
+        compute_s = self.compute.time(hw, NO_CONTENTION) if self.compute.nbytes else 0.0
+        cost = device_kernel_time(
+            hw,
+            self.nranks,
+            reduce_bytes=self.reduce_bytes,
+            gather_bytes=self.gather_bytes,
+            compute_s=compute_s,
+            sms=min(hw.gpu.sms, hw.nccl.channels),
+        )
+        return cost.time_s + self.reductions * hw.device.barrier_us * 1e-6
+
+
+Spec = KernelSpec | MatmulSpec | CollSpec | P2PSpec | DeviceSpec
+
+
+@dataclass(frozen=True)
+class Operation:
+    """One thing a rank runs: it waits for ``needs``, then makes ``makes`` available.
+
+    ``needs``/``makes`` are value keys: stage names, plus internal keys for partial
+    results (``stage#partial``). ``pstage`` is the pipeline stage whose ranks run it
+    (for p2p, the sender; ``dest`` is the receiver's). ``sync``: every rank of the tp
+    group starts it together (a collective).
+    """
+
+    name: str
+    stage: str
+    members: tuple[str, ...]
+    needs: frozenset[str]
+    makes: tuple[str, ...]
+    stream: str
+    kind: Kind
+    pstage: int | None
+    spec: Spec
+    flops: float = 0.0
+    nbytes: float = 0.0
+    detail: str = ""
+    sync: bool = False
+    dest: int | None = None
+
+
+# ---------------------------------------------------------------------------------------
+# Per-program context
+
+
+@dataclass
+class Context:
+    """Facts about a program shared by every lowering: group size, uses, placement."""
+
+    program: Program
+    hw: Hardware
+    collectives: str = "nccl"
+    deps: dict[str, set[str]] = field(default_factory=dict)
+    users: dict[str, list[str]] = field(default_factory=dict)
+    reductions: dict[str, list[Expr]] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.collectives not in COLLECTIVE_MODES:
+            raise UsageError(
+                f"unknown collectives lowering '{self.collectives}'",
+                hint=f"use one of {', '.join(COLLECTIVE_MODES)}",
+            )
+        self.deps = deps(self.program)
+        self.users = users(self.program)
+        self.reductions = {}
+        for stage, e in implicit_reductions(self.program):
+            self.reductions.setdefault(stage, []).append(e)
+        self.outputs = set(self.program.outputs)
+        self.updates = set(self.program.updates().values())
+        self.stage_names = {s.name for s in self.program.stages}
+        self._stages = {s.name: s for s in self.program.stages}
+        self.position = {s.name: i for i, s in enumerate(self.program.stages)}
+        self._types: dict[str, TensorType] = {i.name: i.ty for i in self.program.inputs}
+        self._types.update({s.name: s.ty for s in self.program.stages})
+        self.params = {p.name for p in self.program.params}
+
+    @property
+    def group(self) -> int:
+        return self.program.grid.group
+
+    def stage(self, name: str) -> Stage:
+        return self._stages[name]
+
+    def node(self, rank: int) -> int:
+        return rank // self.hw.gpus_per_node
+
+    def ranks_per_node(self, pstage: int) -> int:
+        """How many ranks of the tp group of ``pstage`` share the fullest node."""
+        t = self.program.grid.tp
+        counts: dict[int, int] = {}
+        for r in range(pstage * t, pstage * t + t):
+            counts[self.node(r)] = counts.get(self.node(r), 0) + 1
+        return max(counts.values())
+
+    def pstage_of(self, name: str) -> int:
+        p = self.stage(name).ty.pstage
+        return 0 if p is None else p
+
+    def per_rank_bytes(self, ty: TensorType) -> int:
+        return per_rank_numel(ty, self.group) * ty.dtype.itemsize
+
+    def type_of(self, name: str) -> TensorType:
+        ty = self._types.get(name)
+        return ty if ty is not None else self.program.type_of(name)
+
+
+def make_context(program: Program, hw: Hardware, collectives: str = "nccl") -> Context:
+    return Context(program, hw, collectives)
+
+
+# ---------------------------------------------------------------------------------------
+# Work of expressions
+
+
+def _expr_flops(e: Expr, group: int) -> float:
+    total = 0.0
+    for node in e.walk():
+        if node.op in COLLECTIVES or node.op is Op.MATMUL:
+            continue
+        per = _FLOPS.get(node.op, 1)
+        if not per:
+            continue
+        if node.op in REDUCTIONS:
+            total += per * per_rank_numel(node.args[0].type, group)
+        else:
+            total += per * per_rank_numel(node.type, group)
+    return total
+
+
+def _expr_reads(ctx: Context, e: Expr, skip_target: bool = True) -> dict[str, int]:
+    """Bytes each name read by an expression costs one rank (``slice(x)`` reads a slice)."""
+    params = ctx.params
+    out: dict[str, int] = {}
+
+    def go(node: Expr) -> None:
+        if node.op is Op.REF and node.name is not None:
+            if node.name not in params:
+                nb = ctx.per_rank_bytes(ctx.type_of(node.name))
+                out[node.name] = max(out.get(node.name, 0), nb)
+            return
+        if node.op is Op.SLICE and node.args and node.args[0].op is Op.REF:
+            name = node.args[0].name
+            assert name is not None
+            nb = ctx.per_rank_bytes(node.type)
+            out[name] = max(out.get(name, 0), nb)
+            return
+        args = node.args[1:] if node.op is Op.UPDATE and skip_target else node.args
+        for a in args:
+            go(a)
+
+    go(e)
+    return out
+
+
+def _has_cross_rank_reduction(ctx: Context, name: str) -> bool:
+    return name in ctx.reductions
+
+
+def _has_local_reduction(ctx: Context, name: str) -> bool:
+    s = ctx.stage(name)
+    return any(n.op in REDUCTIONS and not n.args[0].type.layout.is_sliced for n in s.expr.walk())
+
+
+def _wide_dtype(types: Iterable[TensorType]) -> str:
+    best = None
+    for t in types:
+        if t.dtype.is_float and (best is None or t.dtype.itemsize > best.dtype.itemsize):
+            best = t
+    return best.dtype.value if best is not None else "f32"
+
+
+def matmul_dims(ctx: Context, stage: Stage) -> MatmulSpec:
+    """Per-rank GEMM shape ``[m, k] × [k, n]`` of a ``matmul`` stage (DESIGN §2.4)."""
+    a, b = stage.expr.args
+    ta, tb = a.type, b.type
+    g = ctx.group
+    m = numel(ta.shape[:-1])
+    k = ta.shape[-1].value
+    n = tb.shape[-1].value
+    k_split = False
+    if ta.layout.is_sliced:
+        d = block_dim(ta.layout, ta.shape, g)
+        if d == len(ta.shape) - 1:
+            k_split = True
+        else:
+            m //= g
+    if tb.layout.is_sliced:
+        d = block_dim(tb.layout, tb.shape, g)
+        if d == 1:
+            n //= g
+        elif not k_split:
+            k_split = True
+    if k_split:
+        k //= g
+    return MatmulSpec(max(m, 1), max(n, 1), max(k, 1), stage.ty.dtype.value)
+
+
+def output_rows(ctx: Context, name: str) -> int:
+    """Global rows of a stage's value (all dimensions but the last, flattened)."""
+    ty = ctx.stage(name).ty
+    return numel(ty.shape[:-1]) if ty.shape else 1
+
+
+# ---------------------------------------------------------------------------------------
+# Lowering
+
+
+def _scaled(spec: KernelSpec, chunks: int) -> KernelSpec:
+    if chunks == 1:
+        return spec
+    return KernelSpec(
+        spec.flops / chunks, spec.nbytes / chunks, spec.dtype, spec.launch, spec.sync_us
+    )
+
+
+def _chunk_bytes(nbytes: int, chunks: int) -> int:
+    return max(1, nbytes // chunks) if nbytes else 0
+
+
+def _coll_op(ctx: Context, name: str, chunks: int, needs: Iterable[str]) -> list[Operation]:
+    s = ctx.stage(name)
+    x = s.expr.args[0].type
+    pstage = ctx.pstage_of(name)
+    if s.expr.op is Op.SEND:
+        src = x.pstage if x.pstage is not None else 0
+        nbytes = _chunk_bytes(ctx.per_rank_bytes(x), chunks)
+        return [
+            Operation(
+                name=name,
+                stage=name,
+                members=(name,),
+                needs=frozenset(needs),
+                makes=(name,),
+                stream=COMM,
+                kind=Kind.P2P,
+                pstage=src,
+                spec=P2PSpec(nbytes),
+                nbytes=nbytes,
+                dest=pstage,
+            )
+        ]
+    coll = {
+        Op.ALLREDUCE: Coll.ALLREDUCE,
+        Op.REDUCESCATTER: Coll.REDUCESCATTER,
+        Op.ALLGATHER: Coll.ALLGATHER,
+        Op.BROADCAST: Coll.BROADCAST,
+        Op.REDUCE: Coll.REDUCE,
+    }[s.expr.op]
+    nbytes = _chunk_bytes(x.numel * x.dtype.itemsize, chunks)
+    spec = CollSpec(coll, nbytes, ctx.group, ctx.ranks_per_node(pstage))
+    cost = spec.cost(ctx.hw)
+    ops = [
+        Operation(
+            name=name,
+            stage=name,
+            members=(name,),
+            needs=frozenset(needs),
+            makes=(name,) if not _needs_permute(ctx, s) else (f"{name}#gathered",),
+            stream=COMM,
+            kind=Kind.COLLECTIVE,
+            pstage=pstage,
+            spec=spec,
+            nbytes=nbytes,
+            detail=f"{coll.value} {cost.label}, {cost.nnodes} node{'s' if cost.nnodes > 1 else ''}",
+            sync=True,
+        )
+    ]
+    if _needs_permute(ctx, s):
+        # A sliced(d) gather lands in a staging buffer and is permuted (DESIGN §2.4).
+        out_bytes = s.ty.numel * s.ty.dtype.itemsize
+        k = _scaled(KernelSpec(0.0, 2.0 * out_bytes, s.ty.dtype.value), chunks)
+        ops.append(
+            Operation(
+                name=f"{name}.permute",
+                stage=name,
+                members=(name,),
+                needs=frozenset({f"{name}#gathered"}),
+                makes=(name,),
+                stream=COMM,
+                kind=Kind.COMPUTE,
+                pstage=pstage,
+                spec=k,
+                nbytes=k.nbytes,
+                detail="permute the gathered sliced(d) value",
+            )
+        )
+    return ops
+
+
+def _needs_permute(ctx: Context, s: Stage) -> bool:
+    if s.expr.op is not Op.ALLGATHER:
+        return False
+    lay = s.expr.args[0].type.layout
+    return lay.is_sliced and lay.dim is not None
+
+
+def _stage_needs(ctx: Context, name: str) -> set[str]:
+    return set(ctx.deps.get(name, set()))
+
+
+def lower_stage(ctx: Context, name: str, chunks: int = 1, chunk: int = 0) -> list[Operation]:
+    """An ungrouped stage (or an overlapped item that is a single stage)."""
+    s = ctx.stage(name)
+    needs = _stage_needs(ctx, name)
+    if s.expr.op in COLLECTIVES:
+        return _coll_op(ctx, name, chunks, needs)
+    pstage = ctx.pstage_of(name)
+    if s.expr.op is Op.MATMUL:
+        mm = matmul_dims(ctx, s)
+        rows = _chunk_rows(mm.m, chunks)[chunk]
+        spec = MatmulSpec(rows, mm.n, mm.k, mm.dtype)
+        return [
+            Operation(
+                name=name,
+                stage=name,
+                members=(name,),
+                needs=frozenset(needs),
+                makes=(name,),
+                stream=COMPUTE,
+                kind=Kind.MATMUL,
+                pstage=pstage,
+                spec=spec,
+                flops=spec.flops,
+                nbytes=spec.nbytes,
+                detail=f"[{spec.m}, {spec.k}] x [{spec.k}, {spec.n}] {spec.dtype}",
+            )
+        ]
+    return _compute_ops(ctx, (name,), pstage, COMPUTE, chunks, kind=Kind.COMPUTE)
+
+
+def _chunk_rows(m: int, chunks: int) -> list[int]:
+    size, extra = divmod(m, chunks)
+    return [max(1, size + (1 if i < extra else 0)) for i in range(chunks)]
+
+
+def _phases(ctx: Context, members: Sequence[str]) -> list[list[str]]:
+    """Cut compute members into phases: a member consuming a reduction's result, or a
+    row-wise value of another member, starts after a sync."""
+    inside = set(members)
+    phase: dict[str, int] = {}
+    for m in members:
+        p = 0
+        for d in ctx.deps.get(m, ()):
+            if d not in inside:
+                continue
+            cut = (
+                _has_cross_rank_reduction(ctx, d)
+                or _has_local_reduction(ctx, d)
+                or ctx.stage(d).expr.op in ROWWISE
+            )
+            p = max(p, phase[d] + (1 if cut else 0))
+        phase[m] = p
+    out: list[list[str]] = [[] for _ in range(max(phase.values(), default=0) + 1)]
+    for m in members:
+        out[phase[m]].append(m)
+    return out
+
+
+def _compute_ops(
+    ctx: Context,
+    members: Sequence[str],
+    pstage: int,
+    stream: str,
+    chunks: int,
+    *,
+    kind: Kind,
+    label: str | None = None,
+    first_launch: bool = True,
+) -> list[Operation]:
+    """Compute members as one kernel, in phases, with ``.reduce`` collectives between."""
+    phases = _phases(ctx, members)
+    ops: list[Operation] = []
+    launch = first_launch
+    base_label = label or (
+        members[0] if len(members) == 1 else f"fused({members[0]}…{members[-1]})"
+    )
+    for pi, phase in enumerate(phases):
+        made = set(phase)
+        reads: dict[str, int] = {}
+        flops = 0.0
+        for m in phase:
+            for n, b in _expr_reads(ctx, ctx.stage(m).expr).items():
+                if n not in made:
+                    reads[n] = max(reads.get(n, 0), b)
+            flops += _expr_flops(ctx.stage(m).expr, ctx.group)
+        writes = 0
+        for m in phase:
+            outside = any(u not in made for u in ctx.users.get(m, ()))
+            if outside or m in ctx.outputs or m in ctx.updates:
+                writes += ctx.per_rank_bytes(ctx.stage(m).ty)
+        dtype = _wide_dtype(ctx.stage(m).ty for m in phase)
+        sync_us = 0.0 if launch else ctx.hw.gpu.kernel_gap_us
+        spec = _scaled(
+            KernelSpec(flops, float(sum(reads.values()) + writes), dtype, launch), chunks
+        )
+        spec = KernelSpec(spec.flops, spec.nbytes, spec.dtype, spec.launch, sync_us)
+        phase_needs: set[str] = set()
+        for m in phase:
+            phase_needs |= {d for d in ctx.deps.get(m, ()) if d not in made}
+        reducing = [m for m in phase if _has_cross_rank_reduction(ctx, m)]
+        # Values that wait for a cross-rank reduction are made by the reduce op.
+        direct = tuple(m for m in phase if m not in reducing)
+        partial = tuple(f"{m}#partial" for m in reducing)
+        name = base_label if len(phases) == 1 else f"{base_label} phase {pi + 1}/{len(phases)}"
+        ops.append(
+            Operation(
+                name=name,
+                stage=phase[0],
+                members=tuple(phase),
+                needs=frozenset(phase_needs),
+                makes=direct + partial,
+                stream=stream,
+                kind=kind,
+                pstage=pstage,
+                spec=spec,
+                flops=spec.flops,
+                nbytes=spec.nbytes,
+                detail=f"{len(phase)} stage{'s' if len(phase) > 1 else ''}"
+                + (f", phase {pi + 1} of {len(phases)}" if len(phases) > 1 else ""),
+            )
+        )
+        for m in reducing:
+            for k, e in enumerate(ctx.reductions[m]):
+                rname = reduce_name(m, k)
+                itemsize = e.type.dtype.itemsize
+                spec_r = CollSpec(Coll.ALLREDUCE, itemsize, ctx.group, ctx.ranks_per_node(pstage))
+                cost = spec_r.cost(ctx.hw)
+                ops.append(
+                    Operation(
+                        name=rname,
+                        stage=m,
+                        members=(m,),
+                        needs=frozenset({f"{m}#partial"}),
+                        makes=(m,) if k == len(ctx.reductions[m]) - 1 else (f"{rname}#done",),
+                        stream=COMM,
+                        kind=Kind.REDUCE,
+                        pstage=pstage,
+                        spec=spec_r,
+                        nbytes=itemsize,
+                        detail=f"scalar {e.op.value} allreduce {cost.label}",
+                        sync=True,
+                    )
+                )
+        launch = bool(reducing)
+    return ops
+
+
+def _group_lower(
+    ctx: Context, g: Group, chunks: int, chunk: int, nccl_device: bool
+) -> list[Operation]:
+    """A fused group: compute only, RS→C→AG, compute→send, or send→compute."""
+    inside = set(g.stages())
+    members = sorted(inside, key=ctx.position.__getitem__)
+    needs: set[str] = set()
+    for m in members:
+        needs |= {d for d in ctx.deps.get(m, ()) if d not in inside}
+    colls = [m for m in members if ctx.stage(m).expr.op in COLLECTIVES]
+    compute = [m for m in members if m not in colls]
+    label = f"fused({members[0]}…{members[-1]})"
+    pstage = ctx.pstage_of(compute[0]) if compute else ctx.pstage_of(members[0])
+    rs = [m for m in colls if ctx.stage(m).expr.op is Op.REDUCESCATTER]
+    ags = [m for m in colls if ctx.stage(m).expr.op is Op.ALLGATHER]
+    if rs and nccl_device:
+        return _device_lower(ctx, members, rs, ags, compute, needs, chunks, label)
+    ops: list[Operation] = []
+    stream = COMM if rs else COMPUTE
+    head = [
+        m for m in colls if m in rs or ctx.stage(m).expr.op is Op.SEND and _before(ctx, m, compute)
+    ]
+    tail = [m for m in colls if m not in head]
+    for m in head:
+        ops += _coll_op(ctx, m, chunks, ctx.deps.get(m, set()))
+    if compute:
+        ops += _compute_ops(ctx, compute, pstage, stream, chunks, kind=Kind.FUSED, label=label)
+    for m in tail:
+        ops += _coll_op(ctx, m, chunks, ctx.deps.get(m, set()))
+    return ops
+
+
+def _before(ctx: Context, coll: str, compute: Sequence[str]) -> bool:
+    """Whether a send in a fused group feeds its compute (send → compute on the receiver)."""
+    return any(coll in ctx.deps.get(c, ()) for c in compute)
+
+
+def _device_lower(
+    ctx: Context,
+    members: Sequence[str],
+    rs: Sequence[str],
+    ags: Sequence[str],
+    compute: Sequence[str],
+    needs: set[str],
+    chunks: int,
+    label: str,
+) -> list[Operation]:
+    hw = ctx.hw
+    if ctx.group > hw.gpus_per_node:
+        raise UsageError(
+            f"--collectives nccl-device needs every rank of a group in one NVLink domain: "
+            f"{ctx.group} ranks > {hw.gpus_per_node} GPUs per node on {hw.name}",
+            hint="use --collectives nccl, or fewer ranks",
+        )
+    reduce_bytes = sum(
+        ctx.stage(m).expr.args[0].type.numel * ctx.stage(m).expr.args[0].type.dtype.itemsize
+        for m in rs
+    )
+    gather_bytes = sum(ctx.stage(m).ty.numel * ctx.stage(m).ty.dtype.itemsize for m in ags)
+    flops = 0.0
+    reads: dict[str, int] = {}
+    made = set(members)
+    for m in compute:
+        flops += _expr_flops(ctx.stage(m).expr, ctx.group)
+        for n, b in _expr_reads(ctx, ctx.stage(m).expr).items():
+            if n not in made:
+                reads[n] = max(reads.get(n, 0), b)
+    writes = sum(
+        ctx.per_rank_bytes(ctx.stage(m).ty)
+        for m in compute
+        if m in ctx.updates or m in ctx.outputs or any(u not in made for u in ctx.users.get(m, ()))
+    )
+    kspec = KernelSpec(flops / chunks, (sum(reads.values()) + writes) / chunks,
+                       _wide_dtype(ctx.stage(m).ty for m in compute), launch=False)  # fmt: skip
+    spec = DeviceSpec(
+        ctx.group,
+        _chunk_bytes(reduce_bytes, chunks),
+        _chunk_bytes(gather_bytes, chunks),
+        kspec,
+        reductions=sum(len(ctx.reductions.get(m, ())) for m in compute),
+    )
+    pstage = ctx.pstage_of(members[0])
+    return [
+        Operation(
+            name=label,
+            stage=rs[0],
+            members=tuple(members),
+            needs=frozenset(needs),
+            makes=tuple(members),
+            stream=COMM,
+            kind=Kind.DEVICE,
+            pstage=pstage,
+            spec=spec,
+            flops=kspec.flops,
+            nbytes=float(spec.reduce_bytes + spec.gather_bytes),
+            detail="one nccl-device kernel: RS → compute → AG over NVLink load/store",
+            sync=True,
+        )
+    ]
+
+
+def lower_item(ctx: Context, item: str | Group, chunks: int = 1, chunk: int = 0) -> list[Operation]:
+    """Operations for one top-level item of the contracted order (one chunk of it)."""
+    if isinstance(item, str):
+        return lower_stage(ctx, item, chunks, chunk)
+    if item.kind is GroupKind.FUSED:
+        return _group_lower(ctx, item, chunks, chunk, ctx.collectives == "nccl-device")
+    raise ValueError("overlapped groups are lowered chunk by chunk by lower_overlap")
+
+
+def lower_overlap(ctx: Context, g: Group, chunks: int | None = None) -> list[list[Operation]]:
+    """Per chunk, the operations of every item of an overlapped group in item order."""
+    k = chunks if chunks is not None else (g.chunks or 1)
+    out: list[list[Operation]] = []
+    for c in range(k):
+        ops: list[Operation] = []
+        for it in g.items:
+            ops += lower_item(ctx, it, k, c)
+        out.append(ops)
+    return out
+
+
+def overlap_rows(ctx: Context, g: Group) -> int:
+    first = g.items[0]
+    name = first if isinstance(first, str) else next(iter(first.stages()))
+    return output_rows(ctx, name)
+
+
+def chunks_legal(ctx: Context, g: Group, k: int) -> bool:
+    """Whether K chunks are legal for an overlapped group (DESIGN §3, overlap)."""
+    if k < 1:
+        return False
+    if overlap_rows(ctx, g) % k:
+        return False
+    rowwise = False
+    for n in g.stages():
+        s = ctx.stage(n)
+        if s.expr.op is Op.REDUCESCATTER:
+            if (s.expr.args[0].type.numel // k) % ctx.group or s.expr.args[0].type.numel % k:
+                return False
+        if any(e.op in ROWWISE for e in s.expr.walk()):
+            rowwise = True
+    if rowwise and (overlap_rows(ctx, g) // k) % ctx.group:
+        return False
+    return True
+
+
+def comm_contention_of(hw: Hardware, op: Operation) -> Contention:
+    """What an operation running on the communication stream takes from compute."""
+    spec = op.spec
+    if isinstance(spec, CollSpec):
+        return comm_contention(hw, spec.cost(hw))
+    if isinstance(spec, P2PSpec):
+        return comm_contention(hw, _p2p(hw, max(spec.nbytes, 1), True))
+    if isinstance(spec, DeviceSpec):
+        dur = spec.time(hw)
+        return Contention(
+            sm_fraction=min(0.95, min(hw.gpu.sms, hw.nccl.channels) / hw.gpu.sms),
+            hbm_gbps=(spec.reduce_bytes + spec.gather_bytes) * 2 / dur / 1e9 if dur else 0.0,
+            interference=hw.overlap.compute_slowdown_nvlink,
+        )
+    if isinstance(spec, KernelSpec):
+        dur = spec.time(hw, NO_CONTENTION)
+        return Contention(
+            sm_fraction=min(0.95, hw.nccl.channels / hw.gpu.sms),
+            hbm_gbps=min(hw.gpu.hbm_gbps, spec.nbytes / dur / 1e9) if dur else 0.0,
+            interference=hw.overlap.compute_slowdown_nvlink,
+        )
+    return NO_CONTENTION
+
+
+def duration(hw: Hardware, op: Operation, contention: Contention = NO_CONTENTION) -> float:
+    """Seconds an operation takes (a compute op under ``contention``)."""
+    spec = op.spec
+    if isinstance(spec, KernelSpec | MatmulSpec):
+        return spec.time(hw, contention)
+    if isinstance(spec, CollSpec):
+        return spec.cost(hw).time_s
+    if isinstance(spec, DeviceSpec):
+        return spec.time(hw)
+    raise TypeError(f"{op.name}: p2p durations depend on the pair; use p2p_duration")
+
+
+def p2p_duration(hw: Hardware, op: Operation, same_node: bool) -> CollCost:
+    assert isinstance(op.spec, P2PSpec)
+    return _p2p(hw, op.spec.nbytes, same_node)
+
+
+def is_compute(op: Operation) -> bool:
+    return isinstance(op.spec, KernelSpec | MatmulSpec)
+
+
+CostFn = Callable[[Contention], float]
+
+__all__ = [
+    "COLLECTIVE_MODES",
+    "COMM",
+    "COMM_KINDS",
+    "COMPUTE",
+    "Context",
+    "CostModelError",
+    "Kind",
+    "Operation",
+    "chunks_legal",
+    "comm_contention_of",
+    "duration",
+    "lower_item",
+    "lower_overlap",
+    "make_context",
+    "matmul_dims",
+    "p2p_duration",
+]
