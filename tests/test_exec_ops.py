@@ -115,6 +115,12 @@ def test_scalar_scalar_promotion() -> None:
     np.testing.assert_array_equal(res.global_value("z"), x * np.float64(F32(1) - F32(0.1)))
 
 
+def test_literals_convert_from_their_source_value() -> None:
+    res = run(program("z = x * 0.1 + 0.3\noutput z", "input x : f64[N] replicated"))
+    x = res.global_value("x")
+    np.testing.assert_array_equal(res.global_value("z"), x * 0.1 + 0.3)
+
+
 def test_integer_division_truncates_toward_zero() -> None:
     res = run(program("z = (x - 8) / 3\noutput z", "input x : i32[N] replicated", dims="N = 64"))
     x = res.global_value("x").astype(np.int64) - 8

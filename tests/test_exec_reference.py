@@ -282,3 +282,23 @@ def test_unknown_param_is_an_input_error() -> None:
     )
     with pytest.raises(InputError, match="no param named 'lf'"):
         run_reference(prog(text), params={"lf": 1.0})
+
+
+@pytest.mark.parametrize("layout", ["sliced", "sliced(1)", "sliced(2)"])
+def test_two_dimensional_broadcast_operand(layout: str) -> None:
+    # q[S, H] is read at the global (s, h) of every result element, whatever the slicing;
+    # with 4 ranks the flat chunks (12 elements) start mid-row.
+    text = f"""program t
+ranks 4
+dim B = 2, S = 4, H = 6
+input x : f32[B, S, H] {layout}
+input q : f32[S, H] replicated
+input c : f32[S, 1] replicated
+z = x * q - c
+output z
+"""
+    if layout == "sliced(2)":
+        text = text.replace("H = 6", "H = 8")
+    res = run_reference(prog(text))
+    x, q, c = (res.global_value(n) for n in "xqc")
+    np.testing.assert_array_equal(res.global_value("z"), x * q - c)

@@ -483,8 +483,12 @@ class _Eval:
     # Operands of a node with dtype `dtype` and type `ty`: weak scalars converted to the
     # node dtype; replicated operands of a sliced node read at global positions.
     def _operand(self, a: Expr, node_ty: TensorType, dtype: DType | None) -> Array:
-        v = self.eval(a)
         at = a.type
+        if a.op is Op.CONST and dtype is not None:
+            # A literal converts from its exact source value (0.1 in f64 is not f32(0.1)).
+            assert a.value is not None
+            return _as(np.asarray(a.value), dtype)
+        v = self.eval(a)
         if dtype is not None and at.is_scalar and (not node_ty.is_scalar or at.dtype != dtype):
             v = _as(v, dtype) if v.dtype != np.bool_ else v
         if node_ty.layout.is_sliced and not at.layout.is_sliced and not at.is_scalar:
