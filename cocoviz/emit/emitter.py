@@ -1,0 +1,126 @@
+"""`emit`: a scheduled Program → the files of its output tree; `build`: run make there."""
+
+from __future__ import annotations
+
+import shlex
+import subprocess
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+from cocoviz.emit.lower import Collectives, lower_emit
+from cocoviz.emit.manifest import manifest
+from cocoviz.emit.render import EmitOptions, renderer_for
+from cocoviz.emit.toolchain import Toolchain, arch_number, find_toolchain
+from cocoviz.errors import BuildError, UsageError
+from cocoviz.ir.nodes import Program
+
+Target = Literal["cuda", "cpu"]
+MIN_ARCH = 75
+"""CUDA 13 builds Turing (sm_75) and newer; Volta (sm_70) needs CUDA 12 or older."""
+
+
+def check_arch(arch: str) -> None:
+    """Refuse architectures CUDA 13 cannot build, with the reason (exit 2)."""
+    try:
+        n = arch_number(arch)
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+    if n < MIN_ARCH:
+        raise UsageError(
+            f"--arch {arch}: CUDA 13 cannot build for this architecture "
+            f"(Volta sm_70 support ended with CUDA 12; CUDA 13 starts at sm_{MIN_ARCH})",
+            hint="use --arch sm_80 or newer; the v100-dgx2 hardware profile remains a "
+            "model-only target for `cocoviz simulate`",
+        )
+
+
+@dataclass(frozen=True)
+class Emitted:
+    files: dict[str, str]
+    binary: str
+
+
+def _predicted(program: Program) -> tuple[dict[str, float] | None, str | None]:
+    """Per-stage predicted times from the cost model, when it offers them."""
+    try:
+        from cocoviz.sim import timeline
+    except ImportError:
+        return None, "the cost model is not available in this build"
+    fn = getattr(timeline, "stage_times", None)
+    if fn is None:
+        return None, "the cost model offers no per-stage prediction yet"
+    try:
+        return dict(fn(program)), None
+    except Exception as e:  # noqa: BLE001 - a prediction must never break emitting
+        return None, f"the cost model failed: {type(e).__name__}: {e}"
+
+
+def emit(
+    scheduled: Program,
+    reference: Program | None,
+    *,
+    target: Target = "cuda",
+    collectives: Collectives = "nccl",
+    arch: str = "sm_90",
+    schedule_name: str | None = None,
+    schedule_steps: Sequence[str] = (),
+    seed: int = 0,
+    toolchain: Toolchain | None = None,
+) -> Emitted:
+    """The output tree of `scheduled` (and `reference`, the unscheduled program that
+    ``--check`` compares against) for `target`."""
+    if target == "cuda":
+        check_arch(arch)
+    plan = lower_emit(scheduled, reference, collectives, schedule_name, schedule_steps, seed)
+    tc = toolchain or find_toolchain()
+    make_vars = tuple(tc.make_variables(arch).items())
+    mpiexec = "mpiexec"
+    if tc.mpi is not None and tc.mpi.mpiexec is not None:
+        mpiexec = shlex.quote(str(tc.mpi.mpiexec))
+    options = EmitOptions(
+        target=target, arch=arch, make_vars=_make_vars(make_vars, target), mpiexec=mpiexec
+    )
+    files = renderer_for(plan, options).files()
+    predicted, note = _predicted(scheduled)
+    names = [*files, "manifest.json"]
+    files["manifest.json"] = manifest(
+        plan, target, arch if target == "cuda" else None, names, predicted, note
+    )
+    return Emitted(files, plan.file_stem)
+
+
+_CPU_VARS = ("MPI_HOME", "MPICXX", "MPIEXEC", "CXXFLAGS")
+
+
+def _make_vars(items: tuple[tuple[str, str], ...], target: Target) -> tuple[tuple[str, str], ...]:
+    out = []
+    for k, v in items:
+        if target == "cpu" and k not in _CPU_VARS:
+            continue
+        if any(c in v for c in "\n\\#"):
+            continue
+        out.append((k, v))
+    return tuple(out)
+
+
+def build(directory: Path, jobs: int = 2, extra: Sequence[str] = ()) -> str:
+    """Run make in `directory`; raises BuildError with the compiler's messages."""
+    try:
+        res = subprocess.run(
+            ["make", "-C", str(directory), f"-j{jobs}", *extra],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+    except OSError as e:
+        raise BuildError(f"cannot run make: {e.strerror}") from None
+    if res.returncode != 0:
+        errors = [ln for ln in (res.stderr + res.stdout).splitlines() if "error" in ln.lower()]
+        shown = "\n".join(errors[:20]) or (res.stderr or res.stdout)[-4000:]
+        raise BuildError(
+            f"building the emitted code in {directory} failed (make exit {res.returncode}):\n{shown}",
+            hint=f"run `make -C {directory}` to see the full output",
+        )
+    return res.stdout + res.stderr

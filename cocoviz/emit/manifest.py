@@ -1,0 +1,123 @@
+"""``manifest.json``: what each stage of the program became, so a reader can see that
+fusion and overlap really happened (DESIGN §5)."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from cocoviz.emit import plan as pl
+
+
+def _steps(steps: tuple[pl.Step, ...]) -> list[dict[str, Any]]:
+    out: list[dict[str, Any]] = []
+    for s in steps:
+        d: dict[str, Any] = {"kind": s.kind, "name": s.cname, "stream": s.stream}
+        if s.pstage is not None:
+            d["pipeline_stage"] = s.pstage
+        if isinstance(s, pl.Kernel):
+            d["stages"] = list(s.stages)
+            d["elements"] = s.space.launch_count
+            if s.reductions:
+                d["reductions"] = [r.kind for r in s.reductions]
+        elif isinstance(s, pl.RowKernel):
+            d.update(stages=list(s.stages), op=s.op, rows=s.space.launch_count // s.row_len)
+        elif isinstance(s, pl.ReduceFinish):
+            d.update(stages=[s.stage], cross_rank=s.cross_rank)
+        elif isinstance(s, pl.Matmul):
+            d.update(stages=[s.stage], m=s.m, n=s.n, k=s.k, api="cublasGemmEx")
+        elif isinstance(s, pl.Collective):
+            d.update(stages=[s.stage], op=s.op, count=s.count, in_place=s.inplace)
+            if s.rop:
+                d["reduce_op"] = s.rop
+        elif isinstance(s, pl.DeviceCollective):
+            d.update(stages=list(s.stages), api="NCCL device API (LSA)", reduce_op=s.rop)
+        elif isinstance(s, pl.ChunkLoop):
+            d.update(
+                stages=list(s.stages),
+                chunks=s.chunks,
+                per_chunk=[
+                    {"item": it.label, "stream": it.stream, "steps": _steps(it.steps)}
+                    for it in s.items
+                ],
+            )
+        out.append(d)
+    return out
+
+
+def _program(p: pl.ProgramPlan, predicted: dict[str, float] | None) -> dict[str, Any]:
+    stages = []
+    for s in p.stages:
+        d: dict[str, Any] = {
+            "name": s.name,
+            "op": s.op,
+            "layout": s.layout,
+            "kernels": list(s.kernels),
+            "collectives": list(s.collectives),
+            "streams": list(s.streams),
+            "stored": s.stored,
+        }
+        if s.group:
+            d["group"] = s.group
+        if s.chunks:
+            d["chunks"] = s.chunks
+        if predicted and s.name in predicted:
+            d["predicted_us"] = round(predicted[s.name], 3)
+        stages.append(d)
+    return {
+        "stages": stages,
+        "steps": _steps(p.steps),
+        "buffers": [
+            {
+                "name": b.cname,
+                "value": b.source,
+                "dtype": b.dtype.value,
+                "elements_per_rank": b.count,
+                "role": b.role,
+                **({"alias_of": b.alias} if b.alias else {}),
+                **({"symmetric_window": True} if b.symmetric else {}),
+            }
+            for b in p.buffers
+        ],
+        "kernels": sum(1 for _ in _kernel_names(p.steps)),
+        "chunk_loops": p.chunk_loops,
+    }
+
+
+def _kernel_names(steps: tuple[pl.Step, ...]) -> list[str]:
+    out: list[str] = []
+    for s in steps:
+        if isinstance(s, pl.ChunkLoop):
+            for it in s.items:
+                out.extend(_kernel_names(it.steps))
+        elif isinstance(s, (pl.Kernel, pl.RowKernel, pl.DeviceCollective)):
+            out.append(s.cname)
+    return out
+
+
+def manifest(
+    plan: pl.EmitPlan,
+    target: str,
+    arch: str | None,
+    files: list[str],
+    predicted: dict[str, float] | None = None,
+    predicted_note: str | None = None,
+) -> str:
+    data: dict[str, Any] = {
+        "tool": "cocoviz",
+        "program": plan.program,
+        "target": target,
+        "ranks": {"tp": plan.tp, "pp": plan.pp, "world": plan.world},
+        "dims": dict(plan.dims),
+        "schedule": {"name": plan.schedule_name, "steps": list(plan.schedule_steps)},
+        "collectives": plan.collectives if target == "cuda" else "mpi",
+        "files": sorted(files),
+        "scheduled": _program(plan.scheduled, predicted),
+    }
+    if target == "cuda":
+        data["arch"] = arch
+    if plan.reference is not None:
+        data["unscheduled"] = _program(plan.reference, None)
+    if predicted_note:
+        data["predicted_note"] = predicted_note
+    return json.dumps(data, indent=2) + "\n"

@@ -1,0 +1,420 @@
+"""The backend-neutral lowered form of a scheduled Program (what `lower.py` builds and
+every renderer in `cocoviz/emit/` reads).
+
+A `ProgramPlan` is what one rank executes: buffers (per-rank storage of every value
+that needs memory, with aliases for in-place updates and collectives), and an ordered
+list of steps — elementwise kernels whose bodies are SSA statements (`Stmt`), row
+kernels, reduction finishes, matmuls, collectives and chunk loops. Every field is a
+plain value (ints, C identifiers already sanitized, tags); renderers only add the
+spellings of their backend (types, math functions, API calls).
+
+Index conventions inside a kernel body, for element `i` of the launch:
+
+- ``L`` is the element's index in the value's per-rank storage (the chunk offset added),
+- ``E`` is its *global element index* in the value's global shape,
+- ``D`` is its *generator index* (E, or ``tp·numel + E`` for a local value).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal, Union
+
+from cocoviz.ir.types import DType
+
+ViewKind = Literal["replicated", "local", "flat", "block", "chunked"]
+StreamName = Literal["main", "compute", "comm"]
+
+
+@dataclass(frozen=True)
+class View:
+    """How one value's per-rank storage maps onto its global shape.
+
+    ``block`` is `sliced(d)` with ``outer`` = product of the dimensions before d,
+    ``extent`` = shape[d], ``inner`` = product after d; rank r holds block r of d.
+    ``chunked`` is a flat slicing produced chunk by chunk inside an overlapped group:
+    in chunk k rank r holds ``[k·numel/K + r·numel/(K·G), +numel/(K·G))``.
+    """
+
+    kind: ViewKind
+    shape: tuple[int, ...]
+    count: int
+    outer: int = 1
+    extent: int = 1
+    inner: int = 1
+    chunks: int = 1
+
+    @property
+    def numel(self) -> int:
+        n = 1
+        for s in self.shape:
+            n *= s
+        return n
+
+    @property
+    def sliced(self) -> bool:
+        return self.kind in ("flat", "block", "chunked")
+
+    @property
+    def blk(self) -> int:
+        """Block length along the sliced dimension (block views)."""
+        return self.count // (self.outer * self.inner) if self.kind == "block" else 0
+
+
+@dataclass(frozen=True)
+class Offset:
+    """An element offset ``const + per_rank·tp + per_chunk·k``."""
+
+    const: int = 0
+    per_rank: int = 0
+    per_chunk: int = 0
+
+    @property
+    def is_zero(self) -> bool:
+        return self.const == 0 and self.per_rank == 0 and self.per_chunk == 0
+
+
+ZERO = Offset()
+
+
+@dataclass(frozen=True)
+class Buffer:
+    """Per-rank storage. ``alias`` names the buffer whose memory this one uses, at
+    ``offset``; ``addressing="global"`` means elements are stored at their global
+    element index E of the aliased (replicated) buffer (a slice computed in place)."""
+
+    cname: str
+    source: str
+    dtype: DType
+    count: int
+    pstage: int | None
+    role: Literal["input", "stage", "temp", "partial", "acc", "staging"]
+    alias: str | None = None
+    offset: Offset = ZERO
+    addressing: Literal["local", "global"] = "local"
+    symmetric: bool = False
+    """Allocated with ncclMemAlloc and registered as a window (nccl-device lowering)."""
+
+
+@dataclass(frozen=True)
+class InputInit:
+    """How an input is generated: its runs of consecutive generator indices."""
+
+    buffer: str
+    source: str
+    dtype: DType
+    view: View
+    pstage: int | None
+    local: bool
+    """Generator index of a local value is ``tp·numel + E``."""
+
+
+@dataclass(frozen=True)
+class OutputSpec:
+    source: str
+    buffer: str
+    dtype: DType
+    view: View
+    pstage: int | None
+    global_shape: tuple[int, ...]
+    """Shape of the global value (``[G, *shape]`` for a local value)."""
+
+
+@dataclass(frozen=True)
+class Key:
+    """A generator key computed once per run: ``key_for(tag, seed)``."""
+
+    cname: str
+    tag: str
+
+
+@dataclass(frozen=True)
+class DropoutConst:
+    cname: str
+    p: float
+    dtype: DType
+
+
+# --------------------------------------------------------------------------- statements
+
+
+@dataclass(frozen=True)
+class Stmt:
+    """One SSA statement of a kernel body. ``kind`` selects the template branch; the
+    other fields are used as the kind needs (see `lower.BodyBuilder`).
+
+    kinds: index_bcast (dst = Σ ((src / rs) % rd) · os over ``terms``), index_flat
+    (dst = src − tp·a), index_block (global → local of a block view: a = extent·inner,
+    b = inner, c = blk), index_local (dst = tp·a + src), index_chunk (dst = k·a + src),
+    load, load_scalar, param, const, convert, unary, binary, compare, where, dropout,
+    round, store, acc.
+    """
+
+    kind: str
+    dst: str = ""
+    a: str = ""
+    b: str = ""
+    c: str = ""
+    op: str = ""
+    dtype: DType | None = None
+    src_dtype: DType | None = None
+    buffer: str = ""
+    literal: str = ""
+    n1: int = 0
+    n2: int = 0
+    n3: int = 0
+    terms: tuple[tuple[int, int, int], ...] = ()
+
+
+@dataclass(frozen=True)
+class Space:
+    """The iteration space of a kernel launch: ``count`` elements of a value with
+    `view`, chunk ``k`` of it when ``chunked_loop``."""
+
+    view: View
+    in_chunk_loop: bool = False
+
+    @property
+    def launch_count(self) -> int:
+        if self.in_chunk_loop:
+            return self.view.count // self.view.chunks
+        return self.view.count
+
+
+@dataclass(frozen=True)
+class Reduction:
+    """A whole-tensor reduction computed as partials inside a kernel."""
+
+    kind: Literal["sum", "sumsq", "absmax"]
+    var: str
+    """The SSA variable accumulated per element."""
+    partial: str
+    """Buffer of per-block partials (CUDA) / the one accumulator (CPU), in acc dtype."""
+    acc_dtype: DType
+
+
+@dataclass(frozen=True)
+class Kernel:
+    """An elementwise kernel: one or more member stages computed per element."""
+
+    cname: str
+    stages: tuple[str, ...]
+    space: Space
+    body: tuple[Stmt, ...]
+    reductions: tuple[Reduction, ...] = ()
+    pstage: int | None = 0
+    stream: StreamName = "main"
+    kind: Literal["kernel"] = "kernel"
+
+
+@dataclass(frozen=True)
+class RowKernel:
+    """layernorm / rmsnorm / softmax over rows of the last dimension."""
+
+    cname: str
+    stages: tuple[str, ...]
+    op: Literal["layernorm", "rmsnorm", "softmax"]
+    space: Space
+    row_len: int
+    x_body: tuple[Stmt, ...]
+    """Computes ``x_var`` for element ``i`` (index in the launch)."""
+    x_var: str
+    gb_body: tuple[Stmt, ...]
+    """Computes ``gamma_var`` / ``beta_var`` for element ``i``."""
+    store_body: tuple[Stmt, ...]
+    """Rounds and stores ``y_var`` (the normalized value, computed by the template)."""
+    y_var: str
+    gamma_var: str
+    beta_var: str
+    eps: float
+    compute: DType
+    pstage: int | None = 0
+    stream: StreamName = "main"
+    kind: Literal["row"] = "row"
+
+
+@dataclass(frozen=True)
+class ReduceFinish:
+    """Partials → one value → (cross-rank) → final scalar in the stage's buffer."""
+
+    cname: str
+    stage: str
+    reduction: Reduction
+    cross_rank: bool
+    result: str
+    result_dtype: DType
+    pstage: int | None = 0
+    stream: StreamName = "main"
+    kind: Literal["finish"] = "finish"
+
+
+@dataclass(frozen=True)
+class Matmul:
+    """C[m, n] = A[m, k] × B[k, n] on per-rank storage, row-major."""
+
+    cname: str
+    stage: str
+    a: str
+    b: str
+    c: str
+    m: int
+    n: int
+    k: int
+    dtype: DType
+    a_offset: Offset = ZERO
+    c_offset: Offset = ZERO
+    pstage: int | None = 0
+    stream: StreamName = "main"
+    kind: Literal["matmul"] = "matmul"
+
+
+CollOp = Literal["allreduce", "reducescatter", "allgather", "broadcast", "reduce", "send", "recv"]
+
+
+@dataclass(frozen=True)
+class Collective:
+    cname: str
+    stage: str
+    op: CollOp
+    rop: Literal["sum", "prod", "max", "min", "avg"] | None
+    send: str
+    recv: str
+    count: int
+    """NCCL's count: elements sent per rank (allgather), received per rank
+    (reducescatter), or the whole buffer (allreduce, broadcast, reduce, send/recv)."""
+    dtype: DType
+    send_offset: Offset = ZERO
+    recv_offset: Offset = ZERO
+    inplace: bool = False
+    root: int = 0
+    peer_pstage: int = 0
+    """send/recv: the pipeline stage of the peer (same tp index)."""
+    comm: Literal["group", "world"] = "group"
+    permute: View | None = None
+    """allgather of a block-sliced value: gather into ``staging`` then permute."""
+    staging: str = ""
+    pstage: int | None = 0
+    stream: StreamName = "main"
+    kind: Literal["collective"] = "collective"
+
+
+@dataclass(frozen=True)
+class DeviceCollective:
+    """A fused RS → compute → AG as one kernel on the NCCL device API (LSA)."""
+
+    cname: str
+    stages: tuple[str, ...]
+    rop: Literal["sum", "prod", "max", "min", "avg"]
+    src: str
+    """The (symmetric) buffer reduced across peers."""
+    src_dtype: DType
+    shard: str
+    """Where the reduced shard lands (the RS stage's buffer)."""
+    space: Space
+    """The shard's iteration space."""
+    body: tuple[Stmt, ...]
+    """The fused compute on the shard (reads the shard through ``shard``)."""
+    gathers: tuple[tuple[str, str, DType], ...]
+    """(local shard buffer, symmetric destination, dtype) written to every peer."""
+    pstage: int | None = 0
+    stream: StreamName = "main"
+    kind: Literal["device"] = "device"
+
+
+Step = Union[Kernel, RowKernel, ReduceFinish, Matmul, Collective, DeviceCollective, "ChunkLoop"]
+
+
+@dataclass(frozen=True)
+class ChunkItem:
+    """One item of an overlapped group, issued per chunk on one stream."""
+
+    label: str
+    stream: StreamName
+    steps: tuple[Step, ...]
+
+
+@dataclass(frozen=True)
+class ChunkLoop:
+    """``for k in 0..K``: each item's steps for chunk k, on its stream; an event per
+    chunk and stream change releases the next item."""
+
+    cname: str
+    stages: tuple[str, ...]
+    chunks: int
+    items: tuple[ChunkItem, ...]
+    pstage: int | None = 0
+    stream: StreamName = "main"
+    kind: Literal["chunks"] = "chunks"
+
+
+@dataclass(frozen=True)
+class StageInfo:
+    """For the manifest: what one source stage became."""
+
+    name: str
+    op: str
+    layout: str
+    kernels: tuple[str, ...] = ()
+    collectives: tuple[str, ...] = ()
+    streams: tuple[str, ...] = ()
+    group: str | None = None
+    chunks: int | None = None
+    stored: bool = True
+
+
+@dataclass(frozen=True)
+class ProgramPlan:
+    """What one rank runs for one Program (scheduled or not)."""
+
+    cname: str
+    title: str
+    buffers: tuple[Buffer, ...]
+    inputs: tuple[InputInit, ...]
+    outputs: tuple[OutputSpec, ...]
+    steps: tuple[Step, ...]
+    keys: tuple[Key, ...]
+    dropouts: tuple[DropoutConst, ...]
+    stages: tuple[StageInfo, ...]
+    uses_matmul: bool = False
+    uses_device_api: bool = False
+    chunk_loops: int = 0
+    groups: tuple[str, ...] = field(default=())
+
+
+@dataclass(frozen=True)
+class ParamSpec:
+    cname: str
+    source: str
+    dtype: DType
+    default: float | int
+
+
+@dataclass(frozen=True)
+class EmitPlan:
+    """Everything the renderers need: the scheduled program and the unscheduled one
+    (for ``--check``), the grid and the options."""
+
+    program: str
+    """The program's name as written."""
+    file_stem: str
+    """Sanitized file stem for ``<program>.cu`` / ``.cpp``."""
+    tp: int
+    pp: int
+    is_grid: bool
+    dims: tuple[tuple[str, int], ...]
+    params: tuple[ParamSpec, ...]
+    scheduled: ProgramPlan
+    reference: ProgramPlan | None
+    """None when the scheduled program is the unscheduled one."""
+    collectives: Literal["nccl", "nccl-device"]
+    schedule_name: str | None
+    schedule_steps: tuple[str, ...]
+    seed: int = 0
+
+    @property
+    def world(self) -> int:
+        return self.tp * self.pp
+
+    @property
+    def plans(self) -> tuple[ProgramPlan, ...]:
+        return (self.scheduled,) if self.reference is None else (self.reference, self.scheduled)

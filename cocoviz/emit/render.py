@@ -1,0 +1,422 @@
+"""Rendering an `EmitPlan` through jinja2 templates: one renderer class per backend
+over the same lowered form (tinygrad's pattern). Context builders prepare every value a
+template prints — C types, trait names, API enums, literals — from small tag tables;
+templates only loop and branch."""
+
+from __future__ import annotations
+
+import functools
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import jinja2
+
+from cocoviz.emit import plan as pl
+from cocoviz.emit.lower import REDUCE_BLOCKS, compute_dtype
+from cocoviz.emit.names import c_double, c_string
+from cocoviz.exec.numerics import dtype_info
+from cocoviz.ir.types import DType
+
+TEMPLATES = Path(__file__).resolve().parent.parent / "templates"
+RUNTIME_FILES = ("cocoviz_runtime.h",)
+CUDA_RUNTIME_FILES = ("cocoviz_runtime.h", "cocoviz_runtime.cuh")
+
+_CMP = {"lt": "<", "le": "<=", "gt": ">", "ge": ">=", "eq": "==", "ne": "!="}
+_MPI_OP = {"sum": "sum", "prod": "prod", "max": "max", "min": "min", "avg": "sum"}
+_NCCL_OP = {
+    "sum": "ncclSum",
+    "prod": "ncclProd",
+    "max": "ncclMax",
+    "min": "ncclMin",
+    "avg": "ncclAvg",
+}
+_CPU_MATH = {f: f"std::{f}" for f in ("sqrt", "exp", "log", "tanh", "abs", "pow")}
+_CUDA_MATH = {
+    "float": {
+        "sqrt": "sqrtf",
+        "exp": "expf",
+        "log": "logf",
+        "tanh": "tanhf",
+        "abs": "fabsf",
+        "pow": "powf",
+    },
+    "double": {
+        "sqrt": "sqrt",
+        "exp": "exp",
+        "log": "log",
+        "tanh": "tanh",
+        "abs": "fabs",
+        "pow": "pow",
+    },
+    "int64_t": {
+        "sqrt": "sqrt",
+        "exp": "exp",
+        "log": "log",
+        "tanh": "tanh",
+        "abs": "llabs",
+        "pow": "pow",
+    },
+}
+
+
+@functools.cache
+def environment() -> jinja2.Environment:
+    """The one jinja2 environment of the emitter (StrictUndefined, no autoescape)."""
+    return jinja2.Environment(
+        loader=jinja2.FileSystemLoader(str(TEMPLATES)),
+        undefined=jinja2.StrictUndefined,
+        trim_blocks=True,
+        lstrip_blocks=True,
+        keep_trailing_newline=True,
+        autoescape=False,
+    )
+
+
+def dt_enum(dt: DType) -> str:
+    return dtype_info(dt).runtime_enum
+
+
+@dataclass(frozen=True)
+class EmitOptions:
+    target: str = "cpu"
+    arch: str = "sm_90"
+    make_vars: tuple[tuple[str, str], ...] = ()
+    mpiexec: str = "mpiexec"
+    """Shell-quoted launcher baked into run.sh (overridable with $MPIEXEC)."""
+
+
+class Renderer:
+    """Shared context building; subclasses name their templates and spellings."""
+
+    target = "cpu"
+    source_ext = "cpp"
+    storage_traits = "::cocoviz::Dt"
+
+    def __init__(self, plan: pl.EmitPlan, options: EmitOptions) -> None:
+        self.plan = plan
+        self.options = options
+
+    # ---- spellings
+    def storage_ctype(self, dt: DType) -> str:
+        return dtype_info(dt).cpu_ctype
+
+    def compute_ctype(self, dt: DType) -> str:
+        return dtype_info(compute_dtype(dt)).cpu_ctype
+
+    def st(self, dt: DType) -> str:
+        return f"{self.storage_traits}<{dt_enum(dt)}>"
+
+    def dtt(self, dt: DType) -> str:
+        return f"::cocoviz::Dt<{dt_enum(dt)}>"
+
+    def math(self, ctype: str) -> dict[str, str]:
+        return _CPU_MATH
+
+    # ---- statements
+    def stmt(self, s: pl.Stmt) -> dict[str, Any]:
+        d: dict[str, Any] = {
+            "kind": s.kind, "dst": s.dst, "a": s.a, "b": s.b, "c": s.c, "op": s.op,
+            "buffer": s.buffer, "literal": s.literal, "n1": s.n1, "n2": s.n2, "n3": s.n3,
+        }  # fmt: skip
+        if s.kind == "index_affine":
+            terms = [(n, v) for n, v in ((s.n1, "tp"), (s.n2, "k"), (s.n3, "1")) if n]
+            d["terms"] = terms
+        elif s.kind == "index_bcast":
+            d["terms"] = list(s.terms)
+        elif s.kind == "index_block_g":
+            d["blk"] = s.terms[0][0]
+        if s.dtype is not None:
+            dt = s.dtype
+            ctype = self.compute_ctype(dt)
+            d.update(
+                ctype=ctype, st=self.st(dt), dt=self.dtt(dt), half=dt.is_half,
+                integer=not dt.is_float, m=self.math(ctype),
+            )  # fmt: skip
+            if s.kind == "convert":
+                assert s.src_dtype is not None
+                if dt.is_half:
+                    d["conv"] = "half"
+                elif not dt.is_float:
+                    d["conv"] = "int_from_float" if s.src_dtype.is_float else "int_from_int"
+                else:
+                    d["conv"] = "cast"
+            if s.kind == "compare":
+                d["cmp"] = _CMP[s.op]
+        return d
+
+    def stmts(self, body: tuple[pl.Stmt, ...]) -> list[dict[str, Any]]:
+        return [self.stmt(s) for s in body]
+
+    # ---- steps
+    def offset(self, o: pl.Offset) -> str:
+        parts = []
+        if o.per_rank:
+            parts.append(f"{o.per_rank} * tp")
+        if o.per_chunk:
+            parts.append(f"{o.per_chunk} * k")
+        if o.const:
+            parts.append(str(o.const))
+        return " + ".join(parts) if parts else "0"
+
+    def step(self, st: pl.Step) -> dict[str, Any]:
+        d: dict[str, Any] = {
+            "kind": st.kind,
+            "cname": st.cname,
+            "pstage": st.pstage,
+            "stream": st.stream,
+        }
+        if isinstance(st, pl.Kernel):
+            d.update(
+                stages=", ".join(st.stages),
+                count=st.space.launch_count,
+                body=self.stmts(st.body),
+                reductions=[self.reduction(r) for r in st.reductions],
+            )
+        elif isinstance(st, pl.RowKernel):
+            d.update(
+                stages=", ".join(st.stages), op=st.op, count=st.space.launch_count,
+                rows=st.space.launch_count // st.row_len, row_len=st.row_len,
+                x_body=self.stmts(st.x_body), x=st.x_var, gb_body=self.stmts(st.gb_body),
+                store_body=self.stmts(st.store_body),
+                y=st.y_var, gamma=st.gamma_var, beta=st.beta_var, eps=c_double(st.eps),
+                ctype=self.compute_ctype(st.compute), m=self.math(self.compute_ctype(st.compute)),
+            )  # fmt: skip
+        elif isinstance(st, pl.ReduceFinish):
+            r = st.reduction
+            d.update(
+                stage=st.stage, red=self.reduction(r), cross=st.cross_rank, result=st.result,
+                result_st=self.st(st.result_dtype), result_ctype=self.compute_ctype(st.result_dtype),
+                acc_enum=dt_enum(r.acc_dtype), mpi_op="max" if r.kind == "absmax" else "sum",
+                nccl_op="ncclMax" if r.kind == "absmax" else "ncclSum",
+                nccl_type=dtype_info(r.acc_dtype).nccl,
+            )  # fmt: skip
+        elif isinstance(st, pl.Matmul):
+            d.update(
+                stage=st.stage, a=st.a, b=st.b, c=st.c, m=st.m, n=st.n, k=st.k,
+                a_off=self.offset(st.a_offset), c_off=self.offset(st.c_offset),
+                st=self.st(st.dtype), ctype=self.compute_ctype(st.dtype),
+                enum=dt_enum(st.dtype), cuda_type=dtype_info(st.dtype).cuda_datatype,
+                gemm=st.dtype.is_float,
+                compute_type="CUBLAS_COMPUTE_64F" if st.dtype is DType.F64 else "CUBLAS_COMPUTE_32F",
+                scale_ctype="double" if st.dtype is DType.F64 else "float",
+            )  # fmt: skip
+        elif isinstance(st, pl.Collective):
+            d.update(
+                stage=st.stage, op=st.op, rop=st.rop, send=st.send, recv=st.recv, count=st.count,
+                send_off=self.offset(st.send_offset), recv_off=self.offset(st.recv_offset),
+                inplace=st.inplace, root=st.root, peer_pstage=st.peer_pstage,
+                enum=dt_enum(st.dtype), ctype=self.storage_ctype(st.dtype),
+                mpi_op=_MPI_OP[st.rop] if st.rop else "", avg=st.rop == "avg",
+                nccl_op=_NCCL_OP[st.rop] if st.rop else "", nccl_type=dtype_info(st.dtype).nccl,
+                permute=_view(st.permute) if st.permute else None, staging=st.staging,
+            )  # fmt: skip
+        elif isinstance(st, pl.DeviceCollective):
+            d.update(
+                stages=", ".join(st.stages), rop=st.rop, src=st.src, shard=st.shard,
+                src_st=self.st(st.src_dtype), src_ctype=self.compute_ctype(st.src_dtype),
+                src_storage=self.storage_ctype(st.src_dtype),
+                count=st.space.launch_count, body=self.stmts(st.body),
+                numel=st.space.view.numel, chunks=st.space.view.chunks,
+                chunked=st.space.in_chunk_loop,
+                shard_count=st.space.view.count,
+                gathers=[
+                    {"var": v, "dst": dst, "st": self.st(dt), "ctype": self.storage_ctype(dt)}
+                    for v, dst, dt in st.gathers
+                ],
+            )  # fmt: skip
+        elif isinstance(st, pl.ChunkLoop):
+            d.update(
+                stages=", ".join(st.stages), chunks=st.chunks,
+                chunk_items=[
+                    {"label": it.label, "stream": it.stream, "steps": [self.step(s) for s in it.steps]}
+                    for it in st.items
+                ],
+            )  # fmt: skip
+        return d
+
+    def reduction(self, r: pl.Reduction) -> dict[str, Any]:
+        return {
+            "kind": r.kind, "var": r.var, "partial": r.partial,
+            "ctype": self.compute_ctype(r.acc_dtype),
+            "acc_ctype": "int64_t" if not r.acc_dtype.is_float else "double",
+            "is_float": r.acc_dtype.is_float,
+        }  # fmt: skip
+
+    def flat_kernels(self, steps: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        out: list[dict[str, Any]] = []
+        for s in steps:
+            if s["kind"] == "chunks":
+                for it in s["chunk_items"]:
+                    out.extend(self.flat_kernels(it["steps"]))
+            else:
+                out.append(s)
+        return out
+
+    def program(self, p: pl.ProgramPlan) -> dict[str, Any]:
+        steps = [self.step(s) for s in p.steps]
+        buffers = []
+        for b in p.buffers:
+            buffers.append(
+                {
+                    "cname": b.cname, "source": b.source, "count": b.count, "role": b.role,
+                    "ctype": self.storage_ctype(b.dtype), "alias": b.alias,
+                    "offset": self.offset(b.offset), "pstage": b.pstage, "symmetric": b.symmetric,
+                    "enum": dt_enum(b.dtype),
+                }
+            )  # fmt: skip
+        inputs = []
+        for i in p.inputs:
+            v = i.view
+            start = {"replicated": "0", "local": f"tp * {v.numel}", "flat": f"tp * {v.count}"}.get(
+                v.kind, "0"
+            )
+            inputs.append(
+                {
+                    "buffer": i.buffer, "id": c_string(i.source), "enum": dt_enum(i.dtype),
+                    "kind": v.kind, "count": v.count, "start": start, "pstage": i.pstage,
+                    "outer": v.outer, "run": v.blk * v.inner, "row": v.extent * v.inner,
+                }
+            )  # fmt: skip
+        outputs = []
+        for o in p.outputs:
+            outputs.append(
+                {
+                    "name": o.source, "literal": c_string(o.source), "buffer": o.buffer,
+                    "enum": dt_enum(o.dtype), "ctype": self.storage_ctype(o.dtype),
+                    "pstage": o.pstage if o.pstage is not None else 0,
+                    "view": _view(o.view), "shape": list(o.global_shape),
+                    "shape_text": "{" + ", ".join(str(x) for x in o.global_shape) + "}",
+                }
+            )  # fmt: skip
+        return {
+            "ns": p.cname,
+            "title": p.title,
+            "buffers": buffers,
+            "inputs": inputs,
+            "outputs": outputs,
+            "steps": steps,
+            "kernels": self.flat_kernels(steps),
+            "rngkeys": [{"cname": k.cname, "tag": c_string(k.tag)} for k in p.keys],
+            "dropouts": [
+                {
+                    "cname": q.cname,
+                    "p": c_double(q.p),
+                    "enum": dt_enum(q.dtype),
+                    "scale_ctype": "float" if compute_dtype(q.dtype) is DType.F32 else "double",
+                }
+                for q in p.dropouts
+            ],  # fmt: skip
+            "uses_matmul": p.uses_matmul,
+            "uses_device": p.uses_device_api,
+        }
+
+    def context(self) -> dict[str, Any]:
+        p = self.plan
+        params = [
+            {
+                "cname": q.cname, "source": q.source, "ctype": self.compute_ctype(q.dtype),
+                "init": c_double(q.default), "dt": self.dtt(q.dtype), "half": q.dtype.is_half,
+                "literal": c_string(q.source),
+            }
+            for q in p.params
+        ]  # fmt: skip
+        header = {
+            "program": p.program,
+            "schedule": p.schedule_name or "",
+            "target": self.target,
+            "collectives": p.collectives if self.target == "cuda" else "mpi",
+            "world": p.world,
+            "tp": p.tp,
+            "pp": p.pp,
+        }
+        json_prefix = json.dumps(header)[:-1]
+        return {
+            "program": p.program,
+            "program_literal": c_string(p.program),
+            "stem": p.file_stem,
+            "tp": p.tp,
+            "pp": p.pp,
+            "world": p.world,
+            "grid": p.pp > 1,
+            "params": params,
+            "sched": self.program(p.scheduled),
+            "ref": self.program(p.reference) if p.reference else None,
+            "json_prefix": c_string(json_prefix),
+            "reduce_blocks": REDUCE_BLOCKS,
+            "schedule": p.schedule_name or "(none)",
+            "schedule_literal": c_string(p.schedule_name or ""),
+            "arch": self.options.arch,
+            "make_vars": list(self.options.make_vars),
+            "collectives": p.collectives,
+            "seed": p.seed,
+            "target": self.target,
+            "mpiexec": self.options.mpiexec,
+        }
+
+    def render(self, template: str, ctx: dict[str, Any]) -> str:
+        return environment().get_template(template).render(**ctx)
+
+    def files(self) -> dict[str, str]:
+        raise NotImplementedError
+
+
+def _view(v: pl.View) -> dict[str, Any]:
+    return {
+        "kind": v.kind, "count": v.count, "numel": v.numel, "outer": v.outer,
+        "extent": v.extent, "inner": v.inner, "blk": v.blk,
+    }  # fmt: skip
+
+
+class CpuRenderer(Renderer):
+    """C++17 with MPI collectives and OpenMP loops."""
+
+    target = "cpu"
+    source_ext = "cpp"
+
+    def files(self) -> dict[str, str]:
+        ctx = self.context()
+        stem = self.plan.file_stem
+        out = {
+            f"{stem}.h": self.render("cpu_program.h.jinja", ctx),
+            f"{stem}.cpp": self.render("cpu_program.cpp.jinja", ctx),
+            "main.cpp": self.render("cpu_main.cpp.jinja", ctx),
+            "Makefile": self.render("cpu_Makefile.jinja", ctx),
+            "run.sh": self.render("run.sh.jinja", ctx),
+        }
+        for f in RUNTIME_FILES:
+            out[f] = (TEMPLATES / f).read_text(encoding="utf-8")
+        return out
+
+
+class CudaRenderer(Renderer):
+    """CUDA kernels, NCCL collectives, cuBLAS GEMMs, an MPI launcher."""
+
+    target = "cuda"
+    source_ext = "cu"
+    storage_traits = "::cocoviz::CudaDt"
+
+    def storage_ctype(self, dt: DType) -> str:
+        return dtype_info(dt).cuda_ctype
+
+    def math(self, ctype: str) -> dict[str, str]:
+        return _CUDA_MATH[ctype]
+
+    def files(self) -> dict[str, str]:
+        ctx = self.context()
+        stem = self.plan.file_stem
+        out = {
+            f"{stem}.h": self.render("cuda_program.h.jinja", ctx),
+            f"{stem}.cu": self.render("cuda_program.cu.jinja", ctx),
+            "main.cu": self.render("cuda_main.cu.jinja", ctx),
+            "Makefile": self.render("cuda_Makefile.jinja", ctx),
+            "run.sh": self.render("run.sh.jinja", ctx),
+        }
+        for f in CUDA_RUNTIME_FILES:
+            out[f] = (TEMPLATES / f).read_text(encoding="utf-8")
+        return out
+
+
+def renderer_for(plan: pl.EmitPlan, options: EmitOptions) -> Renderer:
+    return (CudaRenderer if options.target == "cuda" else CpuRenderer)(plan, options)
