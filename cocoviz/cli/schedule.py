@@ -1,0 +1,221 @@
+"""`cocoviz apply` and `cocoviz verify`."""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+from pathlib import Path
+from typing import Any
+
+from cocoviz.cli import add_json_option, add_program_options, load_args_program
+from cocoviz.errors import ExitCode, InputError, UsageError
+from cocoviz.ir.nodes import Program, StepCall
+
+
+def _has_reference() -> bool:
+    try:
+        return importlib.util.find_spec("cocoviz.exec.verify") is not None
+    except ModuleNotFoundError:
+        return False
+
+
+def register(sub: Any) -> None:
+    p = sub.add_parser(
+        "apply",
+        help="apply schedule steps and print the resulting program",
+        description="Apply schedule steps to a program and print the result (without the "
+        "source's schedule blocks). Each STEP is written as in a schedule block, e.g. "
+        "'split(sum)'; one argument may hold several steps separated by ';'.",
+    )
+    add_program_options(p, schedule=False)
+    p.add_argument("steps", metavar="STEP", nargs="*", help="a step, e.g. 'split(sum)'")
+    p.add_argument(
+        "-o",
+        "--output",
+        metavar="OUT.sched",
+        help="also save the steps (as applied, chunk counts resolved) to a .sched file",
+    )
+    p.add_argument(
+        "--force",
+        action="store_true",
+        help="let -o overwrite a file that cocoviz did not write",
+    )
+    p.add_argument(
+        "--explain",
+        metavar="STAGE",
+        help="instead of the program, list the steps that apply to STAGE (or an input) "
+        "after the given steps, and why the others do not",
+    )
+    add_json_option(p)
+    p.set_defaults(handler=cmd_apply)
+
+    if _has_reference():
+        p = sub.add_parser(
+            "verify",
+            help="check in the numpy reference that schedules do not change results",
+            description="Run the original and the scheduled program on the same inputs in "
+            "the numpy reference of simulated ranks and compare every output and updated "
+            "input with the dtype's tolerance. Without --schedule, every schedule block of "
+            "the file is verified. Exit 4 on a mismatch.",
+        )
+        add_program_options(p)
+        p.add_argument(
+            "--max-mem",
+            metavar="BYTES",
+            help="refuse runs estimated to need more memory (default 4G; suffixes K, M, G)",
+        )
+        add_json_option(p)
+        p.set_defaults(handler=cmd_verify)
+
+
+# --- apply ------------------------------------------------------------------------------
+
+
+def parse_cli_steps(args: list[str]) -> list[StepCall]:
+    """Steps from command-line arguments (each may hold several, separated by ';')."""
+    from cocoviz.ir.syntax import parse_steps
+
+    out: list[StepCall] = []
+    for k, text in enumerate(args, start=1):
+        steps = parse_steps(text, f"<step {k}>")
+        if not steps:
+            raise UsageError(f"step {k} is empty", hint="write a step, e.g. 'split(sum)'")
+        out.extend(steps)
+    return out
+
+
+def cmd_apply(args: argparse.Namespace) -> int:
+    from cocoviz.ir.printer import format_program
+    from cocoviz.session import Session
+
+    program = load_args_program(args)
+    steps = parse_cli_steps(args.steps)
+    if args.output:
+        _check_output(Path(args.output), args.force)
+    session = Session(program)
+    session.apply_all(steps)
+    if args.output:
+        comment = f"{program.name}: {len(session.steps)} step(s), written by cocoviz apply"
+        session.save(args.output, comment)
+    if args.explain:
+        return _explain(session.program, args.explain, args.json)
+    if args.json:
+        from cocoviz.ir.graph import to_json
+
+        data = to_json(session.program)
+        data["steps"] = [str(s) for s in session.steps]
+        print(json.dumps(data, indent=2))
+    else:
+        print(format_program(session.program, schedules=False, annotate=True), end="")
+    return ExitCode.OK
+
+
+def _check_output(path: Path, force: bool) -> None:
+    """`-o` writes a new file or replaces one cocoviz wrote; anything else needs --force."""
+    from cocoviz.session import SCHED_HEADER
+
+    if path.suffix != ".sched":
+        raise UsageError(
+            f"-o {path}: a schedule file must end in .sched",
+            hint="--schedule treats a name ending in .sched as a file, anything else as a block",
+        )
+    if path.is_dir():
+        raise UsageError(f"-o {path}: is a directory")
+    if path.exists() and not force:
+        try:
+            first = path.read_text(encoding="utf-8").split("\n", 1)[0]
+        except (OSError, UnicodeDecodeError):
+            first = ""
+        if first.strip() != SCHED_HEADER:
+            raise UsageError(
+                f"-o {path}: the file exists and was not written by cocoviz",
+                hint="pass --force to overwrite it, or choose another name",
+            )
+
+
+def _explain(program: Program, stage: str, as_json: bool) -> int:
+    from cocoviz.ir.transforms import legal_steps
+
+    options = legal_steps(program, stage)
+    if as_json:
+        print(
+            json.dumps(
+                [{"step": o.step, "ok": o.ok, "reason": o.reason} for o in options], indent=2
+            )
+        )
+        return ExitCode.OK
+    width = max((len(o.step) for o in options), default=0)
+    print(f"steps for '{stage}':")
+    for o in options:
+        mark = "ok " if o.ok else "no "
+        why = "" if o.ok else f"  {o.reason}"
+        print(f"  {mark}{o.step.ljust(width)}{why}".rstrip())
+    return ExitCode.OK
+
+
+# --- verify -----------------------------------------------------------------------------
+
+
+def parse_bytes(text: str) -> int:
+    units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
+    t = text.strip().upper().removesuffix("B").removesuffix("I")
+    mult = 1
+    if t and t[-1] in units:
+        mult, t = units[t[-1]], t[:-1]
+    try:
+        value = float(t)
+    except ValueError:
+        raise UsageError(f"--max-mem expects a size like 4G or 512M, got '{text}'") from None
+    if value <= 0:
+        raise UsageError(f"--max-mem must be positive, got '{text}'")
+    return int(value * mult)
+
+
+def cmd_verify(args: argparse.Namespace) -> int:
+    from cocoviz.exec.verify import verify_programs
+    from cocoviz.session import apply_block, apply_schedule_arg
+
+    program = load_args_program(args)
+    max_mem = parse_bytes(args.max_mem) if args.max_mem else None
+    if args.schedule:
+        targets: list[tuple[str, Program]] = [
+            (args.schedule, apply_schedule_arg(program, args.schedule))
+        ]
+    else:
+        if not program.schedules:
+            raise InputError(
+                f"{program.name} has no schedule blocks to verify",
+                hint="pass --schedule NAME or --schedule FILE.sched",
+            )
+        targets = [(b.name, apply_block(program, b)) for b in program.schedules]
+    ok = True
+    results = []
+    for name, scheduled in targets:
+        report = verify_programs(program, scheduled, seed=args.seed, max_mem=max_mem)
+        ok &= report.ok
+        if args.json:
+            results.append(
+                {
+                    "schedule": name,
+                    "ok": report.ok,
+                    "rows": [
+                        {
+                            "name": r.name,
+                            "kind": r.kind,
+                            "dtype": r.dtype,
+                            "max_abs": r.max_abs,
+                            "max_rel": r.max_rel,
+                            "ok": r.ok,
+                            "note": r.note,
+                        }
+                        for r in report.rows
+                    ],
+                }
+            )
+        else:
+            print(f"schedule {name}:")
+            print(report.format_report(), end="")
+    if args.json:
+        print(json.dumps({"program": program.name, "ok": ok, "schedules": results}, indent=2))
+    return ExitCode.OK if ok else ExitCode.MISMATCH

@@ -1,0 +1,494 @@
+"""Shared machinery of the schedule transformations.
+
+A transformation is a frozen dataclass whose fields are its arguments. Its `rewrite`
+checks the preconditions (raising `ScheduleError` in the user's terms) and returns an
+`Edit`: the new stage list with the stages it built or changed marked dirty. `finish`
+then re-types only the dirty stages and, downstream, the users whose operand types
+changed (`cocoviz.ir.transforms.retype`), and verifies the IR invariants; a broken
+invariant is an `InternalError` that names the step.
+
+`Index` answers the graph queries the transformations need (positions, reads, users,
+ordering edges, groups) for one Program. It is built once per Program object and reads
+of a stage are cached per expression object, so that a long schedule on a large program
+does not walk every expression after every step.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import weakref
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+from cocoviz.errors import ScheduleError, Span, did_you_mean
+from cocoviz.ir.nodes import Expr, Group, GroupKind, Input, Op, Param, Program, Stage, StepCall
+from cocoviz.ir.types import REPLICATED, TensorType
+
+# --- caches keyed by object identity, dropped with the object ------------------------------
+
+_READS: dict[int, tuple[weakref.ref[Expr], frozenset[str]]] = {}
+
+
+def _dropper(cache: dict[int, Any], key: int) -> Callable[[object], None]:
+    """A weakref callback removing `key` from `cache` (bound now: safe at shutdown)."""
+
+    def drop(_ref: object) -> None:
+        cache.pop(key, None)
+
+    return drop
+
+
+def reads_of(stage: Stage) -> frozenset[str]:
+    """Names a stage's expression reads (cached per expression object)."""
+    e = stage.expr
+    key = id(e)
+    hit = _READS.get(key)
+    if hit is not None and hit[0]() is e:
+        return hit[1]
+    names = frozenset(e.refs())
+    _READS[key] = (weakref.ref(e, _dropper(_READS, key)), names)
+    return names
+
+
+_INDEXES: dict[int, tuple[weakref.ref[Program], Index]] = {}
+
+
+def index(
+    program: Program, parent: Program | None = None, replaced: Iterable[str] | None = None
+) -> Index:
+    """The (cached) `Index` of a program. With `parent`, a program this one was made
+    from by a few edits, the index is derived from the parent's instead of rebuilt;
+    `replaced` says that only those stages changed (same names, same order)."""
+    key = id(program)
+    hit = _INDEXES.get(key)
+    if hit is not None and hit[0]() is program:
+        return hit[1]
+    base = None
+    if parent is not None:
+        phit = _INDEXES.get(id(parent))
+        if phit is not None and phit[0]() is parent:
+            base = phit[1]
+    idx = Index(program, base, None if replaced is None else set(replaced))
+    _INDEXES[key] = (weakref.ref(program, _dropper(_INDEXES, key)), idx)
+    return idx
+
+
+class Index:
+    """Graph queries over one Program (stage positions, reads, users, ordering edges)."""
+
+    pos: dict[str, int]
+    inputs: dict[str, Input]
+    params: dict[str, Param]
+    dims: set[str]
+    outputs: set[str]
+    group_index: dict[str, int]
+    grouped: int
+    updates: dict[str, str]
+    update_target: dict[str, str]
+
+    def __init__(
+        self, program: Program, parent: Index | None = None, replaced: set[str] | None = None
+    ) -> None:
+        self.program = program
+        self.stages = program.stages
+        self._window = (0, len(program.stages), len(program.stages))
+        if parent is not None and replaced is not None:
+            self.pos = parent.pos
+        elif parent is not None:
+            self._window = _changed_window(parent.stages, program.stages)
+            lo, hi_new, hi_old = self._window
+            if hi_new - lo == hi_old - lo:
+                self.pos = dict(parent.pos)
+                for s in parent.stages[lo:hi_old]:
+                    del self.pos[s.name]
+                for i in range(lo, hi_new):
+                    self.pos[program.stages[i].name] = i
+            else:
+                self.pos = {s.name: i for i, s in enumerate(program.stages)}
+        else:
+            self.pos = {s.name: i for i, s in enumerate(program.stages)}
+        pp = parent.program if parent is not None else None
+        if parent is not None and pp is not None and pp.inputs is program.inputs:
+            self.inputs = parent.inputs
+        else:
+            self.inputs = {i.name: i for i in program.inputs}
+        if parent is not None and pp is not None and pp.params is program.params:
+            self.params = parent.params
+            self.dims = parent.dims
+        else:
+            self.params = {p.name: p for p in program.params}
+            self.dims = {d.name for d in program.dims}
+        if parent is not None and pp is not None and pp.outputs is program.outputs:
+            self.outputs = parent.outputs
+        else:
+            self.outputs = set(program.outputs)
+        if parent is not None and pp is not None and pp.groups is program.groups:
+            self.group_index = parent.group_index
+            self.grouped = parent.grouped
+        else:
+            self.group_index = {}
+            self.grouped = 0  # group memberships; more than len(group_index) if shared
+            for gi, g in enumerate(program.groups):
+                for n in g.stages():
+                    self.group_index[n] = gi
+                    self.grouped += 1
+        self._users: dict[str, set[str]] | None = None
+        if parent is None:
+            self._scan_updates()
+        else:
+            self._derive(parent, replaced)
+
+    def _scan_updates(self) -> None:
+        self.updates = {}  # target input → update stage
+        self.update_target = {}  # update stage → target input
+        for s in self.stages:
+            if s.expr.op is Op.UPDATE:
+                tgt = s.expr.args[0].name
+                if tgt is not None:
+                    self.updates.setdefault(tgt, s.name)
+                    self.update_target[s.name] = tgt
+
+    def _derive(self, parent: Index, replaced: set[str] | None) -> None:
+        """Users and updates from the parent's, adjusted for the stages that differ."""
+        gone: list[Stage] = []
+        new: list[Stage] = []
+        if replaced is not None:
+            for n in replaced:
+                j = self.pos[n]
+                new.append(self.stages[j])
+                gone.append(parent.stages[j])
+        else:
+            lo, hi_new, hi_old = self._window
+            old_window = {id(s) for s in parent.stages[lo:hi_old]}
+            new_window = {id(s) for s in self.stages[lo:hi_new]}
+            new = [s for s in self.stages[lo:hi_new] if id(s) not in old_window]
+            gone = [s for s in parent.stages[lo:hi_old] if id(s) not in new_window]
+        if any(s.expr.op is Op.UPDATE for s in gone + new):
+            self._scan_updates()
+        else:
+            self.updates = parent.updates
+            self.update_target = parent.update_target
+        users = dict(parent._all_users())
+        copied: set[str] = set()
+
+        def own(r: str) -> set[str]:
+            if r not in copied:
+                copied.add(r)
+                users[r] = set(users.get(r, ()))
+            return users[r]
+
+        for s in gone:
+            for r in reads_of(s):
+                own(r).discard(s.name)
+        for s in new:
+            for r in reads_of(s):
+                own(r).add(s.name)
+        self._users = users
+
+    def _all_users(self) -> dict[str, set[str]]:
+        if self._users is None:
+            users: dict[str, set[str]] = {}
+            for s in self.stages:
+                for r in reads_of(s):
+                    users.setdefault(r, set()).add(s.name)
+            self._users = users
+        return self._users
+
+    # --- lookups -------------------------------------------------------------------
+    def stage(self, name: str) -> Stage:
+        return self.stages[self.pos[name]]
+
+    def is_stage(self, name: str) -> bool:
+        return name in self.pos
+
+    def is_bound(self, name: str) -> bool:
+        return name in self.pos or name in self.inputs or name in self.params or name in self.dims
+
+    def type_of(self, name: str) -> TensorType:
+        if name in self.pos:
+            return self.stage(name).ty
+        if name in self.inputs:
+            return self.inputs[name].ty
+        p = self.params[name]
+        return TensorType(p.dtype, (), REPLICATED, None)
+
+    def reads(self, name: str) -> frozenset[str]:
+        return reads_of(self.stage(name))
+
+    def group_of(self, name: str) -> Group | None:
+        gi = self.group_index.get(name)
+        return None if gi is None else self.program.groups[gi]
+
+    # --- edges -----------------------------------------------------------------------
+    def users(self, name: str) -> list[str]:
+        """Stages that read `name` (data edges), in program order."""
+        found = self._all_users().get(name)
+        if not found:
+            return []
+        if len(found) == 1:
+            return list(found)
+        return sorted(found, key=self.pos.__getitem__)
+
+    def preds(self, name: str) -> set[str]:
+        """Stages that must run before stage `name`: data and update-ordering edges."""
+        out = {r for r in self.reads(name) if r in self.pos}
+        tgt = self.update_target.get(name)
+        if tgt is not None:
+            out.update(u for u in self.users(tgt) if u != name)
+        return out
+
+    def succs(self, name: str) -> set[str]:
+        """Stages that must run after stage `name`."""
+        out = set(self.users(name))
+        for r in self.reads(name):
+            u = self.updates.get(r)
+            if u is not None and u != name:
+                out.add(u)
+        return out
+
+    # --- names -----------------------------------------------------------------------
+    def fresh(self, base: str, taken: Iterable[str] = ()) -> str:
+        """`base`, or `base_2`, `base_3`, … when bound in the program or the source."""
+        extra = set(taken)
+
+        def free(n: str) -> bool:
+            return not self.is_bound(n) and n not in self.program.source_names and n not in extra
+
+        if free(base):
+            return base
+        k = 2
+        while not free(f"{base}_{k}"):
+            k += 1
+        return f"{base}_{k}"
+
+
+def _changed_window(old: tuple[Stage, ...], new: tuple[Stage, ...]) -> tuple[int, int, int]:
+    """(lo, hi_new, hi_old): `new[:lo]` and `old[:lo]` hold the same stages, and so do
+    `new[hi_new:]` and `old[hi_old:]`. Found by bisection on tuple slices, whose
+    comparison is identity-first and runs in C."""
+    n = min(len(old), len(new))
+    lo, hi = 0, n
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if old[:mid] == new[:mid]:
+            lo = mid
+        else:
+            hi = mid - 1
+    prefix = lo
+    lo, hi = 0, n - prefix
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if old[len(old) - mid :] == new[len(new) - mid :]:
+            lo = mid
+        else:
+            hi = mid - 1
+    return prefix, len(new) - lo, len(old) - lo
+
+
+# --- edits ---------------------------------------------------------------------------
+
+
+@dataclass
+class Edit:
+    """What a rewrite produced: the new program (dirty stages not yet re-typed), the
+    stages to re-type, inputs whose type changed, names that no longer exist, and stages
+    that only moved (checked, not re-typed)."""
+
+    program: Program
+    dirty: set[str] = field(default_factory=set)
+    changed_inputs: set[str] = field(default_factory=set)
+    removed: set[str] = field(default_factory=set)
+    moved: set[str] = field(default_factory=set)
+
+
+def substitute(e: Expr, mapping: dict[str, Expr]) -> Expr:
+    """`e` with every reference to a key of `mapping` replaced (types left stale)."""
+    if e.op is Op.REF:
+        return mapping.get(e.name or "", e)
+    if not e.args:
+        return e
+    args = tuple(substitute(a, mapping) for a in e.args)
+    if all(a is b for a, b in zip(args, e.args, strict=True)):
+        return e
+    return dataclasses.replace(e, args=args)
+
+
+def rename_refs(e: Expr, renames: dict[str, str]) -> Expr:
+    """`e` with references renamed (keeping each node's type)."""
+    if e.op is Op.REF:
+        new = renames.get(e.name or "")
+        return dataclasses.replace(e, name=new) if new is not None else e
+    if not e.args:
+        return e
+    args = tuple(rename_refs(a, renames) for a in e.args)
+    if all(a is b for a, b in zip(args, e.args, strict=True)):
+        return e
+    return dataclasses.replace(e, args=args)
+
+
+def map_group(g: Group, fn: dict[str, str]) -> Group:
+    items = tuple(map_group(i, fn) if isinstance(i, Group) else fn.get(i, i) for i in g.items)
+    return dataclasses.replace(g, items=items)
+
+
+def drop_from_groups(groups: Sequence[Group], removed: set[str]) -> tuple[Group, ...]:
+    """Groups without the removed stages; a group left with fewer than two items is
+    dissolved (an overlapped group's lone fused item becomes a top-level group)."""
+    out: list[Group] = []
+
+    def prune(g: Group) -> Group | str | None:
+        items: list[Group | str] = []
+        for it in g.items:
+            if isinstance(it, Group):
+                p = prune(it)
+                if p is not None:
+                    items.append(p)
+            elif it not in removed:
+                items.append(it)
+        if len(items) >= 2:
+            return dataclasses.replace(g, items=tuple(items))
+        if len(items) == 1:
+            return items[0]
+        return None
+
+    for g in groups:
+        p = prune(g)
+        if isinstance(p, Group):
+            out.append(p)
+    return tuple(out)
+
+
+# --- errors ----------------------------------------------------------------------------
+
+
+def op_word(stage: Stage) -> str:
+    """How a stage's operation is called in messages."""
+    op = stage.expr.op
+    if op in (Op.ALLREDUCE, Op.REDUCESCATTER, Op.ALLGATHER, Op.BROADCAST, Op.REDUCE, Op.SEND):
+        return op.value
+    if op is Op.MATMUL:
+        return "matmul"
+    if op is Op.UPDATE:
+        return "update"
+    if op is Op.REF:
+        return "copy"
+    return f"{op.value}" if op not in (Op.ADD, Op.SUB, Op.MUL, Op.DIV) else "elementwise"
+
+
+def describe_stage(stage: Stage) -> str:
+    """`'sum' (allreduce, f16[B, S, H] replicated)`."""
+    t = stage.expr.ty
+    ty = f", {t}" if t is not None else ""
+    return f"'{stage.name}' ({op_word(stage)}{ty})"
+
+
+@dataclass(frozen=True, kw_only=True)
+class Transformation:
+    """Base of every schedule step. Subclasses are frozen dataclasses whose fields are
+    the step's arguments and define `name`, `rewrite` and `step`."""
+
+    name: ClassVar[str]
+    signature: ClassVar[str]
+    call: StepCall | None = field(default=None, compare=False, repr=False)
+
+    # --- the interface ----------------------------------------------------------------
+    def check(self, program: Program) -> None:
+        """Raise `ScheduleError` when the step does not apply to `program`."""
+        self._run(program, verify=False)
+
+    def apply(self, program: Program) -> Program:
+        """The program after this step (checked first, IR invariants verified after)."""
+        return self._run(program, verify=True)
+
+    def rewrite(self, program: Program) -> Edit:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def step(self) -> StepCall:
+        """The step as written, with defaults resolved (e.g. the chunk count)."""
+        raise NotImplementedError  # pragma: no cover - abstract
+
+    def __str__(self) -> str:
+        return str(self.step())
+
+    # --- shared plumbing --------------------------------------------------------------
+    def _run(self, program: Program, verify: bool) -> Program:
+        from cocoviz.ir.transforms.retype import TypeFailure, finish
+
+        edit = self.rewrite(program)
+        try:
+            return finish(program, edit, self, verify=verify)
+        except TypeFailure as tf:
+            user = self.type_error(tf, program)
+            if user is not None:
+                raise user from None
+            from cocoviz.errors import InternalError
+
+            raise InternalError(
+                f"step `{self}`: re-typing '{tf.stage}' failed after the step: {tf.error.message}"
+            ) from None
+
+    def type_error(self, failure: object, program: Program) -> ScheduleError | None:
+        """Turn a re-typing failure into a user error (steps whose legality is defined
+        by the layout rules, e.g. reorder); None makes it an internal error."""
+        return None
+
+    @property
+    def span(self) -> Span | None:
+        return self.call.span if self.call is not None else None
+
+    def arg_span(self, i: int) -> Span | None:
+        if self.call is None or i >= len(self.call.arg_spans):
+            return self.span
+        return self.call.arg_spans[i] or self.span
+
+    def error(
+        self,
+        message: str,
+        stage: Stage | None = None,
+        hint: str | None = None,
+        notes: Sequence[tuple[str, Span | None]] = (),
+        note: str | None = None,
+        arg: int | None = None,
+    ) -> ScheduleError:
+        """A schedule error at the step (or at the stage when the step has no source
+        location), with a note at the offending stage."""
+        span = self.arg_span(arg) if arg is not None else self.span
+        all_notes: list[tuple[str, Span | None]] = []
+        if span is None and stage is not None:
+            span = stage.span
+        elif stage is not None and stage.span is not None:
+            all_notes.append((note or f"'{stage.name}' is defined here", stage.span))
+        all_notes.extend((n, s) for n, s in notes if s is not None)
+        return ScheduleError(f"{self.name}: {message}", span, hint, all_notes)
+
+    def lookup_stage(self, program: Program, name: str, arg: int) -> Stage:
+        """The stage `name` (argument `arg` of the step), or a did-you-mean error."""
+        idx = index(program)
+        if idx.is_stage(name):
+            return idx.stage(name)
+        if name in idx.inputs:
+            raise self.error(
+                f"'{name}' is an input, not a stage", arg=arg, hint=self.signature_hint()
+            )
+        if name in idx.params:
+            raise self.error(f"'{name}' is a param, not a stage", arg=arg)
+        hint = did_you_mean(name, idx.pos)
+        raise self.error(f"no stage named '{name}'", arg=arg, hint=hint or self.stages_hint(idx))
+
+    def stages_hint(self, idx: Index) -> str:
+        names = list(idx.pos)
+        shown = ", ".join(names[:12]) + (", …" if len(names) > 12 else "")
+        return f"the stages are {shown}"
+
+    def signature_hint(self) -> str:
+        return f"usage: {self.signature}"
+
+
+def flat_items(groups: Sequence[Group]) -> Iterator[str]:
+    for g in groups:
+        yield from g.stages()
+
+
+def is_fused(g: Group | None) -> bool:
+    return g is not None and g.kind is GroupKind.FUSED

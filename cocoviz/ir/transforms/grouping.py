@@ -1,0 +1,145 @@
+"""Queries and edits shared by `fuse` and `overlap`: convex hulls, cycles through
+existing groups, and moving a new group's stages next to each other.
+
+Invariant relied on: the stage order is a topological order of the graph with every
+group contracted, and each group is a contiguous run of it (verified after every step).
+Every edge then points forward, so a path that leaves a set of stages and comes back
+stays between the set's first and last position: all searches here are bounded by it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections import deque
+from collections.abc import Iterable
+
+from cocoviz.ir.nodes import Group, Program
+from cocoviz.ir.transforms.base import Index
+
+
+def hull(idx: Index, names: Iterable[str]) -> set[str]:
+    """The convex hull of `names` over data and ordering edges (groups not contracted)."""
+    members = set(names)
+    pos = [idx.pos[n] for n in members]
+    lo, hi = min(pos), max(pos)
+    down: set[str] = set()
+    for i in range(lo, hi + 1):
+        n = idx.stages[i].name
+        if n not in members and idx.preds(n) & (members | down):
+            down.add(n)
+    up: set[str] = set()
+    for i in range(hi, lo - 1, -1):
+        n = idx.stages[i].name
+        if n not in members and idx.succs(n) & (members | up):
+            up.add(n)
+    return members | (down & up)
+
+
+def _group_members(idx: Index, name: str) -> list[str]:
+    g = idx.group_of(name)
+    return list(g.stages()) if g is not None else [name]
+
+
+def cycle_through_groups(idx: Index, members: set[str]) -> tuple[list[str], Group] | None:
+    """A path that leaves `members` and comes back through an existing group (which
+    would make the contracted graph cyclic), as (path, that group); None if none."""
+    hi = max(idx.pos[n] for n in members)
+    parent: dict[str, str] = {}
+    queue: deque[str] = deque()
+    for m in sorted(members, key=idx.pos.__getitem__):
+        for s in sorted(idx.succs(m), key=idx.pos.__getitem__):
+            if s not in members and s not in parent and idx.pos[s] <= hi:
+                parent[s] = m
+                queue.append(s)
+    expanded: set[int] = set()
+    while queue:
+        n = queue.popleft()
+        gi = idx.group_index.get(n)
+        if gi is not None and gi in expanded:
+            continue
+        if gi is not None:
+            expanded.add(gi)
+        expand = _group_members(idx, n)
+        for k in expand:
+            parent.setdefault(k, n)
+        for k in expand:
+            for s in sorted(idx.succs(k), key=idx.pos.__getitem__):
+                if s in members:
+                    path = _path(parent, k, members) + [s]
+                    group = next(idx.group_of(p) for p in path if idx.group_of(p) is not None)
+                    assert group is not None
+                    return path, group
+                if s not in parent and idx.pos[s] <= hi:
+                    parent[s] = k
+                    queue.append(s)
+    return None
+
+
+def render_cycle(path: list[str], group: Group) -> str:
+    """`p → {q, r} → s`: the path, with the stages of `group` collapsed into it."""
+    inner = set(group.stages())
+    parts: list[str] = []
+    for n in path:
+        if n in inner:
+            label = "{" + ", ".join(group.stages()) + "}"
+            if not parts or parts[-1] != label:
+                parts.append(label)
+        else:
+            parts.append(n)
+    return " → ".join(parts)
+
+
+def _path(parent: dict[str, str], end: str, members: set[str]) -> list[str]:
+    path = [end]
+    n = end
+    while n not in members:
+        n = parent[n]
+        path.append(n)
+    return list(reversed(path))
+
+
+def regroup(
+    program: Program,
+    idx: Index,
+    new_group: Group,
+    absorbed: set[int],
+) -> tuple[Program, set[str]]:
+    """`program` with `new_group` added (replacing the absorbed groups) and its stages
+    moved together: between its first and last member, the stages it depends on go
+    before it and the others after it, each in their old order. Returns the program and
+    the stages whose position may have changed."""
+    members = list(new_group.stages())
+    mset = set(members)
+    pos = [idx.pos[n] for n in members]
+    lo, hi = min(pos), max(pos)
+    span = [idx.stages[i].name for i in range(lo, hi + 1)]
+    before: set[str] = set()
+    changed = True
+    while changed:
+        changed = False
+        for n in reversed(span):
+            if n in mset or n in before:
+                continue
+            if idx.succs(n) & (mset | before):
+                for k in _group_members(idx, n):
+                    before.add(k)
+                changed = True
+    rank = {n: i for i, n in enumerate(members)}
+    ordered = (
+        [n for n in span if n in before]
+        + sorted(members, key=rank.__getitem__)
+        + [n for n in span if n not in before and n not in mset]
+    )
+    stages = program.stages[:lo] + tuple(idx.stage(n) for n in ordered) + program.stages[hi + 1 :]
+    groups = [g for gi, g in enumerate(program.groups) if gi not in absorbed] + [new_group]
+    moved = {n: lo + i for i, n in enumerate(ordered)}
+
+    def first(g: Group) -> int:
+        n = next(iter(g.stages()))
+        return moved[n] if n in moved else idx.pos[n]
+
+    groups.sort(key=first)
+    return (
+        dataclasses.replace(program, stages=stages, groups=tuple(groups)),
+        set(span),
+    )

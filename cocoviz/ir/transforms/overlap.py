@@ -1,0 +1,229 @@
+"""`overlap(s1, s2, …, chunks=K)`: pipeline producer and consumers chunk by chunk."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import ClassVar
+
+from cocoviz.ir.nodes import REDUCTIONS, ROWWISE, Group, GroupKind, Op, Program, Stage, StepCall
+from cocoviz.ir.transforms.base import Edit, Index, Transformation, describe_stage, index
+from cocoviz.ir.transforms.grouping import cycle_through_groups, hull, regroup, render_cycle
+from cocoviz.ir.types import block_dim, format_shape
+
+DEFAULT_CHUNKS = 4
+"""K when `chunks=` is omitted. DESIGN §3 asks for the cost model's best K for the chosen
+hardware; until the tuner provides it, the default is 4 and the resolved K is written
+into printed and saved schedules, so a schedule never depends on the default."""
+
+CHUNKABLE_COLLECTIVES = (Op.ALLREDUCE, Op.REDUCESCATTER, Op.ALLGATHER, Op.SEND)
+
+
+def rows_of(stage: Stage) -> int:
+    """Rows of a value: all dimensions but the last, flattened (1 for a vector)."""
+    return math.prod(s.value for s in stage.ty.shape[:-1])
+
+
+@dataclass(frozen=True, kw_only=True)
+class Overlap(Transformation):
+    """Overlap a producer with its consumers, K row chunks at a time.
+
+    rewrite (megatron_mlp, after split, reorder and fuse(sum_rs, out)):
+        layer = matmul(x, w)
+        fused { sum_rs = reducescatter(+, layer); out_s = …; out = allgather(out_s) }
+    becomes
+        overlapped chunks=4 {
+          layer = matmul(x, w)
+          fused { sum_rs = reducescatter(+, layer); out_s = …; out = allgather(out_s) }
+        }
+
+    Items are stages or fused groups (named by any member), each consuming its
+    predecessor's output chunk by chunk. Chunks are K equal contiguous blocks of rows
+    (all dimensions but the last, flattened) of s1's output; in chunk k, rank r holds
+    global elements from `k·numel/K + r·numel/(K·G)` on.
+
+    fails when: fewer than two items; an item is already overlapped, or named twice; an
+    item does not read its predecessor; K < 2 or K does not divide the rows; a chunked
+    reducescatter's numel/K, or rows/K with a row-wise op on slices, does not divide by G;
+    a stage cannot run chunk by chunk (a whole-tensor reduction, broadcast or reduce, a
+    matmul reading the chunked value as its right operand, a value with other rows); a
+    sliced value made inside is read outside, is an output or an update; a value sliced
+    by rows outside is read inside; a stage outside lies between items; it would close a
+    cycle through a fused group.
+    """
+
+    name: ClassVar[str] = "overlap"
+    signature: ClassVar[str] = "overlap(ITEM, ITEM, …, chunks=K)  — ITEM: a stage or a fused group"
+    items: tuple[str, ...]
+    chunks: int | None = None
+
+    @property
+    def k(self) -> int:
+        return self.chunks if self.chunks is not None else DEFAULT_CHUNKS
+
+    def step(self) -> StepCall:
+        return StepCall("overlap", self.items, (("chunks", self.k),))
+
+    def rewrite(self, program: Program) -> Edit:
+        idx = index(program)
+        if len(self.items) < 2:
+            raise self.error(
+                "name at least two items: a producer and its consumer", hint=self.signature_hint()
+            )
+        if self.k < 2:
+            raise self.error(f"chunks must be at least 2, got {self.k}")
+        items = self._items(idx)
+        sets = [set(it.stages()) if isinstance(it, Group) else {it} for it in items]
+        for i in range(1, len(items)):
+            if not any(idx.reads(m) & sets[i - 1] for m in sets[i]):
+                raise self.error(
+                    f"'{self.items[i]}' does not read the output of '{self.items[i - 1]}': each "
+                    "item consumes its predecessor's chunks",
+                    arg=i,
+                )
+        members = set().union(*sets)
+        out1 = min(
+            (s for s in sets[0] if any(s in idx.reads(m) for m in sets[1])),
+            key=idx.pos.__getitem__,
+        )
+        first = idx.stage(out1)
+        rows = rows_of(first) if first.ty.shape else 0
+        K = self.k
+        if rows == 0 or rows % K:
+            divisors = [d for d in range(2, min(rows, 64) + 1) if rows % d == 0][:8]
+            legal = f"legal: chunks={', '.join(map(str, divisors))}" if divisors else None
+            raise self.error(
+                f"chunks={K} does not divide the {rows} rows of '{out1}' "
+                f"({format_shape(first.ty.shape)}; rows are all dimensions but the last)",
+                stage=first,
+                hint=legal or "its output has too few rows to chunk",
+            )
+        order = sorted(members, key=idx.pos.__getitem__)
+        for n in order:
+            self._chunkable(idx, idx.stage(n), members, rows, n in sets[0])
+        self._sliced_escapes(idx, order, members)
+        self._divisible(idx, order, rows)
+        h = hull(idx, members)
+        if h != members:
+            between = min(h - members, key=idx.pos.__getitem__)
+            raise self.error(
+                f"{describe_stage(idx.stage(between))} lies between items but is not in the "
+                "overlapped group",
+                stage=idx.stage(between),
+                hint="fuse it into one of the items, or list it as an item",
+            )
+        cyc = cycle_through_groups(idx, members)
+        if cyc is not None:
+            path, group = cyc
+            raise self.error(
+                f"the group would close a cycle through the {group.kind.value} group "
+                f"{{{', '.join(group.stages())}}}: {render_cycle(path, group)}",
+                stage=idx.stage(path[1]),
+            )
+        absorbed = {idx.group_index[n] for n in members if n in idx.group_index}
+        group = Group(GroupKind.OVERLAPPED, tuple(items), K)
+        new, moved = regroup(program, idx, group, absorbed)
+        return Edit(new, moved=moved)
+
+    def _items(self, idx: Index) -> list[str | Group]:
+        items: list[str | Group] = []
+        owners: dict[int, str] = {}
+        for k, n in enumerate(self.items):
+            s = self.lookup_stage(idx.program, n, k)
+            gi = idx.group_index.get(n)
+            if gi is None:
+                if n in items:
+                    raise self.error(f"'{n}' is listed twice", arg=k)
+                items.append(n)
+                continue
+            g = idx.program.groups[gi]
+            if g.kind is GroupKind.OVERLAPPED:
+                raise self.error(f"'{n}' is already in an overlapped group", stage=s, arg=k)
+            if gi in owners:
+                raise self.error(
+                    f"'{owners[gi]}' and '{n}' name the same fused group", stage=s, arg=k
+                )
+            owners[gi] = n
+            items.append(g)
+        return items
+
+    def _chunkable(self, idx: Index, s: Stage, members: set[str], rows: int, first: bool) -> None:
+        op = s.expr.op
+
+        def refuse(why: str) -> None:
+            raise self.error(
+                f"{describe_stage(s)} cannot run chunk by chunk: {why}",
+                stage=s,
+                hint="leave it out of the overlapped group",
+            )
+
+        if op in (Op.BROADCAST, Op.REDUCE):
+            refuse(f"overlap chunks only {', '.join(o.value for o in CHUNKABLE_COLLECTIVES)}")
+        if any(e.op in REDUCTIONS for e in s.expr.walk()):
+            refuse("it reduces a whole tensor to a scalar, which needs every chunk")
+        if not s.ty.shape or rows_of(s) != rows:
+            refuse(
+                f"its value {format_shape(s.ty.shape)} has {rows_of(s) if s.ty.shape else 0} "
+                f"rows, not the {rows} rows being chunked"
+            )
+        if op is Op.MATMUL and not first:
+            right = s.expr.args[1]
+            if any(r in members for r in right.refs()):
+                refuse("it reads the chunked value as its right operand")
+        G = idx.program.grid.group
+        operands = [s.expr.args[0]] if op is Op.MATMUL else list(s.expr.walk())
+        for e in operands:
+            if e.op is not Op.REF or e.name in members or e.name in idx.params:
+                continue
+            t = e.type
+            if (
+                t.layout.is_sliced
+                and t.shape
+                and math.prod(x.value for x in t.shape[:-1]) == rows
+                and block_dim(t.layout, t.shape, G) != len(t.shape) - 1
+            ):
+                refuse(
+                    f"it reads '{e.name}', sliced by rows outside the group ({t.layout}); "
+                    "inside an overlapped group each rank holds a part of every chunk instead"
+                )
+
+    def _sliced_escapes(self, idx: Index, order: list[str], members: set[str]) -> None:
+        for n in order:
+            s = idx.stage(n)
+            if not s.ty.layout.is_sliced:
+                continue
+            outside = [u for u in idx.users(n) if u not in members]
+            why = None
+            if outside:
+                why = f"read by '{outside[0]}' outside the group"
+            elif n in idx.outputs:
+                why = "an output"
+            elif n in idx.update_target:
+                why = f"the new value of input '{idx.update_target[n]}'"
+            if why is not None:
+                raise self.error(
+                    f"'{n}' is sliced ({s.ty.layout}) and {why}; inside an overlapped group "
+                    "slices are laid out chunk by chunk, so no slice may leave it",
+                    stage=s,
+                    hint="include its readers, or gather it inside the group",
+                )
+
+    def _divisible(self, idx: Index, order: list[str], rows: int) -> None:
+        K, G = self.k, idx.program.grid.group
+        for n in order:
+            s = idx.stage(n)
+            if s.expr.op is Op.REDUCESCATTER and (s.ty.numel // K) % G:
+                raise self.error(
+                    f"each chunk of the reducescatter '{n}' has {s.ty.numel // K} elements, "
+                    f"which do not divide by the {G} ranks (chunks={K})",
+                    stage=s,
+                    hint="use fewer chunks",
+                )
+            rowwise = any(e.op in ROWWISE for e in s.expr.walk())
+            if rowwise and s.ty.layout.is_sliced and (rows // K) % G:
+                raise self.error(
+                    f"'{n}' works on whole rows, but each chunk's {rows // K} rows do not divide "
+                    f"by the {G} ranks (chunks={K})",
+                    stage=s,
+                    hint="use fewer chunks",
+                )

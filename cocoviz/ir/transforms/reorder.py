@@ -1,0 +1,370 @@
+"""`reorder(ag[, c1, …])`: move computation from after an allgather to before it."""
+
+from __future__ import annotations
+
+import dataclasses
+import heapq
+from dataclasses import dataclass
+from typing import ClassVar
+
+from cocoviz.errors import InputError, ScheduleError
+from cocoviz.ir.infer import Inferencer
+from cocoviz.ir.nodes import COLLECTIVES, Expr, Op, Program, Stage, StepCall, ref
+from cocoviz.ir.transforms.base import (
+    Edit,
+    Index,
+    Transformation,
+    describe_stage,
+    index,
+    substitute,
+)
+from cocoviz.ir.transforms.retype import _Env
+from cocoviz.ir.types import shape_values
+
+MOVABLE = "elementwise, row-wise and reduction stages, update, send, and a listed matmul"
+
+
+class _Downstream:
+    """Which stages are downstream of `root` (data and ordering edges), computed by a
+    forward sweep over the stage order only as far as it is asked about."""
+
+    def __init__(self, idx: Index, root: str) -> None:
+        self.idx = idx
+        self.start = idx.pos[root]
+        self.upto = self.start
+        self.down = {root}
+
+    def __call__(self, name: str) -> bool:
+        i = self.idx.pos[name]
+        if i <= self.start:
+            return name in self.down
+        while self.upto < i:
+            self.upto += 1
+            n = self.idx.stages[self.upto].name
+            if any(p in self.down for p in self.idx.preds(n)):
+                self.down.add(n)
+        return name in self.down
+
+
+@dataclass(frozen=True, kw_only=True)
+class Reorder(Transformation):
+    """Move computation across an allgather, so that it runs on slices.
+
+    rewrite (megatron_mlp, after split(sum)):
+        sum_rs = reducescatter(+, layer)
+        sum = allgather(sum_rs)
+        out = dropout(sum + b, 0.1) + r
+    becomes
+        sum_rs = reducescatter(+, layer)
+        out_s = dropout(sum_rs + b, 0.1) + slice(r)   # 1/G of the work
+        out = allgather(out_s)
+
+    Inside the region, reads of `ag` read its operand; replicated operands of the
+    sliced shape become `slice(x)`; broadcast operands (the bias `b[H]`) stay whole. A
+    sliced live-out `c` (read outside the region, an output, or an update) is computed as
+    `c_s` and gathered into `c` right after; scalar live-outs (norms) keep their names.
+    `ag` is deleted when nothing reads it any more. A `send` in the region sends the
+    slice, and the gather runs on the next pipeline stage.
+
+    Default region (`reorder(ag)`): the movable stages reachable from `ag` whose every
+    predecessor downstream of `ag` is in the region, stopping at values that have to be
+    gathered anyway (a stage reading a region value that is also read outside the region
+    or is an output is left out, since moving it would add a second allgather). A listed
+    region is taken as given and may include stages not downstream of `ag` whose
+    outside operands are replicated or scalar (LAMB's `wn = norm(w)`).
+
+    fails when: `ag` is not an allgather; the region is empty, not closed (a stage lies
+    between two of its members, or between `ag` and a member, but is not in it), not
+    connected to `ag`, or holds a stage that cannot move (a collective other than send,
+    a matmul whose left operand is not in the region, a grouped stage); a member reads a
+    local value; a member is not legal on its new layout (DESIGN §2.4).
+    """
+
+    name: ClassVar[str] = "reorder"
+    signature: ClassVar[str] = "reorder(ALLGATHER[, STAGE, …])"
+    gather: str
+    region: tuple[str, ...] = ()
+
+    def step(self) -> StepCall:
+        return StepCall("reorder", (self.gather, *self.region))
+
+    # --- region ------------------------------------------------------------------------
+    def rewrite(self, program: Program) -> Edit:
+        idx = index(program)
+        ag = self.lookup_stage(program, self.gather, 0)
+        if ag.expr.op is not Op.ALLGATHER:
+            hint = f"reorder moves computation across an allgather{_gathers(program)}"
+            if ag.expr.op is Op.ALLREDUCE:
+                hint = f"split it first: split({ag.name}), then reorder({ag.name})"
+            raise self.error(f"{describe_stage(ag)} is not an allgather", stage=ag, hint=hint)
+        if idx.group_of(ag.name) is not None:
+            raise self.error(
+                f"'{ag.name}' is in a {idx.group_of(ag.name).kind.value} group; "  # type: ignore[union-attr]
+                "reorder before fusing or overlapping",
+                stage=ag,
+            )
+        down = _Downstream(idx, ag.name)
+        region = self._listed(idx, ag, down) if self.region else self._default(idx, ag, down)
+        self._check_operands(idx, ag, region)
+        return self._rewrite(program, idx, ag, region, down)
+
+    def _movable(self, idx: Index, s: Stage, listed: bool) -> str | None:
+        """Why `s` cannot move (None when it can)."""
+        op = s.expr.op
+        if op in COLLECTIVES and op is not Op.SEND:
+            return f"{describe_stage(s)} is a collective; movable: {MOVABLE}"
+        if op is Op.MATMUL and not listed:
+            return f"{describe_stage(s)} is a matmul, which moves only when listed"
+        g = idx.group_of(s.name)
+        if g is not None:
+            return f"'{s.name}' is in a {g.kind.value} group; reorder before fusing or overlapping"
+        return None
+
+    def _default(self, idx: Index, ag: Stage, down: _Downstream) -> list[str]:
+        region: set[str] = set()
+        heap = [idx.pos[u] for u in idx.users(ag.name)]
+        heapq.heapify(heap)
+        seen: set[int] = set()
+        first_reason: tuple[Stage, str] | None = None
+        while heap:
+            i = heapq.heappop(heap)
+            if i in seen:
+                continue
+            seen.add(i)
+            s = idx.stages[i]
+            why = self._movable(idx, s, listed=False)
+            if why is None and not self._closed_under(idx, s.name, ag.name, region, down):
+                why = "some of its inputs stay after the allgather"
+            if why is not None:
+                if first_reason is None and ag.name in idx.reads(s.name):
+                    first_reason = (s, why)
+                continue
+            region.add(s.name)
+            for u in idx.users(s.name):
+                heapq.heappush(heap, idx.pos[u])
+        # Stop at values that are gathered anyway.
+        while True:
+            live = {
+                m for m in region if m in idx.outputs or any(u not in region for u in idx.users(m))
+            }
+            drop = {m for m in region if idx.reads(m) & live}
+            if not drop:
+                break
+            region -= drop
+            for m in sorted(region, key=idx.pos.__getitem__):
+                if not self._closed_under(idx, m, ag.name, region, down):
+                    region.discard(m)
+        if not region:
+            if first_reason is not None:
+                s, why = first_reason
+                raise self.error(
+                    f"nothing can move across '{ag.name}': {why}",
+                    stage=s,
+                    hint=f"movable: {MOVABLE}",
+                )
+            raise self.error(
+                f"nothing reads '{ag.name}', so there is nothing to move across it", stage=ag
+            )
+        return sorted(region, key=idx.pos.__getitem__)
+
+    @staticmethod
+    def _closed_under(idx: Index, name: str, ag: str, region: set[str], down: _Downstream) -> bool:
+        return all(p == ag or p in region or not down(p) for p in idx.preds(name))
+
+    def _listed(self, idx: Index, ag: Stage, down: _Downstream) -> list[str]:
+        members: list[Stage] = []
+        for k, n in enumerate(self.region, start=1):
+            s = self.lookup_stage(idx.program, n, k)
+            if n == ag.name:
+                raise self.error(
+                    f"'{n}' is the allgather itself; list the stages to move across it", arg=k
+                )
+            if any(m.name == n for m in members):
+                raise self.error(f"'{n}' is listed twice", arg=k)
+            members.append(s)
+        names = {m.name for m in members}
+        for s in members:
+            why = self._movable(idx, s, listed=True)
+            if why is None and s.expr.op is Op.MATMUL:
+                left = s.expr.args[0]
+                if not (left.op is Op.REF and (left.name in names or left.name == ag.name)):
+                    why = (
+                        f"matmul '{s.name}' moves only when its left operand is in the region "
+                        "(it is then sliced by rows)"
+                    )
+            if why is not None:
+                raise self.error(f"cannot move '{s.name}': {why}", stage=s)
+        # Closed: nothing outside the region lies on a path from `ag` or a member to a member.
+        order = sorted(names, key=idx.pos.__getitem__)
+        lo = idx.pos[ag.name]
+        hi = idx.pos[order[-1]]
+        reach = {ag.name} | names  # reached from ag or a member
+        between: set[str] = set()
+        for i in range(min(lo, idx.pos[order[0]]), hi + 1):
+            n = idx.stages[i].name
+            if n in reach:
+                continue
+            if idx.preds(n) & reach:
+                reach.add(n)
+                between.add(n)
+        for m in order:
+            bad = sorted((idx.preds(m) & between), key=idx.pos.__getitem__)
+            if bad:
+                hull = self._hull(idx, names, between)
+                culprit = idx.stage(bad[0])
+                src = [p for p in idx.preds(culprit.name) if p in reach]
+                frm = min(src, key=idx.pos.__getitem__) if src else ag.name
+                raise self.error(
+                    f"the region is not closed: {describe_stage(culprit)} lies between "
+                    f"'{frm}' and '{m}' but is not in it",
+                    stage=culprit,
+                    hint=f"list it too: reorder({', '.join([ag.name, *hull])})",
+                )
+        if not any(ag.name in idx.reads(m.name) for m in members):
+            raise self.error(
+                f"no listed stage reads '{ag.name}': the region is not connected to it",
+                hint=f"its readers are {', '.join(idx.users(ag.name)) or 'none'}",
+            )
+        for s in members:
+            if down(s.name):
+                continue
+            for r in sorted(idx.reads(s.name)):
+                if r in names or r in idx.params:
+                    continue
+                t = idx.type_of(r)
+                if not (t.layout.is_replicated or t.is_scalar):
+                    raise self.error(
+                        f"'{s.name}' does not depend on '{ag.name}', so it may join the region "
+                        f"only if its other operands are replicated or scalar, but '{r}' is "
+                        f"{t.layout}",
+                        stage=s,
+                    )
+        return order
+
+    @staticmethod
+    def _hull(idx: Index, names: set[str], between: set[str]) -> list[str]:
+        """The listed names plus the stages between them that lead back into them."""
+        need = set(names)
+        for i in range(len(idx.stages) - 1, -1, -1):
+            n = idx.stages[i].name
+            if n in between and idx.succs(n) & need:
+                need.add(n)
+        return sorted(need, key=idx.pos.__getitem__)
+
+    def _check_operands(self, idx: Index, ag: Stage, region: list[str]) -> None:
+        inside = set(region)
+        for m in region:
+            for r in sorted(idx.reads(m)):
+                if r in inside or r == ag.name or r in idx.params:
+                    continue
+                t = idx.type_of(r)
+                if t.layout.is_local:
+                    rest = [n for n in region if n != m]
+                    leave = f"reorder({', '.join([ag.name, *rest])})" if rest else None
+                    raise self.error(
+                        f"'{m}' reads '{r}', which is local ({t}): on slices it would combine "
+                        "sliced and local values",
+                        stage=idx.stage(m),
+                        hint=f"reduce '{r}' first (allreduce or reducescatter)"
+                        + (f", or leave '{m}' out: {leave}" if leave else ""),
+                    )
+
+    # --- rewrite -----------------------------------------------------------------------
+    def _rewrite(
+        self, program: Program, idx: Index, ag: Stage, region: list[str], down: _Downstream
+    ) -> Edit:
+        operand = ag.expr.args[0]
+        ag_shape = shape_values(ag.ty.shape)
+        dim = operand.type.layout.dim
+        env = _Env(idx)
+        inf = Inferencer(program.grid, env, set(idx.inputs))
+        exprs: dict[str, Expr] = {}
+        for m in region:
+            s = idx.stage(m)
+            e = substitute(s.expr, {ag.name: operand})
+            if not down(m):
+                e = self._slice_whole(idx, e, set(region), ag_shape, dim)
+            try:
+                typed = inf.infer(e)
+            except InputError as err:
+                raise self._illegal(s, err) from None
+            env[m] = typed.type
+            exprs[m] = e
+        renames: dict[str, str] = {}
+        taken: set[str] = set()
+        inside = set(region)
+        for m in region:
+            t = env[m]
+            live = (
+                m in idx.outputs
+                or m in idx.update_target
+                or any(u not in inside for u in idx.users(m))
+            )
+            if live and t.layout.is_sliced:
+                renames[m] = idx.fresh(f"{m}_s", taken)
+                taken.add(renames[m])
+        new_refs = {old: ref(new) for old, new in renames.items()}
+        replaced: dict[str, list[Stage]] = {}
+        for m in region:
+            s = idx.stage(m)
+            e = substitute(exprs[m], new_refs) if new_refs else exprs[m]
+            if m in renames:
+                c_s = Stage(renames[m], e, s.span)
+                gather = Stage(
+                    m, Expr(Op.ALLGATHER, (ref(renames[m], s.span),), span=s.expr.span), s.span
+                )
+                replaced[m] = [c_s, gather]
+            else:
+                replaced[m] = [dataclasses.replace(s, expr=e)]
+        drop_ag = ag.name not in idx.outputs and all(u in inside for u in idx.users(ag.name))
+        marks = sorted(idx.pos[n] for n in replaced)
+        if drop_ag:
+            marks = sorted([*marks, idx.pos[ag.name]])
+        stages: list[Stage] = []
+        prev = 0
+        for i in marks:
+            stages.extend(program.stages[prev:i])
+            stages.extend(replaced.get(program.stages[i].name, ()))
+            prev = i + 1
+        stages.extend(program.stages[prev:])
+        dirty = set(region) | set(renames.values())
+        return Edit(
+            dataclasses.replace(program, stages=tuple(stages)),
+            dirty=dirty,
+            removed={ag.name} if drop_ag else set(),
+        )
+
+    @staticmethod
+    def _slice_whole(
+        idx: Index, e: Expr, region: set[str], shape: tuple[int, ...], dim: int | None
+    ) -> Expr:
+        """Replicated operands of the sliced shape read as slices (for members that do not
+        depend on the allgather, where inference has no sliced value to align with)."""
+        if e.op is Op.REF:
+            n = e.name or ""
+            if n in region or n in idx.params:
+                return e
+            t = idx.type_of(n)
+            if t.layout.is_replicated and not t.is_scalar and shape_values(t.shape) == shape:
+                return Expr(Op.SLICE, (e,), value=dim, span=e.span)
+            return e
+        if e.op is Op.SLICE or not e.args:
+            return e
+        if e.op is Op.UPDATE:
+            return dataclasses.replace(
+                e, args=(e.args[0], Reorder._slice_whole(idx, e.args[1], region, shape, dim))
+            )
+        args = tuple(Reorder._slice_whole(idx, a, region, shape, dim) for a in e.args)
+        return dataclasses.replace(e, args=args)
+
+    def _illegal(self, s: Stage, err: InputError) -> ScheduleError:
+        return self.error(
+            f"'{s.name}' would not be legal on slices: {err.message}",
+            stage=s,
+            hint=err.hint or "leave it out of the region (list the region explicitly)",
+        )
+
+
+def _gathers(program: Program) -> str:
+    names = [s.name for s in program.stages if s.expr.op is Op.ALLGATHER]
+    return f"; the allgathers here are {', '.join(names)}" if names else ""

@@ -1,0 +1,46 @@
+"""Helpers shared by the transformation tests."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from cocoviz.ir.lower import RanksOverride, load_file, load_program
+from cocoviz.ir.nodes import Program
+from cocoviz.ir.printer import format_program
+from cocoviz.ir.transforms.base import Index, index
+
+ROOT = Path(__file__).resolve().parent.parent
+SAMPLES = sorted(p.stem for p in (ROOT / "samples").glob("*.coco"))
+
+# Small sizes at which the reference runs every sample quickly, for each rank count tested.
+SMALL = {
+    "sgd": {"N": 96},
+    "adam": {"N": 96},
+    "lamb": {"N": 96},
+    "megatron_mlp": {"B": 2, "S": 16, "H": 16},
+    "megatron_attention_out": {"B": 2, "S": 16, "H": 16},
+    "transformer_block": {"B": 2, "S": 16, "H": 16},
+    "pipeline_stage": {"B": 2, "S": 16, "H": 16},
+}
+
+
+def sample(name: str, defines: dict[str, int] | None = None, ranks: str | None = None) -> Program:
+    r = RanksOverride.parse(ranks) if ranks else None
+    return load_file(ROOT / "samples" / f"{name}.coco", defines, r)
+
+
+def reparse(p: Program) -> Program:
+    """Print and parse back (the result must equal `p`)."""
+    return load_program(format_program(p), f"{p.name}.coco")
+
+
+def assert_index_consistent(p: Program) -> None:
+    """The cached (possibly derived) index agrees with one built from scratch."""
+    derived, fresh = index(p), Index(p)
+    assert derived.pos == fresh.pos
+    assert derived.updates == fresh.updates
+    assert derived.update_target == fresh.update_target
+    assert derived.group_index == fresh.group_index
+    names = set(fresh.pos) | set(fresh.inputs) | set(fresh.params)
+    for n in names:
+        assert derived.users(n) == fresh.users(n), n
