@@ -211,5 +211,7 @@ class DiagnosticBag:
 
 def did_you_mean(name: str, candidates: Iterable[str]) -> str | None:
     """A `did you mean` hint for a misspelled name, or None."""
-    close = difflib.get_close_matches(name, list(candidates), n=1, cutoff=0.6)
+    names = list(candidates)
+    same_letters = [c for c in names if c.lower() == name.lower() and c != name]
+    close = same_letters or difflib.get_close_matches(name, names, n=1, cutoff=0.6)
     return f"did you mean '{close[0]}'?" if close else None
