@@ -46,7 +46,7 @@ from cocoviz.ir.nodes import (
     Op,
     ReduceOp,
 )
-from cocoviz.ir.types import DType, TensorType, block_dim, shape_values
+from cocoviz.ir.types import DType, TensorType, shape_values
 
 __all__ = [
     "RankContext",
@@ -582,8 +582,3 @@ class _Eval:
             if e.op is Op.RMSNORM:
                 return rmsnorm(x, params[0], eps)
             return softmax(x, n)
-
-
-def rank_block_dim(ty: TensorType, group: int) -> int | None:
-    """The dimension a sliced value's rank arrays are blocks of (None: 1-D chunks)."""
-    return block_dim(ty.layout, ty.shape, group)
