@@ -17,12 +17,9 @@ from cocoviz.sim.tune import tune
 
 
 def _schedule(program: Program, block: str) -> Program:
-    from cocoviz.ir.transforms import as_transformation
+    from cocoviz.session import apply_block, find_block
 
-    steps = next(b for b in program.schedules if b.name == block).steps
-    for step in steps:
-        program = as_transformation(step).apply(program)
-    return program
+    return apply_block(program, find_block(program, block))
 
 
 def _timed(fn, repeat: int = 3):  # type: ignore[no-untyped-def]

@@ -193,9 +193,15 @@ def _bytes(n: float) -> str:
     return f"{n:.1f} GiB"
 
 
-def render_stage_table(timeline: Timeline) -> Table:
+def render_stage_table(timeline: Timeline, limit: int = 40) -> Table:
+    """The per-stage table; beyond ``limit`` rows, the longest ``limit`` in time order."""
     rows = timeline.summary.stages
-    table = Table(title="per stage (one rank per pipeline stage)", title_justify="left")
+    title = "per stage (one rank per pipeline stage)"
+    if len(rows) > limit:
+        keep = set(sorted(rows, key=lambda r: -r.busy_s)[:limit])
+        rows = tuple(r for r in rows if r in keep)
+        title += f": the {limit} longest of {len(timeline.summary.stages)} (--json has all)"
+    table = Table(title=title, title_justify="left")
     multi = timeline.pp > 1
     table.add_column("stage")
     if multi:
