@@ -259,7 +259,7 @@ def to_dtype(x: npt.ArrayLike, dtype: DTypeLike) -> npt.NDArray[Any]:
             return round_bf16(a.astype(np.float32))
     if info.is_float:
         with np.errstate(over="ignore", invalid="ignore"):
-            return a.astype(info.storage)
+            return a.astype(info.storage, copy=False)  # no copy when already stored so
     if a.dtype.kind == "f":
         with np.errstate(invalid="ignore"):
             return np.trunc(a).astype(info.storage)
