@@ -73,22 +73,44 @@ def test_overlapped_group_runs_chunked_and_matches_reference():
     assert ev[("layer", 1)].start < ev[("out", 0)].end
 
 
-@pytest.mark.parametrize("name", ["sgd", "adam", "lamb", "megatron_mlp", "transformer_block"])
-def test_unscheduled_samples_match_reference(name):
-    defines = {
-        "sgd": {"N": 256},
-        "adam": {"N": 256},
-        "lamb": {"N": 256},
-        "megatron_mlp": {"B": 2, "S": 4, "H": 16},
-        "transformer_block": {"B": 2, "S": 4, "H": 16},
-    }[name]
-    prog = load_file(SAMPLES / f"{name}.coco", defines, RanksOverride(n=4))
-    names = list(prog.outputs) + [s for s in prog.updates().values() if s not in prog.outputs]
-    run = run_mpi(prog, names)
-    ref = run_reference(prog)
-    for n in names:
-        c = nx.compare(run.outputs[n], ref.global_value(n), prog.type_of(n).dtype.value)
-        assert c.ok, (n, c)
+SMALL = {
+    "sgd": {"N": 256},
+    "adam": {"N": 256},
+    "lamb": {"N": 256},
+    "megatron_mlp": {"B": 2, "S": 8, "H": 16},
+    "megatron_attention_out": {"B": 2, "S": 8, "H": 16},
+    "transformer_block": {"B": 2, "S": 8, "H": 16},
+    "pipeline_stage": {"B": 2, "S": 8, "H": 16},
+}
+CASES = [
+    (name, block.name)
+    for name in sorted(SMALL)
+    for block in load_file(SAMPLES / f"{name}.coco").schedules
+]
+
+
+@pytest.mark.parametrize(("name", "schedule"), CASES)
+def test_every_sample_and_schedule_matches_reference(name, schedule, capsys):
+    """`cocoviz run --mpi --ranks 4` (2×2 for the pipeline) matches the reference of the
+    unscheduled program for every sample × canonical schedule."""
+    ranks = "tp=2,pp=2" if name == "pipeline_stage" else "4"
+    defines = [f"-D{k}={v}" for k, v in SMALL[name].items()]
+    rc = main(
+        [
+            "run",
+            str(SAMPLES / f"{name}.coco"),
+            "--schedule",
+            schedule,
+            "--mpi",
+            "--ranks",
+            ranks,
+            *defines,
+            "--json",
+        ]
+    )
+    report = json.loads(capsys.readouterr().out)
+    assert rc == 0, report
+    assert report["ok"] and report["check"]
 
 
 def test_pipeline_grid_send_between_stages():
