@@ -310,3 +310,9 @@ def test_parsing_is_safe_from_several_threads() -> None:
     for t in threads:
         t.join()
     assert results == {i: f"y{i}" for i in range(8)}
+
+
+def test_trailing_comma_hint() -> None:
+    err = syntax_error("y = max(\n  a,\n  b,   # the second\n)\n")
+    assert err.message.startswith("syntax error: unexpected ')'")
+    assert err.hint == "remove the ',' before ')': a trailing comma is not allowed"

@@ -573,6 +573,12 @@ def _misspelled_keyword(before: str) -> str | None:
     return f"did you mean '{close[0]}'? a statement starts with a keyword or 'NAME ='"
 
 
+def _before(source: Source, tok: Token) -> str:
+    """The source text before a token, without comments and trailing blanks."""
+    pos = tok.start_pos if tok.start_pos is not None else 0
+    return re.sub(r"#[^\n]*", "", source.text[:pos]).rstrip()
+
+
 def _syntax_error(err: UnexpectedInput, source: Source) -> InputError:
     line = getattr(err, "line", None) or 1
     col = getattr(err, "column", None) or 1
@@ -594,10 +600,11 @@ def _syntax_error(err: UnexpectedInput, source: Source) -> InputError:
         else:
             what = f"'{tok}'"
             span = Span(source, line, col, tok.end_line or line, tok.end_column or col + 1)
+        hint = _misspelled_keyword(source.line(line)[: col - 1])
+        if tok.type in ("RPAR", "RSQB") and _before(source, tok).endswith(","):
+            hint = f"remove the ',' before '{tok}': a trailing comma is not allowed"
         return InputError(
-            f"syntax error: unexpected {what}" + (f"; {exp}" if exp else ""),
-            span,
-            _misspelled_keyword(source.line(line)[: col - 1]),
+            f"syntax error: unexpected {what}" + (f"; {exp}" if exp else ""), span, hint
         )
     if isinstance(err, UnexpectedEOF):
         return InputError("syntax error: unexpected end of file", Span(source, 1, 1, 1, 2))
