@@ -312,6 +312,11 @@ class BodyBuilder:
         raise AssertionError(f"unlifted {op.value} in a kernel body")
 
     def operand(self, e: Expr, dt: DType) -> str:
+        if e.op is Op.CONST and e.value is not None:
+            # a literal takes the operand dtype straight from its source value
+            return self.emit(
+                ("const", e.value, dt), kind="const", literal=c_double(e.value), dtype=dt
+            )
         v, src = self.expr(e)
         return self.operand_conv(v, src, dt)
 
@@ -700,6 +705,7 @@ class _ProgramLowerer:
                 dev = self.device_fused(members, None)
                 if dev is not None:
                     return dev
+                self._device_fallback(members)
             return self.lower_units(members, None, label, fused=True)
         assert g.chunks is not None
         self._chunk_loops += 1
@@ -713,6 +719,8 @@ class _ProgramLowerer:
                 steps: list[pl.Step] | None = None
                 if self.collectives == "nccl-device":
                     steps = self.device_fused(members, g.chunks)
+                    if steps is None:
+                        self._device_fallback(members)
                 if steps is None:
                     steps = self.lower_units(
                         members, g.chunks, "fused " + ", ".join(members), fused=True
@@ -1081,6 +1089,13 @@ class _ProgramLowerer:
         return c
 
     # ---- nccl-device
+    def _device_fallback(self, members: list[str]) -> None:
+        if any(self.p.stage(m).expr.op in COLLECTIVES for m in members):
+            self.stage_colls.setdefault(members[0], []).append(
+                "nccl-device does not apply (the group is not reducescatter → elementwise "
+                "compute → allgather); lowered on NCCL's host API"
+            )
+
     def device_fused(self, members: list[str], chunks: int | None) -> list[pl.Step] | None:
         """RS → compute → AG as one NCCL device-API kernel; None when the group is not of
         that form (the host-NCCL lowering is used instead)."""
@@ -1104,7 +1119,10 @@ class _ProgramLowerer:
         space = pl.Space(shard_view, bool(chunks))
         cname = self.names.fresh(f"{self.ns}_{rs}_device", "d_")
         bb = BodyBuilder(self, space, cname)
-        # the reduced shard element is computed by the kernel's prologue into `shard`
+        l_var, e_var = bb.L, bb.E
+        prologue = tuple(bb.stmts)
+        bb.stmts.clear()
+        # the reduced shard element is computed by the kernel into `shard`
         bb.bound[rs] = "shard"
         self.note_read(rs, cname, True)
         for m in compute:
@@ -1146,6 +1164,9 @@ class _ProgramLowerer:
                 sbuf.dtype,
                 self.buffer_of(rs).cname if rs in self.value_buffer else "",
                 space,
+                prologue,
+                l_var,
+                e_var,
                 tuple(bb.stmts),
                 tuple(gath),
                 self.type_of(rs).pstage,

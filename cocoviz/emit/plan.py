@@ -312,6 +312,11 @@ class DeviceCollective:
     """Where the reduced shard lands (the RS stage's buffer)."""
     space: Space
     """The shard's iteration space."""
+    prologue: tuple[Stmt, ...]
+    """Computes ``l_var`` (storage index of the shard element) and ``e_var`` (its global
+    element index: where it lives in the reduced buffer and in every gathered buffer)."""
+    l_var: str
+    e_var: str
     body: tuple[Stmt, ...]
     """The fused compute on the shard (reads the shard through ``shard``)."""
     gathers: tuple[tuple[str, str, DType], ...]

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import functools
 import json
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -72,6 +73,14 @@ def environment() -> jinja2.Environment:
         keep_trailing_newline=True,
         autoescape=False,
     )
+
+
+_UNSAFE_TEXT = re.compile(r"[^A-Za-z0-9_ ,.#()=>+-]")
+
+
+def safe_text(text: str) -> str:
+    """Text for a C comment: characters outside a small safe set become '?'."""
+    return _UNSAFE_TEXT.sub("?", text)
 
 
 def dt_enum(dt: DType) -> str:
@@ -167,16 +176,21 @@ class Renderer:
             "pstage": st.pstage,
             "stream": st.stream,
         }
+        names = getattr(st, "stages", None) or (getattr(st, "stage", ""),)
+        d["stage_lit"] = c_string(", ".join(names))
+        d["reduce_lit"] = c_string(", ".join(names) + ".reduce")
         if isinstance(st, pl.Kernel):
             d.update(
-                stages=", ".join(st.stages),
+                stages=safe_text(", ".join(st.stages)),
                 count=st.space.launch_count,
+                red_blocks=max(1, min(REDUCE_BLOCKS, -(-st.space.launch_count // 256))),
+                finishes=[],
                 body=self.stmts(st.body),
                 reductions=[self.reduction(r) for r in st.reductions],
             )
         elif isinstance(st, pl.RowKernel):
             d.update(
-                stages=", ".join(st.stages), op=st.op, count=st.space.launch_count,
+                stages=safe_text(", ".join(st.stages)), op=st.op, count=st.space.launch_count,
                 rows=st.space.launch_count // st.row_len, row_len=st.row_len,
                 x_body=self.stmts(st.x_body), x=st.x_var, gb_body=self.stmts(st.gb_body),
                 store_body=self.stmts(st.store_body),
@@ -186,7 +200,7 @@ class Renderer:
         elif isinstance(st, pl.ReduceFinish):
             r = st.reduction
             d.update(
-                stage=st.stage, red=self.reduction(r), cross=st.cross_rank, result=st.result,
+                stage=safe_text(st.stage), red=self.reduction(r), cross=st.cross_rank, result=st.result,
                 result_st=self.st(st.result_dtype), result_ctype=self.compute_ctype(st.result_dtype),
                 acc_enum=dt_enum(r.acc_dtype), mpi_op="max" if r.kind == "absmax" else "sum",
                 nccl_op="ncclMax" if r.kind == "absmax" else "ncclSum",
@@ -194,7 +208,7 @@ class Renderer:
             )  # fmt: skip
         elif isinstance(st, pl.Matmul):
             d.update(
-                stage=st.stage, a=st.a, b=st.b, c=st.c, m=st.m, n=st.n, k=st.k,
+                stage=safe_text(st.stage), a=st.a, b=st.b, c=st.c, m=st.m, n=st.n, k=st.k,
                 a_off=self.offset(st.a_offset), c_off=self.offset(st.c_offset),
                 st=self.st(st.dtype), ctype=self.compute_ctype(st.dtype),
                 enum=dt_enum(st.dtype), cuda_type=dtype_info(st.dtype).cuda_datatype,
@@ -204,7 +218,7 @@ class Renderer:
             )  # fmt: skip
         elif isinstance(st, pl.Collective):
             d.update(
-                stage=st.stage, op=st.op, rop=st.rop, send=st.send, recv=st.recv, count=st.count,
+                stage=safe_text(st.stage), op=st.op, rop=st.rop, send=st.send, recv=st.recv, count=st.count,
                 send_off=self.offset(st.send_offset), recv_off=self.offset(st.recv_offset),
                 inplace=st.inplace, root=st.root, peer_pstage=st.peer_pstage,
                 enum=dt_enum(st.dtype), ctype=self.storage_ctype(st.dtype),
@@ -214,10 +228,11 @@ class Renderer:
             )  # fmt: skip
         elif isinstance(st, pl.DeviceCollective):
             d.update(
-                stages=", ".join(st.stages), rop=st.rop, src=st.src, shard=st.shard,
+                stages=safe_text(", ".join(st.stages)), rop=st.rop, src=st.src, shard=st.shard,
                 src_st=self.st(st.src_dtype), src_ctype=self.compute_ctype(st.src_dtype),
                 src_storage=self.storage_ctype(st.src_dtype),
                 count=st.space.launch_count, body=self.stmts(st.body),
+                prologue=self.stmts(st.prologue), l_var=st.l_var, e_var=st.e_var,
                 numel=st.space.view.numel, chunks=st.space.view.chunks,
                 chunked=st.space.in_chunk_loop,
                 shard_count=st.space.view.count,
@@ -228,9 +243,9 @@ class Renderer:
             )  # fmt: skip
         elif isinstance(st, pl.ChunkLoop):
             d.update(
-                stages=", ".join(st.stages), chunks=st.chunks,
+                stages=safe_text(", ".join(st.stages)), chunks=st.chunks,
                 chunk_items=[
-                    {"label": it.label, "stream": it.stream, "steps": [self.step(s) for s in it.steps]}
+                    {"label": safe_text(it.label), "label_lit": c_string(it.label), "stream": it.stream, "steps": [self.step(s) for s in it.steps]}
                     for it in st.items
                 ],
             )  # fmt: skip
@@ -256,11 +271,16 @@ class Renderer:
 
     def program(self, p: pl.ProgramPlan) -> dict[str, Any]:
         steps = [self.step(s) for s in p.steps]
+        flat = self.flat_kernels(steps)
+        finish = {f["red"]["partial"]: f for f in flat if f["kind"] == "finish"}
+        for k in flat:
+            if k["kind"] == "kernel":
+                k["finishes"] = [finish[r["partial"]] for r in k["reductions"]]
         buffers = []
         for b in p.buffers:
             buffers.append(
                 {
-                    "cname": b.cname, "source": b.source, "count": b.count, "role": b.role,
+                    "cname": b.cname, "source": safe_text(b.source), "count": b.count, "role": b.role,
                     "ctype": self.storage_ctype(b.dtype), "alias": b.alias,
                     "offset": self.offset(b.offset), "pstage": b.pstage, "symmetric": b.symmetric,
                     "enum": dt_enum(b.dtype),
@@ -297,7 +317,7 @@ class Renderer:
             "inputs": inputs,
             "outputs": outputs,
             "steps": steps,
-            "kernels": self.flat_kernels(steps),
+            "kernels": flat,
             "rngkeys": [{"cname": k.cname, "tag": c_string(k.tag)} for k in p.keys],
             "dropouts": [
                 {
@@ -333,7 +353,7 @@ class Renderer:
         }
         json_prefix = json.dumps(header)[:-1]
         return {
-            "program": p.program,
+            "program": safe_text(p.program),
             "program_literal": c_string(p.program),
             "stem": p.file_stem,
             "tp": p.tp,
@@ -345,7 +365,7 @@ class Renderer:
             "ref": self.program(p.reference) if p.reference else None,
             "json_prefix": c_string(json_prefix),
             "reduce_blocks": REDUCE_BLOCKS,
-            "schedule": p.schedule_name or "(none)",
+            "schedule": safe_text(p.schedule_name or "(none)"),
             "schedule_literal": c_string(p.schedule_name or ""),
             "arch": self.options.arch,
             "make_vars": list(self.options.make_vars),

@@ -1,0 +1,130 @@
+"""Shared helpers of the emitter tests: sample programs at small sizes, their canonical
+schedules, building emitted trees (each distinct source tree once), tool requirements."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import subprocess
+from collections.abc import Mapping
+from pathlib import Path
+
+import pytest
+
+from cocoviz import samples
+from cocoviz.emit.emitter import emit
+from cocoviz.emit.lower import strip_schedule
+from cocoviz.emit.toolchain import find_toolchain
+from cocoviz.ir.lower import RanksOverride, load_file
+from cocoviz.ir.nodes import Program
+from cocoviz.session import apply_block, find_block
+
+REQUIRE_NVCC = os.environ.get("COCOVIZ_REQUIRE_NVCC") == "1"
+REQUIRE_MPI = REQUIRE_NVCC or os.environ.get("COCOVIZ_REQUIRE_MPI") == "1"
+
+SMALL: dict[str, dict[str, int]] = {
+    "adam": {"N": 1024},
+    "lamb": {"N": 1024},
+    "sgd": {"N": 1024},
+    "megatron_mlp": {"B": 2, "S": 8, "H": 16},
+    "megatron_attention_out": {"B": 2, "S": 8, "H": 16},
+    "pipeline_stage": {"B": 2, "S": 8, "H": 16},
+    "transformer_block": {"B": 2, "S": 8, "H": 16},
+}
+"""-D sizes small enough to run on 4 CPU ranks in a second, large enough for every
+schedule's divisibility rules (chunks=4 of 4 ranks, whole rows per chunk)."""
+
+
+def small_ranks(name: str) -> RanksOverride:
+    return RanksOverride.parse("tp=2,pp=2" if name == "pipeline_stage" else "4")
+
+
+def cases() -> list[tuple[str, str]]:
+    """Every (sample, canonical schedule)."""
+    out = []
+    for name in samples.names():
+        p = load_file(samples.path(name))
+        out.extend((name, b.name) for b in p.schedules)
+    return out
+
+
+def scheduled(name: str, schedule: str, small: bool = True) -> tuple[Program, Program]:
+    """(scheduled program, unscheduled program) of a sample."""
+    if small:
+        p0 = load_file(samples.path(name), SMALL[name], small_ranks(name))
+    else:
+        p0 = load_file(samples.path(name))
+    return apply_block(p0, find_block(p0, schedule)), strip_schedule(p0)
+
+
+def emit_files(
+    name: str, schedule: str, target: str, collectives: str = "nccl", small: bool = True
+) -> dict[str, str]:
+    p, ref = scheduled(name, schedule, small)
+    steps = [str(s) for s in find_block(load_file(samples.path(name)), schedule).steps]
+    out = emit(
+        p,
+        ref,
+        target=target,  # type: ignore[arg-type]
+        collectives=collectives,  # type: ignore[arg-type]
+        schedule_name=schedule,
+        schedule_steps=steps,
+    )
+    return out.files
+
+
+def write(directory: Path, files: Mapping[str, str]) -> None:
+    directory.mkdir(parents=True, exist_ok=True)
+    for n, text in files.items():
+        (directory / n).write_text(text)
+    (directory / "run.sh").chmod(0o755)
+
+
+def need_mpicxx() -> None:
+    tc = find_toolchain()
+    if tc.mpi is not None and shutil.which("make"):
+        return
+    if REQUIRE_MPI:
+        pytest.fail("mpicxx and make are required (COCOVIZ_REQUIRE_MPI/NVCC=1) but missing")
+    pytest.skip("mpicxx or make not found (set COCOVIZ_REQUIRE_MPI=1 to make this a failure)")
+
+
+def need_nvcc() -> None:
+    tc = find_toolchain()
+    if not tc.missing("cuda") and shutil.which("make"):
+        return
+    if REQUIRE_NVCC:
+        pytest.fail(
+            "nvcc, NCCL, cuBLAS and MPI are required (COCOVIZ_REQUIRE_NVCC=1) but missing: "
+            + "; ".join(tc.missing("cuda"))
+        )
+    pytest.skip("the CUDA toolchain was not found (set COCOVIZ_REQUIRE_NVCC=1 to fail instead)")
+
+
+def source_key(files: Mapping[str, str], exts: tuple[str, ...]) -> str:
+    """Hash of the files that determine the binary (not the manifest or comments elsewhere)."""
+    h = hashlib.sha256()
+    for n in sorted(files):
+        if n.endswith(exts):
+            h.update(n.encode() + b"\0" + files[n].encode() + b"\0")
+    return h.hexdigest()[:16]
+
+
+def make(directory: Path, *extra: str, timeout: float = 1200) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        ["make", "-C", str(directory), "-j2", *extra],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+
+
+def diagnostics(res: subprocess.CompletedProcess[str]) -> list[str]:
+    """Warning and error lines of a build."""
+    return [
+        ln
+        for ln in (res.stdout + res.stderr).splitlines()
+        if "warning" in ln.lower() or "error" in ln.lower()
+    ]
