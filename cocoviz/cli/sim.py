@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -96,8 +97,11 @@ def _warn(message: str, hint: str | None = None) -> None:
 def _console(width: int | None = None, stderr: bool = False) -> Any:
     from rich.console import Console
 
+    stream = sys.stderr if stderr else sys.stdout
+    if width is None and not stream.isatty() and "COLUMNS" not in os.environ:
+        width = 132  # pipes and files: rich's 80 columns would fold the tables
     return Console(
-        file=sys.stderr if stderr else sys.stdout,
+        file=stream,
         width=width,
         highlight=False,
         soft_wrap=False,
