@@ -66,6 +66,7 @@ def cmd_emit(args: argparse.Namespace) -> int:
         schedule_name=args.schedule,
         schedule_steps=steps,
         seed=args.seed,
+        hw=args.hw,
     )
     res = write_tree(Path(args.output), out.files, force=args.force)
     print(

@@ -42,19 +42,23 @@ class Emitted:
     binary: str
 
 
-def _predicted(program: Program) -> tuple[dict[str, float] | None, str | None]:
-    """Per-stage predicted times from the cost model, when it offers them."""
+def _predicted(
+    program: Program, collectives: str, hw_name: str | None
+) -> tuple[dict[str, float] | None, str | None]:
+    """Per-stage predicted busy times (µs) from the cost model, with the hardware named."""
     try:
-        from cocoviz.sim import timeline
+        from cocoviz.sim.hardware import load_profile
+        from cocoviz.sim.timeline import simulate
     except ImportError:
         return None, "the cost model is not available in this build"
-    fn = getattr(timeline, "stage_times", None)
-    if fn is None:
-        return None, "the cost model offers no per-stage prediction yet"
     try:
-        return dict(fn(program)), None
+        hw = load_profile(hw_name) if hw_name else load_profile()
+        tl = simulate(program, hw, collectives=collectives, warnings=False)
     except Exception as e:  # noqa: BLE001 - a prediction must never break emitting
         return None, f"the cost model failed: {type(e).__name__}: {e}"
+    rows = {r.name: r.busy_s * 1e6 for r in tl.summary.stages}
+    rows["(makespan)"] = tl.summary.makespan_s * 1e6
+    return rows, f"predicted by the cost model for {tl.hardware} (cocoviz simulate)"
 
 
 def emit(
@@ -68,6 +72,7 @@ def emit(
     schedule_steps: Sequence[str] = (),
     seed: int = 0,
     toolchain: Toolchain | None = None,
+    hw: str | None = None,
 ) -> Emitted:
     """The output tree of `scheduled` (and `reference`, the unscheduled program that
     ``--check`` compares against) for `target`."""
@@ -83,7 +88,7 @@ def emit(
         target=target, arch=arch, make_vars=_make_vars(make_vars, target), mpiexec=mpiexec
     )
     files = renderer_for(plan, options).files()
-    predicted, note = _predicted(scheduled)
+    predicted, note = _predicted(scheduled, collectives if target == "cuda" else "nccl", hw)
     names = [*files, "manifest.json"]
     files["manifest.json"] = manifest(
         plan, target, arch if target == "cuda" else None, names, predicted, note

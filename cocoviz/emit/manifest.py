@@ -118,6 +118,8 @@ def manifest(
         data["arch"] = arch
     if plan.reference is not None:
         data["unscheduled"] = _program(plan.reference, None)
+    if predicted:
+        data["predicted_us"] = {k: round(v, 3) for k, v in predicted.items()}
     if predicted_note:
         data["predicted_note"] = predicted_note
     return json.dumps(data, indent=2) + "\n"
