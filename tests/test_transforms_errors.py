@@ -185,7 +185,7 @@ def test_overlap_refuses_a_slice_leaving_the_group() -> None:
         with_schedule("megatron_mlp", "split(sum)", "reorder(sum)", "overlap(layer, sum_rs)")
     )
     assert err.message == (
-        "overlap: 'sum_rs' is sliced (sliced) and read by 'out_s' outside the group; inside an "
+        "overlap: 'sum_rs' is sliced and read by 'out_s' outside the group; inside an "
         "overlapped group slices are laid out chunk by chunk, so no slice may leave it"
     )
 

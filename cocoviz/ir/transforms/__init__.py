@@ -13,9 +13,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from cocoviz.errors import CocovizError, ScheduleError, did_you_mean
-from cocoviz.ir.nodes import Op, Program, StepCall
+from cocoviz.ir.nodes import COLLECTIVES, Op, Program, StepCall
 from cocoviz.ir.transforms.asslice import AsSlice
-from cocoviz.ir.transforms.base import Transformation, index
+from cocoviz.ir.transforms.base import Index, Transformation, index
 from cocoviz.ir.transforms.dce import DCE
 from cocoviz.ir.transforms.fuse import Fuse
 from cocoviz.ir.transforms.overlap import DEFAULT_CHUNKS, Overlap
@@ -179,6 +179,13 @@ def candidate_steps(program: Program, name: str) -> list[Transformation]:
         out.append(Fuse(stages=(p, name)))
     for u in users:
         out.append(Fuse(stages=(name, u)))
+    # The fused collective: a reducescatter with the allgathers its computation feeds.
+    if s.expr.op is Op.REDUCESCATTER:
+        out.extend(Fuse(stages=(name, g)) for g in _reach(idx, name, Op.ALLGATHER, forward=True))
+    if s.expr.op is Op.ALLGATHER:
+        out.extend(
+            Fuse(stages=(r, name)) for r in _reach(idx, name, Op.REDUCESCATTER, forward=False)
+        )
     for p in neighbours:
         if name in idx.users(p):
             out.append(Overlap(items=(p, name), chunks=None))
@@ -187,6 +194,26 @@ def candidate_steps(program: Program, name: str) -> list[Transformation]:
     if s.expr.op is Op.ALLGATHER and not users:
         out.append(DCE())
     return out
+
+
+def _reach(idx: Index, start: str, op: Op, forward: bool, limit: int = 64) -> list[str]:
+    """Stages with operation `op` reached from `start` through computation only."""
+    found: list[str] = []
+    seen = {start}
+    todo = [start]
+    while todo and len(seen) < limit:
+        n = todo.pop()
+        nxt = idx.users(n) if forward else sorted(idx.preds(n))
+        for m in nxt:
+            if m in seen:
+                continue
+            seen.add(m)
+            e = idx.stage(m).expr.op
+            if e is op:
+                found.append(m)
+            elif e not in COLLECTIVES and e is not Op.MATMUL:
+                todo.append(m)
+    return sorted(found, key=idx.pos.__getitem__)
 
 
 def legal_steps(program: Program, stage: str) -> list[StepOption]:

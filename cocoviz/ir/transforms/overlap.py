@@ -202,7 +202,7 @@ class Overlap(Transformation):
                 why = f"the new value of input '{idx.update_target[n]}'"
             if why is not None:
                 raise self.error(
-                    f"'{n}' is sliced ({s.ty.layout}) and {why}; inside an overlapped group "
+                    f"'{n}' is {s.ty.layout} and {why}; inside an overlapped group "
                     "slices are laid out chunk by chunk, so no slice may leave it",
                     stage=s,
                     hint="include its readers, or gather it inside the group",
