@@ -262,3 +262,43 @@ def test_from_call_builds_the_named_transformation() -> None:
     t = from_call(StepCall("overlap", ("a", "b"), (("chunks", 8),)))
     assert str(t) == "overlap(a, b, chunks=8)"
     assert str(from_call(StepCall("overlap", ("a", "b")))) == "overlap(a, b, chunks=4)"
+
+
+def test_a_broken_invariant_is_an_internal_error_naming_the_step(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import dataclasses
+    from typing import ClassVar
+
+    from cocoviz.errors import InternalError
+    from cocoviz.ir.nodes import Program as P
+    from cocoviz.ir.transforms.base import Edit, Transformation
+
+    @dataclasses.dataclass(frozen=True, kw_only=True)
+    class Swap(Transformation):
+        """A buggy step: moves the last stage first (it then reads later stages)."""
+
+        name: ClassVar[str] = "swap"
+        signature: ClassVar[str] = "swap()"
+
+        def step(self) -> StepCall:
+            return StepCall("swap")
+
+        def rewrite(self, program: P) -> Edit:
+            stages = program.stages[-1:] + program.stages[:-1]
+            return Edit(dataclasses.replace(program, stages=stages), moved={s.name for s in stages})
+
+    program = load_program((ROOT / "samples" / "sgd.coco").read_text(), "sgd.coco")
+    with pytest.raises(InternalError) as info:
+        Swap().apply(program)
+    assert str(info.value) == (
+        "IR invariant broken after step `swap()`: the program no longer type-checks: "
+        "unknown name 'm1'"
+    )
+    # The incremental checks of large programs find it too.
+    monkeypatch.setenv("COCOVIZ_VERIFY", "fast")
+    with pytest.raises(InternalError) as info:
+        Swap().apply(program)
+    assert str(info.value) == (
+        "IR invariant broken after step `swap()`: 'w1' reads 'm1', which comes after it"
+    )
