@@ -81,7 +81,7 @@ def load_sched(path: str | Path) -> tuple[StepCall, ...]:
     except FileNotFoundError:
         hint = None
         if p.parent.is_dir():
-            hint = did_you_mean(p.name, [q.name for q in p.parent.iterdir()])
+            hint = did_you_mean(p.name, [q.name for q in p.parent.glob("*.sched")])
         raise InputError(f"{p}: no such schedule file", hint=hint) from None
     except (OSError, UnicodeDecodeError) as err:
         raise InputError(f"{p}: cannot read the schedule file ({err})") from None
