@@ -49,7 +49,7 @@ class StepFailure:
 
 def apply_step(program: Program, step: StepLike) -> tuple[Program, StepCall]:
     """Apply one step; returns the new program and the step as resolved."""
-    t = as_transformation(step)
+    t = as_transformation(step).resolve(program)
     after = t.apply(program)
     resolved = t.step()
     if t.call is not None:

@@ -78,7 +78,13 @@ def test_saved_schedule_reapplies_to_the_same_program(tmp_path: Path) -> None:
     s.save(path, "a comment")
     text = path.read_text()
     assert text.splitlines()[0] == SCHED_HEADER
-    assert "overlap(layer, sum_rs, chunks=4)" in text  # the resolved chunk count
+    # the chunk count is resolved by the cost model (DESIGN §3) and recorded
+    from cocoviz.sim.hardware import load_profile
+    from cocoviz.sim.tune import best_chunks
+
+    fused = s.history[2].after
+    k = best_chunks(fused, ("layer", "sum_rs"), load_profile())
+    assert f"overlap(layer, sum_rs, chunks={k})" in text
     assert Session.load(p, path).program == s.program
     assert apply_schedule_arg(p, str(path)) == s.program
 

@@ -87,6 +87,12 @@ def load_args_program(args: argparse.Namespace):  # type: ignore[no-untyped-def]
     path = resolve_program_path(args.file)
     if not path.exists():
         raise InputError(f"{args.file}: no such file", hint=_file_hint(args.file))
+    if getattr(args, "hw", None):
+        from cocoviz.cli.sim import load_hw
+        from cocoviz.ir.transforms.overlap import use_hardware
+
+        load_hw(args.hw)  # a bad profile is reported here, not inside a step
+        use_hardware(args.hw)
     return load_file(path, defines, ranks)
 
 

@@ -401,6 +401,11 @@ class Transformation:
         """The program after this step (checked first, IR invariants verified after)."""
         return self._run(program, verify=True)
 
+    def resolve(self, program: Program) -> Transformation:
+        """This step with its defaults chosen for `program` (e.g. overlap's chunk count
+        from the cost model); the resolved step is what history and `.sched` record."""
+        return self
+
     def rewrite(self, program: Program) -> Edit:  # pragma: no cover - abstract
         raise NotImplementedError
 
