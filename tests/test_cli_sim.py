@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 from importlib import resources
 
-import pytest
 import sim_programs as sp
 
 from cocoviz.cli import main
@@ -67,7 +66,6 @@ def test_simulate_with_ranks_and_defines(capsys):
 
 
 def test_simulate_schedule_block(capsys):
-    pytest.importorskip("cocoviz.session")
     assert main(["simulate", "adam", "--schedule", "fused", "--hw", "v100-dgx2", "--json"]) == 0
     data = json.loads(capsys.readouterr().out)
     assert data["summary"]["speedup"] > 1.0

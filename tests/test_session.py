@@ -170,7 +170,6 @@ def test_apply_explain_lists_legal_steps_and_reasons(capsys: pytest.CaptureFixtu
 
 
 def test_verify_command(capsys: pytest.CaptureFixture[str]) -> None:
-    pytest.importorskip("cocoviz.exec.verify")
     code = main(["verify", "megatron_mlp", "-D", "B=2", "-D", "S=8", "-D", "H=16", "--ranks", "4"])
     out = capsys.readouterr().out
     assert code == 0, out
@@ -180,7 +179,7 @@ def test_verify_command(capsys: pytest.CaptureFixture[str]) -> None:
 def test_verify_mismatch_exits_4(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    verify = pytest.importorskip("cocoviz.exec.verify")
+    from cocoviz.exec import verify
     real = verify.verify_programs
 
     def wrong(original: Program, scheduled: Program, **kw: object):  # type: ignore[no-untyped-def]

@@ -14,8 +14,6 @@ from cocoviz.sim.tune import best_chunks, schedule_label, tune, write_schedule
 from cocoviz.sim.warnings import chunk_times
 from cocoviz.sim.workload import Context
 
-pytest.importorskip("cocoviz.ir.transforms")
-
 
 def _apply(program, steps):  # type: ignore[no-untyped-def]
     from cocoviz.ir.transforms import as_transformation

@@ -6,9 +6,8 @@ from __future__ import annotations
 import pytest
 from transforms_util import SAMPLES, SMALL, sample
 
+from cocoviz.exec import verify
 from cocoviz.session import apply_block
-
-verify = pytest.importorskip("cocoviz.exec.verify")
 
 RANKS = {name: ["2", "4", "8"] for name in SAMPLES}
 RANKS["pipeline_stage"] = ["tp=2,pp=2", "tp=4,pp=2"]
@@ -21,23 +20,11 @@ CASES = [
 ]
 
 
-def _relaid_inputs(original, scheduled) -> bool:  # type: ignore[no-untyped-def]
-    return [i.ty.layout for i in original.inputs] != [i.ty.layout for i in scheduled.inputs]
-
-
 @pytest.mark.parametrize(("name", "ranks", "block"), CASES)
 def test_schedule_keeps_reference_results(name: str, ranks: str, block: str) -> None:
     original = sample(name, SMALL[name], ranks)
     scheduled = apply_block(original, next(b for b in original.schedules if b.name == block))
-    try:
-        report = verify.verify_programs(original, scheduled)
-    except ValueError as err:
-        # asslice stores an input sliced; the reference cannot yet feed the original's
-        # initial storage to a program that stores the input differently. Once it can,
-        # these cases run and must pass.
-        if _relaid_inputs(original, scheduled) and "preloaded input" in str(err):
-            pytest.xfail(f"reference: {err}")
-        raise
+    report = verify.verify_programs(original, scheduled)
     assert report.ok, report.format_report()
 
 
