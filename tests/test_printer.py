@@ -3,6 +3,9 @@ GPT stacks and every construct of the language; and the printed text itself."""
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
+
 import pytest
 
 from cocoviz import samples
@@ -229,3 +232,19 @@ def test_program_name_from_a_file_stem_that_is_not_an_identifier() -> None:
 )
 def test_format_number(value: float, text: str) -> None:
     assert format_number(value) == text
+
+
+GOLDEN = Path(__file__).resolve().parent / "golden" / "printed"
+
+
+@pytest.mark.parametrize("name", samples.names())
+def test_printed_sample_golden(name: str) -> None:
+    """`cocoviz show` text of every sample (annotated with inferred types), as golden text:
+    a change of layout inference or printing shows up here as a diff to read.
+    `COCOVIZ_UPDATE_GOLDEN=1` rewrites the files."""
+    text = format_program(load_program(samples.text(name), f"{name}.coco"), annotate=True)
+    golden = GOLDEN / f"{name}.coco"
+    if os.environ.get("COCOVIZ_UPDATE_GOLDEN"):
+        golden.parent.mkdir(parents=True, exist_ok=True)
+        golden.write_text(text, encoding="utf-8")
+    assert text == golden.read_text(encoding="utf-8")
