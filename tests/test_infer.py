@@ -577,8 +577,11 @@ def test_an_input_is_updated_at_most_once() -> None:
 def test_reads_of_an_updated_input_come_before_its_update() -> None:
     ok = prog("input w : f32[H] replicated\nn = norm(w)\nu = update(w, w / n)\n")
     assert ty(ok, "u") == "f32[32] replicated"
+    # a read written after the update still reads the old value: it is ordered first
+    later = prog("input w : f32[H] replicated\nu = update(w, w * 2)\nv = w * 3\n")
+    assert [s.name for s in later.stages] == ["v", "u"]
     err = error("input w : f32[H] replicated\nu = update(w, w * 2)\nv = w + u\n")
-    assert err.message == "'w' is read after its update 'u'"
+    assert err.message == "'v' reads the old value of 'w' but also depends on its update 'u'"
 
 
 # --- pipeline grids -------------------------------------------------------------------------
