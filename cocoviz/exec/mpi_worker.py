@@ -408,6 +408,11 @@ class ChunkPipeline:
             return
         if not w.on_my_stage(s.ty):
             return
+        if e.op in COLLECTIVES:
+            self.collective(k, s)
+            return
+        # inputs first: waiting for a predecessor's collective is not this stage's time
+        ctx = None if e.op is Op.MATMUL else self.chunk_ctx(k, s)
         start = w.now()
         if e.op is Op.MATMUL:
             a, b = e.args
@@ -419,10 +424,9 @@ class ChunkPipeline:
             out = rows[k * m : (k + 1) * m].astype(acc, copy=False) @ b_arr.astype(acc, copy=False)
             self.pieces[k][s.name] = ops.round_to(out, s.ty.dtype).reshape(-1)
             w.record(s.name, "compute", "matmul", start, chunk=k)
-        elif e.op in COLLECTIVES:
-            self.collective(k, s, start)
         else:
-            v = ops.stage_value(e, self.chunk_ctx(k, s))
+            assert ctx is not None
+            v = ops.stage_value(e, ctx)
             self.pieces[k][s.name] = np.ascontiguousarray(v).reshape(-1)
             w.record(s.name, "compute", "compute", start, chunk=k)
 
@@ -442,23 +446,25 @@ class ChunkPipeline:
         w = self.w
         (x,) = s.expr.args
         src_stage = x.type.pstage if x.type.pstage is not None else 0
-        start = w.now()
         if w.pp == src_stage:
             data = np.ascontiguousarray(self.input(k, x))
+            start = w.now()
             req = w.world.Isend(data, dest=w.wrank + w.T, tag=100 + k)
             self.pending[k][s.name] = (req, lambda d=data: d, start)
         elif w.pp == src_stage + 1:
             n = s.ty.numel // (self.K * w.T)
             buf = np.empty(n, dtype=ops.storage_dtype(s.ty.dtype))
+            start = w.now()
             req = w.world.Irecv(buf, source=w.wrank - w.T, tag=100 + k)
             self.pending[k][s.name] = (req, lambda b=buf: b, start)
 
-    def collective(self, k: int, s: Stage, start: float) -> None:
+    def collective(self, k: int, s: Stage) -> None:
         w = self.w
         e = s.expr
         (src,) = e.args
         G = w.T
         data = self.input(k, src)
+        start = w.now()
         if e.op is Op.ALLGATHER:
             send = np.ascontiguousarray(data).reshape(-1)
             recv = np.empty(send.size * G, dtype=send.dtype)
