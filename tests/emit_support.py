@@ -107,7 +107,8 @@ def source_key(files: Mapping[str, str], exts: tuple[str, ...]) -> str:
     h = hashlib.sha256()
     for n in sorted(files):
         if n.endswith(exts):
-            h.update(n.encode() + b"\0" + files[n].encode() + b"\0")
+            code = [ln for ln in files[n].splitlines() if not ln.lstrip().startswith("//")]
+            h.update(n.encode() + b"\0" + "\n".join(code).encode() + b"\0")
     return h.hexdigest()[:16]
 
 

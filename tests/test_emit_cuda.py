@@ -5,10 +5,10 @@ sample × canonical schedule × --collectives mode. Distinct source trees are bu
 
 from __future__ import annotations
 
+import fcntl
+
 import pytest
 from emit_support import cases, diagnostics, emit_files, make, need_nvcc, source_key, write
-
-_built: dict[str, str] = {}
 
 CUDA_CASES = [(n, s, m) for n, s in cases() for m in ("nccl", "nccl-device")]
 
@@ -20,15 +20,21 @@ def test_cuda_compiles_and_links_warning_free(
     need_nvcc()
     files = emit_files(name, schedule, "cuda", mode)
     key = source_key(files, (".cu", ".h", ".cuh"))
-    if key in _built:
-        pytest.skip(f"same sources as {_built[key]} (built there)")
-    directory = tmp_path_factory.mktemp(f"{name}.{schedule}.{mode}")
-    write(directory, files)
-    res = make(directory, "ARCH=sm_80 sm_90")
-    assert res.returncode == 0, "\n".join(diagnostics(res)) or res.stderr[-4000:]
-    assert not diagnostics(res), "\n".join(diagnostics(res))
-    assert (directory / name).exists()
-    _built[key] = f"{name}/{schedule}/{mode}"
+    # one build per distinct source tree, shared by the xdist workers of this run
+    cache = tmp_path_factory.getbasetemp().parent / "cuda-builds"
+    cache.mkdir(exist_ok=True)
+    with open(cache / f"{key}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        done = cache / f"{key}.ok"
+        if done.exists():
+            pytest.skip(f"same code as {done.read_text()} (built there)")
+        directory = tmp_path_factory.mktemp(f"{name}.{schedule}.{mode}")
+        write(directory, files)
+        res = make(directory, "ARCH=sm_80 sm_90")
+        assert res.returncode == 0, "\n".join(diagnostics(res)) or res.stderr[-4000:]
+        assert not diagnostics(res), "\n".join(diagnostics(res))
+        assert (directory / name).exists()
+        done.write_text(f"{name}/{schedule}/{mode}")
 
 
 def test_nccl_device_lowering_is_one_kernel_with_lsa_barriers() -> None:
