@@ -1,0 +1,213 @@
+"""The timeline as the TUI draws it: rows of bars, one row per rank × stream.
+
+`TimelineRows.from_timeline` reads a `cocoviz.sim.timeline.Timeline` (lanes of ranks
+with identical events: stream, stage, kind, start and end in seconds; a summary;
+warnings) into plain rows, shown merged (`r0-15 comm`) or one per rank;
+`render_bars` turns one row into cells for a given time window. No Textual here.
+Times are in seconds.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+_STREAM_ORDER = {"compute": 0, "comm": 1}
+
+KIND_COLOR = {
+    "compute": "cyan",
+    "matmul": "yellow",
+    "collective": "red",
+    "comm": "red",
+    "fused": "green",
+    "overlapped": "magenta",
+    "p2p": "red",
+    "reduce": "red",
+    "fused-collective": "green",
+}
+
+
+@dataclass(frozen=True)
+class Bar:
+    stage: str
+    kind: str
+    start: float
+    end: float
+    label: str = ""
+    members: tuple[str, ...] = ()
+    detail: str = ""
+
+    def shows(self, stage: str | None) -> bool:
+        """Whether this bar runs (part of) `stage`."""
+        return stage is not None and (stage == self.stage or stage in self.members)
+
+    @property
+    def duration(self) -> float:
+        return self.end - self.start
+
+
+@dataclass(frozen=True)
+class Row:
+    rank: int
+    stream: str
+    bars: tuple[Bar, ...]
+    ranks: tuple[int, ...] = ()  # when identical rows of several ranks are shown as one
+
+    @property
+    def label(self) -> str:
+        rs = self.ranks or (self.rank,)
+        if len(rs) == 1:
+            who = f"r{rs[0]}"
+        elif rs == tuple(range(rs[0], rs[-1] + 1)):
+            who = f"r{rs[0]}-{rs[-1]}"
+        else:
+            who = f"r{rs[0]},{rs[1]}…"
+        return f"{who} {self.stream}"
+
+
+@dataclass(frozen=True)
+class CostFigures:
+    """The summary figures the cost pane shows."""
+
+    makespan: float
+    exposed_comm: float | None = None
+    overlap_fraction: float | None = None
+    speedup: float | None = None
+    warnings: tuple[str, ...] = ()
+
+
+@dataclass
+class TimelineRows:
+    rows: list[Row]
+    figures: CostFigures
+    by_stage: dict[str, list[tuple[int, Bar]]] = field(default_factory=dict)
+
+    def merged(self) -> TimelineRows:
+        """Rows of ranks whose events are identical shown once (`r0-15 comm`)."""
+        groups: dict[tuple[str, tuple[Bar, ...]], list[Row]] = {}
+        for r in self.rows:
+            key = (r.stream, r.bars)
+            groups.setdefault(key, []).append(r)
+        rows = [
+            Row(
+                rs[0].rank,
+                rs[0].stream,
+                rs[0].bars,
+                tuple(k for x in rs for k in (x.ranks or (x.rank,))),
+            )
+            for rs in groups.values()
+        ]
+        rows.sort(key=lambda r: (r.rank, _STREAM_ORDER.get(r.stream, 2), r.stream))
+        return TimelineRows._indexed(rows, self.figures)
+
+    @staticmethod
+    def _indexed(rows: list[Row], figures: CostFigures) -> TimelineRows:
+        out = TimelineRows(rows, figures)
+        for i, r in enumerate(rows):
+            for b in r.bars:
+                for n in (b.stage, *b.members):
+                    out.by_stage.setdefault(n, []).append((i, b))
+        return out
+
+    @property
+    def makespan(self) -> float:
+        return self.figures.makespan
+
+    def expanded(self) -> TimelineRows:
+        """One row per rank and stream."""
+        rows = [Row(k, r.stream, r.bars) for r in self.rows for k in (r.ranks or (r.rank,))]
+        rows.sort(key=lambda r: (r.rank, _STREAM_ORDER.get(r.stream, 2), r.stream))
+        return TimelineRows._indexed(rows, self.figures)
+
+    @staticmethod
+    def from_timeline(tl: Any) -> TimelineRows:
+        """Rows per simulated lane (a class of ranks with identical events) and stream."""
+        rows: list[Row] = []
+        for lane in tl.lanes:
+            by_stream: dict[str, list[Bar]] = {}
+            for ev in lane.events:
+                by_stream.setdefault(str(ev.stream), []).append(
+                    Bar(
+                        str(ev.stage),
+                        str(getattr(ev.kind, "value", ev.kind)),
+                        float(ev.start),
+                        float(ev.end),
+                        str(ev.label),
+                        tuple(ev.members),
+                        str(ev.detail),
+                    )
+                )
+            ranks = tuple(lane.ranks)
+            for stream in sorted(by_stream, key=lambda st: (_STREAM_ORDER.get(st, 2), st)):
+                bars = tuple(sorted(by_stream[stream], key=lambda b: (b.start, b.end)))
+                rows.append(Row(ranks[0], stream, bars, ranks))
+        rows.sort(key=lambda r: (r.rank, _STREAM_ORDER.get(r.stream, 2), r.stream))
+        s = tl.summary
+        figures = CostFigures(
+            makespan=float(s.makespan_s),
+            exposed_comm=float(s.exposed_comm_s),
+            overlap_fraction=float(s.overlap_fraction),
+            speedup=None if s.speedup is None else float(s.speedup),
+            warnings=tuple(str(w.message) for w in tl.warnings),
+        )
+        return TimelineRows._indexed(rows, figures)
+
+    def bar_at(self, row: int, t: float) -> Bar | None:
+        if not 0 <= row < len(self.rows):
+            return None
+        for b in self.rows[row].bars:
+            if b.start <= t < b.end:
+                return b
+        return None
+
+
+def format_time(seconds: float) -> str:
+    """A duration with a unit a person reads: 12.3 µs, 4.56 ms, 1.20 s."""
+    a = abs(seconds)
+    for scale, unit in ((1e-6, "ns"), (1e-3, "µs"), (1.0, "ms")):
+        if a < scale:
+            return f"{_three(seconds * 1e3 / scale)} {unit}"
+    return f"{_three(seconds)} s"
+
+
+def _three(v: float) -> str:
+    """About three significant digits, without a trailing `.0`."""
+    a = abs(v)
+    if a >= 100 or a == 0:
+        return f"{v:.0f}"
+    return f"{v:.1f}" if a >= 10 else f"{v:.2f}"
+
+
+def nice_step(span: float, target_ticks: int) -> float:
+    """A round tick spacing (1, 2 or 5 × 10^k) nearest to span / target_ticks."""
+    import math
+
+    if span <= 0 or target_ticks <= 0:
+        return 1.0
+    raw = span / target_ticks
+    mag = 10 ** math.floor(math.log10(raw))
+    return min((m * mag for m in (1, 2, 5, 10)), key=lambda c: abs(math.log(c / raw)))
+
+
+def render_bars(row: Row, t0: float, per_cell: float, width: int) -> list[tuple[str, str, str]]:
+    """Cells (char, kind, stage) of one row for the window starting at t0; kind "" is idle.
+
+    A cell shows the event covering most of it; bars start with the stage name when
+    it fits; the app colours a bar's cells by its kind.
+    """
+    cells: list[tuple[str, str, str]] = [(" ", "", "")] * width
+    for b in row.bars:
+        c0 = int((b.start - t0) / per_cell)
+        c1 = max(c0 + 1, int(round((b.end - t0) / per_cell)))
+        if c1 <= 0 or c0 >= width:
+            continue
+        c0, c1 = max(c0, 0), min(c1, width)
+        name = b.label or b.stage
+        label = name if c1 - c0 > len(name) + 1 else ""
+        for i in range(c0, c1):
+            if i - c0 < len(label):
+                ch = label[i - c0]
+            else:
+                ch = "▏" if i == c0 and c1 - c0 > 1 else " "
+            cells[i] = (ch, b.kind, b.stage)
+    return cells

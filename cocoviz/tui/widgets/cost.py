@@ -1,0 +1,82 @@
+"""The cost summary: predicted makespan, speedup over the unscheduled program, exposed
+communication, overlap and the model's warnings; plus what each rank sends."""
+
+from __future__ import annotations
+
+from rich.table import Table
+from rich.text import Text
+from textual.widgets import Static
+
+from cocoviz.ir.summary import Summary, format_bytes
+from cocoviz.tui.timeline_rows import CostFigures, format_time
+
+
+class CostSummary(Static):
+    """Shows the figures it is given; says what is missing instead of inventing it."""
+
+    DEFAULT_CSS = """
+    CostSummary { height: auto; padding: 0 1; }
+    """
+
+    compact = False
+    """Three lines at most (set by the app on small terminals)."""
+
+    def show(
+        self,
+        summary: Summary | None,
+        figures: CostFigures | None,
+        base: CostFigures | None,
+        note: str = "",
+        hw: str = "",
+    ) -> None:
+        if self.compact:
+            self.update(self._compact(summary, figures, base, note))
+            return
+        t = Table.grid(padding=(0, 1))
+        t.add_column(style="dim")
+        t.add_column()
+        if figures is not None:
+            t.add_row("makespan", Text(format_time(figures.makespan), style="bold"))
+            if base is not None and figures.makespan > 0:
+                speed = base.makespan / figures.makespan
+                style = "bold green" if speed > 1.0001 else "bold red" if speed < 0.9999 else ""
+                t.add_row("speedup", Text(f"{speed:.2f}× vs unscheduled", style=style))
+            if figures.exposed_comm is not None:
+                t.add_row("exposed comm", format_time(figures.exposed_comm))
+            if figures.overlap_fraction is not None:
+                t.add_row("overlap", f"{figures.overlap_fraction:.0%}")
+            for w in figures.warnings[:3]:
+                t.add_row(Text("warning", style="yellow"), Text(w, style="yellow"))
+        elif note:
+            t.add_row("model", Text(note, style="italic"))
+        if summary is not None:
+            t.add_row("sends/rank", format_bytes(summary.sent_per_rank))
+            t.add_row(
+                "stages",
+                f"{summary.stages} ({summary.matmuls} mm, {summary.collectives} coll, "
+                f"{summary.compute} compute)",
+            )
+        if hw:
+            t.add_row("hardware", hw)
+        self.update(t)
+
+    @staticmethod
+    def _compact(
+        summary: Summary | None, figures: CostFigures | None, base: CostFigures | None, note: str
+    ) -> Text:
+        out = Text()
+        if figures is None:
+            out.append(note or "no figures", style="italic")
+        else:
+            out.append("makespan ", style="dim")
+            out.append(format_time(figures.makespan), style="bold")
+            if base is not None and figures.makespan > 0:
+                speed = base.makespan / figures.makespan
+                style = "bold green" if speed > 1.0001 else "bold red" if speed < 0.9999 else ""
+                out.append(f"  {speed:.2f}×", style=style)
+            if figures.exposed_comm is not None:
+                out.append("\nexposed comm ", style="dim")
+                out.append(format_time(figures.exposed_comm))
+            if figures.warnings:
+                out.append(f"\n⚠ {figures.warnings[0]}", style="yellow")
+        return out

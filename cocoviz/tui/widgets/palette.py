@@ -1,0 +1,65 @@
+"""The transformation palette: the steps for the selected stage, legal ones with a key."""
+
+from __future__ import annotations
+
+from rich.text import Text
+from textual import on
+from textual.message import Message
+from textual.widgets import OptionList
+from textual.widgets.option_list import Option
+
+from cocoviz.tui.backend import PaletteEntry
+
+
+class StepPalette(OptionList):
+    """Legal steps first, keyed 1–9; illegal ones dimmed with the reason."""
+
+    DEFAULT_CSS = """
+    StepPalette { height: 1fr; }
+    """
+
+    class StepChosen(Message):
+        """The user chose a legal step."""
+
+        def __init__(self, step: str) -> None:
+            self.step = step
+            super().__init__()
+
+    def __init__(self, *, id: str | None = None) -> None:
+        super().__init__(id=id)
+        self.entries: list[PaletteEntry] = []
+        self.keyed: list[str] = []
+
+    def show(self, entries: list[PaletteEntry], message: str = "") -> None:
+        """Display `entries` (or `message` when there is nothing to offer)."""
+        self.entries = entries
+        legal = [e for e in entries if e.ok]
+        illegal = [e for e in entries if not e.ok]
+        self.keyed = [e.step for e in legal[:9]]
+        options: list[Option] = []
+        for i, e in enumerate(legal):
+            key = f"{i + 1} " if i < 9 else "  "
+            options.append(
+                Option(Text.assemble((key, "bold reverse"), " ", (e.step, "bold")), id=f"ok:{i}")
+            )
+        for i, e in enumerate(illegal):
+            t = Text(f"  {e.step}", style="dim")
+            if e.reason:
+                t.append(f"\n    {e.reason}", style="dim italic")
+            options.append(Option(t, id=f"no:{i}", disabled=True))
+        if not options:
+            options.append(Option(Text(message or "no steps", style="italic dim"), disabled=True))
+        elif message:
+            options.insert(0, Option(Text(message, style="italic dim"), disabled=True))
+        self.set_options(options)
+
+    def step_for_key(self, n: int) -> str | None:
+        return self.keyed[n - 1] if 0 < n <= len(self.keyed) else None
+
+    @on(OptionList.OptionSelected)
+    def _chosen(self, event: OptionList.OptionSelected) -> None:
+        event.stop()
+        oid = event.option.id or ""
+        if oid.startswith("ok:"):
+            legal = [e for e in self.entries if e.ok]
+            self.post_message(self.StepChosen(legal[int(oid[3:])].step))

@@ -1,0 +1,224 @@
+"""The source pane: an editable `.coco` text with highlighting, error marks and the
+diagnostic of the current parse."""
+
+from __future__ import annotations
+
+from rich.style import Style
+from rich.text import Text
+from textual import on
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import Vertical
+from textual.message import Message
+from textual.reactive import reactive
+from textual.timer import Timer
+from textual.widgets import Static, TextArea
+from textual.widgets.text_area import TextAreaTheme
+
+from cocoviz.errors import Diagnostic
+from cocoviz.tui.highlight import lex_line
+
+REPARSE_DELAY = 0.4  # seconds of quiet typing before the text is parsed again
+
+COCO_THEME = TextAreaTheme(
+    name="cocoviz",
+    syntax_styles={
+        "comment": Style(color="#7f8c8d", italic=True),
+        "keyword": Style(color="#c678dd", bold=True),
+        "type": Style(color="#e5c07b"),
+        "layout": Style(color="#56b6c2"),
+        "number": Style(color="#d19a66"),
+        "operator": Style(color="#abb2bf"),
+        "function": Style(color="#61afef"),
+        "collective": Style(color="#e06c75", bold=True),
+        "step": Style(color="#98c379", bold=True),
+        "error": Style(bgcolor="#5c1a1a", underline=True, color="#ff8080"),
+        "selected": Style(bgcolor="#2c3e50"),
+    },
+)
+
+
+class CocoTextArea(TextArea):
+    """A TextArea that highlights `.coco` by regular expressions and marks error spans."""
+
+    BINDINGS = [
+        Binding("escape", "leave", "Leave editor", show=True),
+    ]
+
+    error_spans: reactive[tuple[tuple[int, int, int, int], ...]] = reactive((), init=False)
+    """(line, col, end line, end col), 1-based, of every diagnostic to mark."""
+
+    selected_line: reactive[int | None] = reactive(None, init=False)
+    """1-based line of the selected stage, shaded."""
+
+    def __init__(self, text: str = "", **kwargs: object) -> None:
+        self._lexed: dict[str, list[tuple[int, int, str]]] = {}
+        super().__init__(text, **kwargs)  # type: ignore[arg-type]
+        self.register_theme(COCO_THEME)
+        self.theme = "cocoviz"
+
+    def watch_error_spans(self) -> None:
+        self._build_highlight_map()
+        self.refresh()
+
+    def watch_selected_line(self) -> None:
+        self._build_highlight_map()
+        self.refresh()
+
+    def _build_highlight_map(self) -> None:
+        self._line_cache.clear()
+        highlights = self._highlights
+        highlights.clear()
+        lines = self.document.lines
+        if self.selected_line is not None and 0 < self.selected_line <= len(lines):
+            highlights[self.selected_line - 1].append((0, None, "selected"))
+        cache = self._lexed
+        fresh: dict[str, list[tuple[int, int, str]]] = {}
+        for i, line in enumerate(lines):
+            hl = cache.get(line)
+            if hl is None:
+                hl = list(lex_line(line))
+            fresh[line] = hl
+            if hl:
+                highlights[i].extend(hl)
+        self._lexed = fresh
+        for line, col, end_line, end_col in self.error_spans:
+            if not 0 < line <= len(lines):
+                continue
+            text = lines[line - 1]
+            start = len(text[: max(col - 1, 0)].encode("utf-8"))
+            if end_line == line and end_col > col:
+                end: int | None = len(text[: end_col - 1].encode("utf-8"))
+            else:
+                end = None if end_line != line else start + 1
+            if not text:  # an error at an empty line (end of file): mark nothing, the panel says it
+                continue
+            highlights[line - 1].append((start, end, "error"))
+
+    def action_leave(self) -> None:
+        self.screen.focus_next()
+
+
+class SourceEditor(Vertical):
+    """Editable source with live re-parse; shows the diagnostics it is given."""
+
+    DEFAULT_CSS = """
+    SourceEditor { height: 1fr; }
+    SourceEditor > CocoTextArea { height: 1fr; border: none; padding: 0; }
+    SourceEditor > #diagnostic { height: auto; max-height: 8; padding: 0 1; }
+    SourceEditor > #diagnostic.-error { background: $error 20%; color: $text; }
+    SourceEditor > #diagnostic.-ok { color: $text-muted; }
+    """
+
+    diagnostics: reactive[tuple[Diagnostic, ...]] = reactive((), init=False)
+    """The diagnostics of the latest parse; empty when it succeeded."""
+
+    status: reactive[str] = reactive("", init=False)
+    """One line shown when there is no diagnostic (what was parsed)."""
+
+    selected_line: reactive[int | None] = reactive(None, init=False)
+
+    class Edited(Message):
+        """The text changed and the user paused typing."""
+
+        def __init__(self, text: str) -> None:
+            self.text = text
+            super().__init__()
+
+    class CursorOnLine(Message):
+        """The cursor moved to another line (to select the stage defined there)."""
+
+        def __init__(self, line: int) -> None:
+            self.line = line
+            super().__init__()
+
+    def __init__(self, text: str, *, id: str | None = None) -> None:
+        super().__init__(id=id)
+        self._initial = text
+        self._timer: Timer | None = None
+        self._cursor_line = 0
+
+    def compose(self) -> ComposeResult:
+        yield CocoTextArea(self._initial, show_line_numbers=True, soft_wrap=False, id="editor")
+        yield Static("", id="diagnostic")
+
+    @property
+    def text_area(self) -> CocoTextArea:
+        return self.query_one(CocoTextArea)
+
+    @property
+    def text(self) -> str:
+        return self.text_area.text
+
+    def set_text(self, text: str) -> None:
+        """Replace the text (a restored autosave); posts Edited after the usual pause."""
+        self.text_area.load_text(text)
+
+    def watch_diagnostics(self) -> None:
+        self._show()
+
+    def watch_status(self) -> None:
+        self._show()
+
+    def watch_selected_line(self, line: int | None) -> None:
+        self.text_area.selected_line = line
+
+    def _show(self) -> None:
+        panel = self.query_one("#diagnostic", Static)
+        area = self.text_area
+        spans = []
+        for d in self.diagnostics:
+            if d.span is not None:
+                s = d.span
+                spans.append((s.line, s.col, s.end_line, s.end_col))
+        area.error_spans = tuple(spans)
+        if self.diagnostics:
+            out = Text()
+            for i, d in enumerate(self.diagnostics[:3]):
+                if i:
+                    out.append("\n")
+                where = f"{d.span.line}:{d.span.col} " if d.span else ""
+                out.append(f"{where}", style="bold")
+                out.append(f"{d.severity}: ", style="bold red")
+                out.append(d.message)
+                if d.hint:
+                    out.append(f"\nhint: {d.hint}", style="italic")
+            if len(self.diagnostics) > 3:
+                out.append(f"\n… and {len(self.diagnostics) - 3} more")
+            panel.update(out)
+            panel.set_class(True, "-error")
+            panel.set_class(False, "-ok")
+        else:
+            panel.update(Text(self.status))
+            panel.set_class(False, "-error")
+            panel.set_class(True, "-ok")
+
+    @on(TextArea.Changed)
+    def _changed(self, event: TextArea.Changed) -> None:
+        event.stop()
+        if self._timer is not None:
+            self._timer.stop()
+        self._timer = self.set_timer(REPARSE_DELAY, self._flush)
+
+    def _flush(self) -> None:
+        self._timer = None
+        self.post_message(self.Edited(self.text))
+
+    @on(TextArea.SelectionChanged)
+    def _moved(self, event: TextArea.SelectionChanged) -> None:
+        event.stop()
+        line = event.selection.end[0] + 1
+        if line != self._cursor_line:
+            self._cursor_line = line
+            if self.text_area.has_focus:
+                self.post_message(self.CursorOnLine(line))
+
+    def go_to_line(self, line: int) -> None:
+        """Scroll so that `line` (1-based) is visible, once the editor has its size."""
+        self.call_after_refresh(self._scroll_to_line, line)
+
+    def _scroll_to_line(self, line: int) -> None:
+        area = self.text_area
+        top, height = area.scroll_offset.y, area.scrollable_content_region.height
+        if height > 0 and not top <= line - 1 < top + height:
+            area.scroll_to(y=max(0, line - 3), animate=False)

@@ -1,0 +1,94 @@
+"""The TUI's headless pieces: graph layout, highlighting, autosave, timeline rows."""
+
+from __future__ import annotations
+
+import pytest
+from rich.style import Style
+
+from cocoviz import samples
+from cocoviz.ir.lower import load_program
+from cocoviz.tui import state
+from cocoviz.tui.graph_layout import layout_graph
+from cocoviz.tui.highlight import lex_line
+from cocoviz.tui.timeline_rows import Bar, Row, format_time, nice_step, render_bars
+
+
+def _text(drawing, y):  # type: ignore[no-untyped-def]
+    return "".join(s.text for s in drawing.render_row(y, None, Style()))
+
+
+@pytest.mark.parametrize("name", samples.names())
+def test_every_sample_lays_out_without_overlapping_boxes(name: str) -> None:
+    program = load_program(samples.text(name), name)
+    d = layout_graph(program)
+    assert set(d.nodes) == {s.name for s in program.stages}
+    boxes = list(d.nodes.values())
+    for i, a in enumerate(boxes):
+        for b in boxes[i + 1 :]:
+            apart = a.x + a.w <= b.x or b.x + b.w <= a.x or a.y + 5 <= b.y or b.y + 5 <= a.y
+            assert apart, (a.name, b.name)
+    for n in boxes:
+        assert n.name in _text(d, n.y)
+
+
+def test_megatron_graph_draws_edges_into_boxes() -> None:
+    d = layout_graph(load_program(samples.text("megatron_mlp"), "m"))
+    layer, total = d.nodes["layer"], d.nodes["sum"]
+    assert total.y > layer.y
+    # The arrow into `sum` sits right above its box.
+    assert _text(d, total.y - 1)[total.cx] == "▼"
+    assert "local" in _text(d, layer.y + 3)  # layout on the node
+
+
+def test_graph_neighbours_follow_layers() -> None:
+    d = layout_graph(load_program(samples.text("megatron_mlp"), "m"))
+    assert d.neighbour("layer", "down") == "sum"
+    assert d.neighbour("sum", "up") == "layer"
+    assert d.neighbour("layer", "up") is None
+
+
+def test_large_stack_renders_any_row_quickly() -> None:
+    from cocoviz.samples.gpt import gpt_stack
+
+    d = layout_graph(load_program(gpt_stack(4), "gpt4"))
+    assert len(d.nodes) == 4 * 21
+    assert all(len(_text(d, y)) == d.width for y in range(0, d.height, 7))
+
+
+def test_highlighter_names_the_language_parts() -> None:
+    names = {n for _, _, n in lex_line("sum   = allreduce(+, layer)   # replicated")}
+    assert {"collective", "comment", "operator"} <= names
+    assert "keyword" in {n for *_, n in lex_line("input w : f16[H] sliced(0)")}
+    # Byte offsets, not characters, after a non-ASCII comment character.
+    line = "x = y  # é then sum(x)"
+    hl = list(lex_line(line))
+    assert hl[-1] == (len(line[: line.index("#")].encode()), len(line.encode()), "comment")
+
+
+def test_autosave_round_trip_and_corrupt_files(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    save = state.Autosave("sample:megatron_mlp", "program p\n", ("split(sum)",), 1.0)
+    path = state.write(save, tmp_path)
+    assert path.parent.parent == tmp_path
+    assert state.read("sample:megatron_mlp", tmp_path) == save
+    path.write_text("{not json")
+    assert state.read("sample:megatron_mlp", tmp_path) is None
+    state.clear("sample:megatron_mlp", tmp_path)
+    assert state.read("sample:megatron_mlp", tmp_path) is None
+
+
+def test_state_dir_follows_xdg(monkeypatch, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path))
+    assert state.state_dir() == tmp_path / "cocoviz"
+
+
+def test_timeline_rows_render_bars_and_times() -> None:
+    row = Row(
+        0, "comm", (Bar("sum_rs", "collective", 1e-6, 5e-6), Bar("out", "collective", 5e-6, 6e-6))
+    )
+    cells = render_bars(row, 0.0, 1e-6 / 2, 14)
+    assert "".join(c for c, _, _ in cells[2:8]) == "sum_rs"
+    assert cells[0][1] == "" and cells[2][2] == "sum_rs" and cells[10][2] == "out"
+    assert format_time(2.5e-6) == "2.50 µs"
+    assert format_time(425.8e-6) == "426 µs"
+    assert format_time(3.25e-3) == "3.25 ms"
+    assert nice_step(425e-6, 5) == pytest.approx(100e-6)
