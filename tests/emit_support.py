@@ -16,7 +16,7 @@ from cocoviz import samples
 from cocoviz.emit.emitter import emit
 from cocoviz.emit.lower import strip_schedule
 from cocoviz.emit.toolchain import find_toolchain
-from cocoviz.ir.lower import RanksOverride, load_file
+from cocoviz.ir.lower import RanksOverride, load_file, load_program
 from cocoviz.ir.nodes import Program
 from cocoviz.session import apply_block, find_block
 
@@ -129,3 +129,73 @@ def diagnostics(res: subprocess.CompletedProcess[str]) -> list[str]:
         for ln in (res.stdout + res.stderr).splitlines()
         if "warning" in ln.lower() or "error" in ln.lower()
     ]
+
+
+AVG_PROGRAM = """\
+program avg_int
+ranks 4
+dim R = 8, C = 8
+
+input x : i32[R, C] local
+input h : f16[R, C] local
+input f : f32[R, C] local
+input w : i32[R, C] replicated
+
+xm  = x - 8                     # the generator's integers are u mod 16: make some negative
+xb  = xm * 250000000            # fits i32; the sum over 4 ranks does not
+y   = allreduce(avg, xm)
+yb  = allreduce(avg, xb)
+ys  = reducescatter(avg, xb)
+r   = reduce(avg, xm, root=1)
+hm  = h * 30000                 # fits f16; the sum over 4 ranks does not
+hy  = allreduce(avg, hm)
+hs  = reducescatter(avg, hm)
+fy  = reducescatter(avg, f)
+ysg = allgather(ys)
+hsg = allgather(hs)
+w1  = update(w, w + yb / 1000)
+
+output y, yb, ysg, r, hy, hsg, fy, w1
+
+schedule split {
+  split(y)
+  split(hy)
+  split(yb)
+  reorder(yb)
+}
+
+schedule chunked {
+  overlap(xb, ys, ysg, chunks=2)
+  overlap(hm, hs, hsg, chunks=4)
+}
+
+schedule fused {
+  split(yb)
+  reorder(yb)
+  fuse(yb_rs, w1)
+}
+"""
+"""`avg` collectives on i32 (negative values, sums that overflow i32), f16 (sums that
+overflow f16) and f32, plain, chunked and fused: integer `avg` truncates toward zero
+after an exact sum (docs/semantics-notes.md)."""
+
+
+def text_programs(text: str, schedule: str | None) -> tuple[Program, Program]:
+    """(scheduled, unscheduled) of a program given as text."""
+    p0 = load_program(text, "<test>")
+    p = apply_block(p0, find_block(p0, schedule)) if schedule else p0
+    return p, strip_schedule(p0)
+
+
+def emit_text(
+    text: str, schedule: str | None, target: str, collectives: str = "nccl"
+) -> dict[str, str]:
+    p, ref = text_programs(text, schedule)
+    out = emit(
+        p,
+        ref,
+        target=target,  # type: ignore[arg-type]
+        collectives=collectives,  # type: ignore[arg-type]
+        schedule_name=schedule,
+    )
+    return out.files

@@ -11,17 +11,21 @@ from pathlib import Path
 
 import pytest
 from emit_support import (
+    AVG_PROGRAM,
     cases,
     diagnostics,
     emit_files,
+    emit_text,
     make,
     need_mpicxx,
     scheduled,
+    text_programs,
     write,
 )
 
 from cocoviz.exec import numerics as nm
 from cocoviz.exec.reference import run_reference
+from cocoviz.ir.nodes import Program
 
 
 @pytest.mark.parametrize(("name", "schedule"), cases())
@@ -29,7 +33,24 @@ def test_cpu_builds_runs_checks_and_matches_reference(
     name: str, schedule: str, tmp_path: Path
 ) -> None:
     need_mpicxx()
-    files = emit_files(name, schedule, "cpu")
+    program, _ = scheduled(name, schedule)
+    _build_run_and_compare(emit_files(name, schedule, "cpu"), program, tmp_path)
+
+
+@pytest.mark.parametrize("schedule", [None, "split", "chunked", "fused"])
+def test_cpu_avg_matches_reference(schedule: str | None, tmp_path: Path) -> None:
+    """`avg` of i32 truncates toward zero after an exact (int64) sum, also when the i32
+    sum would overflow and for negative values; f16 `avg` does not overflow in the sum."""
+    need_mpicxx()
+    program, _ = text_programs(AVG_PROGRAM, schedule)
+    files = emit_text(AVG_PROGRAM, schedule, "cpu")
+    assert "_widen" in files["avg_int.cpp"] and "_avg" in files["avg_int.cpp"]
+    _build_run_and_compare(files, program, tmp_path)
+
+
+def _build_run_and_compare(files: dict[str, str], program: Program, tmp_path: Path) -> None:
+    """Build warning-free, run under mpiexec with --check and --dump, and compare every
+    dumped output with the numpy reference."""
     write(tmp_path, files)
     res = make(tmp_path)
     assert res.returncode == 0, "\n".join(diagnostics(res)) or res.stderr
@@ -45,8 +66,7 @@ def test_cpu_builds_runs_checks_and_matches_reference(
     assert run.returncode == 0, run.stdout + run.stderr
     result = json.loads(run.stdout.strip().splitlines()[-1])
     assert result["check"] == "pass"
-    assert result["program"] == name
-    program, _ = scheduled(name, schedule)
+    assert result["program"] == program.name
     ref = run_reference(program, 0)
     for out in program.outputs:
         dtype = program.type_of(out).dtype.value

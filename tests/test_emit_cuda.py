@@ -8,7 +8,17 @@ from __future__ import annotations
 import fcntl
 
 import pytest
-from emit_support import cases, diagnostics, emit_files, make, need_nvcc, source_key, write
+from emit_support import (
+    AVG_PROGRAM,
+    cases,
+    diagnostics,
+    emit_files,
+    emit_text,
+    make,
+    need_nvcc,
+    source_key,
+    write,
+)
 
 CUDA_CASES = [(n, s, m) for n, s in cases() for m in ("nccl", "nccl-device")]
 
@@ -19,8 +29,29 @@ def test_cuda_compiles_and_links_warning_free(
 ) -> None:
     need_nvcc()
     files = emit_files(name, schedule, "cuda", mode)
+    _build_once(files, name, f"{name}/{schedule}/{mode}", tmp_path_factory)
+
+
+@pytest.mark.parametrize(("schedule", "mode"), [("chunked", "nccl"), ("fused", "nccl-device")])
+def test_cuda_avg_is_a_sum_and_a_division_kernel(
+    schedule: str, mode: str, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    """NCCL's ncclAvg pre-multiplies floats by a rounded 1/G and sums integers in their
+    storage type; the emitted code sums in the compute type and divides in a kernel."""
+    files = emit_text(AVG_PROGRAM, schedule, "cuda", mode)
+    cu = files["avg_int.cu"]
+    assert "ncclAvg" not in cu
+    assert "ncclInt64, ncclSum" in cu and "ncclFloat32, ncclSum" in cu
+    need_nvcc()
+    _build_once(files, "avg_int", f"avg_int/{schedule}/{mode}", tmp_path_factory)
+
+
+def _build_once(
+    files: dict[str, str], binary: str, label: str, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    """Build for sm_80 and sm_90, warning-free; one build per distinct source tree, shared
+    by the xdist workers of this run."""
     key = source_key(files, (".cu", ".h", ".cuh"))
-    # one build per distinct source tree, shared by the xdist workers of this run
     cache = tmp_path_factory.getbasetemp().parent / "cuda-builds"
     cache.mkdir(exist_ok=True)
     with open(cache / f"{key}.lock", "w") as lock:
@@ -28,13 +59,13 @@ def test_cuda_compiles_and_links_warning_free(
         done = cache / f"{key}.ok"
         if done.exists():
             pytest.skip(f"same code as {done.read_text()} (built there)")
-        directory = tmp_path_factory.mktemp(f"{name}.{schedule}.{mode}")
+        directory = tmp_path_factory.mktemp(label.replace("/", "."))
         write(directory, files)
         res = make(directory, "ARCH=sm_80 sm_90")
         assert res.returncode == 0, "\n".join(diagnostics(res)) or res.stderr[-4000:]
         assert not diagnostics(res), "\n".join(diagnostics(res))
-        assert (directory / name).exists()
-        done.write_text(f"{name}/{schedule}/{mode}")
+        assert (directory / binary).exists()
+        done.write_text(label)
 
 
 def test_nccl_device_lowering_is_one_kernel_with_lsa_barriers() -> None:

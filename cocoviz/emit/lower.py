@@ -784,7 +784,7 @@ class _ProgramLowerer:
             elif u.kind == "matmul":
                 steps.append(self.matmul(u, chunks))
             else:
-                steps.append(self.collective(u, chunks))
+                steps.extend(self.collective_steps(u, chunks))
         flush()
         return steps
 
@@ -951,6 +951,91 @@ class _ProgramLowerer:
             c_off,
             u.ty.pstage,
         )
+
+    def collective_steps(self, u: Unit, chunks: int | None) -> list[pl.Step]:
+        """The collective of `u`; an `avg` becomes a `sum` plus a division kernel."""
+        c = self.collective(u, chunks)
+        if c.rop != "avg":
+            return [c]
+        return self.avg_steps(u, c, chunks)
+
+    def avg_steps(self, u: Unit, c: pl.Collective, chunks: int | None) -> list[pl.Step]:
+        """`avg` as (widen →) `sum` collective → divide-by-G kernel (semantics notes: the
+        sum combined in the compute type, divided by G truncating for integers, rounded
+        once). NCCL's own ncclAvg pre-multiplies every input by 1/G rounded to the dtype
+        (floats) and sums integers in their storage type before dividing, so it is not
+        used. f16/bf16/i32 travel widened to their compute type in a staging buffer (no
+        f16 overflow of the sum, no i32 wrap-around before the division)."""
+        e = u.expr
+        src = e.args[0].name
+        assert src is not None
+        dt = c.dtype
+        acc = compute_dtype(dt)
+        sv, dv = self.view(src), self.view(u.value)
+        K = chunks or 1
+        per_send = sv.count // K
+        steps: list[pl.Step] = []
+        names: list[str] = []
+        rs = c.op == "reducescatter"
+        if acc != dt:
+            staging = self.names.fresh(f"{self.ns}_{u.value}_sum", "s_")
+            self.buffers[staging] = pl.Buffer(
+                staging, u.value, acc, sv.count, u.ty.pstage, "staging"
+            )
+            self.buffer_order.append(staging)
+            wname = self.names.fresh(f"{self.ns}_{u.value}_widen", "k_")
+            wb = BodyBuilder(self, self._coll_space(sv, chunks), wname)
+            L = wb.L
+            v = wb.emit(None, kind="load", buffer=c.send, a=L, dtype=dt)
+            v = wb.operand_conv(v, dt, acc)
+            wb.stmts.append(pl.Stmt(kind="store", buffer=staging, a=L, b=v, dtype=acc))
+            steps.append(pl.Kernel(wname, (u.stage,), wb.space, tuple(wb.stmts), (), u.ty.pstage))
+            names.append(wname)
+            send_off = pl.Offset(per_chunk=per_send) if chunks else pl.ZERO
+            recv_off = pl.Offset(per_rank=c.count, per_chunk=send_off.per_chunk) if rs else send_off
+            steps.append(
+                dataclasses.replace(
+                    c,
+                    rop="sum",
+                    send=staging,
+                    recv=staging,
+                    dtype=acc,
+                    send_offset=send_off,
+                    recv_offset=recv_off,
+                    inplace=True,
+                    avg=True,
+                )  # fmt: skip
+            )
+            src_buf = staging
+        else:
+            steps.append(dataclasses.replace(c, rop="sum", avg=True))
+            src_buf = c.recv
+        dname = self.names.fresh(f"{self.ns}_{u.value}_avg", "k_")
+        db = BodyBuilder(self, self._coll_space(dv, chunks), dname)
+        L = db.L
+        idx = L
+        if src_buf != c.recv and rs:
+            # this rank's reduced block sits at staging + k·(send per chunk) + tp·count
+            idx = db.emit(
+                None, kind="index_affine", a="i", n1=c.count, n2=per_send if chunks else 0
+            )
+        v = db.emit(None, kind="load", buffer=src_buf, a=idx, dtype=acc)
+        g = db.emit(None, kind="const", literal=c_double(self.G), dtype=acc)
+        q = db.emit(None, kind="binary", op="div", a=v, b=g, dtype=acc)
+        q = db.operand_conv(q, acc, dt)
+        q = db.round_to(q, dt)
+        db.stmts.append(pl.Stmt(kind="store", buffer=c.recv, a=L, b=q, dtype=dt))
+        steps.append(pl.Kernel(dname, (u.stage,), db.space, tuple(db.stmts), (), u.ty.pstage))
+        names.append(dname)
+        self.stage_kernels.setdefault(u.stage, []).extend(names)
+        colls = self.stage_colls[u.stage]
+        colls[-1] = colls[-1][:-1] + f" of avg: sum in {acc.value}, then {dname} divides by G)"
+        return steps
+
+    @staticmethod
+    def _coll_space(v: pl.View, chunks: int | None) -> pl.Space:
+        """The iteration space of a kernel over a collective's buffer (chunk k of it)."""
+        return pl.Space(_with_chunks(v, chunks), True) if chunks else pl.Space(v, False)
 
     def collective(self, u: Unit, chunks: int | None) -> pl.Collective:
         e = u.expr

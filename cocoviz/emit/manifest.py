@@ -29,7 +29,7 @@ def _steps(steps: tuple[pl.Step, ...]) -> list[dict[str, Any]]:
         elif isinstance(s, pl.Collective):
             d.update(stages=[s.stage], op=s.op, count=s.count, in_place=s.inplace)
             if s.rop:
-                d["reduce_op"] = s.rop
+                d["reduce_op"] = "avg: sum, then a kernel divides by G" if s.avg else s.rop
         elif isinstance(s, pl.DeviceCollective):
             d.update(stages=list(s.stages), api="NCCL device API (LSA)", reduce_op=s.rop)
         elif isinstance(s, pl.ChunkLoop):

@@ -293,6 +293,8 @@ class Collective:
     permute: View | None = None
     """allgather of a block-sliced value: gather into ``staging`` then permute."""
     staging: str = ""
+    avg: bool = False
+    """The sum of an `avg`: a kernel after it divides by the group size."""
     pstage: int | None = 0
     stream: StreamName = "main"
     kind: Literal["collective"] = "collective"

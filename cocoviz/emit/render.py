@@ -25,13 +25,13 @@ RUNTIME_FILES = ("cocoviz_runtime.h",)
 CUDA_RUNTIME_FILES = ("cocoviz_runtime.h", "cocoviz_runtime.cuh")
 
 _CMP = {"lt": "<", "le": "<=", "gt": ">", "ge": ">=", "eq": "==", "ne": "!="}
-_MPI_OP = {"sum": "sum", "prod": "prod", "max": "max", "min": "min", "avg": "sum"}
+# `avg` never reaches a collective: lowering turns it into a `sum` and a division kernel
+_MPI_OP = {"sum": "sum", "prod": "prod", "max": "max", "min": "min"}
 _NCCL_OP = {
     "sum": "ncclSum",
     "prod": "ncclProd",
     "max": "ncclMax",
     "min": "ncclMin",
-    "avg": "ncclAvg",
 }
 _CPU_MATH = {f: f"std::{f}" for f in ("sqrt", "exp", "log", "tanh", "abs", "pow")}
 _CUDA_MATH = {
@@ -222,7 +222,7 @@ class Renderer:
                 send_off=self.offset(st.send_offset), recv_off=self.offset(st.recv_offset),
                 inplace=st.inplace, root=st.root, peer_pstage=st.peer_pstage,
                 enum=dt_enum(st.dtype), ctype=self.storage_ctype(st.dtype),
-                mpi_op=_MPI_OP[st.rop] if st.rop else "", avg=st.rop == "avg",
+                mpi_op=_MPI_OP[st.rop] if st.rop else "",
                 nccl_op=_NCCL_OP[st.rop] if st.rop else "", nccl_type=dtype_info(st.dtype).nccl,
                 permute=_view(st.permute) if st.permute else None, staging=st.staging,
             )  # fmt: skip
