@@ -3,27 +3,23 @@ autosave and robustness."""
 
 from __future__ import annotations
 
-import importlib.util
 import random
-import shutil
-import subprocess
 
 import pytest
+from emit_support import need_mpicxx
 from textual.widgets import TextArea
 from tui_support import make_app, run_async, settle
 
 from cocoviz import samples
-from cocoviz.tui import state
+from cocoviz.emit.emitter import build
+from cocoviz.emit.lower import EmitError
+from cocoviz.tui import backend, state
 from cocoviz.tui.app import CocovizApp, ErrorPanel, TeachPanel
+from cocoviz.tui.widgets.code import CodeView
 from cocoviz.tui.widgets.graph import GraphView
 from cocoviz.tui.widgets.palette import StepPalette
 from cocoviz.tui.widgets.source import CocoTextArea, SourceEditor
 from cocoviz.tui.widgets.timeline import TimelineView
-
-HAVE_SESSION = importlib.util.find_spec("cocoviz.session") is not None
-HAVE_SIM = importlib.util.find_spec("cocoviz.sim.timeline") is not None
-needs_session = pytest.mark.skipif(not HAVE_SESSION, reason="cocoviz.session has not landed")
-needs_sim = pytest.mark.skipif(not HAVE_SIM, reason="cocoviz.sim.timeline has not landed")
 
 
 @pytest.fixture(autouse=True)
@@ -49,8 +45,7 @@ async def test_every_sample_opens(tmp_path, name: str) -> None:  # type: ignore[
         assert graph.drawing is not None
         assert set(graph.drawing.nodes) == {s.name for s in app.base.stages}
         assert not app.query_one(ErrorPanel).has_class("-shown")
-        if HAVE_SIM:
-            assert _makespan(app) > 0
+        assert _makespan(app) > 0
 
 
 async def _apply_from_palette(pilot, app: CocovizApp, stage: str, step: str) -> None:  # type: ignore[no-untyped-def]
@@ -65,8 +60,6 @@ async def _apply_from_palette(pilot, app: CocovizApp, stage: str, step: str) -> 
     assert app.history.steps[app.history.index - 1].startswith(step.rstrip(")"))
 
 
-@needs_session
-@needs_sim
 @run_async
 async def test_megatron_schedule_from_the_palette_makes_it_faster(tmp_path) -> None:  # type: ignore[no-untyped-def]
     app = make_app(tmp_path, "megatron_mlp")
@@ -114,7 +107,6 @@ async def test_megatron_schedule_from_the_palette_makes_it_faster(tmp_path) -> N
         assert _makespan(app) == pytest.approx(end)
 
 
-@needs_session
 @run_async
 async def test_a_failed_step_is_shown_not_raised(tmp_path) -> None:  # type: ignore[no-untyped-def]
     app = make_app(tmp_path, "megatron_mlp")
@@ -154,8 +146,6 @@ async def test_an_error_is_marked_at_its_line(tmp_path) -> None:  # type: ignore
         assert app.query_one(SourceEditor).diagnostics == ()
 
 
-@needs_session
-@needs_sim
 @run_async
 async def test_teach_mode_walks_every_step(tmp_path) -> None:  # type: ignore[no-untyped-def]
     app = make_app(tmp_path, "megatron_mlp", teach_mode=True)
@@ -181,34 +171,103 @@ async def test_teach_mode_walks_every_step(tmp_path) -> None:  # type: ignore[no
         assert app.history.index == len(steps) - 1
 
 
-@needs_session
+async def _emit_from_dialog(pilot, app: CocovizApp, directory, target: str) -> None:  # type: ignore[no-untyped-def]
+    await pilot.press("e")
+    await pilot.pause()
+    screen = app.screen
+    assert type(screen).__name__ == "EmitDialog"
+    screen.query_one("#dir").value = str(directory)  # type: ignore[attr-defined]
+    await pilot.click(f"#{target}")
+    await pilot.click("#ok")
+    await settle(pilot)
+
+
 @run_async
 async def test_emit_writes_a_cpu_tree_that_builds(tmp_path) -> None:  # type: ignore[no-untyped-def]
-    pytest.importorskip("cocoviz.emit.templates" if False else "cocoviz.emit")
-    from cocoviz.tui import backend
-    from cocoviz.tui.backend import Missing
-
+    need_mpicxx()  # fails instead of skipping under COCOVIZ_REQUIRE_MPI/NVCC=1
     app = make_app(tmp_path, "megatron_mlp", schedule="fused")
     out = tmp_path / "emitted"
     async with app.run_test(size=(120, 40)) as pilot:
         await settle(pilot)
-        try:
-            backend._emit_fn()
-        except Missing as m:
-            pytest.skip(str(m))
-        await pilot.press("e")
-        await pilot.pause()
-        screen = app.screen
-        screen.query_one("#dir").value = str(out)  # type: ignore[attr-defined]
-        await pilot.click("#cpu")
-        await pilot.click("#ok")
+        await _emit_from_dialog(pilot, app, out, "cpu")
+        assert app.last_emit is not None
+        emitted, written = app.last_emit
+    files = {p.name for p in out.iterdir() if p.is_file()}
+    assert {"megatron_mlp.cpp", "main.cpp", "Makefile", "manifest.json"} <= files
+    assert set(written.written) == set(emitted.files)
+    assert '"group": "overlapped"' in (out / "manifest.json").read_text()
+    build(out)  # raises BuildError with the compiler's messages
+    assert (out / emitted.binary).is_file()
+
+
+@run_async
+async def test_emit_into_a_foreign_directory_is_refused_in_the_ui(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    foreign = tmp_path / "mine"
+    foreign.mkdir()
+    (foreign / "notes.txt").write_text("not cocoviz's")
+    app = make_app(tmp_path, "megatron_mlp")
+    async with app.run_test(size=(120, 40)) as pilot:
         await settle(pilot)
-    files = sorted(p.name for p in out.rglob("*") if p.is_file())
-    assert files, "nothing emitted"
-    if shutil.which("mpicxx") is None or not (out / "Makefile").exists():
-        pytest.skip("no mpicxx to build the CPU target")
-    build = subprocess.run(["make", "-C", str(out)], capture_output=True, text=True, timeout=300)
-    assert build.returncode == 0, build.stdout + build.stderr
+        await _emit_from_dialog(pilot, app, foreign, "cpu")
+        assert app.is_running and app.last_emit is None
+        assert not app.query_one(ErrorPanel).has_class("-shown")
+        shown = [n.message for n in app._notifications]
+        assert any("cocoviz did not write it" in m for m in shown), shown
+    assert sorted(p.name for p in foreign.iterdir()) == ["notes.txt"]
+
+
+@run_async
+async def test_emit_error_is_shown_as_not_supported(tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    def refuse(*args, **kwargs):  # type: ignore[no-untyped-def]
+        raise EmitError("update of 'w' (sliced) by a replicated value is not supported")
+
+    monkeypatch.setattr(backend, "emitted_files", refuse)
+    app = make_app(tmp_path, "megatron_mlp")
+    async with app.run_test(size=(120, 40)) as pilot:
+        await settle(pilot)
+        await pilot.press("ctrl+o")
+        await settle(pilot)
+        view = app.query_one(CodeView)
+        assert view.files == {}
+        assert view.message_text.startswith("not supported by the cuda emitter: update of 'w'")
+        await _emit_from_dialog(pilot, app, tmp_path / "out", "cpu")
+        titles = [n.title for n in app._notifications]
+        assert "not supported by the cpu emitter" in titles, titles
+        assert not app.query_one(ErrorPanel).has_class("-shown")
+        assert not (tmp_path / "out").exists()
+
+
+@run_async
+async def test_code_pane_shows_both_targets_and_the_diff(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    app = make_app(tmp_path, "megatron_mlp")
+    async with app.run_test(size=(160, 50)) as pilot:
+        await settle(pilot)
+        await pilot.press("ctrl+o")
+        await settle(pilot)
+        view = app.query_one(CodeView)
+        assert {"megatron_mlp.cu", "main.cu", "Makefile", "manifest.json"} <= set(view.files)
+        assert view.current == "megatron_mlp.cu"  # the program file first
+        assert view.previous is None
+        # A step: the previous step's files are kept for the diff.
+        app.apply_step("split(sum)")
+        await settle(pilot)
+        assert view.previous is not None and view.previous != view.files
+        assert view.previous["megatron_mlp.cu"] != view.files["megatron_mlp.cu"]
+        assert "split(sum)" in view.files["manifest.json"]
+        app.query_one("#files").focus()
+        await pilot.press("d")
+        await settle(pilot)
+        assert view.show_diff
+        assert "+++ current/megatron_mlp.cu" in view.shown_text
+        # The CPU target: C++ + MPI.
+        await pilot.press("T")
+        await settle(pilot)
+        assert app.target == "cpu" and view.target == "cpu"
+        assert {"megatron_mlp.cpp", "main.cpp", "Makefile", "manifest.json"} <= set(view.files)
+        assert view.previous is not None and "megatron_mlp.cpp" in view.previous
+        await pilot.press("T")
+        await settle(pilot)
+        assert "megatron_mlp.cu" in view.files
 
 
 @run_async
@@ -344,3 +403,26 @@ async def test_selection_is_shared_by_graph_source_and_timeline(tmp_path) -> Non
         area.move_cursor((out_line - 1, 0))
         await settle(pilot)
         assert app.selected == "out"
+
+
+@run_async
+async def test_edit_then_ctrl_end_moves_to_the_end_and_leaves_the_layout(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    app = make_app(tmp_path, "megatron_mlp")
+    async with app.run_test(size=(120, 40)) as pilot:
+        # Keys pressed before the first parse finishes are commands, not text.
+        assert isinstance(app.focused, GraphView)
+        await pilot.press("i")
+        await settle(pilot)
+        area = app.query_one(CocoTextArea)
+        assert area.has_focus and area.text == samples.text("megatron_mlp")
+        await pilot.press("ctrl+end")
+        await pilot.pause()
+        assert area.cursor_location == area.document.end
+        assert app.screen.maximized is None
+        assert area.styles.border_left[0] in ("", "none")
+        await pilot.press("ctrl+home")
+        await pilot.pause()
+        assert area.cursor_location == (0, 0)
+        await pilot.press("escape")
+        await pilot.pause()
+        assert not area.has_focus and app.screen.maximized is None

@@ -5,15 +5,10 @@ read the diff of the SVGs."""
 
 from __future__ import annotations
 
-import importlib.util
-
 import pytest
 from tui_support import make_app, settle
 
 from cocoviz import samples
-
-HAVE_SESSION = importlib.util.find_spec("cocoviz.session") is not None
-needs_session = pytest.mark.skipif(not HAVE_SESSION, reason="cocoviz.session has not landed")
 
 
 @pytest.fixture(autouse=True)
@@ -31,7 +26,6 @@ def test_start_screen_80x24(snap_compare, tmp_path) -> None:  # type: ignore[no-
     assert snap_compare(app, terminal_size=(80, 24), run_before=settle)
 
 
-@needs_session
 def test_overlapped_schedule(snap_compare, tmp_path) -> None:  # type: ignore[no-untyped-def]
     app = make_app(tmp_path, "megatron_mlp", schedule="fused")
 
@@ -51,7 +45,6 @@ def test_error_state(snap_compare, tmp_path) -> None:  # type: ignore[no-untyped
     assert snap_compare(app, terminal_size=(140, 42), run_before=settle)
 
 
-@needs_session
 def test_teach_mode(snap_compare, tmp_path) -> None:  # type: ignore[no-untyped-def]
     app = make_app(tmp_path, "megatron_mlp", teach_mode=True)
 

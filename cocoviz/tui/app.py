@@ -25,11 +25,12 @@ from textual.widgets import Footer, Static, TabbedContent, TabPane
 from textual.worker import Worker, WorkerState
 
 from cocoviz import samples
+from cocoviz.emit.lower import EmitError
 from cocoviz.errors import CocovizError
 from cocoviz.ir.nodes import Program
 from cocoviz.ir.summary import summarize
 from cocoviz.tui import backend, state, teach
-from cocoviz.tui.backend import History, Missing, PaletteEntry
+from cocoviz.tui.backend import Emitted, History, PaletteEntry
 from cocoviz.tui.timeline_rows import TimelineRows, format_time
 from cocoviz.tui.widgets.code import CodeView
 from cocoviz.tui.widgets.cost import CostSummary
@@ -44,6 +45,7 @@ from cocoviz.tui.widgets.timeline import TimelineView
 
 NARROW = 120  # below this many columns the panes share the screen in a 2×2 grid
 COMPARE_MODES = ("off", "previous", "unscheduled")
+NO_PROGRAM = "no program: fix the error in the source"
 
 
 class ErrorPanel(Static):
@@ -82,6 +84,8 @@ class CocovizApp(App[None]):
 
     TITLE = "cocoviz"
     CSS_PATH = "app.tcss"
+    AUTO_FOCUS = "GraphView"
+    """The graph, not the editor, has the focus at start, so letter keys are commands."""
 
     BINDINGS = [
         Binding("question_mark", "help", "Help", key_display="?"),
@@ -142,19 +146,20 @@ class CocovizApp(App[None]):
         self.start_teaching = teach_mode
         self.hw = hw or backend.default_hw()
         self.state_root = state_root
-        self.target = target
+        self.target = target  # of the code pane and the emit dialog: "cuda" or "cpu"
 
         self.text = text
         self.base: Program | None = None  # the last program that parsed
         self.history: History | None = None
-        self.history_note = ""
         self.failed: tuple[str, str] | None = None
         self.teach_steps: list[str] = []
         self._parse_gen = 0
         self._timelines: dict[int, tuple[Program, TimelineRows]] = {}
-        self._code: dict[int, tuple[Program, dict[str, str]]] = {}
+        self._code: dict[tuple[int, str], tuple[Program, Emitted | str]] = {}
+        """Emitted files by (step, target), or why there are none (a "not supported")."""
         self._sim_note = ""
-        self._code_note = ""
+        self.last_emit: tuple[Emitted, backend.WriteResult] | None = None
+        """What the emit dialog last wrote (the tree and the writer's report)."""
         self.timeline_drawn_at = 0.0  # perf_counter() when a new timeline reached the screen
 
     # --- layout ------------------------------------------------------------------------
@@ -245,19 +250,13 @@ class CocovizApp(App[None]):
         self._timelines.clear()
         self._code.clear()
         self.failed = None
-        try:
-            self.history = History(program)
-            self.history_note = ""
-        except Missing as m:
-            self.history = None
-            self.history_note = str(m)
-        if self.history is not None:
-            for s in replay:
-                try:
-                    self.history.apply(s)
-                except CocovizError as err:
-                    self.failed = (s, err.message)
-                    break
+        self.history = History(program, self.hw)
+        for s in replay:
+            try:
+                self.history.apply(s)
+            except CocovizError as err:
+                self.failed = (s, err.message)
+                break
         if first:
             self.teach_steps = (
                 self.teach_steps_given
@@ -311,23 +310,20 @@ class CocovizApp(App[None]):
     def _refresh_history(self) -> None:
         hist = self.query_one(HistoryList)
         if self.history is None:
-            hist.show([], 0, ("schedule steps", self.history_note) if self.history_note else None)
+            hist.show([], 0, None)
             return
         hist.show(self.history.steps, self.history.index, self.failed)
 
     def _refresh_palette(self) -> None:
         palette = self.query_one(StepPalette)
         if self.history is None:
-            palette.show([], self.history_note or "no program")
+            palette.show([], NO_PROGRAM)
             return
         if self.selected is None:
             palette.show([], "select a stage in the graph")
             return
         try:
             entries: list[PaletteEntry] = self.history.legal(self.selected)
-        except Missing as m:
-            palette.show([], str(m))
-            return
         except CocovizError as err:
             palette.show([], err.message)
             return
@@ -387,9 +383,6 @@ class CocovizApp(App[None]):
         for i, p in todo:
             try:
                 results.append((i, p, backend.simulate(p, self.hw)))
-            except Missing as m:
-                note = str(m)
-                break
             except CocovizError as err:
                 note = f"cannot simulate: {err.message}"
                 break
@@ -428,48 +421,72 @@ class CocovizApp(App[None]):
         self.timeline_drawn_at = time.perf_counter()
 
     def _start_code(self) -> None:
+        """Emit the current and the previous step for the code pane's target (cached)."""
+        if self.base is None:
+            self._show_code()
+            return
         i = self.history.index if self.history else 0
         todo = []
         for j in (i, i - 1):
             p = self._program_at(j) if j >= 0 else None
-            hit = self._code.get(j)
+            hit = self._code.get((j, self.target))
             if p is not None and (hit is None or hit[0] is not p):
-                todo.append((j, p))
+                steps = self.history.steps[:j] if self.history else []
+                todo.append((j, p, steps))
         if todo:
-            self._emit_code(todo)
+            self._emit_code(self.base, self.target, todo)
         else:
             self._show_code()
 
     @work(thread=True, exclusive=True, group="code", exit_on_error=False, description="emit")
-    def _emit_code(self, todo: list[tuple[int, Program]]) -> None:
-        results = []
-        note = ""
-        for j, p in todo:
+    def _emit_code(
+        self, unscheduled: Program, target: str, todo: list[tuple[int, Program, list[str]]]
+    ) -> None:
+        results: list[tuple[int, Program, Emitted | str]] = []
+        for j, p, steps in todo:
             try:
-                results.append((j, p, backend.emitted_files(p, self.target)))
-            except Missing as m:
-                note = str(m)
-                break
+                out: Emitted | str = backend.emitted_files(
+                    p,
+                    unscheduled,
+                    target,
+                    steps,
+                    self.hw,  # type: ignore[arg-type]
+                )
+            except EmitError as err:
+                out = f"not supported by the {target} emitter: {err.message}" + (
+                    f" (hint: {err.hint})" if err.hint else ""
+                )
             except CocovizError as err:
-                note = f"cannot emit: {err.message}"
-                break
-        self.call_from_thread(self._code_done, results, note)
+                out = f"cannot emit: {err.message}"
+            results.append((j, p, out))
+        self.call_from_thread(self._code_done, target, results)
 
-    def _code_done(self, results: list[tuple[int, Program, dict[str, str]]], note: str) -> None:
-        for j, p, files in results:
-            self._code[j] = (p, files)
-        self._code_note = note
+    def _code_done(self, target: str, results: list[tuple[int, Program, Emitted | str]]) -> None:
+        for j, p, out in results:
+            self._code[(j, target)] = (p, out)
         self._show_code()
 
     def _show_code(self) -> None:
+        view = self.query_one(CodeView)
+        if self.base is None:
+            view.show(None, None, self.target, NO_PROGRAM)
+            return
         i = self.history.index if self.history else 0
-        cur = self._code.get(i)
-        prev = self._code.get(i - 1) if i > 0 else None
-        self.query_one(CodeView).show(
-            cur[1] if cur else None,
-            prev[1] if prev else None,
-            self._code_note or "generating…",
-        )
+        cur = self._code.get((i, self.target))
+        prev = self._code.get((i - 1, self.target)) if i > 0 else None
+        if cur is None or cur[0] is not self._program_at(i):
+            view.show(None, None, self.target, f"generating the {self.target} code…")
+            return
+        if isinstance(cur[1], str):
+            view.show(None, None, self.target, cur[1])
+            return
+        previous = prev[1] if prev is not None and isinstance(prev[1], Emitted) else None
+        view.show(cur[1], previous, self.target, "")
+
+    @on(CodeView.TargetChanged)
+    def _code_target(self, event: CodeView.TargetChanged) -> None:
+        self.target = event.target
+        self._start_code()
 
     def _refresh_teach(self) -> None:
         panel = self.query_one(TeachPanel)
@@ -483,7 +500,7 @@ class CocovizApp(App[None]):
         i = self.history.index if self.history else 0
         head = f"[b]Teach mode[/b] — step {i} of {len(steps)}"
         if self.history is None:
-            panel.update(f"{head}\n{self.history_note}")
+            panel.update(f"{head}\n{NO_PROGRAM}")
             return
         if i == 0:
             body = teach.INTRO + f"\n\nFirst step: [b]{steps[0]}[/b]"
@@ -544,7 +561,7 @@ class CocovizApp(App[None]):
     def apply_step(self, step: str) -> bool:
         """Apply a step; a failure is shown in the history and a notification."""
         if self.history is None:
-            self.notify(self.history_note or "no program", severity="warning")
+            self.notify(NO_PROGRAM, severity="warning")
             return False
         try:
             self.history.apply(step)
@@ -604,7 +621,7 @@ class CocovizApp(App[None]):
 
     def action_save_sched(self) -> None:
         if self.history is None:
-            self.notify(self.history_note or "no program", severity="warning")
+            self.notify(NO_PROGRAM, severity="warning")
             return
         stem = self.base.name if self.base else "schedule"
         self.push_screen(
@@ -676,21 +693,60 @@ class CocovizApp(App[None]):
         self.push_screen(EmitDialog(default, self.target), self._emit_requested)
 
     def _emit_requested(self, req: EmitRequest | None) -> None:
-        if req is not None and self.program is not None:
-            self._emit(self.program, req)
+        if req is None or self.program is None or self.base is None:
+            return
+        steps = self.history.steps[: self.history.index] if self.history else []
+        self._emit(self.program, self.base, steps, req)
 
     @work(thread=True, group="emit", exit_on_error=False, description="emit to a directory")
-    def _emit(self, program: Program, req: EmitRequest) -> None:
+    def _emit(
+        self, program: Program, unscheduled: Program, steps: list[str], req: EmitRequest
+    ) -> None:
         try:
-            files = backend.emit_to(program, Path(req.directory), req.target, req.force)
-        except Missing as m:
-            self.call_from_thread(self.notify, str(m), severity="warning")
+            out, res = backend.emit_to(
+                Path(req.directory),
+                program,
+                unscheduled,
+                req.target,  # type: ignore[arg-type]
+                steps,
+                self.hw,
+                req.force,
+            )
+        except EmitError as err:
+            self.call_from_thread(
+                self.notify,
+                err.message + (f"\nhint: {err.hint}" if err.hint else ""),
+                title=f"not supported by the {req.target} emitter",
+                severity="error",
+                timeout=12,
+            )
             return
-        except CocovizError as err:
-            self.call_from_thread(self.notify, err.render(), title="not emitted", severity="error")
+        except CocovizError as err:  # the writer's refusal of a foreign directory
+            self.call_from_thread(
+                self.notify,
+                err.message + (f"\nhint: {err.hint}" if err.hint else ""),
+                title="not emitted",
+                severity="error",
+                timeout=12,
+            )
             return
+        except OSError as err:
+            self.call_from_thread(
+                self.notify,
+                f"{req.directory}: {err.strerror or err}",
+                title="not emitted",
+                severity="error",
+                timeout=12,
+            )
+            return
+        summary = f"{len(res.written)} written, {len(res.unchanged)} unchanged" + (
+            f", {len(res.removed)} removed" if res.removed else ""
+        )
+        self.last_emit = (out, res)
         self.call_from_thread(
-            self.notify, f"wrote {len(files)} files to {req.directory} ({req.target})"
+            self.notify,
+            f"{res.directory} ({req.target}): {summary}\nbuild: make -C {res.directory}",
+            title="emitted",
         )
 
     # --- autosave ----------------------------------------------------------------------

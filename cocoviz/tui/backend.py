@@ -1,54 +1,58 @@
-"""What the TUI needs from the rest of cocoviz, in one place.
-
-Parsing is always there. Schedule steps (`cocoviz.session`), the timeline simulator
-(`cocoviz.sim.timeline`) and code generation (`cocoviz.emit`) are imported when first
-used; when one is missing from this build, `Missing` says which, and the pane that
-needs it shows that message instead of inventing data. No Textual here.
+"""What the TUI needs from the rest of cocoviz, in one place: parsing, the step
+history (`cocoviz.session`), the timeline simulator (`cocoviz.sim.timeline`) and code
+generation (`cocoviz.emit`). No Textual here.
 """
 
 from __future__ import annotations
 
-import importlib
-import tempfile
-from collections.abc import Callable
+import functools
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from types import ModuleType
-from typing import Any
 
+from cocoviz.emit.emitter import Emitted, Target, build, emit
+from cocoviz.emit.lower import strip_schedule
+from cocoviz.emit.toolchain import Toolchain, find_toolchain
+from cocoviz.emit.writer import WriteResult, write_tree
 from cocoviz.errors import CocovizError, ScheduleError
 from cocoviz.ir.lower import load_program
-from cocoviz.ir.nodes import Program
+from cocoviz.ir.nodes import Program, StepCall
+from cocoviz.ir.transforms import as_transformation, legal_steps
+from cocoviz.ir.transforms.overlap import Overlap, use_hardware
+from cocoviz.session import Session
+from cocoviz.sim.hardware import DEFAULT_PROFILE, load_profile
+from cocoviz.sim.timeline import simulate as simulate_timeline
 from cocoviz.tui.timeline_rows import TimelineRows
+
+__all__ = [
+    "Emitted",
+    "History",
+    "PaletteEntry",
+    "WriteResult",
+    "build",
+    "default_hw",
+    "emit_to",
+    "emitted_files",
+    "parse",
+    "read_sched_file",
+    "schedule_steps",
+    "simulate",
+]
 
 
 @dataclass(frozen=True)
 class PaletteEntry:
-    """One step the palette offers: its text, whether it is legal, and why not."""
+    """One step the palette offers: the step applied, whether it is legal and why not,
+    and the text shown (`label`, when it differs from the step)."""
 
     step: str
     ok: bool
     reason: str = ""
+    label: str = ""
 
-
-class Missing(Exception):
-    """A piece of cocoviz this build does not have yet; str() is the message to show."""
-
-
-def _module(name: str, what: str) -> ModuleType:
-    try:
-        return importlib.import_module(name)
-    except ModuleNotFoundError as err:
-        if err.name and (name == err.name or name.startswith(err.name + ".")):
-            raise Missing(f"not available yet: {what} ({name})") from None
-        raise
-
-
-def _attr(mod: ModuleType, name: str, what: str) -> Callable[..., Any]:
-    fn = getattr(mod, name, None)
-    if fn is None:
-        raise Missing(f"not available yet: {what} ({mod.__name__}.{name})")
-    return fn  # type: ignore[no-any-return]
+    @property
+    def shown(self) -> str:
+        return self.label or self.step
 
 
 def parse(text: str, path: str) -> Program:
@@ -60,12 +64,16 @@ def parse(text: str, path: str) -> Program:
 
 
 class History:
-    """The TUI's view of a `cocoviz.session.Session`: steps as text, a current index."""
+    """The TUI's view of a `cocoviz.session.Session`: steps as text, a current index.
 
-    def __init__(self, program: Program) -> None:
-        mod = _module("cocoviz.session", "schedule steps")
-        self._mod = mod
-        self.session = _attr(mod, "Session", "schedule steps")(program)
+    `hw` is the hardware profile whose cost model picks the chunk count of an `overlap`
+    written without `chunks=` (set before every step, in whichever thread applies it).
+    """
+
+    def __init__(self, program: Program, hw: str | None = None) -> None:
+        self.session = Session(program)
+        self.hw = hw
+        self._legal: tuple[Program, dict[str, list[PaletteEntry]]] | None = None
 
     # Every query goes through the Session; nothing is recorded twice.
     @property
@@ -74,19 +82,20 @@ class History:
 
     @property
     def index(self) -> int:
-        return int(self.session.position)
+        return self.session.position
 
     @property
     def current(self) -> Program:
-        return self.session.program  # type: ignore[no-any-return]
+        return self.session.program
 
     def program_at(self, i: int) -> Program:
         if i <= 0:
-            return self.session.initial  # type: ignore[no-any-return]
-        return self.session.history[i - 1].after  # type: ignore[no-any-return]
+            return self.session.initial
+        return self.session.history[i - 1].after
 
     def apply(self, step: str) -> None:
         """Apply a step written as text; a failure raises ScheduleError (or CocovizError)."""
+        use_hardware(self.hw)
         self.session.apply_or_raise(step)
 
     def undo(self) -> bool:
@@ -102,17 +111,36 @@ class History:
         self.session.save(path)
 
     def legal(self, stage: str) -> list[PaletteEntry]:
-        fn = getattr(self._mod, "legal_steps", None)
-        if fn is None:
-            fn = _attr(
-                _module("cocoviz.ir.transforms", "schedule steps"),
-                "legal_steps",
-                "the list of legal steps",
-            )
-        out = []
-        for opt in fn(self.current, stage):
-            out.append(PaletteEntry(str(opt.step), bool(opt.ok), str(opt.reason or "")))
-        return out
+        """The palette for `stage` at the current step (cached per program)."""
+        program = self.current
+        if self._legal is None or self._legal[0] is not program:
+            self._legal = (program, {})
+        cache = self._legal[1]
+        if stage not in cache:
+            use_hardware(self.hw)
+            cache[stage] = [
+                self._entry(program, o.step, o.ok, o.reason) for o in legal_steps(program, stage)
+            ]
+        return cache[stage]
+
+    @staticmethod
+    def _entry(program: Program, step: str, ok: bool, reason: str | None) -> PaletteEntry:
+        t = as_transformation(step)
+        if not isinstance(t, Overlap):
+            return PaletteEntry(step, ok, reason or "")
+        # An overlap is applied without `chunks=`, so the cost model picks K for the
+        # hardware (the history shows the K it chose); it is checked with that K.
+        auto = Overlap(items=t.items)
+        shown = str(StepCall(t.name, t.items, ()))
+        resolved = auto.resolve(program)
+        try:
+            resolved.check(program)
+        except CocovizError as err:
+            why = err.message.removeprefix("overlap: ")
+            if err.hint:
+                why += f" ({err.hint})"
+            return PaletteEntry(shown, False, why)
+        return PaletteEntry(shown, True, "", f"{shown}  model: K={resolved.k}")
 
 
 def schedule_steps(program: Program, name: str | None) -> list[str]:
@@ -144,46 +172,51 @@ def read_sched_file(path: Path) -> list[str]:
 
 
 def default_hw() -> str:
-    try:
-        from cocoviz.sim.hardware import DEFAULT_PROFILE
-
-        return str(DEFAULT_PROFILE)
-    except ImportError:
-        return "h100-dgx"
+    return str(DEFAULT_PROFILE)
 
 
 def simulate(program: Program, hw: str) -> TimelineRows:
-    mod = _module("cocoviz.sim.timeline", "the timeline simulator")
-    sim = _attr(mod, "simulate", "the timeline simulator")
-    from cocoviz.sim.hardware import load_profile
-
-    return TimelineRows.from_timeline(sim(program, load_profile(hw)))
+    return TimelineRows.from_timeline(simulate_timeline(program, load_profile(hw)))
 
 
 # --- code generation -----------------------------------------------------------------------
 
 
-def _emit_fn() -> Callable[..., Any]:
-    mod = _module("cocoviz.emit", "code generation")
-    for name in ("emit_program", "emit"):
-        fn = getattr(mod, name, None)
-        if callable(fn):
-            return fn  # type: ignore[no-any-return]
-    raise Missing("not available yet: code generation (cocoviz.emit)")
+@functools.cache
+def _toolchain() -> Toolchain:
+    """Where nvcc, NCCL and MPI are (the Makefile's defaults); looked up once."""
+    return find_toolchain()
 
 
-def emit_to(program: Program, directory: Path, target: str, force: bool = False) -> list[Path]:
-    """Write the emitted tree; returns the files written."""
-    fn = _emit_fn()
-    fn(program, directory, target=target, force=force)
-    return sorted(p for p in directory.rglob("*") if p.is_file())
+def emitted_files(
+    program: Program,
+    unscheduled: Program,
+    target: Target,
+    steps: Sequence[str] = (),
+    hw: str | None = None,
+) -> Emitted:
+    """The files `cocoviz emit` writes for `program` (the current step of `unscheduled`),
+    in memory. Raises EmitError (a CocovizError) for what the emitter cannot lower."""
+    return emit(
+        program,
+        strip_schedule(unscheduled),
+        target=target,
+        schedule_steps=tuple(steps),
+        toolchain=_toolchain(),
+        hw=hw,
+    )
 
 
-def emitted_files(program: Program, target: str) -> dict[str, str]:
-    """The emitted files as text, by relative path (written to a scratch directory)."""
-    with tempfile.TemporaryDirectory(prefix="cocoviz-code-") as tmp:
-        out = Path(tmp) / "out"
-        files = emit_to(program, out, target)
-        return {
-            str(p.relative_to(out)): p.read_text(encoding="utf-8", errors="replace") for p in files
-        }
+def emit_to(
+    directory: Path,
+    program: Program,
+    unscheduled: Program,
+    target: Target,
+    steps: Sequence[str] = (),
+    hw: str | None = None,
+    force: bool = False,
+) -> tuple[Emitted, WriteResult]:
+    """Emit and write the tree atomically; the writer refuses (UsageError) a non-empty
+    directory that cocoviz did not write, unless `force`."""
+    out = emitted_files(program, unscheduled, target, steps, hw)
+    return out, write_tree(directory, out.files, force=force)

@@ -1,5 +1,5 @@
-"""The code pane: the files emitted for the current step, or their diff against the
-previous step's files."""
+"""The code pane: the files `cocoviz emit` writes for the current step (CUDA or CPU
+target), or their diff against the previous step's files."""
 
 from __future__ import annotations
 
@@ -10,10 +10,15 @@ from rich.text import Text
 from textual import on
 from textual.app import ComposeResult
 from textual.binding import Binding
-from textual.containers import Horizontal, VerticalScroll
+from textual.containers import Horizontal, Vertical, VerticalScroll
+from textual.message import Message
 from textual.reactive import reactive
 from textual.widgets import OptionList, Static
 from textual.widgets.option_list import Option
+
+from cocoviz.emit.emitter import Emitted
+
+TARGETS = ("cuda", "cpu")
 
 _LEXERS = {
     ".cu": "cuda",
@@ -34,6 +39,27 @@ def _lexer(name: str) -> str:
     return "text"
 
 
+def file_order(files: Emitted) -> list[str]:
+    """The program file first, then its header, the launcher, the build and run files,
+    the manifest, and the shared runtime headers."""
+    stem = files.binary
+
+    def rank(name: str) -> tuple[int, str]:
+        if name.startswith(stem + ".") and not name.endswith(".h"):
+            return 0, name
+        if name == f"{stem}.h":
+            return 1, name
+        if name.startswith("main."):
+            return 2, name
+        if name in ("Makefile", "run.sh"):
+            return 3, name
+        if name == "manifest.json":
+            return 4, name
+        return 5, name
+
+    return sorted(files.files, key=rank)
+
+
 def diff_files(before: dict[str, str], after: dict[str, str], name: str) -> str:
     a = before.get(name, "").splitlines(keepends=True)
     b = after.get(name, "").splitlines(keepends=True)
@@ -44,51 +70,80 @@ def diff_files(before: dict[str, str], after: dict[str, str], name: str) -> str:
 class CodeView(Horizontal):
     """A file list on the left and the selected file (or its diff) on the right."""
 
-    BINDINGS = [Binding("d", "toggle_diff", "Diff against the previous step")]
+    BINDINGS = [
+        Binding("d", "toggle_diff", "Diff vs previous step"),
+        Binding("T", "toggle_target", "Target cuda/cpu", key_display="T"),
+    ]
 
     DEFAULT_CSS = """
     CodeView { height: 1fr; }
-    CodeView > #files { width: 22; height: 1fr; }
+    CodeView > #code-side { width: 24; height: 1fr; }
+    CodeView #code-target { height: 1; padding: 0 1; background: $boost; }
+    CodeView #files { height: 1fr; }
     CodeView > #body { width: 1fr; height: 1fr; }
     """
 
     show_diff: reactive[bool] = reactive(False, init=False)
     """Show the diff against the previous step instead of the file."""
 
+    class TargetChanged(Message):
+        """The user asked for the other target's code."""
+
+        def __init__(self, target: str) -> None:
+            self.target = target
+            super().__init__()
+
     def __init__(self, *, id: str | None = None) -> None:
         super().__init__(id=id)
         self.files: dict[str, str] = {}
         self.previous: dict[str, str] | None = None
+        self.target = "cuda"
         self.current = ""
         self.message_text = "no code yet"
+        self.shown_text = ""
+        """The text in the body: the file, its diff, or the message."""
 
     def compose(self) -> ComposeResult:
-        yield OptionList(id="files")
+        with Vertical(id="code-side"):
+            yield Static(id="code-target")
+            yield OptionList(id="files")
         with VerticalScroll(id="body"):
             yield Static(id="content")
 
     def show(
-        self, files: dict[str, str] | None, previous: dict[str, str] | None, message: str = ""
+        self,
+        files: Emitted | None,
+        previous: Emitted | None,
+        target: str,
+        message: str = "",
     ) -> None:
-        self.files = files or {}
-        self.previous = previous
+        """Display `files` (emitted for `target`) against `previous`, or `message`."""
+        self.files = dict(files.files) if files is not None else {}
+        self.previous = dict(previous.files) if previous is not None else None
+        self.target = target
         self.message_text = message
-        names = sorted(self.files)
+        self._show_target()
+        names = file_order(files) if files is not None else []
         changed = set()
-        if previous is not None:
-            changed = {n for n in names if previous.get(n) != self.files.get(n)}
+        if self.previous is not None:
+            changed = {n for n in names if self.previous.get(n) != self.files.get(n)}
         ol = self.query_one("#files", OptionList)
         ol.set_options(
             [Option(Text(("● " if n in changed else "  ") + n), id=n) for n in names]
             or [Option(Text(message or "no files", style="italic dim"), disabled=True)]
         )
         if self.current not in self.files:
-            self.current = next(
-                (n for n in names if n.endswith((".cu", ".cpp"))), names[0] if names else ""
-            )
+            self.current = names[0] if names else ""
         if self.current:
             ol.highlighted = names.index(self.current)
         self._render_body()
+
+    def _show_target(self) -> None:
+        t = Text("target ")
+        for name in TARGETS:
+            t.append(f" {name} ", "bold reverse" if name == self.target else "dim")
+        t.append("  T", "dim")
+        self.query_one("#code-target", Static).update(t)
 
     def watch_show_diff(self) -> None:
         self._render_body()
@@ -96,19 +151,21 @@ class CodeView(Horizontal):
     def _render_body(self) -> None:
         content = self.query_one("#content", Static)
         if not self.files:
+            self.shown_text = self.message_text
             content.update(Text(self.message_text, style="italic"))
             return
         name = self.current
-        if self.show_diff:
-            if self.previous is None:
-                content.update(Text("no previous step to compare with", style="italic"))
-            else:
-                content.update(
-                    Syntax(diff_files(self.previous, self.files, name), "diff", theme="ansi_dark")
-                )
+        if self.show_diff and self.previous is None:
+            self.shown_text = "no previous step to compare with"
+            content.update(Text(self.shown_text, style="italic"))
+        elif self.show_diff:
+            assert self.previous is not None
+            self.shown_text = diff_files(self.previous, self.files, name)
+            content.update(Syntax(self.shown_text, "diff", theme="ansi_dark"))
         else:
+            self.shown_text = self.files.get(name, "")
             content.update(
-                Syntax(self.files.get(name, ""), _lexer(name), theme="ansi_dark", line_numbers=True)
+                Syntax(self.shown_text, _lexer(name), theme="ansi_dark", line_numbers=True)
             )
 
     @on(OptionList.OptionHighlighted, "#files")
@@ -118,5 +175,14 @@ class CodeView(Horizontal):
             self.current = event.option.id
             self._render_body()
 
+    def on_click(self, event: object) -> None:
+        widget = getattr(event, "widget", None)
+        if widget is not None and widget.id == "code-target":
+            self.action_toggle_target()
+
     def action_toggle_diff(self) -> None:
         self.show_diff = not self.show_diff
+
+    def action_toggle_target(self) -> None:
+        other = TARGETS[(TARGETS.index(self.target) + 1) % len(TARGETS)]
+        self.post_message(self.TargetChanged(other))

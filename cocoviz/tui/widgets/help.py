@@ -19,10 +19,12 @@ PANES = """
   described under the axis), `+`/`-` zoom, `enter` selects the stage under the cursor,
   `b` compares with the previous step or the unscheduled program.
 - **palette** — the steps legal for the selected stage, keys `1`–`9`; illegal ones are
-  dimmed with the reason.
+  dimmed with the reason. An `overlap` is applied without `chunks=`: the cost model
+  picks the chunk count K for the hardware (`model: K=2`), and the history shows it.
 - **history** — every step; `enter` jumps to one; `u` undo, `U` or `ctrl+r` redo.
-- **code** — the files emitted for the current step; `d` shows the diff against the
-  previous step.
+- **code** — the files `cocoviz emit` writes for the current step; `d` shows the diff
+  against the previous step, `T` switches between the CUDA and the CPU (C++/MPI) target.
+  `e` writes them to a directory of your choice.
 
 Each step is also a command: `c` copies the equivalent `cocoviz apply FILE 'step' …`.
 The session is autosaved and offered back the next time you open the same file.

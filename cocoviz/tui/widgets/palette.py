@@ -11,6 +11,13 @@ from textual.widgets.option_list import Option
 from cocoviz.tui.backend import PaletteEntry
 
 
+def _label(e: PaletteEntry) -> tuple[tuple[str, str], ...]:
+    """The step in bold; a note after it (how `overlap` picks K) in the dim style."""
+    if e.label.startswith(e.step) and e.label != e.step:
+        return ((e.step, "bold"), (e.label[len(e.step) :], "dim"))
+    return ((e.shown, "bold"),)
+
+
 class StepPalette(OptionList):
     """Legal steps first, keyed 1–9; illegal ones dimmed with the reason."""
 
@@ -40,10 +47,10 @@ class StepPalette(OptionList):
         for i, e in enumerate(legal):
             key = f"{i + 1} " if i < 9 else "  "
             options.append(
-                Option(Text.assemble((key, "bold reverse"), " ", (e.step, "bold")), id=f"ok:{i}")
+                Option(Text.assemble((key, "bold reverse"), " ", *_label(e)), id=f"ok:{i}")
             )
         for i, e in enumerate(illegal):
-            t = Text(f"  {e.step}", style="dim")
+            t = Text(f"  {e.shown}", style="dim")
             if e.reason:
                 t.append(f"\n    {e.reason}", style="dim italic")
             options.append(Option(t, id=f"no:{i}", disabled=True))

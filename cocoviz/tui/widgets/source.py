@@ -43,6 +43,11 @@ class CocoTextArea(TextArea):
 
     BINDINGS = [
         Binding("escape", "leave", "Leave editor", show=True),
+        # TextArea has no document start/end keys; without these, ctrl+end reached the app.
+        Binding("ctrl+home", "document_start", "Start of the text", show=False),
+        Binding("ctrl+end", "document_end", "End of the text", show=False),
+        Binding("ctrl+shift+home", "document_start(True)", "Select to the start", show=False),
+        Binding("ctrl+shift+end", "document_end(True)", "Select to the end", show=False),
     ]
 
     error_spans: reactive[tuple[tuple[int, int, int, int], ...]] = reactive((), init=False)
@@ -98,6 +103,12 @@ class CocoTextArea(TextArea):
     def action_leave(self) -> None:
         self.screen.focus_next()
 
+    def action_document_start(self, select: bool = False) -> None:
+        self.move_cursor((0, 0), select=select)
+
+    def action_document_end(self, select: bool = False) -> None:
+        self.move_cursor(self.document.end, select=select)
+
 
 class SourceEditor(Vertical):
     """Editable source with live re-parse; shows the diagnostics it is given."""
@@ -105,6 +116,8 @@ class SourceEditor(Vertical):
     DEFAULT_CSS = """
     SourceEditor { height: 1fr; }
     SourceEditor > CocoTextArea { height: 1fr; border: none; padding: 0; }
+    /* TextArea:focus draws a tall border; the pane's top border already shows focus. */
+    SourceEditor > CocoTextArea:focus { border: none; }
     SourceEditor > #diagnostic { height: auto; max-height: 8; padding: 0 1; }
     SourceEditor > #diagnostic.-error { background: $error 20%; color: $text; }
     SourceEditor > #diagnostic.-ok { color: $text-muted; }
