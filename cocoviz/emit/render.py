@@ -183,6 +183,7 @@ class Renderer:
             d.update(
                 stages=safe_text(", ".join(st.stages)),
                 count=st.space.launch_count,
+                threads=st.space.launch_count,
                 red_blocks=max(1, min(REDUCE_BLOCKS, -(-st.space.launch_count // 256))),
                 finishes=[],
                 body=self.stmts(st.body),
@@ -410,6 +411,96 @@ class CpuRenderer(Renderer):
         return out
 
 
+VEC_BYTES = 16
+"""Widest access of a vectorized kernel (one 128-bit load or store per pack)."""
+MAX_VEC = 8
+
+
+def _affine_indices(body: list[dict[str, Any]]) -> dict[str, tuple[int, int, int]]:
+    """Index variables of the form ``i + n1·tp + n2·k + n3`` (unit stride in the launch
+    index `i`), with their (n1, n2, n3)."""
+    affine = {"i": (0, 0, 0)}
+    for s in body:
+        if s["kind"] == "index_affine" and s["a"] in affine:
+            b = affine[s["a"]]
+            affine[s["dst"]] = (b[0] + s["n1"], b[1] + s["n2"], b[2] + s["n3"])
+    return affine
+
+
+def _uses(s: dict[str, Any]) -> set[str]:
+    if s["kind"] == "vload":
+        return set()
+    if s["kind"] == "vstore":
+        return {s["b"]}
+    return {s["a"], s["b"], s["c"]} - {""}
+
+
+def _live(body: list[dict[str, Any]], roots: set[str]) -> tuple[list[dict[str, Any]], set[str]]:
+    """The statements a store or a root variable needs, and every name they read."""
+    live = set(roots)
+    kept: list[dict[str, Any]] = []
+    for s in reversed(body):
+        if s["kind"] in ("store", "vstore") or s["dst"] in live:
+            kept.append(s)
+            live |= _uses(s)
+    return kept[::-1], live
+
+
+def _offset_expr(n1: int, n2: int, n3: int) -> str:
+    parts = [f"({n}) * {v}" for n, v in ((n1, "tp"), (n2, "k")) if n]
+    if n3:
+        parts.append(f"({n3})")
+    return " + ".join(parts)
+
+
+def vectorize(
+    body: list[dict[str, Any]], reductions: list[dict[str, Any]], count: int
+) -> dict[str, Any] | None:
+    """How an elementwise kernel runs `width` consecutive elements per thread: every load
+    and store at a unit-stride index (``i + n1·tp + n2·k + n3``: the element's own storage
+    or a flat/replicated operand read at its global index) becomes one packed access of
+    `width` elements (at most 16 bytes of the narrowest dtype); other reads (broadcast
+    operands, block-sliced operands, dropout's generator index) stay per element, with
+    ``i = i0 + j``. None when no access is unit-stride or fewer than two elements fit."""
+    affine = _affine_indices(body)
+    access = [s for s in body if s["kind"] in ("load", "store") and s["a"] in affine]
+    if not access:
+        return None
+    width = min(MAX_VEC, VEC_BYTES // min(s["size"] for s in access))
+    if width < 2 or count < width:
+        return None
+    packs: dict[tuple[str, str, str], dict[str, Any]] = {}
+    for s in access:
+        key = (s["kind"], s["buffer"], s["a"])
+        if key in packs:
+            continue
+        off = _offset_expr(*affine[s["a"]])
+        packs[key] = {
+            "name": f"{'ld' if s['kind'] == 'load' else 'st'}{len(packs)}",
+            "load": s["kind"] == "load",
+            "buffer": s["buffer"],
+            "storage": s["storage"],
+            "at": "i0" + (f" + {off}" if off else ""),
+            "first": f"B.{s['buffer']}" + (f" + ({off})" if off else ""),
+            "terms": affine[s["a"]],
+        }
+    vbody = []
+    for s in body:
+        key = (s["kind"], s["buffer"], s["a"])
+        if s["kind"] in ("load", "store") and key in packs:
+            s = {**s, "kind": "v" + s["kind"], "pack": packs[key]["name"]}
+        vbody.append(s)
+    vbody, live = _live(vbody, {r["var"] for r in reductions})
+    return {
+        "width": width,
+        "packs": list(packs.values()),
+        "body": vbody,
+        "uses_i": "i" in live,
+        "groups": count // width,
+        "end": count // width * width,
+    }
+
+
 class CudaRenderer(Renderer):
     """CUDA kernels, NCCL collectives, cuBLAS GEMMs, an MPI launcher."""
 
@@ -419,6 +510,22 @@ class CudaRenderer(Renderer):
 
     def storage_ctype(self, dt: DType) -> str:
         return dtype_info(dt).cuda_ctype
+
+    def stmt(self, s: pl.Stmt) -> dict[str, Any]:
+        d = super().stmt(s)
+        if s.kind in ("load", "store") and s.dtype is not None:
+            d["storage"] = self.storage_ctype(s.dtype)
+            d["size"] = dtype_info(s.dtype).itemsize
+        return d
+
+    def step(self, st: pl.Step) -> dict[str, Any]:
+        d = super().step(st)
+        if isinstance(st, pl.Kernel):
+            vec = vectorize(d["body"], d["reductions"], d["count"])
+            d["vec"] = vec
+            if vec is not None:
+                d["threads"] = -(-d["count"] // vec["width"])
+        return d
 
     def math(self, ctype: str) -> dict[str, str]:
         return _CUDA_MATH[ctype]

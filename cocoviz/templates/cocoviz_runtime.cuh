@@ -11,6 +11,8 @@
 //   cuda_input_element<D>  the shared input generator on CUDA storage types
 //   cuda_dropout_value<D>  dropout of one element (scale from dropout_scale<D>(p))
 //   fill_input_kernel<D>   grid-stride input fill; fill_input_async<D> launches it
+//   Pack<T, N>             N elements as one aligned access (load_pack, store_pack,
+//                          pack_aligned): the vectorized path of elementwise kernels
 //   CHECK_CUDA / CHECK_NCCL / CHECK_CUBLAS / CHECK_MPI / CHECK_LAUNCH
 //                          CHECK_X("stage", call(...)) reports the call, file:line and
 //                          stage, then aborts the MPI job
@@ -137,6 +139,38 @@ __global__ void fill_input_kernel(typename CudaDt<D>::storage* __restrict__ dst,
        j += stride) {
     dst[j] = cuda_input_element<D>(key, start + j);
   }
+}
+
+// ---------------------------------------------------------- packed access
+
+// N consecutive elements moved as one access of up to 16 bytes (wider packs become
+// several 16-byte accesses). A pointer qualifies when pack_aligned<N>(p); vectorized
+// kernels check every packed pointer once and fall back to element-wise loops otherwise.
+// Building with -DCOCOVIZ_SCALAR_ONLY (e.g. NVCC_APPEND_FLAGS=-DCOCOVIZ_SCALAR_ONLY make)
+// makes every pointer fail the check, so the element-wise path runs everywhere.
+template <class T, int N>
+struct alignas(sizeof(T) * N < 16 ? sizeof(T) * N : 16) Pack {
+  T v[N];
+};
+
+template <int N, class T>
+__device__ inline bool pack_aligned(const T* p) {
+#ifdef COCOVIZ_SCALAR_ONLY
+  (void)p;
+  return false;
+#else
+  return reinterpret_cast<uintptr_t>(p) % alignof(Pack<T, N>) == 0;
+#endif
+}
+
+template <int N, class T>
+__device__ inline Pack<T, N> load_pack(const T* p) {
+  return *reinterpret_cast<const Pack<T, N>*>(p);
+}
+
+template <int N, class T>
+__device__ inline void store_pack(T* p, const Pack<T, N>& x) {
+  *reinterpret_cast<Pack<T, N>*>(p) = x;
 }
 
 // ------------------------------------------------------------- error checks

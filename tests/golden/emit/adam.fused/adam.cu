@@ -134,7 +134,27 @@ namespace {
 // stages: gf
 __global__ void k_ref_gf(const Buffers B, const Consts C, const Params P, const int64_t tp, const int64_t k) {
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
-  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < 1048576; i += stride) {
+  const int64_t first = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  int64_t scalar_from = first;
+  // 8 consecutive elements per thread through packed (up to 16-byte) accesses
+  // when every packed pointer is aligned; the rest, or everything otherwise, element-wise
+  if (::cocoviz::pack_aligned<8>(B.v_ref_g1) && ::cocoviz::pack_aligned<8>(B.v_ref_gf)) {
+    for (int64_t q = first; q < 131072; q += stride) {
+      const int64_t i0 = q * 8;
+      const ::cocoviz::Pack<__half, 8> ld0 = ::cocoviz::load_pack<8>(B.v_ref_g1 + (i0));
+      ::cocoviz::Pack<float, 8> st1;
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+        const float v1 = ::cocoviz::CudaDt<cocoviz::DType::f16>::load(ld0.v[j]);
+        const float v2 = static_cast<float>(v1);
+        st1.v[j] = ::cocoviz::CudaDt<cocoviz::DType::f32>::store(v2);
+
+      }
+      ::cocoviz::store_pack<8>(B.v_ref_gf + (i0), st1);
+    }
+    scalar_from = 1048576 + first;
+  }
+  for (int64_t i = scalar_from; i < 1048576; i += stride) {
     const float v1 = ::cocoviz::CudaDt<cocoviz::DType::f16>::load(B.v_ref_g1[i]);
     const float v2 = static_cast<float>(v1);
     B.v_ref_gf[i] = ::cocoviz::CudaDt<cocoviz::DType::f32>::store(v2);
@@ -145,7 +165,34 @@ __global__ void k_ref_gf(const Buffers B, const Consts C, const Params P, const 
 // stages: m1
 __global__ void k_ref_m1(const Buffers B, const Consts C, const Params P, const int64_t tp, const int64_t k) {
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
-  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < 1048576; i += stride) {
+  const int64_t first = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  int64_t scalar_from = first;
+  // 4 consecutive elements per thread through packed (up to 16-byte) accesses
+  // when every packed pointer is aligned; the rest, or everything otherwise, element-wise
+  if (::cocoviz::pack_aligned<4>(B.in_ref_m) && ::cocoviz::pack_aligned<4>(B.v_ref_gf) && ::cocoviz::pack_aligned<4>(B.v_ref_m1)) {
+    for (int64_t q = first; q < 262144; q += stride) {
+      const int64_t i0 = q * 4;
+      const ::cocoviz::Pack<float, 4> ld0 = ::cocoviz::load_pack<4>(B.in_ref_m + (i0));
+      const ::cocoviz::Pack<float, 4> ld1 = ::cocoviz::load_pack<4>(B.v_ref_gf + (i0));
+      ::cocoviz::Pack<float, 4> st2;
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const float v1 = P.prm_beta1;
+        const float v2 = ::cocoviz::CudaDt<cocoviz::DType::f32>::load(ld0.v[j]);
+        const float v3 = v1 * v2;
+        const float v4 = static_cast<float>(1.0);
+        const float v5 = v4 - v1;
+        const float v6 = ::cocoviz::CudaDt<cocoviz::DType::f32>::load(ld1.v[j]);
+        const float v7 = v5 * v6;
+        const float v8 = v3 + v7;
+        st2.v[j] = ::cocoviz::CudaDt<cocoviz::DType::f32>::store(v8);
+
+      }
+      ::cocoviz::store_pack<4>(B.v_ref_m1 + (i0), st2);
+    }
+    scalar_from = 1048576 + first;
+  }
+  for (int64_t i = scalar_from; i < 1048576; i += stride) {
     const float v1 = P.prm_beta1;
     const float v2 = ::cocoviz::CudaDt<cocoviz::DType::f32>::load(B.in_ref_m[i]);
     const float v3 = v1 * v2;
@@ -162,7 +209,35 @@ __global__ void k_ref_m1(const Buffers B, const Consts C, const Params P, const 
 // stages: v1
 __global__ void k_ref_v1(const Buffers B, const Consts C, const Params P, const int64_t tp, const int64_t k) {
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
-  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < 1048576; i += stride) {
+  const int64_t first = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  int64_t scalar_from = first;
+  // 4 consecutive elements per thread through packed (up to 16-byte) accesses
+  // when every packed pointer is aligned; the rest, or everything otherwise, element-wise
+  if (::cocoviz::pack_aligned<4>(B.in_ref_v) && ::cocoviz::pack_aligned<4>(B.v_ref_gf) && ::cocoviz::pack_aligned<4>(B.v_ref_v1)) {
+    for (int64_t q = first; q < 262144; q += stride) {
+      const int64_t i0 = q * 4;
+      const ::cocoviz::Pack<float, 4> ld0 = ::cocoviz::load_pack<4>(B.in_ref_v + (i0));
+      const ::cocoviz::Pack<float, 4> ld1 = ::cocoviz::load_pack<4>(B.v_ref_gf + (i0));
+      ::cocoviz::Pack<float, 4> st2;
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const float v1 = P.prm_beta2;
+        const float v2 = ::cocoviz::CudaDt<cocoviz::DType::f32>::load(ld0.v[j]);
+        const float v3 = v1 * v2;
+        const float v4 = static_cast<float>(1.0);
+        const float v5 = v4 - v1;
+        const float v6 = ::cocoviz::CudaDt<cocoviz::DType::f32>::load(ld1.v[j]);
+        const float v7 = v5 * v6;
+        const float v8 = v7 * v6;
+        const float v9 = v3 + v8;
+        st2.v[j] = ::cocoviz::CudaDt<cocoviz::DType::f32>::store(v9);
+
+      }
+      ::cocoviz::store_pack<4>(B.v_ref_v1 + (i0), st2);
+    }
+    scalar_from = 1048576 + first;
+  }
+  for (int64_t i = scalar_from; i < 1048576; i += stride) {
     const float v1 = P.prm_beta2;
     const float v2 = ::cocoviz::CudaDt<cocoviz::DType::f32>::load(B.in_ref_v[i]);
     const float v3 = v1 * v2;
@@ -180,7 +255,32 @@ __global__ void k_ref_v1(const Buffers B, const Consts C, const Params P, const 
 // stages: mh
 __global__ void k_ref_mh(const Buffers B, const Consts C, const Params P, const int64_t tp, const int64_t k) {
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
-  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < 1048576; i += stride) {
+  const int64_t first = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  int64_t scalar_from = first;
+  // 4 consecutive elements per thread through packed (up to 16-byte) accesses
+  // when every packed pointer is aligned; the rest, or everything otherwise, element-wise
+  if (::cocoviz::pack_aligned<4>(B.v_ref_m1) && ::cocoviz::pack_aligned<4>(B.v_ref_mh)) {
+    for (int64_t q = first; q < 262144; q += stride) {
+      const int64_t i0 = q * 4;
+      const ::cocoviz::Pack<float, 4> ld0 = ::cocoviz::load_pack<4>(B.v_ref_m1 + (i0));
+      ::cocoviz::Pack<float, 4> st1;
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const float v1 = ::cocoviz::CudaDt<cocoviz::DType::f32>::load(ld0.v[j]);
+        const float v2 = static_cast<float>(1.0);
+        const float v3 = P.prm_beta1;
+        const float v4 = P.prm_t;
+        const float v5 = powf(v3, v4);
+        const float v6 = v2 - v5;
+        const float v7 = v1 / v6;
+        st1.v[j] = ::cocoviz::CudaDt<cocoviz::DType::f32>::store(v7);
+
+      }
+      ::cocoviz::store_pack<4>(B.v_ref_mh + (i0), st1);
+    }
+    scalar_from = 1048576 + first;
+  }
+  for (int64_t i = scalar_from; i < 1048576; i += stride) {
     const float v1 = ::cocoviz::CudaDt<cocoviz::DType::f32>::load(B.v_ref_m1[i]);
     const float v2 = static_cast<float>(1.0);
     const float v3 = P.prm_beta1;
@@ -196,7 +296,32 @@ __global__ void k_ref_mh(const Buffers B, const Consts C, const Params P, const 
 // stages: vh
 __global__ void k_ref_vh(const Buffers B, const Consts C, const Params P, const int64_t tp, const int64_t k) {
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
-  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < 1048576; i += stride) {
+  const int64_t first = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  int64_t scalar_from = first;
+  // 4 consecutive elements per thread through packed (up to 16-byte) accesses
+  // when every packed pointer is aligned; the rest, or everything otherwise, element-wise
+  if (::cocoviz::pack_aligned<4>(B.v_ref_v1) && ::cocoviz::pack_aligned<4>(B.v_ref_vh)) {
+    for (int64_t q = first; q < 262144; q += stride) {
+      const int64_t i0 = q * 4;
+      const ::cocoviz::Pack<float, 4> ld0 = ::cocoviz::load_pack<4>(B.v_ref_v1 + (i0));
+      ::cocoviz::Pack<float, 4> st1;
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const float v1 = ::cocoviz::CudaDt<cocoviz::DType::f32>::load(ld0.v[j]);
+        const float v2 = static_cast<float>(1.0);
+        const float v3 = P.prm_beta2;
+        const float v4 = P.prm_t;
+        const float v5 = powf(v3, v4);
+        const float v6 = v2 - v5;
+        const float v7 = v1 / v6;
+        st1.v[j] = ::cocoviz::CudaDt<cocoviz::DType::f32>::store(v7);
+
+      }
+      ::cocoviz::store_pack<4>(B.v_ref_vh + (i0), st1);
+    }
+    scalar_from = 1048576 + first;
+  }
+  for (int64_t i = scalar_from; i < 1048576; i += stride) {
     const float v1 = ::cocoviz::CudaDt<cocoviz::DType::f32>::load(B.v_ref_v1[i]);
     const float v2 = static_cast<float>(1.0);
     const float v3 = P.prm_beta2;
@@ -212,7 +337,37 @@ __global__ void k_ref_vh(const Buffers B, const Consts C, const Params P, const 
 // stages: w1
 __global__ void k_ref_w1(const Buffers B, const Consts C, const Params P, const int64_t tp, const int64_t k) {
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
-  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < 1048576; i += stride) {
+  const int64_t first = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  int64_t scalar_from = first;
+  // 4 consecutive elements per thread through packed (up to 16-byte) accesses
+  // when every packed pointer is aligned; the rest, or everything otherwise, element-wise
+  if (::cocoviz::pack_aligned<4>(B.in_ref_w) && ::cocoviz::pack_aligned<4>(B.v_ref_mh) && ::cocoviz::pack_aligned<4>(B.v_ref_vh) && ::cocoviz::pack_aligned<4>(B.v_ref_w1)) {
+    for (int64_t q = first; q < 262144; q += stride) {
+      const int64_t i0 = q * 4;
+      const ::cocoviz::Pack<float, 4> ld0 = ::cocoviz::load_pack<4>(B.in_ref_w + (i0));
+      const ::cocoviz::Pack<float, 4> ld1 = ::cocoviz::load_pack<4>(B.v_ref_mh + (i0));
+      const ::cocoviz::Pack<float, 4> ld2 = ::cocoviz::load_pack<4>(B.v_ref_vh + (i0));
+      ::cocoviz::Pack<float, 4> st3;
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const float v1 = ::cocoviz::CudaDt<cocoviz::DType::f32>::load(ld0.v[j]);
+        const float v2 = P.prm_lr;
+        const float v3 = ::cocoviz::CudaDt<cocoviz::DType::f32>::load(ld1.v[j]);
+        const float v4 = v2 * v3;
+        const float v5 = ::cocoviz::CudaDt<cocoviz::DType::f32>::load(ld2.v[j]);
+        const float v6 = sqrtf(v5);
+        const float v7 = P.prm_eps;
+        const float v8 = v6 + v7;
+        const float v9 = v4 / v8;
+        const float v10 = v1 - v9;
+        st3.v[j] = ::cocoviz::CudaDt<cocoviz::DType::f32>::store(v10);
+
+      }
+      ::cocoviz::store_pack<4>(B.v_ref_w1 + (i0), st3);
+    }
+    scalar_from = 1048576 + first;
+  }
+  for (int64_t i = scalar_from; i < 1048576; i += stride) {
     const float v1 = ::cocoviz::CudaDt<cocoviz::DType::f32>::load(B.in_ref_w[i]);
     const float v2 = P.prm_lr;
     const float v3 = ::cocoviz::CudaDt<cocoviz::DType::f32>::load(B.v_ref_mh[i]);
@@ -345,37 +500,37 @@ void run(State* S, const Ctx& ctx, const Params& P) {
   }
 
   if (ctx.pp == 0) {
-    k_ref_gf<<<4096, kThreads, 0, S->main>>>(B, C, P, tp, 0);
+    k_ref_gf<<<512, kThreads, 0, S->main>>>(B, C, P, tp, 0);
     CHECK_LAUNCH("gf", "k_ref_gf");
 
   }
 
   if (ctx.pp == 0) {
-    k_ref_m1<<<4096, kThreads, 0, S->main>>>(B, C, P, tp, 0);
+    k_ref_m1<<<1024, kThreads, 0, S->main>>>(B, C, P, tp, 0);
     CHECK_LAUNCH("m1", "k_ref_m1");
 
   }
 
   if (ctx.pp == 0) {
-    k_ref_v1<<<4096, kThreads, 0, S->main>>>(B, C, P, tp, 0);
+    k_ref_v1<<<1024, kThreads, 0, S->main>>>(B, C, P, tp, 0);
     CHECK_LAUNCH("v1", "k_ref_v1");
 
   }
 
   if (ctx.pp == 0) {
-    k_ref_mh<<<4096, kThreads, 0, S->main>>>(B, C, P, tp, 0);
+    k_ref_mh<<<1024, kThreads, 0, S->main>>>(B, C, P, tp, 0);
     CHECK_LAUNCH("mh", "k_ref_mh");
 
   }
 
   if (ctx.pp == 0) {
-    k_ref_vh<<<4096, kThreads, 0, S->main>>>(B, C, P, tp, 0);
+    k_ref_vh<<<1024, kThreads, 0, S->main>>>(B, C, P, tp, 0);
     CHECK_LAUNCH("vh", "k_ref_vh");
 
   }
 
   if (ctx.pp == 0) {
-    k_ref_w1<<<4096, kThreads, 0, S->main>>>(B, C, P, tp, 0);
+    k_ref_w1<<<1024, kThreads, 0, S->main>>>(B, C, P, tp, 0);
     CHECK_LAUNCH("w1", "k_ref_w1");
 
   }
@@ -430,7 +585,65 @@ namespace {
 // stages: gf, m1, v1, mh, vh, w1_s
 __global__ void k_sch_gf(const Buffers B, const Consts C, const Params P, const int64_t tp, const int64_t k) {
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
-  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < 65536; i += stride) {
+  const int64_t first = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  int64_t scalar_from = first;
+  // 8 consecutive elements per thread through packed (up to 16-byte) accesses
+  // when every packed pointer is aligned; the rest, or everything otherwise, element-wise
+  if (::cocoviz::pack_aligned<8>(B.v_sch_g1_rs) && ::cocoviz::pack_aligned<8>(B.in_sch_m) && ::cocoviz::pack_aligned<8>(B.v_sch_m1) && ::cocoviz::pack_aligned<8>(B.in_sch_v) && ::cocoviz::pack_aligned<8>(B.v_sch_v1) && ::cocoviz::pack_aligned<8>(B.in_sch_w + ((65536) * tp)) && ::cocoviz::pack_aligned<8>(B.v_sch_w1_s + ((65536) * tp))) {
+    for (int64_t q = first; q < 8192; q += stride) {
+      const int64_t i0 = q * 8;
+      const ::cocoviz::Pack<__half, 8> ld0 = ::cocoviz::load_pack<8>(B.v_sch_g1_rs + (i0));
+      const ::cocoviz::Pack<float, 8> ld1 = ::cocoviz::load_pack<8>(B.in_sch_m + (i0));
+      ::cocoviz::Pack<float, 8> st2;
+      const ::cocoviz::Pack<float, 8> ld3 = ::cocoviz::load_pack<8>(B.in_sch_v + (i0));
+      ::cocoviz::Pack<float, 8> st4;
+      const ::cocoviz::Pack<float, 8> ld5 = ::cocoviz::load_pack<8>(B.in_sch_w + (i0 + (65536) * tp));
+      ::cocoviz::Pack<float, 8> st6;
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+        const float v1 = ::cocoviz::CudaDt<cocoviz::DType::f16>::load(ld0.v[j]);
+        const float v2 = static_cast<float>(v1);
+        const float v3 = P.prm_beta1;
+        const float v4 = ::cocoviz::CudaDt<cocoviz::DType::f32>::load(ld1.v[j]);
+        const float v5 = v3 * v4;
+        const float v6 = static_cast<float>(1.0);
+        const float v7 = v6 - v3;
+        const float v8 = v7 * v2;
+        const float v9 = v5 + v8;
+        st2.v[j] = ::cocoviz::CudaDt<cocoviz::DType::f32>::store(v9);
+        const float v10 = P.prm_beta2;
+        const float v11 = ::cocoviz::CudaDt<cocoviz::DType::f32>::load(ld3.v[j]);
+        const float v12 = v10 * v11;
+        const float v13 = v6 - v10;
+        const float v14 = v13 * v2;
+        const float v15 = v14 * v2;
+        const float v16 = v12 + v15;
+        st4.v[j] = ::cocoviz::CudaDt<cocoviz::DType::f32>::store(v16);
+        const float v17 = P.prm_t;
+        const float v18 = powf(v3, v17);
+        const float v19 = v6 - v18;
+        const float v20 = v9 / v19;
+        const float v21 = powf(v10, v17);
+        const float v22 = v6 - v21;
+        const float v23 = v16 / v22;
+        const float v25 = ::cocoviz::CudaDt<cocoviz::DType::f32>::load(ld5.v[j]);
+        const float v26 = P.prm_lr;
+        const float v27 = v26 * v20;
+        const float v28 = sqrtf(v23);
+        const float v29 = P.prm_eps;
+        const float v30 = v28 + v29;
+        const float v31 = v27 / v30;
+        const float v32 = v25 - v31;
+        st6.v[j] = ::cocoviz::CudaDt<cocoviz::DType::f32>::store(v32);
+
+      }
+      ::cocoviz::store_pack<8>(B.v_sch_m1 + (i0), st2);
+      ::cocoviz::store_pack<8>(B.v_sch_v1 + (i0), st4);
+      ::cocoviz::store_pack<8>(B.v_sch_w1_s + (i0 + (65536) * tp), st6);
+    }
+    scalar_from = 65536 + first;
+  }
+  for (int64_t i = scalar_from; i < 65536; i += stride) {
     const float v1 = ::cocoviz::CudaDt<cocoviz::DType::f16>::load(B.v_sch_g1_rs[i]);
     const float v2 = static_cast<float>(v1);
     const float v3 = P.prm_beta1;
@@ -567,7 +780,7 @@ void run(State* S, const Ctx& ctx, const Params& P) {
   }
 
   if (ctx.pp == 0) {
-    k_sch_gf<<<256, kThreads, 0, S->main>>>(B, C, P, tp, 0);
+    k_sch_gf<<<32, kThreads, 0, S->main>>>(B, C, P, tp, 0);
     CHECK_LAUNCH("gf, m1, v1, mh, vh, w1_s", "k_sch_gf");
 
   }

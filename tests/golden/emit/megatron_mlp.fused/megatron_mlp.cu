@@ -108,7 +108,35 @@ namespace {
 // stages: out
 __global__ void k_ref_out(const Buffers B, const Consts C, const Params P, const int64_t tp, const int64_t k) {
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
-  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < 25165824; i += stride) {
+  const int64_t first = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  int64_t scalar_from = first;
+  // 8 consecutive elements per thread through packed (up to 16-byte) accesses
+  // when every packed pointer is aligned; the rest, or everything otherwise, element-wise
+  if (::cocoviz::pack_aligned<8>(B.v_ref_sum) && ::cocoviz::pack_aligned<8>(B.in_ref_r) && ::cocoviz::pack_aligned<8>(B.v_ref_out)) {
+    for (int64_t q = first; q < 3145728; q += stride) {
+      const int64_t i0 = q * 8;
+      const ::cocoviz::Pack<__half, 8> ld0 = ::cocoviz::load_pack<8>(B.v_ref_sum + (i0));
+      const ::cocoviz::Pack<__half, 8> ld1 = ::cocoviz::load_pack<8>(B.in_ref_r + (i0));
+      ::cocoviz::Pack<__half, 8> st2;
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+        const int64_t i = i0 + j;
+        const float v1 = ::cocoviz::CudaDt<cocoviz::DType::f16>::load(ld0.v[j]);
+        const int64_t v2 = 0 + (((i) / 1) % 3072) * 1;
+        const float v3 = ::cocoviz::CudaDt<cocoviz::DType::f16>::load(B.in_ref_b[v2]);
+        const float v4 = v1 + v3;
+        const float v5 = ::cocoviz::dropout_keep(C.key_ref_out_0, static_cast<uint64_t>(i), C.drop_ref_p0_f16_thr) ? ::cocoviz::CudaDt<cocoviz::DType::f16>::load(::cocoviz::CudaDt<cocoviz::DType::f16>::store(v4 * C.drop_ref_p0_f16_scale)) : float(0);
+        const float v6 = ::cocoviz::CudaDt<cocoviz::DType::f16>::load(ld1.v[j]);
+        const float v7 = v5 + v6;
+        const float v8 = ::cocoviz::CudaDt<cocoviz::DType::f16>::load(::cocoviz::CudaDt<cocoviz::DType::f16>::store(v7));
+        st2.v[j] = ::cocoviz::CudaDt<cocoviz::DType::f16>::store(v8);
+
+      }
+      ::cocoviz::store_pack<8>(B.v_ref_out + (i0), st2);
+    }
+    scalar_from = 25165824 + first;
+  }
+  for (int64_t i = scalar_from; i < 25165824; i += stride) {
     const float v1 = ::cocoviz::CudaDt<cocoviz::DType::f16>::load(B.v_ref_sum[i]);
     const int64_t v2 = 0 + (((i) / 1) % 3072) * 1;
     const float v3 = ::cocoviz::CudaDt<cocoviz::DType::f16>::load(B.in_ref_b[v2]);
@@ -237,7 +265,7 @@ void run(State* S, const Ctx& ctx, const Params& P) {
   }
 
   if (ctx.pp == 0) {
-    k_ref_out<<<65536, kThreads, 0, S->main>>>(B, C, P, tp, 0);
+    k_ref_out<<<12288, kThreads, 0, S->main>>>(B, C, P, tp, 0);
     CHECK_LAUNCH("out", "k_ref_out");
 
   }
@@ -298,7 +326,36 @@ namespace {
 // stages: out_s
 __global__ void k_sch_out_s(const Buffers B, const Consts C, const Params P, const int64_t tp, const int64_t k) {
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
-  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < 393216; i += stride) {
+  const int64_t first = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  int64_t scalar_from = first;
+  // 8 consecutive elements per thread through packed (up to 16-byte) accesses
+  // when every packed pointer is aligned; the rest, or everything otherwise, element-wise
+  if (::cocoviz::pack_aligned<8>(B.v_sch_sum_rs + ((393216) * k)) && ::cocoviz::pack_aligned<8>(B.in_sch_r + ((393216) * tp + (6291456) * k)) && ::cocoviz::pack_aligned<8>(B.v_sch_out_s + ((393216) * k))) {
+    for (int64_t q = first; q < 49152; q += stride) {
+      const int64_t i0 = q * 8;
+      const ::cocoviz::Pack<__half, 8> ld0 = ::cocoviz::load_pack<8>(B.v_sch_sum_rs + (i0 + (393216) * k));
+      const ::cocoviz::Pack<__half, 8> ld1 = ::cocoviz::load_pack<8>(B.in_sch_r + (i0 + (393216) * tp + (6291456) * k));
+      ::cocoviz::Pack<__half, 8> st2;
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+        const int64_t i = i0 + j;
+        const float v2 = ::cocoviz::CudaDt<cocoviz::DType::f16>::load(ld0.v[j]);
+        const int64_t v3 = i + (393216) * tp + (6291456) * k;
+        const int64_t v4 = 0 + (((v3) / 1) % 3072) * 1;
+        const float v5 = ::cocoviz::CudaDt<cocoviz::DType::f16>::load(B.in_sch_b[v4]);
+        const float v6 = v2 + v5;
+        const float v7 = ::cocoviz::dropout_keep(C.key_sch_out_0, static_cast<uint64_t>(v3), C.drop_sch_p0_f16_thr) ? ::cocoviz::CudaDt<cocoviz::DType::f16>::load(::cocoviz::CudaDt<cocoviz::DType::f16>::store(v6 * C.drop_sch_p0_f16_scale)) : float(0);
+        const float v8 = ::cocoviz::CudaDt<cocoviz::DType::f16>::load(ld1.v[j]);
+        const float v9 = v7 + v8;
+        const float v10 = ::cocoviz::CudaDt<cocoviz::DType::f16>::load(::cocoviz::CudaDt<cocoviz::DType::f16>::store(v9));
+        st2.v[j] = ::cocoviz::CudaDt<cocoviz::DType::f16>::store(v10);
+
+      }
+      ::cocoviz::store_pack<8>(B.v_sch_out_s + (i0 + (393216) * k), st2);
+    }
+    scalar_from = 393216 + first;
+  }
+  for (int64_t i = scalar_from; i < 393216; i += stride) {
     const int64_t v1 = i + (393216) * k;
     const float v2 = ::cocoviz::CudaDt<cocoviz::DType::f16>::load(B.v_sch_sum_rs[v1]);
     const int64_t v3 = i + (393216) * tp + (6291456) * k;
@@ -460,7 +517,7 @@ void run(State* S, const Ctx& ctx, const Params& P) {
 
     }
     if (ctx.pp == 0) {
-      k_sch_out_s<<<1536, kThreads, 0, S->comm>>>(B, C, P, tp, k);
+      k_sch_out_s<<<192, kThreads, 0, S->comm>>>(B, C, P, tp, k);
       CHECK_LAUNCH("out_s", "k_sch_out_s");
 
     }
