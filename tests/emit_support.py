@@ -131,50 +131,7 @@ def diagnostics(res: subprocess.CompletedProcess[str]) -> list[str]:
     ]
 
 
-AVG_PROGRAM = """\
-program avg_int
-ranks 4
-dim R = 8, C = 8
-
-input x : i32[R, C] local
-input h : f16[R, C] local
-input f : f32[R, C] local
-input w : i32[R, C] replicated
-
-xm  = x - 8                     # the generator's integers are u mod 16: make some negative
-xb  = xm * 250000000            # fits i32; the sum over 4 ranks does not
-y   = allreduce(avg, xm)
-yb  = allreduce(avg, xb)
-ys  = reducescatter(avg, xb)
-r   = reduce(avg, xm, root=1)
-hm  = h * 30000                 # fits f16; the sum over 4 ranks does not
-hy  = allreduce(avg, hm)
-hs  = reducescatter(avg, hm)
-fy  = reducescatter(avg, f)
-ysg = allgather(ys)
-hsg = allgather(hs)
-w1  = update(w, w + yb / 1000)
-
-output y, yb, ysg, r, hy, hsg, fy, w1
-
-schedule split {
-  split(y)
-  split(hy)
-  split(yb)
-  reorder(yb)
-}
-
-schedule chunked {
-  overlap(xb, ys, ysg, chunks=2)
-  overlap(hm, hs, hsg, chunks=4)
-}
-
-schedule fused {
-  split(yb)
-  reorder(yb)
-  fuse(yb_rs, w1)
-}
-"""
+AVG_PROGRAM = (Path(__file__).parent / "programs" / "avg_int.coco").read_text()
 """`avg` collectives on i32 (negative values, sums that overflow i32), f16 (sums that
 overflow f16) and f32, plain, chunked and fused: integer `avg` truncates toward zero
 after an exact sum (docs/semantics-notes.md)."""
