@@ -58,7 +58,7 @@ def _build_once(
         fcntl.flock(lock, fcntl.LOCK_EX)
         done = cache / f"{key}.ok"
         if done.exists():
-            pytest.skip(f"same code as {done.read_text()} (built there)")
+            return  # the identical sources were built warning-free by done.read_text()
         directory = tmp_path_factory.mktemp(label.replace("/", "."))
         write(directory, files)
         res = make(directory, "ARCH=sm_80 sm_90")

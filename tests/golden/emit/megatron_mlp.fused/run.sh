@@ -5,4 +5,5 @@
 set -eu
 cd "$(dirname "$0")"
 # one rank per GPU; NCCL's own tuning is left alone unless you set NCCL_* variables.
-exec ${MPIRUN:-mpirun} -np 16 ${MPIRUN_ARGS:-} ./megatron_mlp "$@"
+# The default launcher is the MPI the Makefile links against; MPIRUN or MPIEXEC override it.
+exec ${MPIRUN:-${MPIEXEC:-<found>}} -np 16 ${MPIRUN_ARGS:-} ./megatron_mlp "$@"
