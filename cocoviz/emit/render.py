@@ -5,6 +5,7 @@ templates only loop and branch."""
 
 from __future__ import annotations
 
+import abc
 import functools
 import json
 import re
@@ -96,7 +97,7 @@ class EmitOptions:
     """Shell-quoted launcher baked into run.sh (overridable with $MPIEXEC)."""
 
 
-class Renderer:
+class Renderer(abc.ABC):
     """Shared context building; subclasses name their templates and spellings."""
 
     target = "cpu"
@@ -379,8 +380,9 @@ class Renderer:
     def render(self, template: str, ctx: dict[str, Any]) -> str:
         return environment().get_template(template).render(**ctx)
 
+    @abc.abstractmethod
     def files(self) -> dict[str, str]:
-        raise NotImplementedError
+        """The rendered output files by name."""
 
 
 def _view(v: pl.View) -> dict[str, Any]:

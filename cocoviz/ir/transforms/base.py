@@ -15,6 +15,7 @@ does not walk every expression after every step.
 
 from __future__ import annotations
 
+import abc
 import dataclasses
 import weakref
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -384,7 +385,7 @@ def describe_stage(stage: Stage) -> str:
 
 
 @dataclass(frozen=True, kw_only=True)
-class Transformation:
+class Transformation(abc.ABC):
     """Base of every schedule step. Subclasses are frozen dataclasses whose fields are
     the step's arguments and define `name`, `rewrite` and `step`."""
 
@@ -406,12 +407,13 @@ class Transformation:
         from the cost model); the resolved step is what history and `.sched` record."""
         return self
 
-    def rewrite(self, program: Program) -> Edit:  # pragma: no cover - abstract
-        raise NotImplementedError
+    @abc.abstractmethod
+    def rewrite(self, program: Program) -> Edit:
+        """The rewritten program (not yet re-typed or verified); raises ScheduleError."""
 
+    @abc.abstractmethod
     def step(self) -> StepCall:
         """The step as written, with defaults resolved (e.g. the chunk count)."""
-        raise NotImplementedError  # pragma: no cover - abstract
 
     def __str__(self) -> str:
         return str(self.step())
