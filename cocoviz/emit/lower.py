@@ -1114,34 +1114,16 @@ class _ProgramLowerer:
                     inplace=inplace,
                     **common,
                 )
-        elif op is Op.BROADCAST:
+        elif op in (Op.BROADCAST, Op.REDUCE):
             if sv.count != dv.count:
                 raise EmitError(
-                    f"broadcast '{u.stage}' of a sliced value is not supported by the emitter"
+                    f"{op.value} '{u.stage}' of a sliced value is not supported by the emitter"
                 )
             n = dv.count // K
             off = pl.Offset(per_chunk=n) if chunks else pl.ZERO
             c = pl.Collective(
-                op="broadcast",
-                rop=None,
-                send=sbuf.cname,
-                recv=dbuf.cname,
-                count=n,
-                send_offset=off,
-                recv_offset=off,
-                root=int(e.value or 0),
-                **common,
-            )
-        elif op is Op.REDUCE:
-            if sv.count != dv.count:
-                raise EmitError(
-                    f"reduce '{u.stage}' of a sliced value is not supported by the emitter"
-                )
-            n = dv.count // K
-            off = pl.Offset(per_chunk=n) if chunks else pl.ZERO
-            c = pl.Collective(
-                op="reduce",
-                rop=rop,
+                op=op.value,
+                rop=rop if op is Op.REDUCE else None,
                 send=sbuf.cname,
                 recv=dbuf.cname,
                 count=n,
