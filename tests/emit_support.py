@@ -49,19 +49,27 @@ def cases() -> list[tuple[str, str]]:
     return out
 
 
-def scheduled(name: str, schedule: str, small: bool = True) -> tuple[Program, Program]:
-    """(scheduled program, unscheduled program) of a sample."""
+def scheduled(
+    name: str, schedule: str, small: bool = True, ranks: str | None = None
+) -> tuple[Program, Program]:
+    """(scheduled program, unscheduled program) of a sample (`ranks`: a --ranks override)."""
     if small:
-        p0 = load_file(samples.path(name), SMALL[name], small_ranks(name))
+        r = RanksOverride.parse(ranks) if ranks else small_ranks(name)
+        p0 = load_file(samples.path(name), SMALL[name], r)
     else:
         p0 = load_file(samples.path(name))
     return apply_block(p0, find_block(p0, schedule)), strip_schedule(p0)
 
 
 def emit_files(
-    name: str, schedule: str, target: str, collectives: str = "nccl", small: bool = True
+    name: str,
+    schedule: str,
+    target: str,
+    collectives: str = "nccl",
+    small: bool = True,
+    ranks: str | None = None,
 ) -> dict[str, str]:
-    p, ref = scheduled(name, schedule, small)
+    p, ref = scheduled(name, schedule, small, ranks)
     steps = [str(s) for s in find_block(load_file(samples.path(name)), schedule).steps]
     out = emit(
         p,
@@ -156,3 +164,63 @@ def emit_text(
         schedule_name=schedule,
     )
     return out.files
+
+
+EMU_SOURCES = Path(__file__).resolve().parent.parent / "cocoviz" / "emulation"
+
+
+def emulation_lib(cache: Path) -> Path:
+    """The emulation library (cocoviz/emulation/src), built once per source hash and shared
+    by every test and xdist worker through a lock file in `cache`."""
+    import fcntl
+
+    need_mpicxx()
+    h = hashlib.sha256()
+    for f in sorted(EMU_SOURCES.rglob("*")):
+        if f.is_file() and f.suffix in (".h", ".cpp"):
+            h.update(str(f.relative_to(EMU_SOURCES)).encode() + b"\0" + f.read_bytes())
+    key = h.hexdigest()[:16]
+    cache.mkdir(parents=True, exist_ok=True)
+    lib_dir = cache / f"lib-{key}"
+    lib = lib_dir / "emu" / "libcocoviz_emu.a"
+    with open(cache / f"lib-{key}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not lib.exists():
+            lib_dir.mkdir(parents=True, exist_ok=True)
+            (lib_dir / "Makefile").write_text(_LIB_MAKEFILE.format(home=EMU_SOURCES))
+            res = make(lib_dir, "emu/libcocoviz_emu.a")
+            assert res.returncode == 0, res.stdout + res.stderr
+    return lib
+
+
+_LIB_MAKEFILE = """EMU_HOME := {home}
+EMU_CXX ?= mpicxx
+EMU_CXXFLAGS ?= -std=c++17 -O1 -g -Wall -Wno-unknown-pragmas
+EMU_INC := $(EMU_HOME)/include
+EMU_SRCS := $(wildcard $(EMU_HOME)/src/*.cpp)
+OBJS := $(patsubst $(EMU_HOME)/src/%.cpp,emu/lib/%.o,$(EMU_SRCS))
+emu/lib/%.o: $(EMU_HOME)/src/%.cpp
+\t@mkdir -p emu/lib
+\t$(EMU_CXX) $(EMU_CXXFLAGS) -I$(EMU_INC) -c $< -o $@
+emu/libcocoviz_emu.a: $(OBJS)
+\tar rcs $@ $(OBJS)
+"""
+
+
+def build_emulated(files: Mapping[str, str], cache: Path) -> Path:
+    """The emulation build (make emulate) of an emitted CUDA tree, once per distinct source
+    tree: returns the directory holding <stem>-emu and run.sh."""
+    import fcntl
+
+    lib = emulation_lib(cache)
+    key = source_key(files, (".cu", ".h", ".cuh", "run.sh"))
+    d = cache / f"tree-{key}"
+    with open(cache / f"tree-{key}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not (d / ".built").exists():
+            write(d, files)
+            res = make(d, "emulate", f"EMU_LIB={lib}")
+            assert res.returncode == 0, "\n".join(diagnostics(res)) or res.stdout + res.stderr
+            assert not diagnostics(res), "\n".join(diagnostics(res))
+            (d / ".built").write_text("")
+    return d

@@ -31,6 +31,12 @@ def register(sub: Any) -> None:
     p.add_argument("--arch", default="sm_90", help="CUDA architecture (sm_80, sm_90, ...)")
     p.add_argument("--build", action="store_true", help="run make in DIR afterwards")
     p.add_argument(
+        "--emulate",
+        action="store_true",
+        help="with --build: build the CPU emulation of the CUDA program (make emulate; no GPU "
+        "needed), to run with DIR/run.sh --emulate --check",
+    )
+    p.add_argument(
         "--force",
         action="store_true",
         help="write into a non-empty directory cocoviz did not write",
@@ -48,6 +54,13 @@ def cmd_emit(args: argparse.Namespace) -> int:
         check_arch(args.arch)
     elif args.collectives != "nccl":
         raise UsageError("--collectives applies to --target cuda only")
+    if args.emulate and args.target != "cuda":
+        raise UsageError(
+            "--emulate builds the CPU emulation of the CUDA target",
+            hint="the cpu target runs on CPUs as it is: drop --emulate",
+        )
+    if args.emulate and not args.build:
+        raise UsageError("--emulate needs --build", hint="add --build")
     program = load_args_program(args)
     if args.schedule:
         scheduled = apply_named_schedule(program, args.schedule)
@@ -74,7 +87,14 @@ def cmd_emit(args: argparse.Namespace) -> int:
         + (f", {len(res.removed)} removed" if res.removed else ""),
         file=sys.stderr,
     )
-    if args.build:
+    if args.build and args.emulate:
+        build(res.directory, extra=["emulate"])
+        print(
+            f"{res.directory}/{out.binary}-emu: built (emulation; run it with "
+            f"{res.directory}/run.sh --emulate --check)",
+            file=sys.stderr,
+        )
+    elif args.build:
         build(res.directory)
         print(f"{res.directory}/{out.binary}: built", file=sys.stderr)
     return ExitCode.OK

@@ -75,6 +75,10 @@ __all__ = [
 
 Target = Literal["cuda", "cpu"]
 
+EMULATION_HOME = Path(__file__).resolve().parent.parent / "emulation"
+"""The CPU emulation of the CUDA runtime, cuBLAS and NCCL (``make emulate``): headers in
+``include/``, sources of the library in ``src/`` (docs/codegen.md, "Emulation")."""
+
 _ARCH_RE = re.compile(r"^sm_(\d+)[a-z]?$")
 # The oldest architecture each CUDA major version can build, for when no nvcc is at hand.
 _MIN_ARCH_BY_CUDA_MAJOR = {11: 35, 12: 50, 13: 75}
@@ -366,6 +370,7 @@ class Toolchain:
         )
         v["CUDA_LDLIBS"] = "$(NCCL_LDLIBS) $(CUBLAS_LDLIBS) $(MPI_LDLIBS)"
         v["CXXFLAGS"] = " ".join(self.cpu_compile_args())
+        v["EMU_HOME"] = str(EMULATION_HOME)
         return v
 
     def describe(self) -> str:

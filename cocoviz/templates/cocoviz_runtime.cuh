@@ -33,6 +33,17 @@
 
 #include "cocoviz_runtime.h"
 
+// Kernel launches and kernels' element accesses go through these macros. Under nvcc they
+// are the plain `kernel<<<...>>>` and `p[i]`; the emulation build (cocoviz/emulation, where
+// the CUDA headers define COCOVIZ_EMULATION) runs launches on the host and checks every
+// access against its bounds and the happens-before order of streams, events and barriers.
+#ifdef COCOVIZ_EMULATION
+#define COCOVIZ_SITE(stage, call) ::cocoviz_emu::set_site((stage), __FILE__, __LINE__, (call))
+#else
+#define COCOVIZ_LAUNCH(kernel, grid, block, smem, stream) kernel<<<grid, block, smem, stream>>>
+#define COCOVIZ_SITE(stage, call) ((void)0)
+#endif
+
 namespace cocoviz {
 
 // ------------------------------------------------------------ dtype traits
@@ -137,7 +148,7 @@ __global__ void fill_input_kernel(typename CudaDt<D>::storage* __restrict__ dst,
   const uint64_t stride = static_cast<uint64_t>(gridDim.x) * blockDim.x;
   for (uint64_t j = static_cast<uint64_t>(blockIdx.x) * blockDim.x + threadIdx.x; j < count;
        j += stride) {
-    dst[j] = cuda_input_element<D>(key, start + j);
+    COCOVIZ_ST(dst, j) = cuda_input_element<D>(key, start + j);
   }
 }
 
@@ -165,11 +176,17 @@ __device__ inline bool pack_aligned(const T* p) {
 
 template <int N, class T>
 __device__ inline Pack<T, N> load_pack(const T* p) {
+#ifdef COCOVIZ_EMULATION
+  ::cocoviz_emu::access(p, sizeof(Pack<T, N>), false);
+#endif
   return *reinterpret_cast<const Pack<T, N>*>(p);
 }
 
 template <int N, class T>
 __device__ inline void store_pack(T* p, const Pack<T, N>& x) {
+#ifdef COCOVIZ_EMULATION
+  ::cocoviz_emu::access(p, sizeof(Pack<T, N>), true);
+#endif
   *reinterpret_cast<Pack<T, N>*>(p) = x;
 }
 
@@ -188,6 +205,7 @@ inline std::string nccl_error_detail(ncclResult_t r) {
 // file:line and the stage, then abort every rank.
 #define CHECK_CUDA(stage, ...)                                                              \
   do {                                                                                      \
+    COCOVIZ_SITE((stage), #__VA_ARGS__);                                                    \
     const cudaError_t cocoviz_err_ = (__VA_ARGS__);                                         \
     if (cocoviz_err_ != cudaSuccess) {                                                      \
       ::cocoviz::check_failed("CUDA", #__VA_ARGS__, cudaGetErrorString(cocoviz_err_),       \
@@ -197,6 +215,7 @@ inline std::string nccl_error_detail(ncclResult_t r) {
 
 #define CHECK_NCCL(stage, ...)                                                              \
   do {                                                                                      \
+    COCOVIZ_SITE((stage), #__VA_ARGS__);                                                    \
     const ncclResult_t cocoviz_res_ = (__VA_ARGS__);                                        \
     if (cocoviz_res_ != ncclSuccess) {                                                      \
       ::cocoviz::check_failed("NCCL", #__VA_ARGS__,                                         \
@@ -207,6 +226,7 @@ inline std::string nccl_error_detail(ncclResult_t r) {
 
 #define CHECK_CUBLAS(stage, ...)                                                            \
   do {                                                                                      \
+    COCOVIZ_SITE((stage), #__VA_ARGS__);                                                    \
     const cublasStatus_t cocoviz_st_ = (__VA_ARGS__);                                       \
     if (cocoviz_st_ != CUBLAS_STATUS_SUCCESS) {                                             \
       ::cocoviz::check_failed("cuBLAS", #__VA_ARGS__, cublasGetStatusString(cocoviz_st_),   \
@@ -235,7 +255,7 @@ inline void fill_input_async(typename CudaDt<D>::storage* dst, const char* id, u
   if (count == 0) return;
   const uint64_t blocks = (count + 255) / 256;
   const unsigned grid = static_cast<unsigned>(blocks < 65535 ? blocks : 65535);
-  fill_input_kernel<D><<<grid, 256, 0, stream>>>(dst, key_for(id, seed), start, count);
+  COCOVIZ_LAUNCH(fill_input_kernel<D>, grid, 256, 0, stream)(dst, key_for(id, seed), start, count);
   CHECK_LAUNCH(stage, "fill_input_kernel");
 }
 

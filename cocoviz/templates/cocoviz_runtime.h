@@ -32,6 +32,14 @@
 #include <type_traits>
 #include <vector>
 
+// COCOVIZ_LD(p, i) / COCOVIZ_ST(p, i): element i of an array read / written by generated
+// loops and kernels. Plain (p)[i]; the CUDA emulation build defines them first to check
+// every access (docs/codegen.md, "Emulation").
+#ifndef COCOVIZ_LD
+#define COCOVIZ_LD(p, i) ((p)[i])
+#define COCOVIZ_ST(p, i) ((p)[i])
+#endif
+
 #if defined(__CUDACC__)
 #define COCOVIZ_HD __host__ __device__ inline
 #else

@@ -1,0 +1,255 @@
+// cocoviz_emu/core.h — the core of cocoviz's CPU emulation of emitted CUDA/NCCL programs.
+//
+// The emitted .cu sources compile unchanged with the host C++ compiler against the headers
+// of this folder (cuda_runtime.h, cuda_fp16.h, cuda_bf16.h, cublas_v2.h, nccl.h,
+// nccl_device.h), which forward to this core. Each MPI rank is one process with one
+// emulated GPU. docs/codegen.md ("Emulation") is the user-facing description.
+//
+// Execution model. Every operation a program puts on a stream (kernel, copy, memset,
+// GEMM, collective) runs when it is enqueued, in host program order: that order always
+// respects stream order and every recorded event. What the host order hides — two
+// streams that the program did not order — the happens-before checker finds instead:
+//
+//   Agents. On each rank: the host (agent 0), the legacy default stream (agent 1) and
+//   each created stream (agents 2..kAgentsPerRank-1). Global agent id = rank *
+//   kAgentsPerRank + local id. Every agent has a vector clock (VC) over all global agents.
+//   An operation's VC is its stream's VC joined with the host's VC at enqueue time
+//   (and with the legacy stream's, or every blocking stream's, by CUDA's legacy-stream
+//   rules); event records copy a stream's VC, cudaStreamWaitEvent joins it, host
+//   synchronization joins stream VCs into the host's. Collectives, send/recv and LSA
+//   barriers join the VCs of the ranks that take part.
+//
+//   Shadow memory. Every device allocation has one shadow cell per 2-byte granule: the
+//   epoch (agent, clock) of its last write and an antichain of up to kReads read epochs
+//   since. Each access by an operation is checked against its cell: a write must be
+//   ordered after the last write and after every recorded read, a read after the last
+//   write. A conflicting pair that is not ordered is reported (both sites, the buffer,
+//   the byte range) and the run ends. So a missing cudaStreamWaitEvent, event record or
+//   LSA barrier is found whatever order the operations happened to run in.
+//
+// Windows (ncclMemAlloc + ncclCommWindowRegister) live in files mapped by every rank of
+// the communicator; their shadow cells live in the same mapping, under a lock, so peer
+// accesses through ncclGetLsaPointer are checked like local ones.
+//
+// Every blocking wait (collective, send/recv, barrier) polls with a watchdog: after
+// COCOVIZ_EMU_TIMEOUT seconds (default 60) it prints every rank's pending operation (from
+// the status files in $COCOVIZ_EMU_DIR, which run.sh --emulate creates) and aborts.
+#ifndef COCOVIZ_EMU_CORE_H_
+#define COCOVIZ_EMU_CORE_H_
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+namespace cocoviz_emu {
+
+constexpr int kAgentsPerRank = 8;  // host, legacy stream, up to 6 created streams
+constexpr int kReads = 4;          // read epochs kept per shadow cell (an antichain)
+constexpr size_t kGranule = 2;     // bytes per shadow cell
+
+// ------------------------------------------------------------------ process
+
+int world_rank();  // MPI_COMM_WORLD rank (0 before MPI_Init)
+int world_size();  // MPI_COMM_WORLD size (1 before MPI_Init)
+
+// The call site of the API call or launch being executed: set by the CHECK_* macros of
+// cocoviz_runtime.cuh (stage, file, line, call text) and by COCOVIZ_LAUNCH.
+struct Site {
+  std::string stage;
+  std::string file;
+  int line = 0;
+  std::string call;
+};
+void set_site(const char* stage, const char* file, int line, const char* call);
+const Site& site();
+std::string site_text(const Site& s);  // "stage 'S': CALL at FILE:LINE"
+
+// Ends the whole job: prints "cocoviz emulation: [rank R] RULE: MESSAGE", the current
+// site and `detail` lines, then MPI_Abort (exit code 3). Every rule violation, hazard
+// and misuse the emulation finds ends here.
+[[noreturn]] void fail(const std::string& rule, const std::string& message,
+                       const std::vector<std::string>& detail = {});
+
+// A note on stderr, once per distinct text ("cocoviz emulation: [rank R] note: ...").
+void note(const std::string& text);
+
+// ------------------------------------------------------------- vector clocks
+
+struct VC {
+  std::vector<uint32_t> c;  // world_size() * kAgentsPerRank entries
+  VC();
+  void join(const VC& o);
+  bool covers(uint32_t epoch) const;  // the access with this epoch happened before
+};
+
+// An epoch packs a global agent id (high 8 bits) and that agent's clock (low 24 bits).
+inline uint32_t make_epoch(int agent, uint32_t clock) {
+  return (static_cast<uint32_t>(agent) << 24) | (clock & 0xffffffu);
+}
+inline int epoch_agent(uint32_t e) { return static_cast<int>(e >> 24); }
+inline uint32_t epoch_clock(uint32_t e) { return e & 0xffffffu; }
+
+// ------------------------------------------------------------------- memory
+
+struct Cell {
+  uint32_t w;           // epoch of the last write (0: none)
+  uint32_t r[kReads];   // epochs of reads since (0: empty slot)
+};
+
+// A process-shared spin lock (lives in shared mappings too).
+struct SpinLock {
+  std::atomic<int> v{0};
+  void lock();
+  void unlock();
+};
+
+enum class MemKind { device, symmetric, peer };
+
+struct Alloc {
+  uintptr_t base = 0;
+  size_t size = 0;
+  MemKind kind = MemKind::device;
+  int owner = 0;            // world rank whose memory this is
+  bool freed = false;
+  std::string label;        // the allocation's call site (site_text at allocation)
+  std::string freed_at;     // site_text at free
+  Cell* cells = nullptr;    // size / kGranule (+1) cells
+  SpinLock* lock = nullptr; // non-null for shared (window) memory
+  std::string path;         // backing file of shared memory
+};
+
+// Device memory (cudaMalloc): 256-byte aligned, filled with a garbage pattern (0xA5), never
+// handed out again after a free (so a use after free is reported as such).
+void* device_alloc(size_t bytes);
+// Frees memory from device_alloc or shared_alloc; returns false (and touches nothing) if
+// `p` is not the base of a live allocation of that kind.
+bool device_free(void* p);
+
+// Memory that peers can map (ncclMemAlloc): data and shadow cells in one file under
+// $COCOVIZ_EMU_DIR (or $TMPDIR), mapped MAP_SHARED. `path_out` names the file for peers.
+void* shared_alloc(size_t bytes, std::string* path_out);
+bool shared_free(void* p);
+// Maps a peer's shared allocation (a window registration): registered as MemKind::peer,
+// owned by `owner`. Returns the local address of its base.
+void* shared_map(const std::string& path, size_t bytes, int owner);
+void shared_unmap(void* local_base);
+// Removes the backing file once every peer has mapped it (the mapping stays valid).
+void shared_unlink(const std::string& path);
+
+// The live or freed allocation containing [p, p + n) (nullptr if none).
+const Alloc* find_alloc(const void* p);
+
+// Checks that [p, p + n) lies inside one live allocation; otherwise fail() with `what`
+// (e.g. "ncclAllGather recvbuff") and what is there instead.
+const Alloc& check_range(const void* p, size_t n, const std::string& what);
+
+// Records an access of the current operation to [p, p + n) (n may be 0) after checking its
+// bounds and its ordering against earlier accesses. `what` names the access for messages
+// (e.g. "kernel k_sch_gf store at prog.cu:123"; built lazily: only on failure).
+void access(const void* p, size_t n, bool write, const char* what_file = nullptr,
+            int what_line = 0);
+
+// Host-side check that `p` is not device memory (for cudaMemcpy directions).
+bool is_device_pointer(const void* p);
+
+// --------------------------------------------------------- streams and ops
+
+struct Stream;   // cudaStream_t is Stream* (nullptr: the legacy default stream)
+struct Event;    // cudaEvent_t is Event*
+
+Stream* legacy_stream();
+Stream* stream_create(bool nonblocking, int priority);
+// Validates a user-supplied stream handle (nullptr → legacy); fail()s on a destroyed or
+// unknown stream, naming `what`.
+Stream* resolve_stream(void* handle, const char* what);
+bool stream_destroy(Stream* s);
+int stream_agent(const Stream* s);  // global agent id
+
+// One operation on a stream, from construction to destruction. While it lives it is the
+// current operation: access() checks against its VC. Constructing it joins the stream's
+// VC with the host's (and the legacy rules); destroying it advances the stream's clock.
+class Op {
+ public:
+  Op(Stream* s, std::string what);
+  ~Op();
+  Op(const Op&) = delete;
+  Op& operator=(const Op&) = delete;
+  VC& vc();                  // the operation's clock (grows at joins)
+  const VC& vc() const;
+  uint32_t epoch() const;    // epoch of accesses made now
+  // Publishing for a synchronization with peers: returns the VC to hand to them, then
+  // advances this operation's own clock so later accesses are not covered by it.
+  VC release();
+  void acquire(const VC& other);  // joins a peer's published VC
+  const std::string& what() const;
+  Stream* stream() const;
+
+ private:
+  Stream* s_;
+  std::string what_;
+};
+Op* current_op();  // nullptr outside an operation
+
+// Host synchronization: the host's VC joins the stream's (cudaStreamSynchronize) or
+// every stream's (cudaDeviceSynchronize).
+void host_sync_stream(Stream* s);
+void host_sync_device();
+const VC& host_vc();
+
+Event* event_create(bool timing);
+Event* resolve_event(void* handle, const char* what);
+bool event_destroy(Event* e);
+void event_record(Event* e, Stream* s);   // copies the stream's VC and the time
+void stream_wait_event(Stream* s, Event* e);
+void host_sync_event(Event* e);
+bool event_recorded(const Event* e);
+bool event_timing(const Event* e);
+bool stream_valid(const void* handle);  // nullptr (legacy) or a live stream
+bool event_valid(const void* handle);   // a live event
+double event_time_ms(const Event* e);
+
+// --------------------------------------------------------------- waiting
+
+// Status shown by the watchdog for this rank ("ncclAllReduce on comm 0x.., count 256 at
+// prog.cu:88"); empty when the rank runs host code.
+void set_pending(const std::string& what);
+
+// Polls `ready()` until it returns true; every poll also runs `progress()` if given. After
+// COCOVIZ_EMU_TIMEOUT seconds, prints every rank's pending operation and aborts.
+void wait_until(const std::function<bool()>& ready, const std::string& pending,
+                const std::function<void()>& progress = {});
+
+// ----------------------------------------------------------- kernel launch
+
+struct Dim3 {
+  unsigned x = 1, y = 1, z = 1;
+};
+
+// Runs `body` as a kernel: one call per thread of every block, blocks one after another,
+// a block's threads as fibers (so __syncthreads and CTA-wide barriers work). Checks the
+// launch configuration like the CUDA runtime; a bad one sets the last error
+// (cudaErrorInvalidConfiguration) and runs nothing.
+void launch_kernel(const char* name, const char* file, int line, Dim3 grid, Dim3 block,
+                   size_t smem, void* stream, const std::function<void()>& body);
+
+// __syncthreads() of the current block. `at_release`, when given, runs once when every
+// thread of the block has arrived, before any leaves (a CTA-wide cross-rank barrier
+// runs its inter-rank part there).
+void block_barrier(const std::function<void()>& at_release = {});
+bool in_kernel();
+// Block and thread index of the running fiber (the kernel-language builtins read these).
+struct ThreadPos {
+  Dim3 thread, block, block_dim, grid_dim;
+};
+extern ThreadPos g_pos;
+
+// The sticky "last error" of the runtime API (cudaGetLastError), as an int.
+void set_last_error(int code);
+int take_last_error();
+
+}  // namespace cocoviz_emu
+
+#endif  // COCOVIZ_EMU_CORE_H_

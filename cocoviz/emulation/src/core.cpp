@@ -1,0 +1,930 @@
+// core.cpp — cocoviz emulation core: processes, failures, vector clocks, device memory
+// with shadow cells, streams and operations, events, watchdog waits, kernels on fibers.
+// The model is described in include/cocoviz_emu/core.h and docs/codegen.md.
+#undef _FORTIFY_SOURCE  // fibers switch stacks with _longjmp, which the fortified one forbids
+
+#include "cocoviz_emu/core.h"
+
+#include <fcntl.h>
+#include <mpi.h>
+#include <sched.h>
+#include <setjmp.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <ucontext.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <memory>
+#include <set>
+#include <sstream>
+#include <unordered_map>
+#include <unordered_set>
+
+namespace cocoviz_emu {
+
+// ================================================================== process
+
+namespace {
+
+bool mpi_up() {
+  int up = 0, down = 0;
+  MPI_Initialized(&up);
+  MPI_Finalized(&down);
+  return up && !down;
+}
+
+std::string env_dir() {
+  const char* d = std::getenv("COCOVIZ_EMU_DIR");
+  if (d != nullptr && d[0] != '\0') return d;
+  const char* t = std::getenv("TMPDIR");
+  return (t != nullptr && t[0] != '\0') ? t : "/tmp";
+}
+
+double timeout_s() {
+  static double t = [] {
+    const char* v = std::getenv("COCOVIZ_EMU_TIMEOUT");
+    double s = v != nullptr ? std::atof(v) : 0.0;
+    return s > 0 ? s : 60.0;
+  }();
+  return t;
+}
+
+Site g_site;
+std::set<std::string> g_notes;
+std::vector<std::string> g_owned_files;  // shared files this rank created and not yet unlinked
+
+std::string hex(const void* p) {
+  char b[32];
+  std::snprintf(b, sizeof b, "%p", p);
+  return b;
+}
+
+}  // namespace
+
+int world_rank() {
+  static int cached = -1;
+  if (cached >= 0) return cached;
+  if (!mpi_up()) return 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &cached);
+  return cached;
+}
+
+int world_size() {
+  static int cached = -1;
+  if (cached >= 0) return cached;
+  if (!mpi_up()) return 1;
+  MPI_Comm_size(MPI_COMM_WORLD, &cached);
+  return cached;
+}
+
+void set_site(const char* stage, const char* file, int line, const char* call) {
+  g_site.stage = stage != nullptr ? stage : "";
+  g_site.file = file != nullptr ? file : "";
+  g_site.line = line;
+  g_site.call = call != nullptr ? call : "";
+}
+
+const Site& site() { return g_site; }
+
+std::string site_text(const Site& s) {
+  if (s.file.empty()) return "(no call site recorded)";
+  std::string call = s.call;
+  if (call.size() > 160) call = call.substr(0, 157) + "...";
+  std::string out;
+  if (!s.stage.empty()) out += "stage '" + s.stage + "': ";
+  out += call + " at " + s.file + ":" + std::to_string(s.line);
+  return out;
+}
+
+void remove_owned_files() {
+  for (const std::string& f : g_owned_files) ::unlink(f.c_str());
+  g_owned_files.clear();
+}
+
+[[noreturn]] void fail(const std::string& rule, const std::string& message,
+                       const std::vector<std::string>& detail) {
+  std::ostringstream o;
+  o << "cocoviz emulation: [rank " << world_rank() << "] " << rule << ": " << message << "\n";
+  o << "  at " << site_text(g_site) << "\n";
+  for (const std::string& d : detail) o << "  " << d << "\n";
+  const std::string text = o.str();
+  std::fwrite(text.data(), 1, text.size(), stderr);
+  std::fflush(stderr);
+  remove_owned_files();
+  if (mpi_up()) MPI_Abort(MPI_COMM_WORLD, 3);
+  std::_Exit(3);
+}
+
+void note(const std::string& text) {
+  if (!g_notes.insert(text).second) return;
+  std::fprintf(stderr, "cocoviz emulation: [rank %d] note: %s\n", world_rank(), text.c_str());
+}
+
+// ============================================================= vector clocks
+
+VC::VC() : c(static_cast<size_t>(world_size()) * kAgentsPerRank, 0u) {}
+
+void VC::join(const VC& o) {
+  if (o.c.size() > c.size()) c.resize(o.c.size(), 0u);
+  for (size_t i = 0; i < o.c.size(); ++i) c[i] = std::max(c[i], o.c[i]);
+}
+
+bool VC::covers(uint32_t e) const {
+  if (e == 0) return true;
+  const size_t a = static_cast<size_t>(epoch_agent(e));
+  return a < c.size() && epoch_clock(e) <= c[a];
+}
+
+void SpinLock::lock() {
+  int spins = 0;
+  int expected = 0;
+  while (!v.compare_exchange_weak(expected, 1, std::memory_order_acquire)) {
+    expected = 0;
+    if (++spins > 64) sched_yield();
+  }
+}
+
+void SpinLock::unlock() { v.store(0, std::memory_order_release); }
+
+// ======================================================== streams and agents
+
+struct Stream {
+  int local = 1;          // local agent id (1: legacy)
+  bool nonblocking = false;
+  int priority = 0;
+  bool destroyed = false;
+  VC vc;
+  std::string name;
+};
+
+struct Event {
+  bool timing = true;
+  bool recorded = false;
+  bool destroyed = false;
+  VC vc;
+  double t_ms = 0;
+};
+
+namespace {
+
+struct Device {
+  VC host;
+  Stream* legacy = nullptr;
+  std::vector<std::unique_ptr<Stream>> streams;  // every stream ever created (never freed)
+  std::unordered_set<const Stream*> live;
+  std::vector<std::unique_ptr<Event>> events;
+  std::unordered_set<const Event*> live_events;
+  int next_local = 2;
+  Op* current = nullptr;
+  // op descriptions by epoch, for race reports (bounded)
+  std::unordered_map<uint32_t, std::string> op_names;
+  std::vector<uint32_t> op_order;
+  int last_error = 0;
+};
+
+Device& dev() {
+  static Device* d = [] {
+    Device* x = new Device();
+    x->host.c[static_cast<size_t>(world_rank()) * kAgentsPerRank] = 1;
+    x->streams.push_back(std::make_unique<Stream>());
+    x->legacy = x->streams.back().get();
+    x->legacy->local = 1;
+    x->legacy->name = "the legacy default stream";
+    x->live.insert(x->legacy);
+    return x;
+  }();
+  return *d;
+}
+
+int global_agent(int local) { return world_rank() * kAgentsPerRank + local; }
+
+std::string agent_text(int agent) {
+  const int rank = agent / kAgentsPerRank, local = agent % kAgentsPerRank;
+  std::string what;
+  if (rank == world_rank()) {
+    if (local == 0) what = "the host";
+    else {
+      for (auto& s : dev().streams) {
+        if (s->local == local) what = s->name;
+      }
+    }
+  }
+  if (what.empty()) what = local == 0 ? "host" : (local == 1 ? "legacy stream" : "stream #" + std::to_string(local - 1));
+  return what + " of rank " + std::to_string(rank);
+}
+
+std::string epoch_text(uint32_t e) {
+  auto it = dev().op_names.find(e);
+  std::string op = it != dev().op_names.end() ? it->second : "an operation";
+  return op + " (" + agent_text(epoch_agent(e)) + ", operation #" + std::to_string(epoch_clock(e)) + ")";
+}
+
+void remember_op(uint32_t e, const std::string& what) {
+  Device& d = dev();
+  if (d.op_names.emplace(e, what).second) d.op_order.push_back(e);
+  if (d.op_order.size() > 200000) {
+    for (size_t i = 0; i < 100000; ++i) d.op_names.erase(d.op_order[i]);
+    d.op_order.erase(d.op_order.begin(), d.op_order.begin() + 100000);
+  }
+}
+
+}  // namespace
+
+Stream* legacy_stream() { return dev().legacy; }
+
+Stream* stream_create(bool nonblocking, int priority) {
+  Device& d = dev();
+  auto s = std::make_unique<Stream>();
+  if (d.next_local >= kAgentsPerRank) {
+    note("more than " + std::to_string(kAgentsPerRank - 2) +
+         " streams: later streams share agents with earlier ones in the happens-before check");
+    d.next_local = 2;
+  }
+  s->local = d.next_local++;
+  s->nonblocking = nonblocking;
+  s->priority = priority;
+  s->vc = d.host;
+  s->name = "stream #" + std::to_string(s->local - 1) + (nonblocking ? " (non-blocking)" : "");
+  Stream* raw = s.get();
+  d.streams.push_back(std::move(s));
+  d.live.insert(raw);
+  return raw;
+}
+
+bool stream_valid(const void* handle) {
+  return handle == nullptr || dev().live.count(static_cast<const Stream*>(handle)) != 0;
+}
+
+Stream* resolve_stream(void* handle, const char* what) {
+  if (handle == nullptr) return dev().legacy;
+  Stream* s = static_cast<Stream*>(handle);
+  if (dev().live.count(s) == 0) {
+    bool was = false;
+    for (auto& x : dev().streams) was = was || x.get() == s;
+    fail("invalid stream", std::string(what) + " was given " +
+                               (was ? "a destroyed stream " : "a handle that is not a stream ") +
+                               hex(handle));
+  }
+  return s;
+}
+
+bool stream_destroy(Stream* s) {
+  Device& d = dev();
+  if (s == nullptr || s == d.legacy || d.live.count(s) == 0) return false;
+  s->destroyed = true;
+  d.live.erase(s);
+  return true;
+}
+
+int stream_agent(const Stream* s) { return global_agent(s->local); }
+
+// ================================================================ operations
+
+Op::Op(Stream* s, std::string what) : s_(s), what_(std::move(what)) {
+  Device& d = dev();
+  if (d.current != nullptr) {
+    fail("emulation", "operation '" + what_ + "' started inside '" + d.current->what() + "'");
+  }
+  VC& v = s->vc;
+  v.join(d.host);
+  if (s == d.legacy) {
+    for (auto& x : d.streams) {
+      if (!x->nonblocking && x.get() != d.legacy && d.live.count(x.get())) v.join(x->vc);
+    }
+  } else if (!s->nonblocking) {
+    v.join(d.legacy->vc);
+  }
+  const size_t me = static_cast<size_t>(stream_agent(s));
+  if (v.c.size() <= me) v.c.resize(me + 1, 0u);
+  v.c[me] += 1;
+  if (v.c[me] >= 0xffffffu) fail("emulation", "more than 16M operations on one stream");
+  remember_op(make_epoch(stream_agent(s), v.c[me]), what_ + " at " + site_text(g_site));
+  d.current = this;
+}
+
+Op::~Op() { dev().current = nullptr; }
+
+VC& Op::vc() { return s_->vc; }
+const VC& Op::vc() const { return s_->vc; }
+
+uint32_t Op::epoch() const {
+  const int a = stream_agent(s_);
+  return make_epoch(a, s_->vc.c[static_cast<size_t>(a)]);
+}
+
+VC Op::release() {
+  VC out = s_->vc;
+  const size_t me = static_cast<size_t>(stream_agent(s_));
+  s_->vc.c[me] += 1;
+  remember_op(epoch(), what_ + " at " + site_text(g_site));
+  return out;
+}
+
+void Op::acquire(const VC& other) { s_->vc.join(other); }
+const std::string& Op::what() const { return what_; }
+Stream* Op::stream() const { return s_; }
+Op* current_op() { return dev().current; }
+
+void host_sync_stream(Stream* s) { dev().host.join(s->vc); }
+
+void host_sync_device() {
+  Device& d = dev();
+  for (auto& s : d.streams) d.host.join(s->vc);
+}
+
+const VC& host_vc() { return dev().host; }
+
+Event* event_create(bool timing) {
+  auto e = std::make_unique<Event>();
+  e->timing = timing;
+  Event* raw = e.get();
+  dev().events.push_back(std::move(e));
+  dev().live_events.insert(raw);
+  return raw;
+}
+
+Event* resolve_event(void* handle, const char* what) {
+  Event* e = static_cast<Event*>(handle);
+  if (handle == nullptr || dev().live_events.count(e) == 0) {
+    fail("invalid event", std::string(what) + " was given " + (handle == nullptr ? "a null event" : "a destroyed or unknown event ") + hex(handle));
+  }
+  return e;
+}
+
+bool event_valid(const void* handle) {
+  return handle != nullptr && dev().live_events.count(static_cast<const Event*>(handle)) != 0;
+}
+
+bool event_destroy(Event* e) {
+  if (dev().live_events.erase(e) == 0) return false;
+  e->destroyed = true;
+  return true;
+}
+
+void event_record(Event* e, Stream* s) {
+  Op op(s, "cudaEventRecord");
+  e->vc = op.vc();
+  e->recorded = true;
+  e->t_ms = std::chrono::duration<double, std::milli>(
+                std::chrono::steady_clock::now().time_since_epoch())
+                .count();
+}
+
+void stream_wait_event(Stream* s, Event* e) {
+  if (!e->recorded) return;  // CUDA: waiting on a never-recorded event completes at once
+  Op op(s, "cudaStreamWaitEvent");
+  op.acquire(e->vc);
+}
+
+void host_sync_event(Event* e) {
+  if (e->recorded) dev().host.join(e->vc);
+}
+
+bool event_recorded(const Event* e) { return e->recorded; }
+bool event_timing(const Event* e) { return e->timing; }
+double event_time_ms(const Event* e) { return e->t_ms; }
+
+void set_last_error(int code) {
+  if (dev().last_error == 0) dev().last_error = code;
+}
+
+int take_last_error() {
+  const int e = dev().last_error;
+  dev().last_error = 0;
+  return e;
+}
+
+// ==================================================================== memory
+
+namespace {
+
+std::map<uintptr_t, std::unique_ptr<Alloc>>& allocs() {
+  static auto* m = new std::map<uintptr_t, std::unique_ptr<Alloc>>();
+  return *m;
+}
+
+size_t cell_count(size_t bytes) { return bytes / kGranule + 2; }
+
+// Shared allocation file layout: [header][data padded to 4 KiB][cells]
+struct SharedHeader {
+  uint64_t magic;
+  uint64_t bytes;
+  SpinLock lock;
+};
+constexpr uint64_t kSharedMagic = 0x636f636f76697a31ull;  // "cocoviz1"
+
+size_t round_up(size_t n, size_t a) { return (n + a - 1) / a * a; }
+size_t data_offset() { return 4096; }
+size_t cells_offset(size_t bytes) { return data_offset() + round_up(bytes ? bytes : 1, 4096); }
+size_t file_size(size_t bytes) { return cells_offset(bytes) + round_up(cell_count(bytes) * sizeof(Cell), 4096); }
+
+const Alloc* g_last = nullptr;  // lookup cache
+
+Alloc* lookup(uintptr_t a) {
+  auto& m = allocs();
+  auto it = m.upper_bound(a);
+  if (it == m.begin()) return nullptr;
+  --it;
+  Alloc* x = it->second.get();
+  if (a < x->base + std::max<size_t>(x->size, 1)) return x;
+  return nullptr;
+}
+
+std::string describe_alloc(const Alloc& x) {
+  std::string kind = x.kind == MemKind::device ? "device allocation" : (x.kind == MemKind::symmetric ? "ncclMemAlloc window memory" : "window memory of rank " + std::to_string(x.owner) + " (mapped)");
+  return kind + " of " + std::to_string(x.size) + " bytes at " + hex(reinterpret_cast<void*>(x.base)) + " made by " + x.label;
+}
+
+Alloc* add(uintptr_t base, size_t size, MemKind kind, int owner, Cell* cells, SpinLock* lock) {
+  auto& m = allocs();
+  auto a = std::make_unique<Alloc>();
+  a->base = base;
+  a->size = size;
+  a->kind = kind;
+  a->owner = owner;
+  a->label = site_text(g_site);
+  a->cells = cells;
+  a->lock = lock;
+  Alloc* raw = a.get();
+  m[base] = std::move(a);
+  g_last = nullptr;
+  return raw;
+}
+
+}  // namespace
+
+void* device_alloc(size_t bytes) {
+  // never reused: each allocation gets fresh pages, so a freed range stays recognisable
+  const size_t len = round_up(std::max<size_t>(bytes, 1), 4096) + 4096;  // + a gap page
+  void* p = ::mmap(nullptr, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (p == MAP_FAILED) return nullptr;
+  std::memset(p, 0xA5, bytes);
+  ::mprotect(static_cast<char*>(p) + len - 4096, 4096, PROT_NONE);
+  Cell* cells = static_cast<Cell*>(std::calloc(cell_count(bytes), sizeof(Cell)));
+  if (cells == nullptr) {
+    ::munmap(p, len);
+    return nullptr;
+  }
+  add(reinterpret_cast<uintptr_t>(p), bytes, MemKind::device, world_rank(), cells, nullptr);
+  return p;
+}
+
+bool device_free(void* p) {
+  Alloc* a = lookup(reinterpret_cast<uintptr_t>(p));
+  if (a == nullptr || a->base != reinterpret_cast<uintptr_t>(p) || a->freed || a->kind != MemKind::device) return false;
+  a->freed = true;
+  a->freed_at = site_text(g_site);
+  std::free(a->cells);
+  a->cells = nullptr;
+  // the pages stay mapped but inaccessible: a stray host dereference faults
+  ::mprotect(p, round_up(std::max<size_t>(a->size, 1), 4096), PROT_NONE);
+  g_last = nullptr;
+  return true;
+}
+
+void* shared_alloc(size_t bytes, std::string* path_out) {
+  static int counter = 0;
+  const std::string path = env_dir() + "/cocoviz-emu-" + std::to_string(::getpid()) + "-" + std::to_string(counter++);
+  const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_EXCL, 0600);
+  if (fd < 0) return nullptr;
+  g_owned_files.push_back(path);
+  const size_t len = file_size(bytes);
+  if (::ftruncate(fd, static_cast<off_t>(len)) != 0) {
+    ::close(fd);
+    return nullptr;
+  }
+  void* m = ::mmap(nullptr, len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  ::close(fd);
+  if (m == MAP_FAILED) return nullptr;
+  auto* h = new (m) SharedHeader();
+  h->magic = kSharedMagic;
+  h->bytes = bytes;
+  char* data = static_cast<char*>(m) + data_offset();
+  std::memset(data, 0xA5, bytes);
+  Cell* cells = reinterpret_cast<Cell*>(static_cast<char*>(m) + cells_offset(bytes));
+  Alloc* a = add(reinterpret_cast<uintptr_t>(data), bytes, MemKind::symmetric, world_rank(), cells, &h->lock);
+  a->path = path;
+  if (path_out != nullptr) *path_out = path;
+  return data;
+}
+
+void* shared_map(const std::string& path, size_t bytes, int owner) {
+  const int fd = ::open(path.c_str(), O_RDWR);
+  if (fd < 0) fail("window", "cannot open rank " + std::to_string(owner) + "'s window memory " + path + ": " + std::strerror(errno));
+  const size_t len = file_size(bytes);
+  void* m = ::mmap(nullptr, len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  ::close(fd);
+  if (m == MAP_FAILED) fail("window", "cannot map rank " + std::to_string(owner) + "'s window memory " + path);
+  auto* h = static_cast<SharedHeader*>(m);
+  if (h->magic != kSharedMagic || h->bytes != bytes) fail("window", "rank " + std::to_string(owner) + "'s window memory " + path + " is not what it announced");
+  char* data = static_cast<char*>(m) + data_offset();
+  Cell* cells = reinterpret_cast<Cell*>(static_cast<char*>(m) + cells_offset(bytes));
+  Alloc* a = add(reinterpret_cast<uintptr_t>(data), bytes, MemKind::peer, owner, cells, &h->lock);
+  a->path = path;
+  return data;
+}
+
+void shared_unmap(void* local_base) {
+  Alloc* a = lookup(reinterpret_cast<uintptr_t>(local_base));
+  if (a == nullptr || a->kind != MemKind::peer || a->freed) return;
+  a->freed = true;
+  a->freed_at = site_text(g_site);
+  ::munmap(static_cast<char*>(local_base) - data_offset(), file_size(a->size));
+  a->cells = nullptr;
+  a->lock = nullptr;
+  g_last = nullptr;
+}
+
+void shared_unlink(const std::string& path) {
+  ::unlink(path.c_str());
+  g_owned_files.erase(std::remove(g_owned_files.begin(), g_owned_files.end(), path), g_owned_files.end());
+}
+
+bool shared_free(void* p) {
+  Alloc* a = lookup(reinterpret_cast<uintptr_t>(p));
+  if (a == nullptr || a->base != reinterpret_cast<uintptr_t>(p) || a->freed || a->kind != MemKind::symmetric) return false;
+  a->freed = true;
+  a->freed_at = site_text(g_site);
+  shared_unlink(a->path);
+  ::munmap(static_cast<char*>(p) - data_offset(), file_size(a->size));
+  a->cells = nullptr;
+  a->lock = nullptr;
+  g_last = nullptr;
+  return true;
+}
+
+const Alloc* find_alloc(const void* p) { return lookup(reinterpret_cast<uintptr_t>(p)); }
+
+bool is_device_pointer(const void* p) { return lookup(reinterpret_cast<uintptr_t>(p)) != nullptr; }
+
+const Alloc& check_range(const void* p, size_t n, const std::string& what) {
+  const uintptr_t a = reinterpret_cast<uintptr_t>(p);
+  const Alloc* x = lookup(a);
+  if (x == nullptr) {
+    // the nearest allocation below, for the message
+    auto& m = allocs();
+    auto it = m.upper_bound(a);
+    std::vector<std::string> detail;
+    if (it != m.begin()) {
+      --it;
+      const Alloc& y = *it->second;
+      detail.push_back("nearest below: " + describe_alloc(y) + " (the address is " + std::to_string(a - y.base - y.size) + " bytes past its end)");
+    }
+    fail("out of bounds", what + ": " + std::to_string(n) + " bytes at " + hex(p) + " lie in no device allocation", detail);
+  }
+  if (x->freed) {
+    fail("use after free", what + ": " + std::to_string(n) + " bytes at " + hex(p) + " in freed memory", {describe_alloc(*x), "freed by " + x->freed_at});
+  }
+  if (a + n > x->base + x->size) {
+    fail("out of bounds", what + ": bytes [" + std::to_string(a - x->base) + ", " + std::to_string(a - x->base + n) + ") of a " + std::to_string(x->size) + "-byte allocation", {describe_alloc(*x)});
+  }
+  return *x;
+}
+
+namespace {
+
+[[noreturn]] void race(const char* kind, const Alloc& x, uintptr_t a, size_t n, uint32_t other,
+                       const Op& op, const char* file, int line) {
+  std::vector<std::string> d;
+  d.push_back("this access: " + op.what() + (file != nullptr ? std::string(" (") + file + ":" + std::to_string(line) + ")" : std::string()) + " on " + agent_text(epoch_agent(op.epoch())) + ", bytes [" + std::to_string(a - x.base) + ", " + std::to_string(a - x.base + n) + ")");
+  d.push_back("conflicts with: " + epoch_text(other));
+  d.push_back("memory: " + describe_alloc(x));
+  d.push_back("nothing orders the two (no stream order, event, synchronization, collective or barrier between them): add the missing cudaEventRecord/cudaStreamWaitEvent or barrier");
+  fail("hazard", std::string(kind) + " between operations the program does not order", d);
+}
+
+}  // namespace
+
+void access(const void* p, size_t n, bool write, const char* file, int line) {
+  Op* op = dev().current;
+  if (op == nullptr) fail("emulation", "device memory accessed outside any operation (host code must not dereference device pointers)");
+  const uintptr_t a = reinterpret_cast<uintptr_t>(p);
+  const Alloc* x = g_last;
+  if (x == nullptr || a < x->base || a + n > x->base + x->size || x->freed) {
+    std::string what = op->what();
+    if (file != nullptr) what += std::string(" (") + (write ? "store" : "load") + " at " + file + ":" + std::to_string(line) + ")";
+    x = &check_range(p, n, what);
+    g_last = x;
+  }
+  if (n == 0) return;
+  const VC& v = op->vc();
+  const uint32_t me = op->epoch();
+  if (x->lock != nullptr) x->lock->lock();
+  const size_t g0 = (a - x->base) / kGranule, g1 = (a - x->base + n - 1) / kGranule;
+  for (size_t g = g0; g <= g1; ++g) {
+    Cell& c = x->cells[g];
+    if (write) {
+      if (c.w != me && !v.covers(c.w)) {
+        if (x->lock != nullptr) x->lock->unlock();
+        race("write after write", *x, a, n, c.w, *op, file, line);
+      }
+      for (uint32_t r : c.r) {
+        if (r != 0 && r != me && !v.covers(r)) {
+          if (x->lock != nullptr) x->lock->unlock();
+          race("write after read", *x, a, n, r, *op, file, line);
+        }
+      }
+      c.w = me;
+      std::memset(c.r, 0, sizeof c.r);
+    } else {
+      if (c.w != me && !v.covers(c.w)) {
+        if (x->lock != nullptr) x->lock->unlock();
+        race("read after write", *x, a, n, c.w, *op, file, line);
+      }
+      int free_slot = -1;
+      bool have = false;
+      for (int i = 0; i < kReads; ++i) {
+        if (c.r[i] == me) have = true;
+        else if (c.r[i] != 0 && v.covers(c.r[i])) c.r[i] = 0;  // ordered before us: we stand for it
+        if (c.r[i] == 0 && free_slot < 0) free_slot = i;
+      }
+      if (!have) {
+        if (free_slot < 0) {
+          free_slot = 0;  // more concurrent readers than slots: the oldest is forgotten
+        }
+        c.r[free_slot] = me;
+      }
+    }
+  }
+  if (x->lock != nullptr) x->lock->unlock();
+}
+
+// =================================================================== waiting
+
+namespace {
+
+struct StatusBoard {
+  char* mine = nullptr;  // 1 KiB mapped status text of this rank
+  bool tried = false;
+};
+StatusBoard g_board;
+constexpr size_t kStatusBytes = 1024;
+
+void board_open() {
+  if (g_board.tried) return;
+  g_board.tried = true;
+  const char* d = std::getenv("COCOVIZ_EMU_DIR");
+  if (d == nullptr || d[0] == '\0') return;
+  const std::string path = std::string(d) + "/status-" + std::to_string(world_rank());
+  const int fd = ::open(path.c_str(), O_RDWR | O_CREAT, 0600);
+  if (fd < 0) return;
+  if (::ftruncate(fd, kStatusBytes) == 0) {
+    void* m = ::mmap(nullptr, kStatusBytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (m != MAP_FAILED) g_board.mine = static_cast<char*>(m);
+  }
+  ::close(fd);
+}
+
+std::string g_pending;
+
+std::vector<std::string> everyone_pending() {
+  std::vector<std::string> out;
+  const char* d = std::getenv("COCOVIZ_EMU_DIR");
+  if (d == nullptr || d[0] == '\0') {
+    out.push_back("rank " + std::to_string(world_rank()) + ": " + g_pending + "  (set COCOVIZ_EMU_DIR, as run.sh --emulate does, to see every rank)");
+    return out;
+  }
+  for (int r = 0; r < world_size(); ++r) {
+    const std::string path = std::string(d) + "/status-" + std::to_string(r);
+    std::string text = "(no status: not started, or finished before waiting)";
+    FILE* f = std::fopen(path.c_str(), "r");
+    if (f != nullptr) {
+      char buf[kStatusBytes + 1] = {};
+      const size_t k = std::fread(buf, 1, kStatusBytes, f);
+      std::fclose(f);
+      buf[k] = '\0';
+      if (buf[0] != '\0') text = buf;
+      else text = "running host code (not waiting on the device)";
+    }
+    out.push_back("rank " + std::to_string(r) + ": " + text);
+  }
+  return out;
+}
+
+double now_s() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+}  // namespace
+
+void set_pending(const std::string& what) {
+  g_pending = what;
+  board_open();
+  if (g_board.mine != nullptr) {
+    const size_t n = std::min(what.size(), kStatusBytes - 1);
+    std::memcpy(g_board.mine, what.data(), n);
+    g_board.mine[n] = '\0';
+  }
+}
+
+void wait_until(const std::function<bool()>& ready, const std::string& pending,
+                const std::function<void()>& progress) {
+  if (ready()) return;
+  set_pending(pending + " (" + site_text(g_site) + ")");
+  const double start = now_s();
+  long spins = 0;
+  while (!ready()) {
+    if (progress) progress();
+    ++spins;
+    if (spins < 200) {
+      sched_yield();
+    } else {
+      const timespec ts{0, 200000};  // 0.2 ms
+      nanosleep(&ts, nullptr);
+    }
+    if ((spins & 63) == 0 && now_s() - start > timeout_s()) {
+      std::vector<std::string> detail;
+      const char* d = std::getenv("COCOVIZ_EMU_DIR");
+      bool first = true;
+      if (d != nullptr && d[0] != '\0') {
+        const std::string lock = std::string(d) + "/watchdog";
+        const int fd = ::open(lock.c_str(), O_CREAT | O_EXCL | O_WRONLY, 0600);
+        first = fd >= 0;
+        if (fd >= 0) ::close(fd);
+      }
+      if (first) {
+        detail.push_back("pending operations:");
+        for (const std::string& s : everyone_pending()) detail.push_back("  " + s);
+        detail.push_back("hint: every rank must issue the same collectives in the same order on a communicator, and each send needs its receive");
+      }
+      fail("watchdog", "no progress for " + std::to_string(static_cast<int>(timeout_s())) + " s (COCOVIZ_EMU_TIMEOUT) while waiting: " + pending, detail);
+    }
+  }
+  set_pending("");
+}
+
+// ==================================================================== fibers
+
+ThreadPos g_pos;
+
+namespace {
+
+enum class FState { idle, ready, barrier, done };
+
+struct Fiber {
+  ucontext_t uc;
+  jmp_buf jb;
+  void* stack = nullptr;
+  FState state = FState::idle;
+  Dim3 tid;
+};
+
+std::vector<Fiber*> g_fibers;
+jmp_buf g_sched;
+Fiber* g_cur = nullptr;
+const std::function<void()>* g_body = nullptr;
+bool g_in_kernel = false;
+unsigned g_nthreads = 0;
+unsigned g_arrived = 0;
+
+size_t stack_bytes() {
+  static size_t s = [] {
+    const char* v = std::getenv("COCOVIZ_EMU_STACK_KB");
+    long kb = v != nullptr ? std::atol(v) : 0;
+    return static_cast<size_t>(kb >= 16 ? kb : 128) * 1024;
+  }();
+  return s;
+}
+
+void fiber_main() {
+  Fiber* f = g_cur;
+  for (;;) {
+    if (!_setjmp(f->jb)) _longjmp(g_sched, 1);
+    (*g_body)();
+    f->state = FState::done;
+  }
+}
+
+__attribute__((noinline)) void start_fiber(Fiber* f) {
+  g_cur = f;
+  if (!_setjmp(g_sched)) {
+    ucontext_t tmp;
+    swapcontext(&tmp, &f->uc);
+  }
+}
+
+__attribute__((noinline)) Fiber* make_fiber() {
+  Fiber* f = new Fiber();
+  const size_t len = stack_bytes() + 4096;
+  void* m = ::mmap(nullptr, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  if (m == MAP_FAILED) fail("emulation", "cannot allocate a fiber stack");
+  ::mprotect(m, 4096, PROT_NONE);  // guard page below the stack
+  f->stack = m;
+  getcontext(&f->uc);
+  f->uc.uc_stack.ss_sp = static_cast<char*>(m) + 4096;
+  f->uc.uc_stack.ss_size = stack_bytes();
+  f->uc.uc_link = nullptr;
+  makecontext(&f->uc, fiber_main, 0);
+  return f;
+}
+
+Fiber* fiber(size_t i) {
+  while (g_fibers.size() <= i) {
+    Fiber* f = make_fiber();
+    start_fiber(f);
+    g_fibers.push_back(f);
+  }
+  return g_fibers[i];
+}
+
+__attribute__((noinline)) void switch_to(Fiber* f) {
+  g_cur = f;
+  g_pos.thread = f->tid;
+  if (!_setjmp(g_sched)) _longjmp(f->jb, 1);
+}
+
+void yield_fiber() {
+  Fiber* f = g_cur;
+  if (!_setjmp(f->jb)) _longjmp(g_sched, 1);
+}
+
+void run_block(unsigned n, Dim3 bd) {
+  for (unsigned t = 0; t < n; ++t) {
+    Fiber* f = fiber(t);
+    f->state = FState::ready;
+    f->tid = Dim3{t % bd.x, (t / bd.x) % bd.y, t / (bd.x * bd.y)};
+  }
+  g_nthreads = n;
+  g_arrived = 0;
+  for (;;) {
+    bool any = false;
+    for (unsigned t = 0; t < n; ++t) {
+      if (g_fibers[t]->state == FState::ready) {
+        any = true;
+        switch_to(g_fibers[t]);
+      }
+    }
+    if (any) continue;
+    unsigned waiting = 0;
+    for (unsigned t = 0; t < n; ++t) waiting += g_fibers[t]->state == FState::barrier ? 1 : 0;
+    if (waiting == 0) return;
+    fail("barrier divergence",
+         "__syncthreads() (or a CTA-wide barrier) reached by " + std::to_string(waiting) + " of " + std::to_string(n) +
+             " threads of block (" + std::to_string(g_pos.block.x) + "," + std::to_string(g_pos.block.y) + "," +
+             std::to_string(g_pos.block.z) + "); the others exited: on a GPU this hangs or is undefined");
+  }
+}
+
+}  // namespace
+
+bool in_kernel() { return g_in_kernel; }
+
+void block_barrier(const std::function<void()>& at_release) {
+  if (!g_in_kernel) fail("emulation", "__syncthreads() called outside a kernel");
+  ++g_arrived;
+  if (g_arrived == g_nthreads) {
+    g_arrived = 0;
+    if (at_release) at_release();
+    for (unsigned t = 0; t < g_nthreads; ++t) {
+      if (g_fibers[t]->state == FState::barrier) g_fibers[t]->state = FState::ready;
+    }
+    return;
+  }
+  g_cur->state = FState::barrier;
+  yield_fiber();
+}
+
+void launch_kernel(const char* name, const char* file, int line, Dim3 grid, Dim3 block,
+                   size_t smem, void* stream, const std::function<void()>& body) {
+  set_site(g_site.stage.c_str(), file, line, (std::string("launch of ") + name).c_str());
+  g_site.stage.clear();
+  const unsigned long long threads = 1ull * block.x * block.y * block.z;
+  const bool bad = grid.x == 0 || grid.y == 0 || grid.z == 0 || grid.x > 2147483647u || grid.y > 65535 ||
+                   grid.z > 65535 || threads == 0 || threads > 1024 || block.z > 64 || smem > 48 * 1024;
+  if (bad) {
+    set_last_error(9);  // cudaErrorInvalidConfiguration
+    note(std::string("launch of ") + name + " at " + file + ":" + std::to_string(line) + ": invalid configuration grid (" +
+         std::to_string(grid.x) + "," + std::to_string(grid.y) + "," + std::to_string(grid.z) + ") block (" +
+         std::to_string(block.x) + "," + std::to_string(block.y) + "," + std::to_string(block.z) + ")");
+    return;
+  }
+  if (!stream_valid(stream)) {
+    set_last_error(400);  // cudaErrorInvalidResourceHandle
+    return;
+  }
+  Stream* s = resolve_stream(stream, "kernel launch");
+  Op op(s, std::string("kernel ") + name);
+  g_in_kernel = true;
+  g_body = &body;
+  g_pos.grid_dim = grid;
+  g_pos.block_dim = block;
+  for (unsigned z = 0; z < grid.z; ++z) {
+    for (unsigned y = 0; y < grid.y; ++y) {
+      for (unsigned x = 0; x < grid.x; ++x) {
+        g_pos.block = Dim3{x, y, z};
+        run_block(static_cast<unsigned>(threads), block);
+      }
+    }
+  }
+  g_in_kernel = false;
+  g_body = nullptr;
+}
+
+}  // namespace cocoviz_emu
