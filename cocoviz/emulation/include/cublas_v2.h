@@ -3,12 +3,13 @@
 // ones, so status codes print the same.
 //
 // Emulated: handles (cublasCreate, cublasDestroy — which synchronizes the device, as cuBLAS
-// documents — cublasSetStream, cublasGetStream), cublasGetStatusString/Name, and
-// cublasGemmEx with cuBLAS's column-major semantics and argument checks. A GEMM is one
-// operation on the handle's stream: it reads A and B (and C when beta != 0) and writes C,
-// each access checked for bounds and against unordered work on other streams. Pointer mode
-// is always CUBLAS_POINTER_MODE_HOST (alpha and beta on the host). Workspaces, math modes,
-// algorithms (accepted, ignored) and every other routine are not emulated.
+// documents — cublasSetStream/GetStream, cublasSetPointerMode/GetPointerMode),
+// cublasGetStatusString/Name (cuBLAS 13's texts), and cublasGemmEx with cuBLAS's
+// column-major semantics and argument checks. A GEMM is one operation on the handle's
+// stream: it reads A and B (only the rows of each column that it uses), C when beta != 0,
+// alpha and beta in device pointer mode, and writes C; each access is checked for bounds and
+// against unordered work on other streams. Workspaces, math modes, algorithms (accepted,
+// ignored) and every other routine are not emulated.
 //
 // Numerics: products are accumulated in the compute type (float; double for COMPUTE_64F;
 // half, each step one fused rounding, for COMPUTE_16F) in k order, with separate multiply
@@ -136,8 +137,10 @@ const char* cublasGetStatusString(cublasStatus_t status);
 //   16F/16F with COMPUTE_16F(_PEDANTIC), __half;
 // (int8 GEMMs and complex types are not emulated); CUBLAS_STATUS_EXECUTION_FAILED when the
 // handle's stream was destroyed. Each of these adds a note saying what was wrong. Device
-// ranges that leave their allocation (e.g. a leading dimension too large for the buffer)
-// and alpha or beta in device memory end the run with the emulation's report.
+// ranges that leave their allocation (e.g. a leading dimension too large for the buffer),
+// alpha or beta in device memory in host pointer mode (or on the host in device pointer
+// mode) end the run with the emulation's report. m == 0 or n == 0 does nothing; k == 0
+// gives C = beta * C. With beta == 0, C is not read (NaN there does not propagate).
 cublasStatus_t cublasGemmEx(cublasHandle_t handle, cublasOperation_t transa,
                             cublasOperation_t transb, int m, int n, int k, const void* alpha,
                             const void* A, cudaDataType Atype, int lda, const void* B,

@@ -9,7 +9,9 @@
 // two __nv_bfloat16. Conversions to bf16 round to nearest even, bit for bit like CUDA
 // (subnormals exact, overflow to ±inf, a NaN becomes the canonical 0x7fff; from double in
 // one rounding, as CUDA does); __bfloat162float is exact and keeps NaN payloads. Arithmetic
-// rounds the exact float result once, which equals the correctly rounded bf16 result.
+// rounds the exact float result once, which equals the correctly rounded bf16 result; a NaN
+// result is 0x7fff (negation included), as in CUDA's host code. Checked bit for bit against
+// NVIDIA's host implementation (every float, every bf16).
 // Not emulated: __nv_bfloat162, the other rounding modes, the math intrinsics, conversions
 // between __half and __nv_bfloat16.
 #ifndef COCOVIZ_EMU_CUDA_BF16_H_

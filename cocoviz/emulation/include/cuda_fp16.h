@@ -9,10 +9,13 @@
 // round to nearest even, bit for bit like CUDA (subnormals exact, overflow to ±inf, a NaN
 // becomes the canonical 0x7fff); __half2float of a NaN gives the canonical float NaN
 // 0x7fffffff, as CUDA's host code does. Arithmetic rounds the exact float result once,
-// which equals the correctly rounded half result (float carries more than 2 * 11 + 2 bits);
-// CUDA's device __hdiv is an approximation with a fix-up and may differ from it.
+// which equals the correctly rounded half result (float carries more than 2 * 11 + 2 bits),
+// and a NaN result is 0x7fff (negation included), as in CUDA's host code; CUDA's device
+// __hdiv is an approximation with a fix-up and may differ in rare last bits.
+// Checked bit for bit against NVIDIA's host implementation (every float, every half).
 // Not emulated: __half2, the other rounding modes and the math intrinsics (hsqrt, __hfma...),
-// conversions to integer types other than through float.
+// conversions to integer types other than through float, and mixed __half/float operators
+// (ambiguous in CUDA too).
 #ifndef COCOVIZ_EMU_CUDA_FP16_H_
 #define COCOVIZ_EMU_CUDA_FP16_H_
 

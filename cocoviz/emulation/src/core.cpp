@@ -136,7 +136,7 @@ void VC::join(const VC& o) {
   for (size_t i = 0; i < o.c.size(); ++i) c[i] = std::max(c[i], o.c[i]);
 }
 
-bool VC::covers(uint32_t e) const {
+bool VC::covers(uint64_t e) const {
   if (e == 0) return true;
   const size_t a = static_cast<size_t>(epoch_agent(e));
   return a < c.size() && epoch_clock(e) <= c[a];
@@ -156,12 +156,13 @@ void SpinLock::unlock() { v.store(0, std::memory_order_release); }
 // ======================================================== streams and agents
 
 struct Stream {
-  int local = 1;          // local agent id (1: legacy)
+  int local = 1;          // stream slot (0: host, 1: legacy)
   bool nonblocking = false;
   int priority = 0;
   bool destroyed = false;
   VC vc;
   std::string name;
+  uint32_t cta_clock[kCtaSlots] = {};  // clocks of the CTA agents of this stream's kernels
 };
 
 struct Event {
@@ -184,15 +185,15 @@ struct Device {
   int next_local = 2;
   Op* current = nullptr;
   // op descriptions by epoch, for race reports (bounded)
-  std::unordered_map<uint32_t, std::string> op_names;
-  std::vector<uint32_t> op_order;
+  std::unordered_map<uint64_t, std::string> op_names;
+  std::vector<uint64_t> op_order;
   int last_error = 0;
 };
 
 Device& dev() {
   static Device* d = [] {
     Device* x = new Device();
-    x->host.c[static_cast<size_t>(world_rank()) * kAgentsPerRank] = 1;
+    x->host.c[static_cast<size_t>(world_rank()) * kAgentsPerRank] = 1;  // host: slot 0
     x->streams.push_back(std::make_unique<Stream>());
     x->legacy = x->streams.back().get();
     x->legacy->local = 1;
@@ -203,30 +204,32 @@ Device& dev() {
   return *d;
 }
 
-int global_agent(int local) { return world_rank() * kAgentsPerRank + local; }
+int global_agent(int slot) { return world_rank() * kAgentsPerRank + slot * (1 + kCtaSlots); }
 
 std::string agent_text(int agent) {
   const int rank = agent / kAgentsPerRank, local = agent % kAgentsPerRank;
+  const int slot = local / (1 + kCtaSlots), cta = local % (1 + kCtaSlots) - 1;
   std::string what;
   if (rank == world_rank()) {
-    if (local == 0) what = "the host";
+    if (slot == 0) what = "the host";
     else {
       for (auto& s : dev().streams) {
-        if (s->local == local) what = s->name;
+        if (s->local == slot) what = s->name;
       }
     }
   }
-  if (what.empty()) what = local == 0 ? "host" : (local == 1 ? "legacy stream" : "stream #" + std::to_string(local - 1));
+  if (what.empty()) what = slot == 0 ? "host" : (slot == 1 ? "legacy stream" : "stream #" + std::to_string(slot - 1));
+  if (cta >= 0) what = "block " + std::to_string(cta) + (cta + kCtaSlots < 65536 ? " (mod " + std::to_string(kCtaSlots) + ")" : "") + " of a kernel on " + what;
   return what + " of rank " + std::to_string(rank);
 }
 
-std::string epoch_text(uint32_t e) {
+std::string epoch_text(uint64_t e) {
   auto it = dev().op_names.find(e);
   std::string op = it != dev().op_names.end() ? it->second : "an operation";
-  return op + " (" + agent_text(epoch_agent(e)) + ", operation #" + std::to_string(epoch_clock(e)) + ")";
+  return op + " (" + agent_text(epoch_agent(e)) + ", clock " + std::to_string(epoch_clock(e)) + ")";
 }
 
-void remember_op(uint32_t e, const std::string& what) {
+void remember_op(uint64_t e, const std::string& what) {
   Device& d = dev();
   if (d.op_names.emplace(e, what).second) d.op_order.push_back(e);
   if (d.op_order.size() > 200000) {
@@ -242,8 +245,8 @@ Stream* legacy_stream() { return dev().legacy; }
 Stream* stream_create(bool nonblocking, int priority) {
   Device& d = dev();
   auto s = std::make_unique<Stream>();
-  if (d.next_local >= kAgentsPerRank) {
-    note("more than " + std::to_string(kAgentsPerRank - 2) +
+  if (d.next_local >= kStreamSlots) {
+    note("more than " + std::to_string(kStreamSlots - 2) +
          " streams: later streams share agents with earlier ones in the happens-before check");
     d.next_local = 2;
   }
@@ -287,7 +290,7 @@ int stream_agent(const Stream* s) { return global_agent(s->local); }
 
 // ================================================================ operations
 
-Op::Op(Stream* s, std::string what) : s_(s), what_(std::move(what)) {
+Op::Op(Stream* s, std::string what) : s_(s), what_(std::move(what)), cur_(&s->vc), cur_agent_(stream_agent(s)) {
   Device& d = dev();
   if (d.current != nullptr) {
     fail("emulation", "operation '" + what_ + "' started inside '" + d.current->what() + "'");
@@ -301,35 +304,65 @@ Op::Op(Stream* s, std::string what) : s_(s), what_(std::move(what)) {
   } else if (!s->nonblocking) {
     v.join(d.legacy->vc);
   }
-  const size_t me = static_cast<size_t>(stream_agent(s));
+  const size_t me = static_cast<size_t>(cur_agent_);
   if (v.c.size() <= me) v.c.resize(me + 1, 0u);
   v.c[me] += 1;
-  if (v.c[me] >= 0xffffffu) fail("emulation", "more than 16M operations on one stream");
-  remember_op(make_epoch(stream_agent(s), v.c[me]), what_ + " at " + site_text(g_site));
+  if (v.c[me] >= 0xfffffff0u) fail("emulation", "more than 4G operations on one stream");
+  remember_op(make_epoch(cur_agent_, v.c[me]), what_ + " at " + site_text(g_site));
   d.current = this;
 }
 
 Op::~Op() { dev().current = nullptr; }
 
-VC& Op::vc() { return s_->vc; }
-const VC& Op::vc() const { return s_->vc; }
+VC& Op::vc() { return *cur_; }
+const VC& Op::vc() const { return *cur_; }
 
-uint32_t Op::epoch() const {
-  const int a = stream_agent(s_);
-  return make_epoch(a, s_->vc.c[static_cast<size_t>(a)]);
-}
+uint64_t Op::epoch() const { return make_epoch(cur_agent_, cur_->c[static_cast<size_t>(cur_agent_)]); }
 
 VC Op::release() {
-  VC out = s_->vc;
-  const size_t me = static_cast<size_t>(stream_agent(s_));
-  s_->vc.c[me] += 1;
+  VC out = *cur_;
+  const size_t me = static_cast<size_t>(cur_agent_);
+  if (cur_ == &s_->vc) {
+    cur_->c[me] += 1;
+  } else {
+    const int cta = cur_agent_ - stream_agent(s_) - 1;
+    cur_->c[me] = ++s_->cta_clock[cta];
+  }
   remember_op(epoch(), what_ + " at " + site_text(g_site));
   return out;
 }
 
-void Op::acquire(const VC& other) { s_->vc.join(other); }
+void Op::acquire(const VC& other) { cur_->join(other); }
 const std::string& Op::what() const { return what_; }
 Stream* Op::stream() const { return s_; }
+
+void Op::begin_block(unsigned b) {
+  const int cta = static_cast<int>(b % kCtaSlots);
+  if (cta_.empty()) {
+    start_ = s_->vc;
+    cta_.resize(kCtaSlots);
+  }
+  cur_agent_ = stream_agent(s_) + 1 + cta;
+  VC& v = cta_[static_cast<size_t>(cta)];
+  if (v.c.empty() || b < static_cast<unsigned>(kCtaSlots)) {  // fork (later blocks of a slot continue it)
+    v = start_;
+    const size_t me = static_cast<size_t>(cur_agent_);
+    if (v.c.size() <= me) v.c.resize(me + 1, 0u);
+    v.c[me] = ++s_->cta_clock[cta];
+    remember_op(make_epoch(cur_agent_, v.c[me]), "block " + std::to_string(b) + " of " + what_ + " at " + site_text(g_site));
+  }
+  cur_ = &v;
+}
+
+void Op::end_blocks() {
+  for (const VC& v : cta_) {
+    if (!v.c.empty()) s_->vc.join(v);
+  }
+  cta_.clear();
+  cur_ = &s_->vc;
+  cur_agent_ = stream_agent(s_);
+}
+
 Op* current_op() { return dev().current; }
 
 void host_sync_stream(Stream* s) { dev().host.join(s->vc); }
@@ -590,7 +623,7 @@ const Alloc& check_range(const void* p, size_t n, const std::string& what) {
 
 namespace {
 
-[[noreturn]] void race(const char* kind, const Alloc& x, uintptr_t a, size_t n, uint32_t other,
+[[noreturn]] void race(const char* kind, const Alloc& x, uintptr_t a, size_t n, uint64_t other,
                        const Op& op, const char* file, int line) {
   std::vector<std::string> d;
   d.push_back("this access: " + op.what() + (file != nullptr ? std::string(" (") + file + ":" + std::to_string(line) + ")" : std::string()) + " on " + agent_text(epoch_agent(op.epoch())) + ", bytes [" + std::to_string(a - x.base) + ", " + std::to_string(a - x.base + n) + ")");
@@ -615,7 +648,7 @@ void access(const void* p, size_t n, bool write, const char* file, int line) {
   }
   if (n == 0) return;
   const VC& v = op->vc();
-  const uint32_t me = op->epoch();
+  const uint64_t me = op->epoch();
   if (x->lock != nullptr) x->lock->lock();
   const size_t g0 = (a - x->base) / kGranule, g1 = (a - x->base + n - 1) / kGranule;
   for (size_t g = g0; g <= g1; ++g) {
@@ -625,7 +658,7 @@ void access(const void* p, size_t n, bool write, const char* file, int line) {
         if (x->lock != nullptr) x->lock->unlock();
         race("write after write", *x, a, n, c.w, *op, file, line);
       }
-      for (uint32_t r : c.r) {
+      for (uint64_t r : c.r) {
         if (r != 0 && r != me && !v.covers(r)) {
           if (x->lock != nullptr) x->lock->unlock();
           race("write after read", *x, a, n, r, *op, file, line);
@@ -919,10 +952,12 @@ void launch_kernel(const char* name, const char* file, int line, Dim3 grid, Dim3
     for (unsigned y = 0; y < grid.y; ++y) {
       for (unsigned x = 0; x < grid.x; ++x) {
         g_pos.block = Dim3{x, y, z};
+        op.begin_block(x + grid.x * (y + grid.y * z));
         run_block(static_cast<unsigned>(threads), block);
       }
     }
   }
+  op.end_blocks();
   g_in_kernel = false;
   g_body = nullptr;
 }

@@ -195,11 +195,12 @@ double half_sum(double x, double y) {
 template <class T>
 std::vector<T> gather(const void* X, cudaDataType t, bool o_contiguous, int outer, int k,
                       int ld) {
-  std::vector<T> out(static_cast<size_t>(outer) * static_cast<size_t>(k));
+  const size_t so = static_cast<size_t>(outer), sk = static_cast<size_t>(k);
   const size_t sld = static_cast<size_t>(ld);
-  for (size_t o = 0; o < static_cast<size_t>(outer); ++o) {
-    for (size_t p = 0; p < static_cast<size_t>(k); ++p) {
-      out[o * k + p] = static_cast<T>(load(X, t, o_contiguous ? o + p * sld : p + o * sld));
+  std::vector<T> out(so * sk);
+  for (size_t o = 0; o < so; ++o) {
+    for (size_t p = 0; p < sk; ++p) {
+      out[o * sk + p] = static_cast<T>(load(X, t, o_contiguous ? o + p * sld : p + o * sld));
     }
   }
   return out;
@@ -212,14 +213,14 @@ void gemm_float(const std::vector<T>& a, const std::vector<T>& b, int m, int n, 
   const T alpha = static_cast<T>(alpha_d), beta = static_cast<T>(beta_d);
   for (int j = 0; j < n; ++j) {
     for (int i = 0; i < m; ++i) {
-      const T* ai = a.data() + static_cast<size_t>(i) * k;
-      const T* bj = b.data() + static_cast<size_t>(j) * k;
+      const T* ai = a.data() + static_cast<size_t>(i) * static_cast<size_t>(k);
+      const T* bj = b.data() + static_cast<size_t>(j) * static_cast<size_t>(k);
       T acc = 0;
       for (int p = 0; p < k; ++p) {
         const T prod = ai[p] * bj[p];
         acc = acc + prod;
       }
-      const size_t at = static_cast<size_t>(i) + static_cast<size_t>(j) * ldc;
+      const size_t at = static_cast<size_t>(i) + static_cast<size_t>(j) * static_cast<size_t>(ldc);
       T r = alpha * acc;
       if (beta != 0) {
         const T c = static_cast<T>(load(C, ct, at));
@@ -237,11 +238,11 @@ void gemm_half(const std::vector<double>& a, const std::vector<double>& b, int m
                double alpha, double beta, void* C, int ldc) {
   for (int j = 0; j < n; ++j) {
     for (int i = 0; i < m; ++i) {
-      const double* ai = a.data() + static_cast<size_t>(i) * k;
-      const double* bj = b.data() + static_cast<size_t>(j) * k;
+      const double* ai = a.data() + static_cast<size_t>(i) * static_cast<size_t>(k);
+      const double* bj = b.data() + static_cast<size_t>(j) * static_cast<size_t>(k);
       double acc = 0;
       for (int p = 0; p < k; ++p) acc = half_sum(ai[p] * bj[p], acc);  // product exact
-      const size_t at = static_cast<size_t>(i) + static_cast<size_t>(j) * ldc;
+      const size_t at = static_cast<size_t>(i) + static_cast<size_t>(j) * static_cast<size_t>(ldc);
       const double r = beta != 0 ? half_sum(alpha * acc, beta * load(C, CUDA_R_16F, at))
                                  : alpha * acc;  // exact: rounded once below
       static_cast<__half*>(C)[at] = __double2half(r);
@@ -257,7 +258,8 @@ struct Operand {
   int rows, cols, ld;
   size_t extent() const {  // bytes from p to the end of the last column
     if (rows == 0 || cols == 0) return 0;
-    return ((static_cast<size_t>(cols) - 1) * static_cast<size_t>(ld) + rows) * size;
+    return ((static_cast<size_t>(cols) - 1) * static_cast<size_t>(ld) + static_cast<size_t>(rows)) *
+           size;
   }
   void check(const std::string& desc) const {
     if (extent() != 0) emu::check_range(p, extent(), std::string("cublasGemmEx ") + name + desc);
@@ -270,7 +272,8 @@ struct Operand {
       return;
     }
     for (int j = 0; j < cols; ++j) {
-      emu::access(static_cast<const char*>(p) + static_cast<size_t>(j) * ld * size, col, write);
+      const size_t off = static_cast<size_t>(j) * static_cast<size_t>(ld) * size;
+      emu::access(static_cast<const char*>(p) + off, col, write);
     }
   }
 };

@@ -4,9 +4,11 @@
 // MPI_COMM_WORLD). A collective runs when it is called (inside ncclGroupStart/End: at
 // ncclGroupEnd) as one cocoviz_emu::Op on its stream: the ranks first exchange what each
 // called (kind, count, datatype, op, root, call site), then their contributions together
-// with their vector clocks; each rank reduces in rank order in the datatype's arithmetic
-// (f16/bf16 rounded after every step, integers wrapping) and joins every peer's clock.
-// Send/recv carry the sender's clock to the receiver. Windows are files that every LSA
+// with their vector clocks; each rank reduces in rank order in the compute type (f16/bf16
+// in f32, rounded once as the reference does; COCOVIZ_EMU_HALF_SUM=1 rounds every step as
+// NCCL's kernels do; integers wrap) and joins every peer's clock.
+// Send/recv carry the sender's clock to the receiver (large payloads through a file, so a
+// sender that goes on computing never stalls its receiver). Windows are files that every LSA
 // peer maps (core's shared_alloc/shared_map); LSA barriers are counters and clocks in
 // such files. Every wait polls through cocoviz_emu::wait_until (the watchdog).
 //
@@ -30,9 +32,11 @@
 #include <mpi.h>
 #include <nccl.h>
 #include <nccl_device.h>
+#include <fcntl.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <climits>
 #include <cmath>
@@ -54,12 +58,14 @@ struct ncclComm {
   int rank = 0, size = 0;
   std::vector<int> world;  // world rank of each member
   bool destroyed = false;
+  int64_t windows = 0, devs = 0;  // windows / device communicators made so far
   std::string name;  // "comm 0x.. (rank r of n)"
   std::string destroyed_at;
 };
 
 struct ncclWindow_vidmem {
   ncclComm* comm = nullptr;
+  int64_t seq = 0;  // registration order on the comm
   bool live = true;
   int lsa_rank = 0, lsa_size = 1;
   std::vector<char*> base;     // per LSA peer: the local address of its window
@@ -72,6 +78,7 @@ struct ncclWindow_vidmem {
 namespace cocoviz_emu {
 struct NcclDevState {
   ncclComm* comm = nullptr;
+  int64_t seq = 0;  // creation order on the comm
   bool live = true;
   int lsa_rank = 0, lsa_size = 1, barriers = 0;
   size_t stride = 0;               // bytes per barrier slot in a rank's barrier file
@@ -254,8 +261,8 @@ template <class C>
 C combine_float(int op, C a, C b) {
   switch (op) {
     case ncclProd: return a * b;
-    case ncclMax: return std::fmax(a, b);
-    case ncclMin: return std::fmin(a, b);
+    case ncclMax: return (a > b || a != a) ? a : b;  // NaN propagates, as in the reference
+    case ncclMin: return (a < b || a != a) ? a : b;
     default: return a + b;  // sum, avg
   }
 }
@@ -279,20 +286,34 @@ void reduce_int(void* out, const std::vector<const char*>& src, size_t n, int op
   }
 }
 
-// S: storage type, C: arithmetic type; every step is rounded back to S.
+// f16/bf16 combine in f32 and round once, as the reference does (docs/semantics-notes.md);
+// COCOVIZ_EMU_HALF_SUM=1 rounds after every pairwise step instead, as NCCL's ring kernels
+// do on a GPU (its order differs again: rank order here).
+bool half_steps() {
+  static const bool on = [] {
+    const char* v = std::getenv("COCOVIZ_EMU_HALF_SUM");
+    return v != nullptr && v[0] == '1';
+  }();
+  return on;
+}
+
+// S: storage type, C: arithmetic type; `each` rounds every step back to S, else once.
 template <class S, class C, class Load, class Store>
 void reduce_float(void* out, const std::vector<const char*>& src, size_t n, int op, Load load,
-                  Store store) {
+                  Store store, bool each) {
   const int P = static_cast<int>(src.size());
   for (size_t i = 0; i < n; ++i) {
     S s;
     std::memcpy(&s, src[0] + i * sizeof(S), sizeof(S));
+    C acc = load(s);
     for (int r = 1; r < P; ++r) {
       S v;
       std::memcpy(&v, src[static_cast<size_t>(r)] + i * sizeof(S), sizeof(S));
-      s = store(combine_float<C>(op, load(s), load(v)));
+      acc = combine_float<C>(op, acc, load(v));
+      if (each) acc = load(store(acc));
     }
-    if (op == ncclAvg) s = store(load(s) / static_cast<C>(P));
+    if (op == ncclAvg) acc = (each ? load(store(acc)) : acc) / static_cast<C>(P);
+    s = store(acc);
     std::memcpy(static_cast<char*>(out) + i * sizeof(S), &s, sizeof(S));
   }
 }
@@ -307,10 +328,10 @@ void reduce(void* out, const std::vector<const char*>& src, size_t n, int type, 
     case ncclUint32: return reduce_int<uint32_t>(out, src, n, op);
     case ncclInt64: return reduce_int<int64_t>(out, src, n, op);
     case ncclUint64: return reduce_int<uint64_t>(out, src, n, op);
-    case ncclFloat16: return reduce_float<uint16_t, float>(out, src, n, op, half_to_float, float_to_half);
-    case ncclBfloat16: return reduce_float<uint16_t, float>(out, src, n, op, bf16_to_float, float_to_bf16);
-    case ncclFloat32: return reduce_float<float, float>(out, src, n, op, same_f, same_f);
-    case ncclFloat64: return reduce_float<double, double>(out, src, n, op, same_d, same_d);
+    case ncclFloat16: return reduce_float<uint16_t, float>(out, src, n, op, half_to_float, float_to_half, half_steps());
+    case ncclBfloat16: return reduce_float<uint16_t, float>(out, src, n, op, bf16_to_float, float_to_bf16, half_steps());
+    case ncclFloat32: return reduce_float<float, float>(out, src, n, op, same_f, same_f, false);
+    case ncclFloat64: return reduce_float<double, double>(out, src, n, op, same_d, same_d, false);
     default: emu::fail("emulation", "reduce: unexpected datatype " + std::to_string(type));
   }
 }
@@ -380,8 +401,9 @@ const char* kind_name(int k) {
 // What a rank called, exchanged before a collective call touches anything.
 struct Call {
   int32_t kind = 0, type = -1, op = -1, root = -1;
-  uint64_t count = 0;
-  int64_t a = 0, b = 0;  // kind-specific (split: color, key; window: bytes, flags; dev comm: barriers)
+  uint64_t count = 0;    // elements; lsaBarrierCount for ncclDevCommCreate
+  int64_t object = -1;   // which window / device communicator of the comm (creation order)
+  int64_t a = 0, b = 0;  // not compared: ncclCommSplit's color and key
   int32_t line = 0;
   char file[100] = {};
   char stage[60] = {};
@@ -407,6 +429,11 @@ std::string call_text(const Call& c) {
     s += " " + std::to_string(c.count) + " x " + type_name(c.type);
     if (c.kind != kAllGather && c.kind != kBroadcast) s += ", " + op_name(c.op);
     if (c.kind == kBroadcast || c.kind == kReduce) s += ", root " + std::to_string(c.root);
+  } else if (c.kind == kSplit) {
+    s += " color " + std::to_string(c.a) + ", key " + std::to_string(c.b);
+  } else {
+    s += std::string(c.kind <= kWindowDeregister ? " window #" : " device communicator #") + std::to_string(c.object);
+    if (c.kind == kDevCommCreate) s += ", lsaBarrierCount " + std::to_string(c.count);
   }
   s += " at " + std::string(c.file) + ":" + std::to_string(c.line);
   if (c.stage[0] != '\0') s += ", stage '" + std::string(c.stage) + "'";
@@ -431,14 +458,17 @@ std::vector<Call> agree(const ncclComm& comm, const Call& mine, const std::strin
   mpi_wait(&r, 1, pending + ": waiting for every rank of the communicator to make the same call");
   for (const Call& c : all) {
     const char* what = c.kind != mine.kind ? "the call"
-                       : c.count != mine.count ? "the count"
+                       : c.count != mine.count ? (mine.kind == kDevCommCreate ? "lsaBarrierCount" : "the count")
                        : c.type != mine.type ? "the datatype"
                        : c.op != mine.op ? "the reduction op"
-                       : c.root != mine.root ? "the root" : nullptr;
+                       : c.root != mine.root ? "the root"
+                       : c.object != mine.object ? "which window or device communicator they mean (create and "
+                                                   "release them in the same order on every rank)"
+                                                 : nullptr;
     if (what != nullptr) {
       emu::fail("collective mismatch",
-                std::string("the ranks of ") + comm.name + " differ in " + what + " (" + kind_name(mine.kind) +
-                    " here): NCCL needs every rank of a communicator to make the same calls in the same order",
+                std::string("the ranks of ") + comm.name + " differ in " + what + " at " + kind_name(mine.kind) +
+                    ": every rank of a communicator must make the same calls, in the same order",
                 every_call(comm, all));
     }
   }
@@ -446,23 +476,28 @@ std::vector<Call> agree(const ncclComm& comm, const Call& mine, const std::strin
 }
 
 // ============================================================ point to point
+//
+// A send is one message: its descriptor and clock, then the data inline (small) or the
+// name of a file holding it (large: the receiver reads and removes it, so a sender that
+// goes on computing never holds up the transfer). It is sent synchronously-non-blocking
+// (MPI_Issend), so the sender knows when it was received; the receiver matches messages
+// per (comm, peer) in posting order with MPI_Improbe.
 
-constexpr int kTagDesc = 7301, kTagData = 7302;
+constexpr int kTagP2P = 7301;
+constexpr size_t kInline = 4096;
 
 struct P2PDesc {
-  int32_t type;
-  int32_t line;
+  int32_t type, line;
   uint64_t count;
-  char file[100];
-  char stage[60];
+  char file[100], stage[60];
+  char path[200];  // data file, "" when the data follows inline
 };
 
 struct PendingSend {
   ncclComm* comm;
-  int peer;
   std::string text;
-  std::vector<char> desc, data;
-  MPI_Request req[2];
+  std::vector<char> msg;
+  MPI_Request req;
 };
 std::vector<std::unique_ptr<PendingSend>> g_sends;
 
@@ -475,9 +510,9 @@ struct PendingRecv {
   emu::Stream* stream;
   emu::Site site;
   std::string text;
-  std::vector<char> desc, data;
-  MPI_Request req[2] = {MPI_REQUEST_NULL, MPI_REQUEST_NULL};
-  bool data_posted = false;
+  std::vector<char> msg;
+  MPI_Request req = MPI_REQUEST_NULL;
+  bool matched = false, done = false;
 };
 std::vector<PendingRecv*> g_recvs;  // posted, not yet finished (owned by their caller)
 
@@ -487,10 +522,44 @@ std::string p2p_text(const char* fn, const char* dir, int peer, size_t count, in
          type_name(type) + ") on " + c.name + " at " + where(s);
 }
 
+std::string data_dir() {
+  for (const char* v : {"COCOVIZ_EMU_DIR", "TMPDIR"}) {
+    const char* d = std::getenv(v);
+    if (d != nullptr && d[0] != '\0') return d;
+  }
+  return "/tmp";
+}
+
+std::string write_data_file(const void* data, size_t n) {
+  static unsigned counter = 0;
+  const std::string path = data_dir() + "/cocoviz-emu-p2p-" + std::to_string(::getpid()) + "-" + std::to_string(counter++);
+  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL, 0600);
+  if (fd < 0) emu::fail("emulation", "ncclSend: cannot create " + path + ": " + std::strerror(errno));
+  for (size_t done = 0; done < n;) {
+    const ssize_t k = ::write(fd, static_cast<const char*>(data) + done, n - done);
+    if (k <= 0) emu::fail("emulation", "ncclSend: cannot write " + path + ": " + std::strerror(errno));
+    done += static_cast<size_t>(k);
+  }
+  ::close(fd);
+  return path;
+}
+
+void read_data_file(const std::string& path, void* data, size_t n) {
+  const int fd = ::open(path.c_str(), O_RDONLY);
+  if (fd < 0) emu::fail("emulation", "ncclRecv: cannot open the sender's data " + path + ": " + std::strerror(errno));
+  for (size_t done = 0; done < n;) {
+    const ssize_t k = ::read(fd, static_cast<char*>(data) + done, n - done);
+    if (k <= 0) emu::fail("emulation", "ncclRecv: cannot read the sender's data " + path);
+    done += static_cast<size_t>(k);
+  }
+  ::close(fd);
+  ::unlink(path.c_str());
+}
+
 void progress_sends() {
   for (size_t i = 0; i < g_sends.size();) {
     int done = 0;
-    MPI_Testall(2, g_sends[i]->req, &done, MPI_STATUSES_IGNORE);
+    MPI_Test(&g_sends[i]->req, &done, MPI_STATUS_IGNORE);
     if (done) {
       g_sends.erase(g_sends.begin() + static_cast<long>(i));
     } else {
@@ -499,36 +568,26 @@ void progress_sends() {
   }
 }
 
-// Posts the data receive of every posted receive whose descriptor arrived, in posting order
-// per (comm, peer) so that data messages match in the order they were sent.
+// Matches arrived messages to posted receives, in posting order per (comm, peer).
 void progress_recvs() {
   std::vector<std::pair<ncclComm*, int>> blocked;
   for (PendingRecv* r : g_recvs) {
-    if (r->data_posted) continue;
+    if (r->matched) continue;
     const auto key = std::make_pair(r->comm, r->peer);
     if (std::find(blocked.begin(), blocked.end(), key) != blocked.end()) continue;
-    int done = 0;
-    MPI_Test(&r->req[0], &done, MPI_STATUS_IGNORE);
-    if (!done) {
+    int flag = 0;
+    MPI_Message m;
+    MPI_Status st;
+    MPI_Improbe(r->peer, kTagP2P, r->comm->mpi, &flag, &m, &st);
+    if (!flag) {
       blocked.push_back(key);
       continue;
     }
-    P2PDesc d;
-    std::memcpy(&d, r->desc.data(), sizeof d);
-    if (d.count != r->count || d.type != r->type) {
-      const std::string sender = std::to_string(d.count) + " x " + type_name(d.type) + " at " + d.file + ":" +
-                                 std::to_string(d.line) + (d.stage[0] ? ", stage '" + std::string(d.stage) + "'" : "");
-      SiteScope scope(r->site);
-      emu::fail("send/recv mismatch",
-                "on " + r->comm->name + ", rank " + std::to_string(r->peer) + " sends " + sender +
-                    ", but this rank receives " + std::to_string(r->count) + " x " + type_name(r->type) + " at " +
-                    where(r->site),
-                {"ncclSend and its ncclRecv must have the same count and datatype"});
-    }
-    const size_t bytes = r->count * elem_size(r->type);
-    r->data.resize(bytes);
-    MPI_Irecv(r->data.data(), mpi_count(bytes, r->text), MPI_BYTE, r->peer, kTagData, r->comm->mpi, &r->req[1]);
-    r->data_posted = true;
+    int n = 0;
+    MPI_Get_count(&st, MPI_BYTE, &n);
+    r->msg.resize(static_cast<size_t>(n));
+    MPI_Imrecv(r->msg.data(), n, MPI_BYTE, &m, &r->req);
+    r->matched = true;
   }
 }
 
@@ -537,32 +596,53 @@ void progress_all() {
   progress_recvs();
 }
 
+// True once the receive's message is here; checks that it is what the receive expects.
+bool recv_done(PendingRecv* r) {
+  if (r->done) return true;
+  int flag = 0;
+  if (!r->matched || (MPI_Test(&r->req, &flag, MPI_STATUS_IGNORE), !flag)) return false;
+  r->done = true;
+  P2PDesc d;
+  std::memcpy(&d, r->msg.data(), sizeof d);
+  if (d.count != r->count || d.type != r->type) {
+    const std::string sender = std::to_string(d.count) + " x " + type_name(d.type) + " at " + d.file + ":" +
+                               std::to_string(d.line) + (d.stage[0] ? ", stage '" + std::string(d.stage) + "'" : "");
+    SiteScope scope(r->site);
+    emu::fail("send/recv mismatch",
+              "on " + r->comm->name + ", rank " + std::to_string(r->peer) + " sends " + sender +
+                  ", but this rank receives " + std::to_string(r->count) + " x " + type_name(r->type) + " at " +
+                  where(r->site),
+              {"ncclSend and its ncclRecv must have the same count and datatype"});
+  }
+  return true;
+}
+
 // A send: reads the buffer now (the copy travels), publishes the sender's clock.
 void post_send(const void* buff, size_t count, int type, int peer, ncclComm* comm, emu::Stream* stream,
                const emu::Site& site) {
   SiteScope scope(site);
-  const size_t bytes = count * elem_size(type);
+  const size_t bytes = count * elem_size(type), vb = vc_bytes();
   auto s = std::make_unique<PendingSend>();
   s->comm = comm;
-  s->peer = peer;
   s->text = p2p_text("ncclSend", "to", peer, count, type, *comm, site);
   emu::Op op(stream, "ncclSend to rank " + std::to_string(peer) + " on " + comm->name);
-  if (bytes > 0) {
-    emu::check_range(buff, bytes, "ncclSend sendbuff (" + std::to_string(count) + " x " + type_name(type) + ")");
-    emu::access(buff, bytes, false);
-    s->data.assign(static_cast<const char*>(buff), static_cast<const char*>(buff) + bytes);
-  }
   P2PDesc d{};
   d.type = type;
   d.line = site.line;
   d.count = count;
   copy_str(d.file, sizeof d.file, site.file);
   copy_str(d.stage, sizeof d.stage, site.stage);
-  s->desc.resize(sizeof d + vc_bytes());
-  std::memcpy(s->desc.data(), &d, sizeof d);
-  put_vc(s->desc.data() + sizeof d, op.release());
-  MPI_Isend(s->desc.data(), mpi_count(s->desc.size(), s->text), MPI_BYTE, peer, kTagDesc, comm->mpi, &s->req[0]);
-  MPI_Isend(s->data.data(), mpi_count(bytes, s->text), MPI_BYTE, peer, kTagData, comm->mpi, &s->req[1]);
+  const bool inline_data = bytes <= kInline;
+  if (bytes > 0) {
+    emu::check_range(buff, bytes, "ncclSend sendbuff (" + std::to_string(count) + " x " + type_name(type) + ")");
+    emu::access(buff, bytes, false);
+    if (!inline_data) copy_str(d.path, sizeof d.path, write_data_file(buff, bytes));
+  }
+  s->msg.resize(sizeof d + vb + (inline_data ? bytes : 0));
+  std::memcpy(s->msg.data(), &d, sizeof d);
+  put_vc(s->msg.data() + sizeof d, op.release());
+  if (inline_data && bytes > 0) std::memcpy(s->msg.data() + sizeof d + vb, buff, bytes);
+  MPI_Issend(s->msg.data(), mpi_count(s->msg.size(), s->text), MPI_BYTE, peer, kTagP2P, comm->mpi, &s->req);
   g_sends.push_back(std::move(s));
 }
 
@@ -573,16 +653,7 @@ void post_recv(PendingRecv* r) {
     emu::check_range(r->buff, bytes, "ncclRecv recvbuff (" + std::to_string(r->count) + " x " + type_name(r->type) + ")");
   }
   r->text = p2p_text("ncclRecv", "from", r->peer, r->count, r->type, *r->comm, r->site);
-  r->desc.resize(sizeof(P2PDesc) + vc_bytes());
-  MPI_Irecv(r->desc.data(), static_cast<int>(r->desc.size()), MPI_BYTE, r->peer, kTagDesc, r->comm->mpi, &r->req[0]);
   g_recvs.push_back(r);
-}
-
-bool recv_done(PendingRecv* r) {
-  if (!r->data_posted) return false;
-  int done = 0;
-  MPI_Test(&r->req[1], &done, MPI_STATUS_IGNORE);
-  return done != 0;
 }
 
 // Waits for posted receives, then writes each (one operation per receive, in order).
@@ -594,10 +665,16 @@ void finish_recvs(const std::vector<PendingRecv*>& rs) {
     g_recvs.erase(std::find(g_recvs.begin(), g_recvs.end(), r));
     SiteScope scope(r->site);
     emu::Op op(r->stream, "ncclRecv from rank " + std::to_string(r->peer) + " on " + r->comm->name);
-    op.acquire(get_vc(r->desc.data() + sizeof(P2PDesc)));
-    if (!r->data.empty()) {
-      emu::access(r->buff, r->data.size(), true);
-      std::memcpy(r->buff, r->data.data(), r->data.size());
+    op.acquire(get_vc(r->msg.data() + sizeof(P2PDesc)));
+    const size_t bytes = r->count * elem_size(r->type);
+    if (bytes == 0) continue;
+    emu::access(r->buff, bytes, true);
+    P2PDesc d;
+    std::memcpy(&d, r->msg.data(), sizeof d);
+    if (d.path[0] != '\0') {
+      read_data_file(d.path, r->buff, bytes);
+    } else {
+      std::memcpy(r->buff, r->msg.data() + sizeof d + vc_bytes(), bytes);
     }
   }
 }
@@ -1166,6 +1243,7 @@ ncclResult_t ncclCommWindowRegister(ncclComm_t comm, void* buff, size_t size, nc
                                   " made by " + a->label});
   }
   Call mine = make_call(kWindowRegister);
+  mine.object = c->windows;
   const std::string what = std::string("ncclCommWindowRegister on ") + c->name;
   const std::vector<Call> calls = agree(*c, mine, what);
   Share s{};
@@ -1194,6 +1272,7 @@ ncclResult_t ncclCommWindowRegister(ncclComm_t comm, void* buff, size_t size, nc
   }
   for (int q = 0; q < w->lsa_size; ++q) w->size.push_back(all[static_cast<size_t>(first + q)].bytes);
   w->comm = c;
+  w->seq = c->windows++;
   w->user = buff;
   w->where = emu::site_text(emu::site());
   *win = w.get();
@@ -1210,7 +1289,9 @@ ncclResult_t ncclCommWindowDeregister(ncclComm_t comm, ncclWindow_t win) {
   ncclWindow_vidmem* w = live_window(win, "ncclCommWindowDeregister");
   if (w->comm != c) emu::fail("window", "ncclCommWindowDeregister: the window belongs to " + w->comm->name + ", not " + c->name);
   const std::string what = std::string("ncclCommWindowDeregister on ") + c->name;
-  agree(*c, make_call(kWindowDeregister), what);
+  Call mine = make_call(kWindowDeregister);
+  mine.object = w->seq;
+  agree(*c, mine, what);
   release_window(w);
   collective_barrier(*c, what);  // no rank unmaps while a peer still registers
   return ncclSuccess;
@@ -1232,12 +1313,14 @@ ncclResult_t ncclDevCommCreate(ncclComm_t comm, ncclDevCommRequirements_t const*
   }
   const std::string what = std::string("ncclDevCommCreate on ") + c->name;
   Call mine = make_call(kDevCommCreate);
-  mine.count = static_cast<uint64_t>(reqs->lsaBarrierCount);  // must agree
+  mine.count = static_cast<uint64_t>(reqs->lsaBarrierCount);
+  mine.object = c->devs;
   agree(*c, mine, what);
   auto d = std::make_unique<emu::NcclDevState>();
   int first = 0;
   lsa_team(*c, &d->lsa_rank, &d->lsa_size, &first);
   d->comm = c;
+  d->seq = c->devs++;
   d->barriers = reqs->lsaBarrierCount;
   d->stride = 64 + 2 * vc_bytes();
   d->arrived.assign(static_cast<size_t>(d->barriers), 0);
@@ -1276,7 +1359,9 @@ ncclResult_t ncclDevCommDestroy(ncclComm_t comm, ncclDevComm_t const* devComm) {
   if (!d->live) emu::fail("device communicator", "ncclDevCommDestroy: the device communicator was destroyed already");
   if (d->comm != c) emu::fail("device communicator", "ncclDevCommDestroy: the device communicator belongs to " + d->comm->name + ", not " + c->name);
   const std::string what = std::string("ncclDevCommDestroy on ") + c->name;
-  agree(*c, make_call(kDevCommDestroy), what);
+  Call mine = make_call(kDevCommDestroy);
+  mine.object = d->seq;
+  agree(*c, mine, what);
   release_dev(d);
   collective_barrier(*c, what);
   return ncclSuccess;

@@ -10,9 +10,12 @@
 // respects stream order and every recorded event. What the host order hides — two
 // streams that the program did not order — the happens-before checker finds instead:
 //
-//   Agents. On each rank: the host (agent 0), the legacy default stream (agent 1) and
-//   each created stream (agents 2..kAgentsPerRank-1). Global agent id = rank *
-//   kAgentsPerRank + local id. Every agent has a vector clock (VC) over all global agents.
+//   Agents. On each rank: the host, the legacy default stream and each created stream,
+//   and for every stream the blocks of its kernels (block b as CTA slot b % kCtaSlots), which
+//   run concurrently on a GPU: a kernel forks one clock per block from its stream's and
+//   joins them back when it ends, so an LSA barrier of block b publishes what block b did,
+//   not what the blocks before it did. Global agent id = rank * kAgentsPerRank + local id.
+//   Every agent has a vector clock (VC) over all global agents.
 //   An operation's VC is its stream's VC joined with the host's VC at enqueue time
 //   (and with the legacy stream's, or every blocking stream's, by CUDA's legacy-stream
 //   rules); event records copy a stream's VC, cudaStreamWaitEvent joins it, host
@@ -46,7 +49,9 @@
 
 namespace cocoviz_emu {
 
-constexpr int kAgentsPerRank = 8;  // host, legacy stream, up to 6 created streams
+constexpr int kStreamSlots = 8;   // host, legacy stream, up to 6 created streams
+constexpr int kCtaSlots = 32;     // per stream: the blocks of its kernels (block b: b % 32)
+constexpr int kAgentsPerRank = kStreamSlots * (1 + kCtaSlots);
 constexpr int kReads = 4;          // read epochs kept per shadow cell (an antichain)
 constexpr size_t kGranule = 2;     // bytes per shadow cell
 
@@ -82,21 +87,21 @@ struct VC {
   std::vector<uint32_t> c;  // world_size() * kAgentsPerRank entries
   VC();
   void join(const VC& o);
-  bool covers(uint32_t epoch) const;  // the access with this epoch happened before
+  bool covers(uint64_t epoch) const;  // the access with this epoch happened before
 };
 
-// An epoch packs a global agent id (high 8 bits) and that agent's clock (low 24 bits).
-inline uint32_t make_epoch(int agent, uint32_t clock) {
-  return (static_cast<uint32_t>(agent) << 24) | (clock & 0xffffffu);
+// An epoch packs a global agent id (high 32 bits) and that agent's clock (low 32 bits).
+inline uint64_t make_epoch(int agent, uint32_t clock) {
+  return (static_cast<uint64_t>(agent) << 32) | clock;
 }
-inline int epoch_agent(uint32_t e) { return static_cast<int>(e >> 24); }
-inline uint32_t epoch_clock(uint32_t e) { return e & 0xffffffu; }
+inline int epoch_agent(uint64_t e) { return static_cast<int>(e >> 32); }
+inline uint32_t epoch_clock(uint64_t e) { return static_cast<uint32_t>(e); }
 
 // ------------------------------------------------------------------- memory
 
 struct Cell {
-  uint32_t w;           // epoch of the last write (0: none)
-  uint32_t r[kReads];   // epochs of reads since (0: empty slot)
+  uint64_t w;           // epoch of the last write (0: none)
+  uint64_t r[kReads];   // epochs of reads since (0: empty slot)
 };
 
 // A process-shared spin lock (lives in shared mappings too).
@@ -177,19 +182,27 @@ class Op {
   ~Op();
   Op(const Op&) = delete;
   Op& operator=(const Op&) = delete;
-  VC& vc();                  // the operation's clock (grows at joins)
+  VC& vc();                  // the current clock (the running block's inside a kernel)
   const VC& vc() const;
-  uint32_t epoch() const;    // epoch of accesses made now
+  uint64_t epoch() const;    // epoch of accesses made now
   // Publishing for a synchronization with peers: returns the VC to hand to them, then
-  // advances this operation's own clock so later accesses are not covered by it.
+  // advances the current clock so later accesses are not covered by it.
   VC release();
   void acquire(const VC& other);  // joins a peer's published VC
   const std::string& what() const;
   Stream* stream() const;
+  // Kernels: block b runs as CTA slot b % kCtaSlots of the stream, with a clock forked
+  // from the operation's at its start; end_blocks() joins every block's clock back.
+  void begin_block(unsigned b);
+  void end_blocks();
 
  private:
   Stream* s_;
   std::string what_;
+  VC* cur_;                  // the stream's VC, or the running block's
+  int cur_agent_;
+  VC start_;                 // the stream's VC when the operation started
+  std::vector<VC> cta_;      // per CTA slot: its forked VC (empty until used)
 };
 Op* current_op();  // nullptr outside an operation
 
