@@ -33,9 +33,7 @@ from cocoviz.ir.nodes import Program
 RANKS = {"pipeline_stage": ("tp=1,pp=2", "tp=2,pp=2")}
 MODES = ("nccl", "nccl-device")
 
-EMU_CASES = [
-    (n, s, m, r) for n, s in cases() for r in RANKS.get(n, ("2", "4")) for m in MODES
-]
+EMU_CASES = [(n, s, m, r) for n, s in cases() for r in RANKS.get(n, ("2", "4")) for m in MODES]
 
 
 @pytest.fixture(scope="session")
@@ -101,9 +99,55 @@ def test_emulated_run_checks_and_matches_reference(
 
 @pytest.mark.parametrize(
     ("schedule", "mode"),
-    [(None, "nccl"), ("split", "nccl"), ("chunked", "nccl"), ("fused", "nccl"), ("fused", "nccl-device")],
+    [
+        (None, "nccl"),
+        ("split", "nccl"),
+        ("chunked", "nccl"),
+        ("fused", "nccl"),
+        ("fused", "nccl-device"),
+    ],
 )
 def test_emulated_avg_programs(schedule: str | None, mode: str, emu_cache: Path) -> None:
     program, _ = text_programs(AVG_PROGRAM, schedule)
     files = emit_text(AVG_PROGRAM, schedule, "cuda", mode)
     _run_once(files, program, emu_cache)
+
+
+def test_emit_build_emulate_adam_fused_runs_check(tmp_path: Path) -> None:
+    """The issue's command: `cocoviz emit adam --schedule fused -o out --ranks 4
+    -D N=4096 --build --emulate && (cd out && ./run.sh --emulate --check)`."""
+    from emit_support import need_mpicxx
+
+    from cocoviz.cli import main
+
+    need_mpicxx()
+    out = tmp_path / "out"
+    argv = ["emit", "adam", "--schedule", "fused", "-o", str(out), "--ranks", "4"]
+    assert main([*argv, "-D", "N=4096", "--build", "--emulate"]) == 0
+    assert (out / "adam-emu").exists() and not (out / "adam").exists()
+    res = run_emulated(out, "--check", "--iters", "2")
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert json.loads(res.stdout.strip().splitlines()[-1])["check"] == "pass"
+    # every rank's copy of the replicated output, after the first and the last iteration
+    for r in range(4):
+        assert f"check w1 after iteration 3 (copy on group rank {r}): ok" in res.stderr
+
+
+def test_emulate_needs_build_and_the_cuda_target(tmp_path: Path, capsys) -> None:
+    from cocoviz.cli import main
+
+    argv = ["emit", "sgd", "-o", str(tmp_path / "o"), "-D", "N=64"]
+    assert main([*argv, "--emulate"]) == 2
+    assert "--emulate needs --build" in capsys.readouterr().err
+    assert main([*argv, "--target", "cpu", "--build", "--emulate"]) == 2
+    assert "CPU emulation of the CUDA target" in capsys.readouterr().err
+
+
+def test_run_sh_emulate_without_build_says_make_emulate(tmp_path: Path) -> None:
+    from emit_support import write
+
+    files = emit_files("sgd", "fused", "cuda", ranks="2")
+    write(tmp_path, files)
+    res = run_emulated(tmp_path, "--check")
+    assert res.returncode == 2
+    assert "run 'make emulate' first" in res.stderr

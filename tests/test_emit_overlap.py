@@ -28,7 +28,7 @@ def test_each_chunk_gemm_event_wait_collective_in_order() -> None:
         r"cudaEventRecord\(S->ev_(\w+)\[0\]\[k\], S->compute\)",
         r"cudaStreamWaitEvent\(S->comm, S->ev_\w+\[0\]\[k\], 0\)",
         r"ncclReduceScatter\(B\.v_sch_layer \+ \(\d+ \* k\), B\.v_sch_sum_rs \+ \(\d+ \* k\), .*S->comm\)",
-        r"k_sch_out_s<<<\d+, kThreads, 0, S->comm>>>\(B, C, P, tp, k\)",
+        r"COCOVIZ_LAUNCH\(k_sch_out_s, \d+, kThreads, 0, S->comm\)\(B, C, P, tp, k\)",
         r"ncclAllGather\(B\.v_sch_out_s \+ \(\d+ \* k\), B\.v_sch_out \+ \(\d+ \* k\), .*S->comm\)",
     ]
     pos = 0

@@ -38,7 +38,7 @@ def test_fused_shard_kernel_is_packed_with_per_element_broadcast_and_dropout() -
     packed = k[k.index("#pragma unroll") : k.index("scalar_from = 393216")]
     # the bias is read at its broadcast index, dropout at the element's global index
     assert "const int64_t i = i0 + j;" in packed
-    assert "B.in_sch_b[v4]" in packed and "dropout_keep(" in packed
+    assert "COCOVIZ_LD(B.in_sch_b, v4)" in packed and "dropout_keep(" in packed
     assert "for (int64_t i = scalar_from; i < 393216; i += stride)" in k
 
 

@@ -1,9 +1,10 @@
 """Mutation check of the emulation: seeded mistakes of the kinds a code generator makes —
 a collective offset off by one slice, a wrong count, a GEMM leading dimension, a chunk
 offset, a removed cudaStreamWaitEvent, a removed LSA barrier, the in-place allgather at
-the wrong address, a memset on the legacy stream — are applied to emitted trees, and the
+the wrong address, a memset on the legacy stream, a collective one rank skips, a send
+nobody makes — are applied to emitted trees, and the
 emulated `run.sh --emulate --check` must catch every one: a rule violation or a hazard
-(exit 3, "cocoviz emulation: ..."), a failed CUDA/cuBLAS/NCCL call (exit 1) or a check
+(exit 3, "cocoviz emulation: ..."), the watchdog, a failed CUDA/cuBLAS/NCCL call (exit 1) or a check
 mismatch (exit 4). A mutant that runs clean is a hole in the emulation."""
 
 from __future__ import annotations
@@ -27,47 +28,146 @@ class Mutant:
     pattern: str  # a regex matched once in the scheduled program's namespace
     replacement: str
     caught_by: str  # what must appear in the output: a rule, "hazard" or "MISMATCH"
+    ranks: str = "4"
 
 
 MUTANTS = [
-    Mutant("allgather-in-place-address", "adam", "fused", "nccl",
-           r"ncclAllGather\(B\.v_sch_w1 \+ \(0\) \+ tp \* 256,", "ncclAllGather(B.v_sch_w1_s + (0),",
-           "in-place rule"),
-    Mutant("reducescatter-wrong-count", "adam", "fused", "nccl",
-           r"(ncclReduceScatter\(B\.in_sch_g \+ \(0\), B\.v_sch_g1_rs \+ \(0\), )256,", r"\g<1>128,",
-           "MISMATCH"),
-    Mutant("allgather-offset-one-slice", "megatron_mlp", "mm_rs_c_ag", "nccl",
-           r"ncclAllGather\(B\.v_sch_out_s \+ \(0\), B\.v_sch_out \+ \(0\),",
-           "ncclAllGather(B.v_sch_out_s + (0), B.v_sch_out + (64),", "out of bounds"),
-    Mutant("reducescatter-send-offset-one-slice", "megatron_mlp", "mm_rs_c_ag", "nccl",
-           r"ncclReduceScatter\(B\.v_sch_layer \+ \(0\),", "ncclReduceScatter(B.v_sch_layer + (64),",
-           "out of bounds"),
-    Mutant("gemm-leading-dimension", "megatron_mlp", "fused", "nccl",
-           r"&alpha, B\.in_sch_w, CUDA_R_16F, 16,", "&alpha, B.in_sch_w, CUDA_R_16F, 17,",
-           "out of bounds"),
-    Mutant("gemm-leading-dimension-too-small", "megatron_mlp", "fused", "nccl",
-           r"(B\.in_sch_x \+ \(16 \* k\), CUDA_R_16F, )4,", r"\g<1>3,", "cuBLAS"),
-    Mutant("chunk-offset", "megatron_mlp", "fused", "nccl",
-           r"ncclAllGather\(B\.v_sch_out_s \+ \(16 \* k\), B\.v_sch_out \+ \(64 \* k\),",
-           "ncclAllGather(B.v_sch_out_s + (16 * k), B.v_sch_out + (64 * ((k + 1) % 4)),", "MISMATCH"),
-    Mutant("chunk-offset-of-reducescatter-input", "transformer_block", "fused", "nccl",
-           r"ncclReduceScatter\(B\.v_sch_y \+ \(64 \* k\),", "ncclReduceScatter(B.v_sch_y + (64 * (3 - k)),",
-           "hazard"),
-    Mutant("removed-chunk-wait-event", "megatron_mlp", "fused", "nccl",
-           r'CHECK_CUDA\("layer", cudaStreamWaitEvent\(S->comm, S->ev_ol_sch_overlap_layer\[0\]\[k\], 0\)\);',
-           "", "hazard"),
-    Mutant("removed-final-wait-event", "transformer_block", "fused", "nccl",
-           r'CHECK_CUDA\("y, ys_rs, out_s, out", cudaStreamWaitEvent\(S->main, S->ev_ol_sch_overlap_y_comm_done, 0\)\);',
-           "", "hazard"),
-    Mutant("removed-first-lsa-barrier", "sgd", "fused", "nccl-device",
-           r"bar\.sync\(ncclCoopCta\(\), cuda::memory_order_acq_rel\);  // peers finished", "// peers finished",
-           "hazard"),
-    Mutant("removed-last-lsa-barrier", "sgd", "fused", "nccl-device",
-           r"bar\.sync\(ncclCoopCta\(\), cuda::memory_order_acq_rel\);  // our writes", "// our writes",
-           "hazard"),
-    Mutant("memset-on-legacy-stream", "sgd", "rs_c_ag", "nccl",
-           r"cudaMemsetAsync\(mem, 0, sizeof\(float\) \* 1024, S->main\)", "cudaMemset(mem, 0, sizeof(float) * 1024)",
-           "hazard"),
+    Mutant(
+        "allgather-in-place-address",
+        "adam",
+        "fused",
+        "nccl",
+        r"ncclAllGather\(B\.v_sch_w1 \+ \(0\) \+ tp \* 256,",
+        "ncclAllGather(B.v_sch_w1_s + (0),",
+        "in-place rule",
+    ),
+    Mutant(
+        "reducescatter-wrong-count",
+        "adam",
+        "fused",
+        "nccl",
+        r"(ncclReduceScatter\(B\.in_sch_g \+ \(0\), B\.v_sch_g1_rs \+ \(0\), )256,",
+        r"\g<1>128,",
+        "MISMATCH",
+    ),
+    Mutant(
+        "allgather-offset-one-slice",
+        "megatron_mlp",
+        "mm_rs_c_ag",
+        "nccl",
+        r"ncclAllGather\(B\.v_sch_out_s \+ \(0\), B\.v_sch_out \+ \(0\),",
+        "ncclAllGather(B.v_sch_out_s + (0), B.v_sch_out + (64),",
+        "out of bounds",
+    ),
+    Mutant(
+        "reducescatter-send-offset-one-slice",
+        "megatron_mlp",
+        "mm_rs_c_ag",
+        "nccl",
+        r"ncclReduceScatter\(B\.v_sch_layer \+ \(0\),",
+        "ncclReduceScatter(B.v_sch_layer + (64),",
+        "out of bounds",
+    ),
+    Mutant(
+        "gemm-leading-dimension",
+        "megatron_mlp",
+        "fused",
+        "nccl",
+        r"&alpha, B\.in_sch_w, CUDA_R_16F, 16,",
+        "&alpha, B.in_sch_w, CUDA_R_16F, 17,",
+        "out of bounds",
+    ),
+    Mutant(
+        "gemm-leading-dimension-too-small",
+        "megatron_mlp",
+        "fused",
+        "nccl",
+        r"(B\.in_sch_x \+ \(16 \* k\), CUDA_R_16F, )4,",
+        r"\g<1>3,",
+        "cuBLAS",
+    ),
+    Mutant(
+        "chunk-offset",
+        "megatron_mlp",
+        "fused",
+        "nccl",
+        r"ncclAllGather\(B\.v_sch_out_s \+ \(16 \* k\), B\.v_sch_out \+ \(64 \* k\),",
+        "ncclAllGather(B.v_sch_out_s + (16 * k), B.v_sch_out + (64 * ((k + 1) % 4)),",
+        "MISMATCH",
+    ),
+    Mutant(
+        "chunk-offset-of-reducescatter-input",
+        "transformer_block",
+        "fused",
+        "nccl",
+        r"ncclReduceScatter\(B\.v_sch_y \+ \(64 \* k\),",
+        "ncclReduceScatter(B.v_sch_y + (64 * (3 - k)),",
+        "hazard",
+    ),
+    Mutant(
+        "removed-chunk-wait-event",
+        "megatron_mlp",
+        "fused",
+        "nccl",
+        r'CHECK_CUDA\("layer", cudaStreamWaitEvent\(S->comm, S->ev_ol_sch_overlap_layer\[0\]\[k\], 0\)\);',
+        "",
+        "hazard",
+    ),
+    Mutant(
+        "removed-final-wait-event",
+        "transformer_block",
+        "fused",
+        "nccl",
+        r'CHECK_CUDA\("y, ys_rs, out_s, out", cudaStreamWaitEvent\(S->main, S->ev_ol_sch_overlap_y_comm_done, 0\)\);',
+        "",
+        "hazard",
+    ),
+    Mutant(
+        "removed-first-lsa-barrier",
+        "sgd",
+        "fused",
+        "nccl-device",
+        r"bar\.sync\(ncclCoopCta\(\), cuda::memory_order_acq_rel\);  // peers finished",
+        "// peers finished",
+        "hazard",
+    ),
+    Mutant(
+        "removed-last-lsa-barrier",
+        "sgd",
+        "fused",
+        "nccl-device",
+        r"bar\.sync\(ncclCoopCta\(\), cuda::memory_order_acq_rel\);  // our writes",
+        "// our writes",
+        "hazard",
+    ),
+    Mutant(
+        "collective-skipped-on-one-rank",
+        "adam",
+        "fused",
+        "nccl",
+        r"CHECK_NCCL\(\"w1\", ncclAllGather",
+        'if (tp != 1) CHECK_NCCL("w1", ncclAllGather',
+        "collective mismatch",
+    ),
+    Mutant(
+        "removed-send",
+        "pipeline_stage",
+        "ar_p2p_c",
+        "nccl",
+        r'if \(ctx\.pp == 0\) CHECK_NCCL\("recv", ncclSend\(',
+        'if (false) CHECK_NCCL("recv", ncclSend(',
+        "watchdog",
+        ranks="tp=2,pp=2",
+    ),
+    Mutant(
+        "memset-on-legacy-stream",
+        "sgd",
+        "rs_c_ag",
+        "nccl",
+        r"cudaMemsetAsync\(mem, 0, sizeof\(float\) \* 1024, S->main\)",
+        "cudaMemset(mem, 0, sizeof(float) * 1024)",
+        "hazard",
+    ),
 ]
 
 
@@ -86,7 +186,7 @@ def emu_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.mark.parametrize("m", MUTANTS, ids=[m.id for m in MUTANTS])
 def test_emulation_catches_mutant(m: Mutant, emu_cache: Path, tmp_path: Path) -> None:
-    files = emit_files(m.sample, m.schedule, "cuda", m.mode, ranks="4")
+    files = emit_files(m.sample, m.schedule, "cuda", m.mode, ranks=m.ranks)
     base = build_emulated(files, emu_cache)
     tree = tmp_path / "mutant"
     shutil.copytree(base, tree, ignore=shutil.ignore_patterns("dump", ".built", ".passed"))
@@ -95,7 +195,9 @@ def test_emulation_catches_mutant(m: Mutant, emu_cache: Path, tmp_path: Path) ->
     lib = emulation_lib(emu_cache)
     res = make(tree, "emulate", f"EMU_LIB={lib}", EMU_TEST_FLAGS)
     assert res.returncode == 0, res.stdout + res.stderr
-    run = run_emulated(tree, "--check", "--iters", "1", "--warmup", "0", env={"COCOVIZ_EMU_TIMEOUT": "20"})
+    run = run_emulated(
+        tree, "--check", "--iters", "1", "--warmup", "0", env={"COCOVIZ_EMU_TIMEOUT": "10"}
+    )
     out = run.stdout + run.stderr
     assert run.returncode != 0, f"mutant {m.id} survived:\n{out}"
     assert m.caught_by in out, f"mutant {m.id} caught, but not by {m.caught_by!r}:\n{out}"

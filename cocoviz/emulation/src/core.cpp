@@ -782,6 +782,11 @@ void wait_until(const std::function<bool()>& ready, const std::string& pending,
         first = fd >= 0;
         if (fd >= 0) ::close(fd);
       }
+      if (!first) {
+        // another rank is printing every rank's pending operation and will end the job
+        const timespec grace{5, 0};
+        nanosleep(&grace, nullptr);
+      }
       if (first) {
         detail.push_back("pending operations:");
         for (const std::string& s : everyone_pending()) detail.push_back("  " + s);

@@ -39,7 +39,7 @@ __global__ void fill_block_kernel(typename ::cocoviz::CudaDt<D>::storage* dst, u
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) {
     const int64_t o = i / run;
-    dst[i] = ::cocoviz::cuda_input_element<D>(key, static_cast<uint64_t>(o * row + tp * run + i % run));
+    COCOVIZ_ST(dst, i) = ::cocoviz::cuda_input_element<D>(key, static_cast<uint64_t>(o * row + tp * run + i % run));
   }
 }
 
@@ -52,8 +52,8 @@ __global__ void matmul_int_kernel(const typename ::cocoviz::CudaDt<D>::storage* 
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < m * n; i += stride) {
     int64_t acc = 0;
-    for (int64_t q = 0; q < kk; ++q) acc += static_cast<int64_t>(a[(i / n) * kk + q]) * b[q * n + i % n];
-    c[i] = ::cocoviz::CudaDt<D>::store(acc);
+    for (int64_t q = 0; q < kk; ++q) acc += static_cast<int64_t>(COCOVIZ_LD(a, (i / n) * kk + q)) * COCOVIZ_LD(b, q * n + i % n);
+    COCOVIZ_ST(c, i) = ::cocoviz::CudaDt<D>::store(acc);
   }
 }
 
@@ -155,9 +155,9 @@ __global__ void k_ref_gf(const Buffers B, const Consts C, const Params P, const 
     scalar_from = 1048576 + first;
   }
   for (int64_t i = scalar_from; i < 1048576; i += stride) {
-    const float v1 = ::cocoviz::CudaDt<cocoviz::DType::f16>::load(B.v_ref_g1[i]);
+    const float v1 = ::cocoviz::CudaDt<cocoviz::DType::f16>::load(COCOVIZ_LD(B.v_ref_g1, i));
     const float v2 = static_cast<float>(v1);
-    B.v_ref_gf[i] = ::cocoviz::CudaDt<cocoviz::DType::f32>::store(v2);
+    COCOVIZ_ST(B.v_ref_gf, i) = ::cocoviz::CudaDt<cocoviz::DType::f32>::store(v2);
 
   }
 }
@@ -194,14 +194,14 @@ __global__ void k_ref_m1(const Buffers B, const Consts C, const Params P, const 
   }
   for (int64_t i = scalar_from; i < 1048576; i += stride) {
     const float v1 = P.prm_beta1;
-    const float v2 = ::cocoviz::CudaDt<cocoviz::DType::f32>::load(B.in_ref_m[i]);
+    const float v2 = ::cocoviz::CudaDt<cocoviz::DType::f32>::load(COCOVIZ_LD(B.in_ref_m, i));
     const float v3 = v1 * v2;
     const float v4 = static_cast<float>(1.0);
     const float v5 = v4 - v1;
-    const float v6 = ::cocoviz::CudaDt<cocoviz::DType::f32>::load(B.v_ref_gf[i]);
+    const float v6 = ::cocoviz::CudaDt<cocoviz::DType::f32>::load(COCOVIZ_LD(B.v_ref_gf, i));
     const float v7 = v5 * v6;
     const float v8 = v3 + v7;
-    B.v_ref_m1[i] = ::cocoviz::CudaDt<cocoviz::DType::f32>::store(v8);
+    COCOVIZ_ST(B.v_ref_m1, i) = ::cocoviz::CudaDt<cocoviz::DType::f32>::store(v8);
 
   }
 }
@@ -239,15 +239,15 @@ __global__ void k_ref_v1(const Buffers B, const Consts C, const Params P, const 
   }
   for (int64_t i = scalar_from; i < 1048576; i += stride) {
     const float v1 = P.prm_beta2;
-    const float v2 = ::cocoviz::CudaDt<cocoviz::DType::f32>::load(B.in_ref_v[i]);
+    const float v2 = ::cocoviz::CudaDt<cocoviz::DType::f32>::load(COCOVIZ_LD(B.in_ref_v, i));
     const float v3 = v1 * v2;
     const float v4 = static_cast<float>(1.0);
     const float v5 = v4 - v1;
-    const float v6 = ::cocoviz::CudaDt<cocoviz::DType::f32>::load(B.v_ref_gf[i]);
+    const float v6 = ::cocoviz::CudaDt<cocoviz::DType::f32>::load(COCOVIZ_LD(B.v_ref_gf, i));
     const float v7 = v5 * v6;
     const float v8 = v7 * v6;
     const float v9 = v3 + v8;
-    B.v_ref_v1[i] = ::cocoviz::CudaDt<cocoviz::DType::f32>::store(v9);
+    COCOVIZ_ST(B.v_ref_v1, i) = ::cocoviz::CudaDt<cocoviz::DType::f32>::store(v9);
 
   }
 }
@@ -281,14 +281,14 @@ __global__ void k_ref_mh(const Buffers B, const Consts C, const Params P, const 
     scalar_from = 1048576 + first;
   }
   for (int64_t i = scalar_from; i < 1048576; i += stride) {
-    const float v1 = ::cocoviz::CudaDt<cocoviz::DType::f32>::load(B.v_ref_m1[i]);
+    const float v1 = ::cocoviz::CudaDt<cocoviz::DType::f32>::load(COCOVIZ_LD(B.v_ref_m1, i));
     const float v2 = static_cast<float>(1.0);
     const float v3 = P.prm_beta1;
     const float v4 = P.prm_t;
     const float v5 = powf(v3, v4);
     const float v6 = v2 - v5;
     const float v7 = v1 / v6;
-    B.v_ref_mh[i] = ::cocoviz::CudaDt<cocoviz::DType::f32>::store(v7);
+    COCOVIZ_ST(B.v_ref_mh, i) = ::cocoviz::CudaDt<cocoviz::DType::f32>::store(v7);
 
   }
 }
@@ -322,14 +322,14 @@ __global__ void k_ref_vh(const Buffers B, const Consts C, const Params P, const 
     scalar_from = 1048576 + first;
   }
   for (int64_t i = scalar_from; i < 1048576; i += stride) {
-    const float v1 = ::cocoviz::CudaDt<cocoviz::DType::f32>::load(B.v_ref_v1[i]);
+    const float v1 = ::cocoviz::CudaDt<cocoviz::DType::f32>::load(COCOVIZ_LD(B.v_ref_v1, i));
     const float v2 = static_cast<float>(1.0);
     const float v3 = P.prm_beta2;
     const float v4 = P.prm_t;
     const float v5 = powf(v3, v4);
     const float v6 = v2 - v5;
     const float v7 = v1 / v6;
-    B.v_ref_vh[i] = ::cocoviz::CudaDt<cocoviz::DType::f32>::store(v7);
+    COCOVIZ_ST(B.v_ref_vh, i) = ::cocoviz::CudaDt<cocoviz::DType::f32>::store(v7);
 
   }
 }
@@ -368,17 +368,17 @@ __global__ void k_ref_w1(const Buffers B, const Consts C, const Params P, const 
     scalar_from = 1048576 + first;
   }
   for (int64_t i = scalar_from; i < 1048576; i += stride) {
-    const float v1 = ::cocoviz::CudaDt<cocoviz::DType::f32>::load(B.in_ref_w[i]);
+    const float v1 = ::cocoviz::CudaDt<cocoviz::DType::f32>::load(COCOVIZ_LD(B.in_ref_w, i));
     const float v2 = P.prm_lr;
-    const float v3 = ::cocoviz::CudaDt<cocoviz::DType::f32>::load(B.v_ref_mh[i]);
+    const float v3 = ::cocoviz::CudaDt<cocoviz::DType::f32>::load(COCOVIZ_LD(B.v_ref_mh, i));
     const float v4 = v2 * v3;
-    const float v5 = ::cocoviz::CudaDt<cocoviz::DType::f32>::load(B.v_ref_vh[i]);
+    const float v5 = ::cocoviz::CudaDt<cocoviz::DType::f32>::load(COCOVIZ_LD(B.v_ref_vh, i));
     const float v6 = sqrtf(v5);
     const float v7 = P.prm_eps;
     const float v8 = v6 + v7;
     const float v9 = v4 / v8;
     const float v10 = v1 - v9;
-    B.v_ref_w1[i] = ::cocoviz::CudaDt<cocoviz::DType::f32>::store(v10);
+    COCOVIZ_ST(B.v_ref_w1, i) = ::cocoviz::CudaDt<cocoviz::DType::f32>::store(v10);
 
   }
 }
@@ -396,58 +396,58 @@ State* create(const Ctx& ctx) {
   CHECK_CUDA("setup", cudaStreamCreateWithPriority(&S->comm, cudaStreamNonBlocking, greatest));
   if (on_stage(ctx, 0)) {
     void* mem = nullptr;
-    CHECK_CUDA("allocation", cudaMalloc(&mem, sizeof(__half) * 1048576));
+    CHECK_CUDA("allocation of in_ref_g", cudaMalloc(&mem, sizeof(__half) * 1048576));
     S->owned.push_back(mem);
-    CHECK_CUDA("allocation", cudaMemset(mem, 0, sizeof(__half) * 1048576));
+    CHECK_CUDA("allocation", cudaMemsetAsync(mem, 0, sizeof(__half) * 1048576, S->main));
     B.in_ref_g = static_cast<__half*>(mem);
   }
   if (on_stage(ctx, 0)) {
     void* mem = nullptr;
-    CHECK_CUDA("allocation", cudaMalloc(&mem, sizeof(float) * 1048576));
+    CHECK_CUDA("allocation of in_ref_w", cudaMalloc(&mem, sizeof(float) * 1048576));
     S->owned.push_back(mem);
-    CHECK_CUDA("allocation", cudaMemset(mem, 0, sizeof(float) * 1048576));
+    CHECK_CUDA("allocation", cudaMemsetAsync(mem, 0, sizeof(float) * 1048576, S->main));
     B.in_ref_w = static_cast<float*>(mem);
   }
   if (on_stage(ctx, 0)) {
     void* mem = nullptr;
-    CHECK_CUDA("allocation", cudaMalloc(&mem, sizeof(float) * 1048576));
+    CHECK_CUDA("allocation of in_ref_m", cudaMalloc(&mem, sizeof(float) * 1048576));
     S->owned.push_back(mem);
-    CHECK_CUDA("allocation", cudaMemset(mem, 0, sizeof(float) * 1048576));
+    CHECK_CUDA("allocation", cudaMemsetAsync(mem, 0, sizeof(float) * 1048576, S->main));
     B.in_ref_m = static_cast<float*>(mem);
   }
   if (on_stage(ctx, 0)) {
     void* mem = nullptr;
-    CHECK_CUDA("allocation", cudaMalloc(&mem, sizeof(float) * 1048576));
+    CHECK_CUDA("allocation of in_ref_v", cudaMalloc(&mem, sizeof(float) * 1048576));
     S->owned.push_back(mem);
-    CHECK_CUDA("allocation", cudaMemset(mem, 0, sizeof(float) * 1048576));
+    CHECK_CUDA("allocation", cudaMemsetAsync(mem, 0, sizeof(float) * 1048576, S->main));
     B.in_ref_v = static_cast<float*>(mem);
   }
   if (on_stage(ctx, 0)) {
     void* mem = nullptr;
-    CHECK_CUDA("allocation", cudaMalloc(&mem, sizeof(__half) * 1048576));
+    CHECK_CUDA("allocation of v_ref_g1", cudaMalloc(&mem, sizeof(__half) * 1048576));
     S->owned.push_back(mem);
-    CHECK_CUDA("allocation", cudaMemset(mem, 0, sizeof(__half) * 1048576));
+    CHECK_CUDA("allocation", cudaMemsetAsync(mem, 0, sizeof(__half) * 1048576, S->main));
     B.v_ref_g1 = static_cast<__half*>(mem);
   }
   if (on_stage(ctx, 0)) {
     void* mem = nullptr;
-    CHECK_CUDA("allocation", cudaMalloc(&mem, sizeof(float) * 1048576));
+    CHECK_CUDA("allocation of v_ref_gf", cudaMalloc(&mem, sizeof(float) * 1048576));
     S->owned.push_back(mem);
-    CHECK_CUDA("allocation", cudaMemset(mem, 0, sizeof(float) * 1048576));
+    CHECK_CUDA("allocation", cudaMemsetAsync(mem, 0, sizeof(float) * 1048576, S->main));
     B.v_ref_gf = static_cast<float*>(mem);
   }
   if (on_stage(ctx, 0)) {
     void* mem = nullptr;
-    CHECK_CUDA("allocation", cudaMalloc(&mem, sizeof(float) * 1048576));
+    CHECK_CUDA("allocation of v_ref_mh", cudaMalloc(&mem, sizeof(float) * 1048576));
     S->owned.push_back(mem);
-    CHECK_CUDA("allocation", cudaMemset(mem, 0, sizeof(float) * 1048576));
+    CHECK_CUDA("allocation", cudaMemsetAsync(mem, 0, sizeof(float) * 1048576, S->main));
     B.v_ref_mh = static_cast<float*>(mem);
   }
   if (on_stage(ctx, 0)) {
     void* mem = nullptr;
-    CHECK_CUDA("allocation", cudaMalloc(&mem, sizeof(float) * 1048576));
+    CHECK_CUDA("allocation of v_ref_vh", cudaMalloc(&mem, sizeof(float) * 1048576));
     S->owned.push_back(mem);
-    CHECK_CUDA("allocation", cudaMemset(mem, 0, sizeof(float) * 1048576));
+    CHECK_CUDA("allocation", cudaMemsetAsync(mem, 0, sizeof(float) * 1048576, S->main));
     B.v_ref_vh = static_cast<float*>(mem);
   }
   if (B.in_ref_m != nullptr) B.v_ref_m1 = B.in_ref_m + (0);
@@ -500,37 +500,37 @@ void run(State* S, const Ctx& ctx, const Params& P) {
   }
 
   if (ctx.pp == 0) {
-    k_ref_gf<<<512, kThreads, 0, S->main>>>(B, C, P, tp, 0);
+    COCOVIZ_LAUNCH(k_ref_gf, 512, kThreads, 0, S->main)(B, C, P, tp, 0);
     CHECK_LAUNCH("gf", "k_ref_gf");
 
   }
 
   if (ctx.pp == 0) {
-    k_ref_m1<<<1024, kThreads, 0, S->main>>>(B, C, P, tp, 0);
+    COCOVIZ_LAUNCH(k_ref_m1, 1024, kThreads, 0, S->main)(B, C, P, tp, 0);
     CHECK_LAUNCH("m1", "k_ref_m1");
 
   }
 
   if (ctx.pp == 0) {
-    k_ref_v1<<<1024, kThreads, 0, S->main>>>(B, C, P, tp, 0);
+    COCOVIZ_LAUNCH(k_ref_v1, 1024, kThreads, 0, S->main)(B, C, P, tp, 0);
     CHECK_LAUNCH("v1", "k_ref_v1");
 
   }
 
   if (ctx.pp == 0) {
-    k_ref_mh<<<1024, kThreads, 0, S->main>>>(B, C, P, tp, 0);
+    COCOVIZ_LAUNCH(k_ref_mh, 1024, kThreads, 0, S->main)(B, C, P, tp, 0);
     CHECK_LAUNCH("mh", "k_ref_mh");
 
   }
 
   if (ctx.pp == 0) {
-    k_ref_vh<<<1024, kThreads, 0, S->main>>>(B, C, P, tp, 0);
+    COCOVIZ_LAUNCH(k_ref_vh, 1024, kThreads, 0, S->main)(B, C, P, tp, 0);
     CHECK_LAUNCH("vh", "k_ref_vh");
 
   }
 
   if (ctx.pp == 0) {
-    k_ref_w1<<<1024, kThreads, 0, S->main>>>(B, C, P, tp, 0);
+    COCOVIZ_LAUNCH(k_ref_w1, 1024, kThreads, 0, S->main)(B, C, P, tp, 0);
     CHECK_LAUNCH("w1", "k_ref_w1");
 
   }
@@ -644,24 +644,24 @@ __global__ void k_sch_gf(const Buffers B, const Consts C, const Params P, const 
     scalar_from = 65536 + first;
   }
   for (int64_t i = scalar_from; i < 65536; i += stride) {
-    const float v1 = ::cocoviz::CudaDt<cocoviz::DType::f16>::load(B.v_sch_g1_rs[i]);
+    const float v1 = ::cocoviz::CudaDt<cocoviz::DType::f16>::load(COCOVIZ_LD(B.v_sch_g1_rs, i));
     const float v2 = static_cast<float>(v1);
     const float v3 = P.prm_beta1;
-    const float v4 = ::cocoviz::CudaDt<cocoviz::DType::f32>::load(B.in_sch_m[i]);
+    const float v4 = ::cocoviz::CudaDt<cocoviz::DType::f32>::load(COCOVIZ_LD(B.in_sch_m, i));
     const float v5 = v3 * v4;
     const float v6 = static_cast<float>(1.0);
     const float v7 = v6 - v3;
     const float v8 = v7 * v2;
     const float v9 = v5 + v8;
-    B.v_sch_m1[i] = ::cocoviz::CudaDt<cocoviz::DType::f32>::store(v9);
+    COCOVIZ_ST(B.v_sch_m1, i) = ::cocoviz::CudaDt<cocoviz::DType::f32>::store(v9);
     const float v10 = P.prm_beta2;
-    const float v11 = ::cocoviz::CudaDt<cocoviz::DType::f32>::load(B.in_sch_v[i]);
+    const float v11 = ::cocoviz::CudaDt<cocoviz::DType::f32>::load(COCOVIZ_LD(B.in_sch_v, i));
     const float v12 = v10 * v11;
     const float v13 = v6 - v10;
     const float v14 = v13 * v2;
     const float v15 = v14 * v2;
     const float v16 = v12 + v15;
-    B.v_sch_v1[i] = ::cocoviz::CudaDt<cocoviz::DType::f32>::store(v16);
+    COCOVIZ_ST(B.v_sch_v1, i) = ::cocoviz::CudaDt<cocoviz::DType::f32>::store(v16);
     const float v17 = P.prm_t;
     const float v18 = powf(v3, v17);
     const float v19 = v6 - v18;
@@ -670,7 +670,7 @@ __global__ void k_sch_gf(const Buffers B, const Consts C, const Params P, const 
     const float v22 = v6 - v21;
     const float v23 = v16 / v22;
     const int64_t v24 = i + (65536) * tp;
-    const float v25 = ::cocoviz::CudaDt<cocoviz::DType::f32>::load(B.in_sch_w[v24]);
+    const float v25 = ::cocoviz::CudaDt<cocoviz::DType::f32>::load(COCOVIZ_LD(B.in_sch_w, v24));
     const float v26 = P.prm_lr;
     const float v27 = v26 * v20;
     const float v28 = sqrtf(v23);
@@ -678,7 +678,7 @@ __global__ void k_sch_gf(const Buffers B, const Consts C, const Params P, const 
     const float v30 = v28 + v29;
     const float v31 = v27 / v30;
     const float v32 = v25 - v31;
-    B.v_sch_w1_s[v24] = ::cocoviz::CudaDt<cocoviz::DType::f32>::store(v32);
+    COCOVIZ_ST(B.v_sch_w1_s, v24) = ::cocoviz::CudaDt<cocoviz::DType::f32>::store(v32);
 
   }
 }
@@ -696,37 +696,37 @@ State* create(const Ctx& ctx) {
   CHECK_CUDA("setup", cudaStreamCreateWithPriority(&S->comm, cudaStreamNonBlocking, greatest));
   if (on_stage(ctx, 0)) {
     void* mem = nullptr;
-    CHECK_CUDA("allocation", cudaMalloc(&mem, sizeof(__half) * 1048576));
+    CHECK_CUDA("allocation of in_sch_g", cudaMalloc(&mem, sizeof(__half) * 1048576));
     S->owned.push_back(mem);
-    CHECK_CUDA("allocation", cudaMemset(mem, 0, sizeof(__half) * 1048576));
+    CHECK_CUDA("allocation", cudaMemsetAsync(mem, 0, sizeof(__half) * 1048576, S->main));
     B.in_sch_g = static_cast<__half*>(mem);
   }
   if (on_stage(ctx, 0)) {
     void* mem = nullptr;
-    CHECK_CUDA("allocation", cudaMalloc(&mem, sizeof(float) * 1048576));
+    CHECK_CUDA("allocation of in_sch_w", cudaMalloc(&mem, sizeof(float) * 1048576));
     S->owned.push_back(mem);
-    CHECK_CUDA("allocation", cudaMemset(mem, 0, sizeof(float) * 1048576));
+    CHECK_CUDA("allocation", cudaMemsetAsync(mem, 0, sizeof(float) * 1048576, S->main));
     B.in_sch_w = static_cast<float*>(mem);
   }
   if (on_stage(ctx, 0)) {
     void* mem = nullptr;
-    CHECK_CUDA("allocation", cudaMalloc(&mem, sizeof(float) * 65536));
+    CHECK_CUDA("allocation of in_sch_m", cudaMalloc(&mem, sizeof(float) * 65536));
     S->owned.push_back(mem);
-    CHECK_CUDA("allocation", cudaMemset(mem, 0, sizeof(float) * 65536));
+    CHECK_CUDA("allocation", cudaMemsetAsync(mem, 0, sizeof(float) * 65536, S->main));
     B.in_sch_m = static_cast<float*>(mem);
   }
   if (on_stage(ctx, 0)) {
     void* mem = nullptr;
-    CHECK_CUDA("allocation", cudaMalloc(&mem, sizeof(float) * 65536));
+    CHECK_CUDA("allocation of in_sch_v", cudaMalloc(&mem, sizeof(float) * 65536));
     S->owned.push_back(mem);
-    CHECK_CUDA("allocation", cudaMemset(mem, 0, sizeof(float) * 65536));
+    CHECK_CUDA("allocation", cudaMemsetAsync(mem, 0, sizeof(float) * 65536, S->main));
     B.in_sch_v = static_cast<float*>(mem);
   }
   if (on_stage(ctx, 0)) {
     void* mem = nullptr;
-    CHECK_CUDA("allocation", cudaMalloc(&mem, sizeof(__half) * 65536));
+    CHECK_CUDA("allocation of v_sch_g1_rs", cudaMalloc(&mem, sizeof(__half) * 65536));
     S->owned.push_back(mem);
-    CHECK_CUDA("allocation", cudaMemset(mem, 0, sizeof(__half) * 65536));
+    CHECK_CUDA("allocation", cudaMemsetAsync(mem, 0, sizeof(__half) * 65536, S->main));
     B.v_sch_g1_rs = static_cast<__half*>(mem);
   }
   if (B.in_sch_m != nullptr) B.v_sch_m1 = B.in_sch_m + (0);
@@ -780,14 +780,15 @@ void run(State* S, const Ctx& ctx, const Params& P) {
   }
 
   if (ctx.pp == 0) {
-    k_sch_gf<<<32, kThreads, 0, S->main>>>(B, C, P, tp, 0);
+    COCOVIZ_LAUNCH(k_sch_gf, 32, kThreads, 0, S->main)(B, C, P, tp, 0);
     CHECK_LAUNCH("gf, m1, v1, mh, vh, w1_s", "k_sch_gf");
 
   }
 
   if (ctx.pp == 0) {
-    // in place: this rank's part already sits at recv + tp * count
-    CHECK_NCCL("w1", ncclAllGather(B.v_sch_w1_s + (0), B.v_sch_w1 + (0), 65536, ncclFloat32, ctx.nccl_group, S->main));
+    // in place (NCCL: sendbuff == recvbuff + rank * sendcount): this rank's part already
+    // sits at recv + tp * count
+    CHECK_NCCL("w1", ncclAllGather(B.v_sch_w1 + (0) + tp * 65536, B.v_sch_w1 + (0), 65536, ncclFloat32, ctx.nccl_group, S->main));
 
   }
 

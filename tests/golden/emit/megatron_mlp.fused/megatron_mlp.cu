@@ -39,7 +39,7 @@ __global__ void fill_block_kernel(typename ::cocoviz::CudaDt<D>::storage* dst, u
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) {
     const int64_t o = i / run;
-    dst[i] = ::cocoviz::cuda_input_element<D>(key, static_cast<uint64_t>(o * row + tp * run + i % run));
+    COCOVIZ_ST(dst, i) = ::cocoviz::cuda_input_element<D>(key, static_cast<uint64_t>(o * row + tp * run + i % run));
   }
 }
 
@@ -52,8 +52,8 @@ __global__ void matmul_int_kernel(const typename ::cocoviz::CudaDt<D>::storage* 
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < m * n; i += stride) {
     int64_t acc = 0;
-    for (int64_t q = 0; q < kk; ++q) acc += static_cast<int64_t>(a[(i / n) * kk + q]) * b[q * n + i % n];
-    c[i] = ::cocoviz::CudaDt<D>::store(acc);
+    for (int64_t q = 0; q < kk; ++q) acc += static_cast<int64_t>(COCOVIZ_LD(a, (i / n) * kk + q)) * COCOVIZ_LD(b, q * n + i % n);
+    COCOVIZ_ST(c, i) = ::cocoviz::CudaDt<D>::store(acc);
   }
 }
 
@@ -123,7 +123,7 @@ __global__ void k_ref_out(const Buffers B, const Consts C, const Params P, const
         const int64_t i = i0 + j;
         const float v1 = ::cocoviz::CudaDt<cocoviz::DType::f16>::load(ld0.v[j]);
         const int64_t v2 = 0 + (((i) / 1) % 3072) * 1;
-        const float v3 = ::cocoviz::CudaDt<cocoviz::DType::f16>::load(B.in_ref_b[v2]);
+        const float v3 = ::cocoviz::CudaDt<cocoviz::DType::f16>::load(COCOVIZ_LD(B.in_ref_b, v2));
         const float v4 = v1 + v3;
         const float v5 = ::cocoviz::dropout_keep(C.key_ref_out_0, static_cast<uint64_t>(i), C.drop_ref_p0_f16_thr) ? ::cocoviz::CudaDt<cocoviz::DType::f16>::load(::cocoviz::CudaDt<cocoviz::DType::f16>::store(v4 * C.drop_ref_p0_f16_scale)) : float(0);
         const float v6 = ::cocoviz::CudaDt<cocoviz::DType::f16>::load(ld1.v[j]);
@@ -137,15 +137,15 @@ __global__ void k_ref_out(const Buffers B, const Consts C, const Params P, const
     scalar_from = 25165824 + first;
   }
   for (int64_t i = scalar_from; i < 25165824; i += stride) {
-    const float v1 = ::cocoviz::CudaDt<cocoviz::DType::f16>::load(B.v_ref_sum[i]);
+    const float v1 = ::cocoviz::CudaDt<cocoviz::DType::f16>::load(COCOVIZ_LD(B.v_ref_sum, i));
     const int64_t v2 = 0 + (((i) / 1) % 3072) * 1;
-    const float v3 = ::cocoviz::CudaDt<cocoviz::DType::f16>::load(B.in_ref_b[v2]);
+    const float v3 = ::cocoviz::CudaDt<cocoviz::DType::f16>::load(COCOVIZ_LD(B.in_ref_b, v2));
     const float v4 = v1 + v3;
     const float v5 = ::cocoviz::dropout_keep(C.key_ref_out_0, static_cast<uint64_t>(i), C.drop_ref_p0_f16_thr) ? ::cocoviz::CudaDt<cocoviz::DType::f16>::load(::cocoviz::CudaDt<cocoviz::DType::f16>::store(v4 * C.drop_ref_p0_f16_scale)) : float(0);
-    const float v6 = ::cocoviz::CudaDt<cocoviz::DType::f16>::load(B.in_ref_r[i]);
+    const float v6 = ::cocoviz::CudaDt<cocoviz::DType::f16>::load(COCOVIZ_LD(B.in_ref_r, i));
     const float v7 = v5 + v6;
     const float v8 = ::cocoviz::CudaDt<cocoviz::DType::f16>::load(::cocoviz::CudaDt<cocoviz::DType::f16>::store(v7));
-    B.v_ref_out[i] = ::cocoviz::CudaDt<cocoviz::DType::f16>::store(v8);
+    COCOVIZ_ST(B.v_ref_out, i) = ::cocoviz::CudaDt<cocoviz::DType::f16>::store(v8);
 
   }
 }
@@ -163,44 +163,44 @@ State* create(const Ctx& ctx) {
   CHECK_CUDA("setup", cudaStreamCreateWithPriority(&S->comm, cudaStreamNonBlocking, greatest));
   if (on_stage(ctx, 0)) {
     void* mem = nullptr;
-    CHECK_CUDA("allocation", cudaMalloc(&mem, sizeof(__half) * 589824));
+    CHECK_CUDA("allocation of in_ref_w", cudaMalloc(&mem, sizeof(__half) * 589824));
     S->owned.push_back(mem);
-    CHECK_CUDA("allocation", cudaMemset(mem, 0, sizeof(__half) * 589824));
+    CHECK_CUDA("allocation", cudaMemsetAsync(mem, 0, sizeof(__half) * 589824, S->main));
     B.in_ref_w = static_cast<__half*>(mem);
   }
   if (on_stage(ctx, 0)) {
     void* mem = nullptr;
-    CHECK_CUDA("allocation", cudaMalloc(&mem, sizeof(__half) * 3072));
+    CHECK_CUDA("allocation of in_ref_b", cudaMalloc(&mem, sizeof(__half) * 3072));
     S->owned.push_back(mem);
-    CHECK_CUDA("allocation", cudaMemset(mem, 0, sizeof(__half) * 3072));
+    CHECK_CUDA("allocation", cudaMemsetAsync(mem, 0, sizeof(__half) * 3072, S->main));
     B.in_ref_b = static_cast<__half*>(mem);
   }
   if (on_stage(ctx, 0)) {
     void* mem = nullptr;
-    CHECK_CUDA("allocation", cudaMalloc(&mem, sizeof(__half) * 1572864));
+    CHECK_CUDA("allocation of in_ref_x", cudaMalloc(&mem, sizeof(__half) * 1572864));
     S->owned.push_back(mem);
-    CHECK_CUDA("allocation", cudaMemset(mem, 0, sizeof(__half) * 1572864));
+    CHECK_CUDA("allocation", cudaMemsetAsync(mem, 0, sizeof(__half) * 1572864, S->main));
     B.in_ref_x = static_cast<__half*>(mem);
   }
   if (on_stage(ctx, 0)) {
     void* mem = nullptr;
-    CHECK_CUDA("allocation", cudaMalloc(&mem, sizeof(__half) * 25165824));
+    CHECK_CUDA("allocation of in_ref_r", cudaMalloc(&mem, sizeof(__half) * 25165824));
     S->owned.push_back(mem);
-    CHECK_CUDA("allocation", cudaMemset(mem, 0, sizeof(__half) * 25165824));
+    CHECK_CUDA("allocation", cudaMemsetAsync(mem, 0, sizeof(__half) * 25165824, S->main));
     B.in_ref_r = static_cast<__half*>(mem);
   }
   if (on_stage(ctx, 0)) {
     void* mem = nullptr;
-    CHECK_CUDA("allocation", cudaMalloc(&mem, sizeof(__half) * 25165824));
+    CHECK_CUDA("allocation of v_ref_layer", cudaMalloc(&mem, sizeof(__half) * 25165824));
     S->owned.push_back(mem);
-    CHECK_CUDA("allocation", cudaMemset(mem, 0, sizeof(__half) * 25165824));
+    CHECK_CUDA("allocation", cudaMemsetAsync(mem, 0, sizeof(__half) * 25165824, S->main));
     B.v_ref_layer = static_cast<__half*>(mem);
   }
   if (on_stage(ctx, 0)) {
     void* mem = nullptr;
-    CHECK_CUDA("allocation", cudaMalloc(&mem, sizeof(__half) * 25165824));
+    CHECK_CUDA("allocation of v_ref_out", cudaMalloc(&mem, sizeof(__half) * 25165824));
     S->owned.push_back(mem);
-    CHECK_CUDA("allocation", cudaMemset(mem, 0, sizeof(__half) * 25165824));
+    CHECK_CUDA("allocation", cudaMemsetAsync(mem, 0, sizeof(__half) * 25165824, S->main));
     B.v_ref_out = static_cast<__half*>(mem);
   }
   if (B.v_ref_layer != nullptr) B.v_ref_sum = B.v_ref_layer + (0);
@@ -233,7 +233,7 @@ void init(State* S, const Ctx& ctx, uint64_t seed) {
     ::cocoviz::fill_input_async<cocoviz::DType::f16>(B.in_ref_b, "b", seed, static_cast<uint64_t>(0), 3072, S->main, "inputs");
   }
   if (B.in_ref_x != nullptr) {
-    fill_block_kernel<cocoviz::DType::f16><<<6144, kThreads, 0, S->main>>>(B.in_ref_x, ::cocoviz::key_for("x", seed), 8192, 192, 3072, tp);
+    COCOVIZ_LAUNCH(fill_block_kernel<cocoviz::DType::f16>, 6144, kThreads, 0, S->main)(B.in_ref_x, ::cocoviz::key_for("x", seed), 8192, 192, 3072, tp);
     CHECK_LAUNCH("inputs", "fill_block_kernel");
   }
   if (B.in_ref_r != nullptr) {
@@ -265,7 +265,7 @@ void run(State* S, const Ctx& ctx, const Params& P) {
   }
 
   if (ctx.pp == 0) {
-    k_ref_out<<<12288, kThreads, 0, S->main>>>(B, C, P, tp, 0);
+    COCOVIZ_LAUNCH(k_ref_out, 12288, kThreads, 0, S->main)(B, C, P, tp, 0);
     CHECK_LAUNCH("out", "k_ref_out");
 
   }
@@ -342,7 +342,7 @@ __global__ void k_sch_out_s(const Buffers B, const Consts C, const Params P, con
         const float v2 = ::cocoviz::CudaDt<cocoviz::DType::f16>::load(ld0.v[j]);
         const int64_t v3 = i + (393216) * tp + (6291456) * k;
         const int64_t v4 = 0 + (((v3) / 1) % 3072) * 1;
-        const float v5 = ::cocoviz::CudaDt<cocoviz::DType::f16>::load(B.in_sch_b[v4]);
+        const float v5 = ::cocoviz::CudaDt<cocoviz::DType::f16>::load(COCOVIZ_LD(B.in_sch_b, v4));
         const float v6 = v2 + v5;
         const float v7 = ::cocoviz::dropout_keep(C.key_sch_out_0, static_cast<uint64_t>(v3), C.drop_sch_p0_f16_thr) ? ::cocoviz::CudaDt<cocoviz::DType::f16>::load(::cocoviz::CudaDt<cocoviz::DType::f16>::store(v6 * C.drop_sch_p0_f16_scale)) : float(0);
         const float v8 = ::cocoviz::CudaDt<cocoviz::DType::f16>::load(ld1.v[j]);
@@ -357,16 +357,16 @@ __global__ void k_sch_out_s(const Buffers B, const Consts C, const Params P, con
   }
   for (int64_t i = scalar_from; i < 393216; i += stride) {
     const int64_t v1 = i + (393216) * k;
-    const float v2 = ::cocoviz::CudaDt<cocoviz::DType::f16>::load(B.v_sch_sum_rs[v1]);
+    const float v2 = ::cocoviz::CudaDt<cocoviz::DType::f16>::load(COCOVIZ_LD(B.v_sch_sum_rs, v1));
     const int64_t v3 = i + (393216) * tp + (6291456) * k;
     const int64_t v4 = 0 + (((v3) / 1) % 3072) * 1;
-    const float v5 = ::cocoviz::CudaDt<cocoviz::DType::f16>::load(B.in_sch_b[v4]);
+    const float v5 = ::cocoviz::CudaDt<cocoviz::DType::f16>::load(COCOVIZ_LD(B.in_sch_b, v4));
     const float v6 = v2 + v5;
     const float v7 = ::cocoviz::dropout_keep(C.key_sch_out_0, static_cast<uint64_t>(v3), C.drop_sch_p0_f16_thr) ? ::cocoviz::CudaDt<cocoviz::DType::f16>::load(::cocoviz::CudaDt<cocoviz::DType::f16>::store(v6 * C.drop_sch_p0_f16_scale)) : float(0);
-    const float v8 = ::cocoviz::CudaDt<cocoviz::DType::f16>::load(B.in_sch_r[v3]);
+    const float v8 = ::cocoviz::CudaDt<cocoviz::DType::f16>::load(COCOVIZ_LD(B.in_sch_r, v3));
     const float v9 = v7 + v8;
     const float v10 = ::cocoviz::CudaDt<cocoviz::DType::f16>::load(::cocoviz::CudaDt<cocoviz::DType::f16>::store(v9));
-    B.v_sch_out_s[v1] = ::cocoviz::CudaDt<cocoviz::DType::f16>::store(v10);
+    COCOVIZ_ST(B.v_sch_out_s, v1) = ::cocoviz::CudaDt<cocoviz::DType::f16>::store(v10);
 
   }
 }
@@ -389,58 +389,58 @@ State* create(const Ctx& ctx) {
     for (auto& ev : per_item) CHECK_CUDA("setup", cudaEventCreateWithFlags(&ev, cudaEventDisableTiming));
   if (on_stage(ctx, 0)) {
     void* mem = nullptr;
-    CHECK_CUDA("allocation", cudaMalloc(&mem, sizeof(__half) * 589824));
+    CHECK_CUDA("allocation of in_sch_w", cudaMalloc(&mem, sizeof(__half) * 589824));
     S->owned.push_back(mem);
-    CHECK_CUDA("allocation", cudaMemset(mem, 0, sizeof(__half) * 589824));
+    CHECK_CUDA("allocation", cudaMemsetAsync(mem, 0, sizeof(__half) * 589824, S->main));
     B.in_sch_w = static_cast<__half*>(mem);
   }
   if (on_stage(ctx, 0)) {
     void* mem = nullptr;
-    CHECK_CUDA("allocation", cudaMalloc(&mem, sizeof(__half) * 3072));
+    CHECK_CUDA("allocation of in_sch_b", cudaMalloc(&mem, sizeof(__half) * 3072));
     S->owned.push_back(mem);
-    CHECK_CUDA("allocation", cudaMemset(mem, 0, sizeof(__half) * 3072));
+    CHECK_CUDA("allocation", cudaMemsetAsync(mem, 0, sizeof(__half) * 3072, S->main));
     B.in_sch_b = static_cast<__half*>(mem);
   }
   if (on_stage(ctx, 0)) {
     void* mem = nullptr;
-    CHECK_CUDA("allocation", cudaMalloc(&mem, sizeof(__half) * 1572864));
+    CHECK_CUDA("allocation of in_sch_x", cudaMalloc(&mem, sizeof(__half) * 1572864));
     S->owned.push_back(mem);
-    CHECK_CUDA("allocation", cudaMemset(mem, 0, sizeof(__half) * 1572864));
+    CHECK_CUDA("allocation", cudaMemsetAsync(mem, 0, sizeof(__half) * 1572864, S->main));
     B.in_sch_x = static_cast<__half*>(mem);
   }
   if (on_stage(ctx, 0)) {
     void* mem = nullptr;
-    CHECK_CUDA("allocation", cudaMalloc(&mem, sizeof(__half) * 25165824));
+    CHECK_CUDA("allocation of in_sch_r", cudaMalloc(&mem, sizeof(__half) * 25165824));
     S->owned.push_back(mem);
-    CHECK_CUDA("allocation", cudaMemset(mem, 0, sizeof(__half) * 25165824));
+    CHECK_CUDA("allocation", cudaMemsetAsync(mem, 0, sizeof(__half) * 25165824, S->main));
     B.in_sch_r = static_cast<__half*>(mem);
   }
   if (on_stage(ctx, 0)) {
     void* mem = nullptr;
-    CHECK_CUDA("allocation", cudaMalloc(&mem, sizeof(__half) * 25165824));
+    CHECK_CUDA("allocation of v_sch_layer", cudaMalloc(&mem, sizeof(__half) * 25165824));
     S->owned.push_back(mem);
-    CHECK_CUDA("allocation", cudaMemset(mem, 0, sizeof(__half) * 25165824));
+    CHECK_CUDA("allocation", cudaMemsetAsync(mem, 0, sizeof(__half) * 25165824, S->main));
     B.v_sch_layer = static_cast<__half*>(mem);
   }
   if (on_stage(ctx, 0)) {
     void* mem = nullptr;
-    CHECK_CUDA("allocation", cudaMalloc(&mem, sizeof(__half) * 1572864));
+    CHECK_CUDA("allocation of v_sch_sum_rs", cudaMalloc(&mem, sizeof(__half) * 1572864));
     S->owned.push_back(mem);
-    CHECK_CUDA("allocation", cudaMemset(mem, 0, sizeof(__half) * 1572864));
+    CHECK_CUDA("allocation", cudaMemsetAsync(mem, 0, sizeof(__half) * 1572864, S->main));
     B.v_sch_sum_rs = static_cast<__half*>(mem);
   }
   if (on_stage(ctx, 0)) {
     void* mem = nullptr;
-    CHECK_CUDA("allocation", cudaMalloc(&mem, sizeof(__half) * 1572864));
+    CHECK_CUDA("allocation of v_sch_out_s", cudaMalloc(&mem, sizeof(__half) * 1572864));
     S->owned.push_back(mem);
-    CHECK_CUDA("allocation", cudaMemset(mem, 0, sizeof(__half) * 1572864));
+    CHECK_CUDA("allocation", cudaMemsetAsync(mem, 0, sizeof(__half) * 1572864, S->main));
     B.v_sch_out_s = static_cast<__half*>(mem);
   }
   if (on_stage(ctx, 0)) {
     void* mem = nullptr;
-    CHECK_CUDA("allocation", cudaMalloc(&mem, sizeof(__half) * 25165824));
+    CHECK_CUDA("allocation of v_sch_out", cudaMalloc(&mem, sizeof(__half) * 25165824));
     S->owned.push_back(mem);
-    CHECK_CUDA("allocation", cudaMemset(mem, 0, sizeof(__half) * 25165824));
+    CHECK_CUDA("allocation", cudaMemsetAsync(mem, 0, sizeof(__half) * 25165824, S->main));
     B.v_sch_out = static_cast<__half*>(mem);
   }
   (void)tp;
@@ -477,7 +477,7 @@ void init(State* S, const Ctx& ctx, uint64_t seed) {
     ::cocoviz::fill_input_async<cocoviz::DType::f16>(B.in_sch_b, "b", seed, static_cast<uint64_t>(0), 3072, S->main, "inputs");
   }
   if (B.in_sch_x != nullptr) {
-    fill_block_kernel<cocoviz::DType::f16><<<6144, kThreads, 0, S->main>>>(B.in_sch_x, ::cocoviz::key_for("x", seed), 8192, 192, 3072, tp);
+    COCOVIZ_LAUNCH(fill_block_kernel<cocoviz::DType::f16>, 6144, kThreads, 0, S->main)(B.in_sch_x, ::cocoviz::key_for("x", seed), 8192, 192, 3072, tp);
     CHECK_LAUNCH("inputs", "fill_block_kernel");
   }
   if (B.in_sch_r != nullptr) {
@@ -517,7 +517,7 @@ void run(State* S, const Ctx& ctx, const Params& P) {
 
     }
     if (ctx.pp == 0) {
-      k_sch_out_s<<<192, kThreads, 0, S->comm>>>(B, C, P, tp, k);
+      COCOVIZ_LAUNCH(k_sch_out_s, 192, kThreads, 0, S->comm)(B, C, P, tp, k);
       CHECK_LAUNCH("out_s", "k_sch_out_s");
 
     }
