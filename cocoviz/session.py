@@ -9,17 +9,33 @@ Saved schedules (`.sched` text) record every step as applied, with defaults reso
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from cocoviz.errors import CocovizError, InputError, ScheduleError, did_you_mean
+from cocoviz.errors import (
+    CocovizError,
+    InputError,
+    ScheduleError,
+    Source,
+    Span,
+    UsageError,
+    did_you_mean,
+)
 from cocoviz.ir.nodes import Program, ScheduleBlock, StepCall
 from cocoviz.ir.transforms import StepLike, as_transformation
 from cocoviz.ir.transforms.base import Transformation
 
-SCHED_HEADER = "# cocoviz schedule"
-"""First line of a `.sched` file written by cocoviz (`apply -o` overwrites only these)."""
+SCHED_VERSION = 1
+SCHED_MAGIC = "# cocoviz schedule"
+"""Start of the first line of a `.sched` file written by cocoviz (`apply -o` and
+`tune -o` overwrite only these); older cocoviz wrote exactly this line (no version)."""
+SCHED_HEADER = f"{SCHED_MAGIC} v{SCHED_VERSION}"
+"""First line of a `.sched` file written by this cocoviz. The second line is
+``# steps: N``, so a truncated file is detected instead of applying fewer steps."""
+_VERSIONED = re.compile(re.escape(SCHED_MAGIC) + r" v(\d+)")
+_COUNT = re.compile(r"# steps: (\d+)")
 
 
 @dataclass(frozen=True)
@@ -85,7 +101,106 @@ def load_sched(path: str | Path) -> tuple[StepCall, ...]:
         raise InputError(f"{p}: no such schedule file", hint=hint) from None
     except (OSError, UnicodeDecodeError) as err:
         raise InputError(f"{p}: cannot read the schedule file ({err})") from None
-    return parse_steps(text, str(p))
+    steps = parse_steps(text, str(p))
+    _check_complete(p, text, len(steps))
+    return steps
+
+
+def _check_complete(path: Path, text: str, count: int) -> None:
+    """A versioned `.sched` file must hold as many steps as its ``# steps: N`` line says
+    (a file without the version, hand-written or from an older cocoviz, is read as it
+    is)."""
+    source = Source(str(path), text)
+    lines = source.lines
+    first = lines[0].strip()
+
+    def line(n: int) -> Span:
+        return Span(source, n, 1, n, len(source.line(n)) + 1)
+
+    start = text.strip()
+    if start and start != SCHED_MAGIC and f"{SCHED_HEADER}\n# steps: ".startswith(start):
+        raise InputError(
+            f"{path}: the schedule file is truncated (it ends inside its header)",
+            hint="save the schedule again",
+        )
+    m = _VERSIONED.fullmatch(first)
+    if m is None:
+        if first.startswith(SCHED_MAGIC) and first != SCHED_MAGIC:
+            raise InputError(
+                f"unrecognized schedule header '{first}'",
+                line(1),
+                hint=f"cocoviz writes '{SCHED_HEADER}'; a hand-written file may omit the line",
+            )
+        return
+    version = int(m.group(1))
+    if version > SCHED_VERSION:
+        raise InputError(
+            f"schedule file version {version} was written by a newer cocoviz "
+            f"(this one reads version {SCHED_VERSION} and older)",
+            line(1),
+            hint="upgrade cocoviz",
+        )
+    said = _COUNT.fullmatch(lines[1].strip()) if len(lines) > 1 else None
+    if said is None:
+        raise InputError(
+            f"{path}: the schedule file has no '# steps: N' line after its header "
+            "(truncated, or edited by hand)",
+            hint=f"save the schedule again, or remove the '{first}' line to read the file as it is",
+        )
+    expected = int(said.group(1))
+    if count != expected:
+        held = f"{count} step{'s' if count != 1 else ''}"
+        raise InputError(
+            f"the schedule file holds {held} but its header says {expected}: "
+            "it is truncated or was edited",
+            line(2),
+            hint="save the schedule again, or correct the '# steps:' line if you edited it",
+        )
+
+
+def written_by_cocoviz(path: Path) -> bool:
+    """Whether `path` is a `.sched` file cocoviz wrote (any version)."""
+    from cocoviz import fsio
+
+    raw = fsio.read_regular(path)
+    if raw is None:
+        return False
+    first = raw.split(b"\n", 1)[0].decode("utf-8", "replace").strip()
+    return first == SCHED_MAGIC or _VERSIONED.fullmatch(first) is not None
+
+
+def check_sched_output(path: Path, force: bool, option: str = "-o") -> None:
+    """`-o FILE.sched` writes a new file or replaces one cocoviz wrote; anything else
+    needs --force. Checked before any work, so a refusal costs nothing."""
+    from cocoviz import fsio
+
+    if path.suffix != ".sched":
+        raise UsageError(
+            f"{option} {path}: a schedule file must end in .sched",
+            hint="--schedule treats a name ending in .sched as a file, anything else as a block",
+        )
+    st = fsio.lstat(path, "write")
+    if st is not None and path.is_dir():
+        raise UsageError(f"{option} {path}: is a directory", hint="name a file instead")
+    if st is not None and not force and not written_by_cocoviz(path):
+        raise UsageError(
+            f"{option} {path}: the file exists and was not written by cocoviz",
+            hint="pass --force to overwrite it, or choose another name",
+        )
+    if fsio.lstat(path.parent, "write") is None:
+        raise fsio.OutputError(
+            f"cannot write '{path}': the directory '{path.parent}' does not exist",
+            hint="create it first, or choose another path",
+        )
+
+
+def save_sched(
+    path: str | Path, steps: Iterable[StepCall | str], comment: str | None = None
+) -> None:
+    """Write a `.sched` file atomically (an OutputError when the system refuses)."""
+    from cocoviz import fsio
+
+    fsio.write_file(path, format_sched(steps, comment))
 
 
 def find_block(program: Program, name: str) -> ScheduleBlock:
@@ -107,12 +222,14 @@ def apply_schedule_arg(program: Program, name: str) -> Program:
     return apply_block(program, find_block(program, name))
 
 
-def format_sched(steps: Iterable[StepCall], comment: str | None = None) -> str:
-    """`.sched` text: a header line, an optional comment, one step per line."""
-    lines = [SCHED_HEADER]
+def format_sched(steps: Iterable[StepCall | str], comment: str | None = None) -> str:
+    """`.sched` text: the versioned header, ``# steps: N``, an optional comment, one step
+    per line."""
+    shown = [str(s) for s in steps]
+    lines = [SCHED_HEADER, f"# steps: {len(shown)}"]
     if comment:
         lines += [f"# {c}" if c else "#" for c in comment.splitlines()]
-    lines += [str(s) for s in steps]
+    lines += shown
     return "\n".join(lines) + "\n"
 
 
@@ -202,7 +319,8 @@ class Session:
         return format_sched(self.steps, comment)
 
     def save(self, path: str | Path, comment: str | None = None) -> None:
-        Path(path).write_text(self.to_sched(comment), encoding="utf-8")
+        """Write the applied steps as a `.sched` file, atomically."""
+        save_sched(path, self.steps, comment)
 
     @classmethod
     def from_steps(cls, program: Program, steps: Iterable[StepLike]) -> Session:
@@ -225,7 +343,10 @@ __all__ = [
     "apply_schedule_arg",
     "apply_step",
     "apply_steps",
+    "check_sched_output",
     "find_block",
     "format_sched",
     "load_sched",
+    "save_sched",
+    "written_by_cocoviz",
 ]

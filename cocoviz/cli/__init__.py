@@ -160,15 +160,29 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 130
     except BrokenPipeError:
         return int(ExitCode.OK)
+    except OSError as err:
+        if err.filename is None:
+            return _internal(err)
+        # a file the user named (or its directory) could not be read or written: the same
+        # diagnostic the writers give, never an internal error
+        from cocoviz.fsio import os_error
+
+        diag = os_error(err, err.filename, "read or write")
+        _emit_error(diag)
+        return int(diag.exit_code)
     except Exception as err:  # noqa: BLE001 - the one boundary that turns bugs into exit 70
-        print(
-            f"internal error (a cocoviz bug): {type(err).__name__}: {err}\n"
-            "Please report it with the command you ran; set COCOVIZ_DEBUG=1 for details.",
-            file=sys.stderr,
-        )
-        if os.environ.get("COCOVIZ_DEBUG"):
-            traceback.print_exc()
-        return int(ExitCode.INTERNAL)
+        return _internal(err)
+
+
+def _internal(err: BaseException) -> int:
+    print(
+        f"internal error (a cocoviz bug): {type(err).__name__}: {err}\n"
+        "Please report it with the command you ran; set COCOVIZ_DEBUG=1 for details.",
+        file=sys.stderr,
+    )
+    if os.environ.get("COCOVIZ_DEBUG"):
+        traceback.print_exc()
+    return int(ExitCode.INTERNAL)
 
 
 def _default(parser: argparse.ArgumentParser) -> int:

@@ -48,7 +48,7 @@ def cmd_emit(args: argparse.Namespace) -> int:
     from cocoviz.cli.inspect import apply_named_schedule
     from cocoviz.emit.emitter import build, check_arch, emit
     from cocoviz.emit.lower import strip_schedule
-    from cocoviz.emit.writer import write_tree
+    from cocoviz.emit.writer import MARKER, write_tree
 
     if args.target == "cuda":
         check_arch(args.arch)
@@ -82,6 +82,12 @@ def cmd_emit(args: argparse.Namespace) -> int:
         hw=args.hw,
     )
     res = write_tree(Path(args.output), out.files, force=args.force)
+    for entry in res.ignored:
+        print(
+            f"warning: {res.directory}/{MARKER} lists '{entry}', which is not a file name in "
+            "that directory: left alone",
+            file=sys.stderr,
+        )
     print(
         f"{res.directory}: {len(res.written)} file(s) written, {len(res.unchanged)} unchanged"
         + (f", {len(res.removed)} removed" if res.removed else ""),
@@ -102,13 +108,9 @@ def cmd_emit(args: argparse.Namespace) -> int:
 
 def _steps_of(program: Any, schedule: str) -> list[str]:
     if schedule.endswith(".sched"):
-        try:
-            text = Path(schedule).read_text(encoding="utf-8")
-        except OSError:
-            return []
-        return [
-            ln.split("#", 1)[0].strip() for ln in text.splitlines() if ln.split("#", 1)[0].strip()
-        ]
+        from cocoviz.session import load_sched
+
+        return [str(s) for s in load_sched(schedule)]
     for b in program.schedules:
         if b.name == schedule:
             return [str(s) for s in b.steps]

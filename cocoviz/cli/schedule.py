@@ -87,12 +87,12 @@ def parse_cli_steps(args: list[str]) -> list[StepCall]:
 
 def cmd_apply(args: argparse.Namespace) -> int:
     from cocoviz.ir.printer import format_program
-    from cocoviz.session import Session
+    from cocoviz.session import Session, check_sched_output
 
     program = load_args_program(args)
     steps = parse_cli_steps(args.steps)
     if args.output:
-        _check_output(Path(args.output), args.force)
+        check_sched_output(Path(args.output), args.force)
     session = Session(program)
     session.apply_all(steps)
     if args.output:
@@ -109,29 +109,6 @@ def cmd_apply(args: argparse.Namespace) -> int:
     else:
         print(format_program(session.program, schedules=False, annotate=True), end="")
     return ExitCode.OK
-
-
-def _check_output(path: Path, force: bool) -> None:
-    """`-o` writes a new file or replaces one cocoviz wrote; anything else needs --force."""
-    from cocoviz.session import SCHED_HEADER
-
-    if path.suffix != ".sched":
-        raise UsageError(
-            f"-o {path}: a schedule file must end in .sched",
-            hint="--schedule treats a name ending in .sched as a file, anything else as a block",
-        )
-    if path.is_dir():
-        raise UsageError(f"-o {path}: is a directory")
-    if path.exists() and not force:
-        try:
-            first = path.read_text(encoding="utf-8").split("\n", 1)[0]
-        except (OSError, UnicodeDecodeError):
-            first = ""
-        if first.strip() != SCHED_HEADER:
-            raise UsageError(
-                f"-o {path}: the file exists and was not written by cocoviz",
-                hint="pass --force to overwrite it, or choose another name",
-            )
 
 
 def _explain(program: Program, stage: str, as_json: bool) -> int:

@@ -43,6 +43,11 @@ def register(sub: Any) -> None:
     _add_collectives(p)
     p.add_argument("--top", type=int, default=10, metavar="K", help="schedules to list")
     p.add_argument("-o", "--output", metavar="BEST.sched", help="write the best schedule")
+    p.add_argument(
+        "--force",
+        action="store_true",
+        help="let -o overwrite a file that cocoviz did not write",
+    )
     add_json_option(p)
     p.set_defaults(handler=cmd_tune)
 
@@ -212,10 +217,13 @@ def cmd_simulate(args: argparse.Namespace) -> int:
 
 
 def cmd_tune(args: argparse.Namespace) -> int:
+    from cocoviz.session import check_sched_output
     from cocoviz.sim.tune import tune, write_schedule
 
     if args.top < 1:
         raise UsageError("--top needs a positive count")
+    if args.output:
+        check_sched_output(Path(args.output), args.force)
     hw = load_hw(args.hw)
     program = load_args_program(args)
     progress = None

@@ -65,7 +65,16 @@ def c_double(value: float | int) -> str:
     return text
 
 
+# Stems the emitted tree uses itself: the launcher, the runtime header, the Makefile and
+# its targets, the emulation build directory (compared lower-case: on a case-insensitive
+# file system `Main.cu` is `main.cu`).
+_RESERVED_STEMS = frozenset(
+    {"main", "cocoviz_runtime", "makefile", "all", "run", "clean", "emulate", "emu", "manifest"}
+)
+
+
 def file_stem(name: str) -> str:
-    """A safe file stem for the program's source file."""
-    stem = re.sub(r"[^A-Za-z0-9_]", "_", name).strip("_")
-    return stem or "program"
+    """A safe file stem for the program's source file: a name the tree uses itself
+    (`main`, `cocoviz_runtime`, `Makefile`, a make target) gets the suffix `_prog`."""
+    stem = re.sub(r"[^A-Za-z0-9_]", "_", name).strip("_") or "program"
+    return f"{stem}_prog" if stem.lower() in _RESERVED_STEMS else stem

@@ -158,9 +158,12 @@ def to_trace(timeline: Timeline, ranks: Iterable[int] | None = None) -> dict[str
 
 
 def write_trace(timeline: Timeline, path: str | Path, ranks: Iterable[int] | None = None) -> int:
-    """Write the trace JSON; returns the number of trace events written."""
+    """Write the trace JSON atomically; returns the number of trace events written (an
+    OutputError when the system refuses the file)."""
+    from cocoviz.fsio import write_file
+
     trace = to_trace(timeline, ranks)
-    Path(path).write_text(json.dumps(trace, separators=(",", ":")), encoding="utf-8")
+    write_file(path, json.dumps(trace, separators=(",", ":")))
     return len(trace["traceEvents"])
 
 

@@ -418,10 +418,12 @@ def tune(
 
 
 def write_schedule(candidate: Candidate, path: Path, header: str | None = None) -> None:
-    """Write a candidate as a ``.sched`` file (one step a line)."""
-    lines = [f"# {header or candidate.name}: predicted {candidate.time_s * 1e6:.1f} us"]
-    lines += list(candidate.steps)
-    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    """Write a candidate as a ``.sched`` file (the versioned header, a comment, one step a
+    line), atomically; an OutputError when the system refuses."""
+    from cocoviz.session import save_sched
+
+    comment = f"{header or candidate.name}: predicted {candidate.time_s * 1e6:.1f} us"
+    save_sched(path, candidate.steps, f"{comment}, written by cocoviz tune")
 
 
 # ---------------------------------------------------------------------------------------

@@ -159,13 +159,9 @@ def schedule_steps(program: Program, name: str | None) -> list[str]:
 
 
 def read_sched_file(path: Path) -> list[str]:
-    from cocoviz.ir.syntax import parse_steps
+    from cocoviz.session import load_sched
 
-    try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as err:
-        raise CocovizError(f"{path}: cannot read ({err.strerror})") from None
-    return [str(s) for s in parse_steps(text, str(path))]
+    return [str(s) for s in load_sched(path)]
 
 
 # --- timeline ------------------------------------------------------------------------------
