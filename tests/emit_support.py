@@ -166,6 +166,22 @@ def emit_text(
     return out.files
 
 
+def compare_dumps(program: Program, dump: Path) -> None:
+    """Every output dumped by `--dump` equals the numpy reference within its dtype's
+    tolerance."""
+    from cocoviz.exec import numerics as nm
+    from cocoviz.exec.reference import run_reference
+
+    ref = run_reference(program, 0)
+    for out in program.outputs:
+        dtype = program.type_of(out).dtype.value
+        got = nm.load_npy(dump / f"{out}.npy", dtype)
+        want = ref.global_value(out)
+        assert got.shape == want.shape
+        cmp = nm.compare(got, want, dtype)
+        assert cmp.ok, f"{out}: {cmp.describe()}"
+
+
 EMU_SOURCES = Path(__file__).resolve().parent.parent / "cocoviz" / "emulation"
 
 

@@ -13,6 +13,7 @@ import pytest
 from emit_support import (
     AVG_PROGRAM,
     cases,
+    compare_dumps,
     diagnostics,
     emit_files,
     emit_text,
@@ -23,8 +24,6 @@ from emit_support import (
     write,
 )
 
-from cocoviz.exec import numerics as nm
-from cocoviz.exec.reference import run_reference
 from cocoviz.ir.nodes import Program
 
 
@@ -67,11 +66,4 @@ def _build_run_and_compare(files: dict[str, str], program: Program, tmp_path: Pa
     result = json.loads(run.stdout.strip().splitlines()[-1])
     assert result["check"] == "pass"
     assert result["program"] == program.name
-    ref = run_reference(program, 0)
-    for out in program.outputs:
-        dtype = program.type_of(out).dtype.value
-        got = nm.load_npy(dump / f"{out}.npy", dtype)
-        want = ref.global_value(out)
-        assert got.shape == want.shape
-        cmp = nm.compare(got, want, dtype)
-        assert cmp.ok, f"{out}: {cmp.describe()}"
+    compare_dumps(program, dump)

@@ -19,6 +19,7 @@ from emit_support import (
     AVG_PROGRAM,
     build_emulated,
     cases,
+    compare_dumps,
     emit_files,
     emit_text,
     scheduled,
@@ -26,8 +27,6 @@ from emit_support import (
     text_programs,
 )
 
-from cocoviz.exec import numerics as nm
-from cocoviz.exec.reference import run_reference
 from cocoviz.ir.nodes import Program
 
 RANKS = {"pipeline_stage": ("tp=1,pp=2", "tp=2,pp=2")}
@@ -65,14 +64,7 @@ def check_and_compare(tree: Path, program: Program, dump: Path) -> None:
     result = json.loads(res.stdout.strip().splitlines()[-1])
     assert result["check"] == "pass", res.stderr
     assert "cocoviz emulation" not in res.stderr, res.stderr
-    ref = run_reference(program, 0)
-    for out in program.outputs:
-        dtype = program.type_of(out).dtype.value
-        got = nm.load_npy(dump / f"{out}.npy", dtype)
-        want = ref.global_value(out)
-        assert got.shape == want.shape
-        cmp = nm.compare(got, want, dtype)
-        assert cmp.ok, f"{out}: {cmp.describe()}"
+    compare_dumps(program, dump)
 
 
 def _run_once(files: dict[str, str], program: Program, cache: Path) -> None:
