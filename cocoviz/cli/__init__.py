@@ -39,6 +39,19 @@ class _Parser(argparse.ArgumentParser):
         raise UsageError(message, hint=f"see '{self.prog} --help'")
 
 
+def _seed(text: str) -> int:
+    """A --seed value: an ASCII integer in [0, 2^64)."""
+    digits = text.strip().lstrip("+-")
+    if not (digits.isascii() and digits.isdigit()):
+        raise argparse.ArgumentTypeError(f"not an integer: '{text}'")
+    if len(digits) > 40:
+        raise argparse.ArgumentTypeError("must be in [0, 2^64)")
+    n = int(text)
+    if not 0 <= n < 1 << 64:
+        raise argparse.ArgumentTypeError(f"must be in [0, 2^64), got {n}")
+    return n
+
+
 def add_program_options(p: argparse.ArgumentParser, schedule: bool = True) -> None:
     """Options shared by every command that evaluates a program."""
     p.add_argument("file", metavar="FILE", help="a .coco program (or the name of a sample)")
@@ -57,7 +70,9 @@ def add_program_options(p: argparse.ArgumentParser, schedule: bool = True) -> No
         help="override a dimension, e.g. -D H=1024",
     )
     p.add_argument("--ranks", metavar="N|tp=T,pp=P", help="override the rank count or grid")
-    p.add_argument("--seed", type=int, default=0, help="seed of the input and dropout generator")
+    p.add_argument(
+        "--seed", type=_seed, default=0, help="seed of the input and dropout generator (0 .. 2^64-1)"
+    )
     p.add_argument("--hw", metavar="NAME|FILE", default=None, help="hardware profile")
 
 

@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
+import os
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -51,7 +54,16 @@ def register(sub: Any) -> None:
         help="with --mpi: time N iterations after a warm-up (median reported)",
     )
     p.add_argument(
-        "--timeout", type=float, default=600.0, metavar="S", help="stop an MPI run after S seconds"
+        "--timeout",
+        type=_seconds,
+        default=600.0,
+        metavar="S",
+        help="stop an MPI run after S seconds",
+    )
+    p.add_argument(
+        "--oversubscribe",
+        action="store_true",
+        help="with --mpi: allow more ranks than 4 per CPU (at most 1024)",
     )
     p.add_argument(
         "--max-mem",
@@ -75,6 +87,30 @@ def _size(text: str) -> int:
         raise argparse.ArgumentTypeError(f"not a size: '{text}' (e.g. 4G, 512M)") from None
 
 
+def _seconds(text: str) -> float:
+    try:
+        s = float(text)
+    except ValueError:
+        s = math.nan
+    if not 0 < s <= 1e9:  # NaN and inf too: a deadline must pass
+        raise argparse.ArgumentTypeError(
+            f"not a number of seconds: '{text}' (a positive number up to 1e9, e.g. 60)"
+        )
+    return s
+
+
+def _check_run_args(args: argparse.Namespace, program: Program) -> None:
+    """Usage errors found without reading an input or starting a process."""
+    if args.mpi:
+        from cocoviz.exec.mpi_run import check_world
+
+        if args.iters < 1:
+            raise UsageError("--iters must be at least 1")
+        check_world(program, args.oversubscribe)
+    elif args.oversubscribe:
+        raise UsageError("--oversubscribe is for real processes: add --mpi")
+
+
 def collected_names(program: Program) -> list[str]:
     """Outputs, then the update stages of updated inputs (their new global values)."""
     names = list(program.outputs)
@@ -85,17 +121,42 @@ def collected_names(program: Program) -> list[str]:
 
 
 def _prepare_dump(path: str, force: bool) -> Path:
+    """Check and create the --dump directory before the run, so a refusal costs nothing."""
+    from cocoviz import fsio
+
     d = Path(path)
-    if d.exists() and not d.is_dir():
+    exists = fsio.lstat(d, "write") is not None
+    if exists and not d.is_dir():
         raise UsageError(f"--dump {d}: exists and is not a directory")
-    if d.exists() and any(d.iterdir()) and not (d / DUMP_MARKER).exists() and not force:
-        raise UsageError(
-            f"--dump {d}: the directory is not empty and was not written by cocoviz",
-            hint="choose a new directory, or pass --force",
-        )
-    d.mkdir(parents=True, exist_ok=True)
-    (d / DUMP_MARKER).write_text("written by cocoviz run --dump\n")
+    if exists and not force and fsio.read_regular(d / DUMP_MARKER) is None:
+        try:
+            entries = [n for n in os.listdir(d) if not n.startswith(fsio.TMP_PREFIX)]
+        except OSError as err:
+            raise fsio.os_error(err, d, "read the directory") from None
+        if entries:
+            raise UsageError(
+                f"--dump {d}: the directory is not empty and was not written by cocoviz",
+                hint="choose a new directory, or pass --force",
+            )
+    with fsio.locked_directory(d):
+        fsio.write_file(d / DUMP_MARKER, "written by cocoviz run --dump\n")
     return d
+
+
+def _write_dump(d: Path, program: Program, values: dict[str, Any], names: list[str]) -> None:
+    """Write every array as DIR/NAME.npy: all staged beside their destinations, then
+    renamed into place (no truncated file, no write through a link), under the
+    directory's lock."""
+    from cocoviz import fsio
+    from cocoviz.exec import numerics as nx
+
+    def npy(x: Any, dtype: str) -> fsio.Content:
+        return lambda sink: np.save(sink, nx.to_dtype(x, nx.dtype_info(dtype)), allow_pickle=False)
+
+    arrays = {f"{n}.npy": npy(values[n], program.type_of(n).dtype.value) for n in names}
+    with fsio.locked_directory(d):
+        fsio.remove_stale_temporaries(d)
+        fsio.replace_files(d, arrays)
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -103,6 +164,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     from cocoviz.exec.reference import check_memory, run_reference
 
     original = load_args_program(args)
+    _check_run_args(args, original)
     scheduled = apply_named_schedule(original, args.schedule)
     names = collected_names(original)
     dump_dir = _prepare_dump(args.dump, args.force) if args.dump else None
@@ -114,19 +176,22 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     measured: dict[str, Any] = {}
     if args.mpi:
-        from cocoviz.exec.mpi_run import run_mpi
+        from cocoviz.exec.mpi_run import Terminated, run_mpi
 
         check_memory(original, args.max_mem)
-        if args.iters < 1:
-            raise UsageError("--iters must be at least 1")
-        mrun = run_mpi(
-            scheduled,
-            names,
-            seed=args.seed,
-            inputs_dir=args.inputs,
-            timeout_s=args.timeout,
-            iters=args.iters,
-        )
+        try:
+            mrun = run_mpi(
+                scheduled,
+                names,
+                seed=args.seed,
+                inputs_dir=args.inputs,
+                timeout_s=args.timeout,
+                iters=args.iters,
+                oversubscribe=args.oversubscribe,
+            )
+        except Terminated as stop:  # the run was cleaned up; end as the signal would
+            print(f"terminated ({stop})", file=sys.stderr)
+            return stop.exit_code
         values = mrun.outputs
         timeline = mrun.timeline(scheduled)
         summ = timeline.summary
@@ -179,8 +244,7 @@ def cmd_run(args: argparse.Namespace) -> int:
                 }
             )
     if dump_dir is not None:
-        for n in names:
-            nx.save_npy(dump_dir / f"{n}.npy", values[n], original.type_of(n).dtype.value)
+        _write_dump(dump_dir, original, values, names)
 
     if args.json:
         print(

@@ -143,15 +143,16 @@ class Worker:
         return ty.pstage is None or ty.pstage == self.pp
 
     def load_inputs(self) -> None:
-        inputs_dir = self.spec.get("inputs_dir")
+        from cocoviz.exec.mpi_run import read_input
+
+        files: dict[str, str] = self.spec.get("input_files") or {}
         for p in self.program.params:
             self.values[p.name] = ops.round_to(np.asarray(p.default), p.dtype)
         for i in self.program.inputs:
             if not self.on_my_stage(i.ty):
                 continue
-            path = Path(inputs_dir) / f"{i.name}.npy" if inputs_dir else None
-            if path is not None and path.exists():
-                full = np.load(path, mmap_mode="r")
+            if i.name in files:  # validated by the launcher; checked again as it is opened
+                full = read_input(Path(files[i.name]), i.name, i.ty, self.T)
                 if i.ty.dtype.value == "bf16":
                     full = nx.round_bf16(np.asarray(full))
                 part = take_rank_part(full, i.ty, self.T, self.tp)
