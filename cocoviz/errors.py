@@ -94,19 +94,31 @@ class Diagnostic:
         return "\n".join(out)
 
 
+_MAX_SHOWN = 160
+"""Columns of a source line shown under a diagnostic."""
+
+
 def _excerpt(span: Span) -> list[str]:
     """The source line of a span and a row of carets under it (to the end of the line
     when the span goes on to later lines)."""
     if span.source is None or not 0 < span.line <= len(span.source.lines):
         return []
     text = span.source.line(span.line)
-    shown = "".join(c if c.isprintable() else " " for c in text)  # tabs etc.: one column
     gutter = f"{span.line:>4} | "
     start = min(max(span.col, 1), len(text) + 1)
     if span.end_line > span.line:
         end = max(len(text) + 1, start + 1)
     else:
         end = min(max(span.end_col, start + 1), max(len(text) + 1, start + 1))
+    if len(text) > _MAX_SHOWN:
+        # a very long line: the part around the caret, cut ends marked
+        lo = max(0, min(start - 1 - _MAX_SHOWN // 4, len(text) - _MAX_SHOWN))
+        hi = lo + _MAX_SHOWN
+        head, tail = ("…" if lo > 0 else ""), ("…" if hi < len(text) else "")
+        text = head + text[lo:hi] + tail
+        start = start - lo + len(head)
+        end = min(end - lo + len(head), len(text) + 1)
+    shown = "".join(c if c.isprintable() else " " for c in text)  # tabs etc.: one column
     pad = _width(shown[: start - 1])
     marks = max(_width(shown[start - 1 : end - 1]), 1)
     caret = " " * (len(gutter) - 2) + "| " + " " * pad + "^" * marks

@@ -89,18 +89,16 @@ def apply_block(program: Program, block: ScheduleBlock) -> Program:
 
 def load_sched(path: str | Path) -> tuple[StepCall, ...]:
     """The steps of a `.sched` file."""
+    from cocoviz.ir.lower import read_source
     from cocoviz.ir.syntax import parse_steps
 
     p = Path(path)
-    try:
-        text = p.read_text(encoding="utf-8")
-    except FileNotFoundError:
+    if not p.exists():
         hint = None
         if p.parent.is_dir():
             hint = did_you_mean(p.name, [q.name for q in p.parent.glob("*.sched")])
-        raise InputError(f"{p}: no such schedule file", hint=hint) from None
-    except (OSError, UnicodeDecodeError) as err:
-        raise InputError(f"{p}: cannot read the schedule file ({err})") from None
+        raise InputError(f"{p}: no such schedule file", hint=hint)
+    text = read_source(p, "schedule")
     steps = parse_steps(text, str(p))
     _check_complete(p, text, len(steps))
     return steps

@@ -482,9 +482,6 @@ output y
 """
 
 
-@pytest.mark.xfail(
-    strict=True, reason="needs the param range check in cocoviz/ir/lower.py (_param)"
-)
 @pytest.mark.parametrize(
     ("dtype", "value"),
     [("i32", "3000000000"), ("i32", str(2**64)), ("i32", "-2147483649"), ("i64", str(2**64))],

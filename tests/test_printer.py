@@ -181,11 +181,13 @@ def test_groups_print_as_blocks_and_round_trip() -> None:
         "input x : f16[B, H] sliced(1)\ninput w : f16[H, H] sliced\n"
         "input b : f16[H] replicated\n"
         "overlapped chunks=2 {\n  y = matmul(x, w)\n  fused {\n    s = reducescatter(+, y)\n"
-        "    t = s + 1\n  }\n}\n"
-        "u = allgather(t)\noutput u\n"
+        "    t = s + 1\n    u = allgather(t)\n  }\n}\n"
+        "output u\n"
     )
     p = load_program(text)
-    assert p.groups == (Group(GroupKind.OVERLAPPED, ("y", Group(GroupKind.FUSED, ("s", "t"))), 2),)
+    assert p.groups == (
+        Group(GroupKind.OVERLAPPED, ("y", Group(GroupKind.FUSED, ("s", "t", "u"))), 2),
+    )
     printed = format_program(p)
     assert (
         "overlapped chunks=2 {\n  y = matmul(x, w)\n  fused {\n    s = reducescatter(+, y)"

@@ -175,6 +175,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 130
     except BrokenPipeError:
         return int(ExitCode.OK)
+    except MemoryError:
+        print(
+            "error: out of memory\nhint: the program or its sizes are too large for this "
+            "machine: smaller -D sizes or fewer ranks",
+            file=sys.stderr,
+        )
+        return int(ExitCode.INPUT)
     except OSError as err:
         if err.filename is None:
             return _internal(err)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import shutil
 from pathlib import Path
 from typing import Any
 
@@ -34,9 +33,28 @@ def register(sub: Any) -> None:
 
     p = sub.add_parser("samples", help="list the bundled sample programs, or copy them")
     p.add_argument("--copy", metavar="DIR", help="copy the samples into DIR")
-    p.add_argument("--gpt", metavar="LAYERS", type=int, help="print an N-layer GPT stack program")
+    p.add_argument(
+        "--gpt",
+        metavar="LAYERS",
+        type=_layers,
+        help=f"print an N-layer GPT stack program (1 .. {MAX_GPT_LAYERS})",
+    )
     add_json_option(p)
     p.set_defaults(handler=cmd_samples)
+
+
+MAX_GPT_LAYERS = 4000
+"""The largest --gpt stack (about 6 MB of source; `check` reads at most 16 MiB)."""
+
+
+def _layers(text: str) -> int:
+    digits = text.strip()
+    if not (digits.isascii() and digits.isdigit() and len(digits) <= 9):
+        raise argparse.ArgumentTypeError(f"not a layer count: '{text}'")
+    n = int(digits)
+    if not 1 <= n <= MAX_GPT_LAYERS:
+        raise argparse.ArgumentTypeError(f"must be in 1 .. {MAX_GPT_LAYERS}, got {n}")
+    return n
 
 
 def apply_named_schedule(program: Program, name: str | None) -> Program:
@@ -135,23 +153,11 @@ def cmd_samples(args: argparse.Namespace) -> int:
     if args.gpt is not None:
         from cocoviz.samples.gpt import gpt_stack
 
-        if args.gpt < 1:
-            raise UsageError("--gpt needs a positive layer count")
         print(gpt_stack(args.gpt), end="")
         return ExitCode.OK
     names = samples.names()
     if args.copy:
-        dest = Path(args.copy)
-        dest.mkdir(parents=True, exist_ok=True)
-        clashes = [n for n in names if (dest / f"{n}.coco").exists()]
-        if clashes:
-            raise UsageError(
-                f"{dest}: would overwrite {', '.join(c + '.coco' for c in clashes)}",
-                hint="choose an empty directory",
-            )
-        for n in names:
-            shutil.copyfile(samples.path(n), dest / f"{n}.coco")
-        print(f"copied {len(names)} samples to {dest}")
+        _copy_samples(Path(args.copy), names)
         return ExitCode.OK
     if args.json:
         print(json.dumps(names))
@@ -160,3 +166,20 @@ def cmd_samples(args: argparse.Namespace) -> int:
         first = samples.text(n).splitlines()[0].lstrip("# ").strip()
         print(f"{n:<24} {first}")
     return ExitCode.OK
+
+
+def _copy_samples(dest: Path, names: list[str]) -> None:
+    """`samples --copy DIR`: never overwrites a file; each copy written atomically."""
+    from cocoviz import fsio, samples
+
+    if fsio.lstat(dest, "write") is not None and not dest.is_dir():
+        raise UsageError(f"--copy {dest}: exists and is not a directory")
+    with fsio.locked_directory(dest):
+        clashes = [n for n in names if fsio.lstat(dest / f"{n}.coco") is not None]
+        if clashes:
+            raise UsageError(
+                f"{dest}: would overwrite {', '.join(c + '.coco' for c in clashes)}",
+                hint="choose an empty directory",
+            )
+        fsio.replace_files(dest, {f"{n}.coco": samples.path(n).read_bytes() for n in names})
+    print(f"copied {len(names)} samples to {dest}")

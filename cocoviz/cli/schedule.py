@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -140,10 +141,9 @@ def parse_bytes(text: str) -> int:
     mult = 1
     if t and t[-1] in units:
         mult, t = units[t[-1]], t[:-1]
-    try:
-        value = float(t)
-    except ValueError:
-        raise UsageError(f"--max-mem expects a size like 4G or 512M, got '{text}'") from None
+    if not re.fullmatch(r"[0-9]{1,15}(\.[0-9]{1,6})?", t):
+        raise UsageError(f"--max-mem expects a size like 4G or 512M, got '{text}'")
+    value = float(t)
     if value <= 0:
         raise UsageError(f"--max-mem must be positive, got '{text}'")
     return int(value * mult)

@@ -319,7 +319,7 @@ def parse_size(text: str, option: str) -> int:
     t = text.strip().upper().removesuffix("B").removesuffix("I")
     unit = t[-1] if t and t[-1] in _SUFFIX else ""
     number = t[:-1] if unit else t
-    if not number.isdigit():
+    if not (number.isascii() and number.isdigit() and len(number) <= 15) or int(number) < 1:
         raise UsageError(f"{option} expects a size such as 8, 64K, 16M or 16G, got '{text}'")
     return int(number) * _SUFFIX[unit]
 
@@ -334,6 +334,11 @@ def cmd_model_table(args: argparse.Namespace) -> int:
         raise UsageError("--ranks needs a positive count")
     lo = parse_size(args.min_bytes, "--min-bytes")
     hi = parse_size(args.max_bytes, "--max-bytes")
+    if lo > hi:
+        raise UsageError(
+            f"--min-bytes ({args.min_bytes}) is larger than --max-bytes ({args.max_bytes})",
+            hint="the sweep doubles from -b up to -e",
+        )
     try:
         rows = model_table(
             hw,

@@ -1291,6 +1291,19 @@ def strip_schedule(program: Program) -> Program:
     return dataclasses.replace(program, groups=())
 
 
+def _check_collective_operands(p: Program) -> None:
+    """The emitter moves named buffers: a collective of an expression is refused with a
+    diagnostic (the reference and `run` evaluate it; the emitter needs it named)."""
+    for s in p.stages:
+        if s.is_collective and s.expr.args and s.expr.args[0].name is None:
+            op = s.expr.op.value
+            raise EmitError(
+                f"the emitter needs the operand of {op} '{s.name}' to be a named value",
+                s.span,
+                hint=f"name it first: t = <the operand>, then {s.name} = {op}(..., t)",
+            )
+
+
 def lower_emit(
     scheduled: Program,
     reference: Program | None,
@@ -1305,6 +1318,9 @@ def lower_emit(
         raise UsageError(f"unknown --collectives {collectives!r} (expected nccl or nccl-device)")
     if reference is not None and reference == scheduled:
         reference = None
+    for p in (scheduled, reference):
+        if p is not None:
+            _check_collective_operands(p)
     names = NameTable()
     param_cname = {q.name: names.fresh(q.name, "prm_") for q in scheduled.params}
     params = tuple(

@@ -64,6 +64,27 @@ REDUCE_WORDS = {
 }
 
 
+# Sizes and integers are 64-bit in emitted code; keep every product of sizes in range.
+_MAX_SIZE = 2**62
+MAX_RANKS = 1 << 20
+"""Ranks of a program (T×P for a grid): the reference and the simulator model every
+rank, and a million ranks is beyond any machine cocoviz targets."""
+
+_INT_ARG = re.compile(r"-?[0-9]+")  # ASCII digits only: `int()` also takes '٣' and '²'
+
+
+def _int_arg(text: str) -> int | None:
+    """A command-line integer: ASCII digits (an optional '-'), not absurdly long."""
+    if not _INT_ARG.fullmatch(text) or len(text) > syn.MAX_NUMBER_DIGITS:
+        return None
+    return int(text)
+
+
+def _shown(text: str, limit: int = 40) -> str:
+    """A command-line value quoted in a message, shortened when long."""
+    return text if len(text) <= limit else text[:limit] + "…"
+
+
 @dataclass(frozen=True)
 class RanksOverride:
     """`--ranks N` or `--ranks tp=T,pp=P`."""
@@ -75,14 +96,17 @@ class RanksOverride:
     @staticmethod
     def parse(text: str) -> RanksOverride:
         text = text.strip()
-        if text.isdigit():
-            return RanksOverride(n=int(text))
+        n = _int_arg(text)
+        if n is not None:
+            return RanksOverride(n=n)
         parts = dict(p.split("=", 1) for p in text.replace(" ", "").split(",") if "=" in p)
-        if set(parts) == {"tp", "pp"} and all(v.isdigit() for v in parts.values()):
-            return RanksOverride(tp=int(parts["tp"]), pp=int(parts["pp"]))
+        if set(parts) == {"tp", "pp"}:
+            tp, pp = _int_arg(parts["tp"]), _int_arg(parts["pp"])
+            if tp is not None and pp is not None:
+                return RanksOverride(tp=tp, pp=pp)
         raise UsageError(
-            f"--ranks expects N or tp=T,pp=P, got '{text}'",
-            hint="for example --ranks 8 or --ranks tp=4,pp=2",
+            f"--ranks expects N or tp=T,pp=P, got '{_shown(text)}'",
+            hint="for example --ranks 8 or --ranks tp=4,pp=2 (digits 0-9)",
         )
 
 
@@ -90,16 +114,19 @@ def parse_defines(items: list[str] | None) -> dict[str, int]:
     out: dict[str, int] = {}
     for item in items or []:
         name, eq, val = item.partition("=")
-        if not eq or not name.strip().isidentifier() or not val.strip().lstrip("-").isdigit():
-            raise UsageError(f"-D expects NAME=INTEGER, got '{item}'", hint="for example -D H=1024")
-        if int(val) <= 0:
-            raise UsageError(f"-D {name.strip()}: sizes must be positive, got {val.strip()}")
-        out[name.strip()] = int(val)
+        name, val = name.strip(), val.strip()
+        v = _int_arg(val)
+        if not eq or not name.isidentifier() or v is None:
+            hint = "for example -D H=1024 (a name, '=', and digits 0-9)"
+            if eq and name.isidentifier() and _INT_ARG.fullmatch(val):
+                hint = f"the value has {len(val.lstrip('-')):,} digits; sizes are at most 2^62"
+            raise UsageError(f"-D expects NAME=INTEGER, got '{_shown(item)}'", hint=hint)
+        if v <= 0:
+            raise UsageError(f"-D {name}: sizes must be positive, got {v}")
+        if v > _MAX_SIZE:
+            raise UsageError(f"-D {name}: {v} is too large (sizes are at most 2^62)")
+        out[name] = v
     return out
-
-
-# Sizes and integers are 64-bit in emitted code; keep every product of sizes in range.
-_MAX_SIZE = 2**62
 
 
 class _AlreadyReported(Exception):
@@ -342,11 +369,14 @@ class _Lowerer:
             source_names=frozenset(self.bound),
         )
         check_updates(prog)
-        return _order_reads_before_updates(prog)
+        prog = _order_reads_before_updates(prog)
+        if prog.groups:
+            _check_groups(prog, groups_syntax)
+        return prog
 
     def _grid(self, st: syn.RanksStmt) -> Grid:
         if st.n is not None:
-            return Grid(_int(st.n, "the rank count"))
+            return _checked_grid(Grid(_int(st.n, "the rank count")), st.span)
         assert st.grid is not None
         (n1, v1), (n2, v2) = st.grid
         vals = {n1.text: v1, n2.text: v2}
@@ -358,7 +388,8 @@ class _Lowerer:
                 bad.span,
                 hint="for example: ranks tp=8, pp=2",
             )
-        return Grid(_int(vals["tp"], "tp"), _int(vals["pp"], "pp"), True)
+        grid = Grid(_int(vals["tp"], "tp"), _int(vals["pp"], "pp"), True)
+        return _checked_grid(grid, st.span)
 
     def _apply_ranks_override(self, grid: Grid | None, span: Span | None) -> Grid:
         r = self.ranks
@@ -377,7 +408,7 @@ class _Lowerer:
         if r.tp is not None and r.pp is not None:
             if r.tp <= 0 or r.pp <= 0:
                 raise UsageError("--ranks: tp and pp must be positive")
-            return Grid(r.tp, r.pp, True)
+            return _checked_grid(Grid(r.tp, r.pp, True), None)
         assert r.n is not None
         if r.n <= 0:
             raise UsageError("--ranks must be positive")
@@ -388,8 +419,8 @@ class _Lowerer:
                     f"not divide {r.n}",
                     hint=f"use a multiple of {grid.pp}, or --ranks tp=T,pp=P",
                 )
-            return Grid(r.n // grid.pp, grid.pp, True)
-        return Grid(r.n)
+            return _checked_grid(Grid(r.n // grid.pp, grid.pp, True), None)
+        return _checked_grid(Grid(r.n), None)
 
     def _param(self, pn: syn.Name, pt: syn.Name, pv: syn.Num, neg: bool) -> Param:
         dt = DType.parse(pt.text)
@@ -402,14 +433,31 @@ class _Lowerer:
         v: float | int = pv.value
         if isinstance(v, float) and not math.isfinite(v):
             raise InputError(f"param '{pn.text}': default out of range", pv.span)
+        if neg:
+            v = -v
         if not dt.is_float:
             if not pv.is_int:
                 raise InputError(
                     f"param '{pn.text}' is {dt.value} but its default is not an integer", pv.span
                 )
+            bits = 8 * dt.itemsize
+            lo, hi = -(1 << (bits - 1)), (1 << (bits - 1)) - 1
+            if not lo <= v <= hi:
+                raise InputError(
+                    f"param '{pn.text}': default {v} is out of range for {dt.value} ([{lo}, {hi}])",
+                    pv.span,
+                )
         else:
-            v = float(v)
-        return Param(pn.text, dt, -v if neg else v, pn.span)
+            try:
+                v = float(v)
+            except OverflowError:
+                v = math.inf
+            top = _FLOAT_MAX.get(dt.value, math.inf)
+            if not abs(v) <= top:
+                raise InputError(
+                    f"param '{pn.text}': default {v:g} is out of range for {dt.value}", pv.span
+                )
+        return Param(pn.text, dt, v, pn.span)
 
     def _size(self, se: syn.SizeExpr) -> Size:
         value = 1
@@ -651,15 +699,16 @@ class _Lowerer:
             return self._collect(a, defined, later, stage)
 
         def literal(node: Any, what: str) -> float | int:
+            """A number literal argument, finite and in range like every literal."""
             if isinstance(node, Expr) and node.op is Op.CONST and node.value is not None:
-                return node.value
+                return _check_number(node).value  # type: ignore[return-value]
             if (
                 isinstance(node, Expr)
                 and node.op is Op.NEG
                 and node.args[0].op is Op.CONST
                 and node.args[0].value is not None
             ):
-                return -node.args[0].value
+                return -_check_number(node.args[0]).value  # type: ignore[operator]
             raise InputError(
                 f"{fname}: {what} must be a number literal", getattr(node, "span", c.span)
             )
@@ -779,6 +828,18 @@ class _Lowerer:
         )
 
 
+def _checked_grid(grid: Grid, span: Span | None) -> Grid:
+    """`grid`, when its world is at most `MAX_RANKS` (`span`: the `ranks` statement;
+    None for `--ranks`)."""
+    if grid.world <= MAX_RANKS:
+        return grid
+    what = f"tp × pp = {grid.world}" if grid.is_grid else str(grid.world)
+    message = f"too many ranks: {what} (at most {MAX_RANKS:,})"
+    if span is None:
+        raise UsageError(f"--ranks: {message}")
+    raise InputError(message, span)
+
+
 def _tag_dropouts(expr: Expr, stage: str) -> Expr:
     """Give each dropout its stable id `<stage>#<k>`, k counting the dropout calls of the
     stage's expression in source order (the order of their opening `dropout(`)."""
@@ -861,10 +922,16 @@ def _order_reads_before_updates(program: Program) -> Program:
 
 def _group(st: Any) -> Group:
     """A printed `fused { }` or `overlapped chunks=K { }` block as a group (whether the
-    group is legal is checked by the schedule verifier, as for a `fuse` step)."""
+    group is legal is checked by `_check_groups`, as for a `fuse` or `overlap` step)."""
     if isinstance(st, syn.FusedStmt):
         if not st.items:
             raise InputError("an empty 'fused' block", st.span, hint="list the fused stages in it")
+        if len(st.items) < 2:
+            raise InputError(
+                "a 'fused' block needs at least two stages",
+                st.span,
+                hint="remove the block around a lone stage",
+            )
         return Group(GroupKind.FUSED, tuple(a.name.text for a in st.items))
     assert isinstance(st, syn.OverlappedStmt)
     if st.chunks_kw.text != "chunks":
@@ -878,6 +945,29 @@ def _group(st: Any) -> Group:
     for it in st.items:
         items.append(_group(it) if isinstance(it, syn.FusedStmt) else it.name.text)
     return Group(GroupKind.OVERLAPPED, tuple(items), _int(st.chunks, "chunks"))
+
+
+def _check_groups(program: Program, blocks: list[syn.FusedStmt | syn.OverlappedStmt]) -> None:
+    """Printed groups hold exactly what the `fuse` and `overlap` steps would make of
+    them (same rules, members and order), so that a program read from text meets every
+    invariant of a scheduled one. `blocks` are the source blocks of `program.groups`."""
+    from cocoviz.ir.transforms.grouping import group_error
+
+    for gi, block in enumerate(blocks):
+        err = group_error(program, gi)
+        if err is None:
+            continue
+        word = "fused" if isinstance(block, syn.FusedStmt) else "overlapped"
+        notes = [(d.message, d.span) for d in err.diagnostics[1:]]
+        if err.span is not None:
+            notes.insert(0, ("at this stage", err.span))
+        notes.extend(err.diagnostics[0].notes)
+        raise InputError(
+            f"this '{word}' block is not a legal group: {err.message.split(': ', 1)[-1]}",
+            block.span,
+            hint=err.hint,
+            notes=notes,
+        )
 
 
 def lower(
@@ -913,23 +1003,45 @@ def _no_gc() -> Iterator[None]:
             gc.enable()
 
 
+_FLOAT_MAX = {"f16": 65504.0, "bf16": 3.3895313892515355e38, "f32": 3.4028234663852886e38}
+"""Largest finite value of each float dtype (f64: any finite float)."""
+
+
+def read_source(path: str | Path, what: str = "program") -> str:
+    """The text of a source file, read with a bound: at most `MAX_SOURCE_BYTES` (so that
+    `/dev/zero`, a runaway pipe or a huge file ends in a diagnostic, not an exhausted
+    memory), UTF-8, newlines normalized as text mode would (`\r\n` and `\r` → `\n`)."""
+    p = Path(path)
+    try:
+        with open(p, "rb") as f:
+            data = f.read(syn.MAX_SOURCE_BYTES + 1)
+    except FileNotFoundError:
+        raise InputError(f"{p}: no such file", hint=_nearby(p)) from None
+    except IsADirectoryError:
+        kind = ".coco" if what == "program" else what
+        raise InputError(f"{p}: is a directory, expected a {kind} file") from None
+    except OSError as err:
+        raise InputError(f"{p}: cannot read ({err.strerror or err})") from None
+    if len(data) > syn.MAX_SOURCE_BYTES:
+        limit = syn.MAX_SOURCE_BYTES
+        size = f"{limit >> 20} MiB" if limit % (1 << 20) == 0 else f"{limit:,} bytes"
+        raise InputError(
+            f"{p}: too large: a {what} file may hold at most {size}",
+            hint="is it the right file? (a device such as /dev/zero never ends)",
+        )
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise InputError(f"{p}: not UTF-8 text ({err.reason} at byte {err.start})") from None
+    return text.replace("\r\n", "\n").replace("\r", "\n") if "\r" in text else text
+
+
 def load_file(
     path: str | Path,
     defines: Mapping[str, int] | None = None,
     ranks: RanksOverride | None = None,
 ) -> Program:
-    p = Path(path)
-    try:
-        text = p.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise InputError(f"{p}: no such file", hint=_nearby(p)) from None
-    except IsADirectoryError:
-        raise InputError(f"{p}: is a directory, expected a .coco file") from None
-    except UnicodeDecodeError as err:
-        raise InputError(f"{p}: not UTF-8 text ({err.reason} at byte {err.start})") from None
-    except OSError as err:
-        raise InputError(f"{p}: cannot read ({err.strerror})") from None
-    return load_program(text, str(path), defines, ranks)
+    return load_program(read_source(path), str(path), defines, ranks)
 
 
 def _nearby(p: Path) -> str | None:

@@ -10,6 +10,7 @@ excluded from equality, so a printed-and-reparsed program compares equal.
 from __future__ import annotations
 
 import enum
+import sys
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Union
@@ -107,6 +108,18 @@ CALL_NAMES = {
 }
 
 
+MAX_EXPR_DEPTH = 2_000
+"""Operators and calls nested in one expression, on its deepest path (`x + x + … + x`
+with 1,000 operators is 1,000 deep); the parser refuses deeper expressions."""
+
+# The passes over an expression (lowering, inference, printing, the reference, the
+# emitters) recurse a few frames per level; give them room for `MAX_EXPR_DEPTH` levels
+# (expressions the schedule steps build by substitution can be a few times deeper).
+_FRAMES_PER_LEVEL = 12
+if sys.getrecursionlimit() < MAX_EXPR_DEPTH * _FRAMES_PER_LEVEL:
+    sys.setrecursionlimit(MAX_EXPR_DEPTH * _FRAMES_PER_LEVEL)
+
+
 class ReduceOp(enum.Enum):
     """Reduction operators of collectives; `.value` is the DSL spelling."""
 
@@ -142,10 +155,14 @@ class Expr:
         return self.ty
 
     def walk(self) -> Iterator[Expr]:
-        """This node and all nodes below it, pre-order."""
-        yield self
-        for a in self.args:
-            yield from a.walk()
+        """This node and all nodes below it, pre-order (without recursion: nested
+        generators would cost time proportional to the depth for every node)."""
+        todo = [self]
+        while todo:
+            e = todo.pop()
+            yield e
+            if e.args:
+                todo.extend(reversed(e.args))
 
     def refs(self) -> Iterator[str]:
         for e in self.walk():

@@ -877,12 +877,9 @@ def create_app(
             label, key, command_file = f"{stem}.coco", f"sample:{stem}", stem
         else:
             if text is None:
-                try:
-                    text = p.read_text(encoding="utf-8")
-                except FileNotFoundError:
-                    raise CocovizError(f"{p}: no such file") from None
-                except (OSError, UnicodeDecodeError) as err:
-                    raise CocovizError(f"{p}: cannot read ({err})") from None
+                from cocoviz.ir.lower import read_source
+
+                text = read_source(p)
             file_path = p
             label, key, command_file = p.name, str(p.resolve()), str(file)
     steps: list[str] = []

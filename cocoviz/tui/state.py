@@ -32,7 +32,10 @@ class Autosave:
     saved_at: float
 
     def describe(self) -> str:
-        when = time.strftime("%Y-%m-%d %H:%M", time.localtime(self.saved_at))
+        try:
+            when = time.strftime("%Y-%m-%d %H:%M", time.localtime(self.saved_at))
+        except (OverflowError, OSError, ValueError):
+            when = "at an unknown time"
         steps = f"{len(self.steps)} step{'s' if len(self.steps) != 1 else ''}"
         return f"saved {when}, {steps}"
 
@@ -68,10 +71,18 @@ def read(key: str, root: Path | None = None) -> Autosave | None:
             key=str(data["key"]),
             source=str(data["source"]),
             steps=tuple(str(s) for s in data["steps"]),
-            saved_at=float(data["saved_at"]),
+            saved_at=_timestamp(data["saved_at"]),
         )
     except (OSError, ValueError, KeyError, TypeError):
         return None
+
+
+def _timestamp(value: object) -> float:
+    """A saved_at in seconds since the epoch; anything else (NaN, inf, absurd) → ValueError."""
+    t = float(value)  # type: ignore[arg-type]
+    if not 0.0 <= t <= 1e11:  # NaN fails too
+        raise ValueError(f"not a time: {value!r}")
+    return t
 
 
 def clear(key: str, root: Path | None = None) -> None:

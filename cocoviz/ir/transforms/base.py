@@ -52,7 +52,16 @@ def reads_of(stage: Stage) -> frozenset[str]:
     return names
 
 
-_INDEXES: dict[int, tuple[weakref.ref[Program], Index]] = {}
+# The index of a program lives on the program itself (a private attribute outside the
+# dataclass fields, so equality, hashing and `dataclasses.replace` ignore it): the index
+# holds its program, so a cache anywhere else would keep every program alive.
+_INDEX_ATTR = "_cocoviz_index"
+
+
+def cached_index(program: Program) -> Index | None:
+    """The index already built for `program`, if any."""
+    idx: Index | None = program.__dict__.get(_INDEX_ATTR)
+    return idx if idx is not None and idx.program is program else None  # not a copy's
 
 
 def index(
@@ -61,17 +70,12 @@ def index(
     """The (cached) `Index` of a program. With `parent`, a program this one was made
     from by a few edits, the index is derived from the parent's instead of rebuilt;
     `replaced` says that only those stages changed (same names, same order)."""
-    key = id(program)
-    hit = _INDEXES.get(key)
-    if hit is not None and hit[0]() is program:
-        return hit[1]
-    base = None
-    if parent is not None:
-        phit = _INDEXES.get(id(parent))
-        if phit is not None and phit[0]() is parent:
-            base = phit[1]
+    hit = cached_index(program)
+    if hit is not None:
+        return hit
+    base = cached_index(parent) if parent is not None else None
     idx = Index(program, base, None if replaced is None else set(replaced))
-    _INDEXES[key] = (weakref.ref(program, _dropper(_INDEXES, key)), idx)
+    object.__setattr__(program, _INDEX_ATTR, idx)  # Program is frozen
     return idx
 
 
@@ -391,6 +395,9 @@ class Transformation(abc.ABC):
 
     name: ClassVar[str]
     signature: ClassVar[str]
+    makes_groups: ClassVar[bool] = False
+    """Whether the step builds the group it changes (fuse, overlap) and checks it; after
+    any other step, the groups whose stages changed are checked again."""
     call: StepCall | None = field(default=None, compare=False, repr=False)
 
     # --- the interface ----------------------------------------------------------------
@@ -419,12 +426,17 @@ class Transformation(abc.ABC):
         return str(self.step())
 
     # --- shared plumbing --------------------------------------------------------------
+    def run_unverified(self, program: Program) -> Program:
+        """The program after this step, checked but without the IR invariant checks
+        (for replaying a step whose result is compared with a known program)."""
+        return self._run(program, verify=False)
+
     def _run(self, program: Program, verify: bool) -> Program:
         from cocoviz.ir.transforms.retype import TypeFailure, finish
 
         edit = self.rewrite(program)
         try:
-            return finish(program, edit, self, verify=verify)
+            out = finish(program, edit, self, verify=verify)
         except TypeFailure as tf:
             user = self.type_error(tf, program)
             if user is not None:
@@ -434,6 +446,33 @@ class Transformation(abc.ABC):
             raise InternalError(
                 f"step `{self}`: re-typing '{tf.stage}' failed after the step: {tf.error.message}"
             ) from None
+        if out.groups and not self.makes_groups:
+            self._check_changed_groups(program, out)
+        return out
+
+    def _check_changed_groups(self, before: Program, after: Program) -> None:
+        """Groups whose stages the step changed (re-typed, rewrote, removed) still obey
+        the rules of the step that made them (e.g. slicing an input read inside an
+        overlapped group can make it illegal there)."""
+        from cocoviz.ir.transforms.grouping import group_error
+
+        old, new = index(before), index(after)
+        unchanged = set(before.groups)
+        for gi, g in enumerate(after.groups):
+            if g in unchanged and all(
+                old.is_stage(n) and old.stage(n) is new.stage(n) for n in g.stages()
+            ):
+                continue
+            err = group_error(after, gi)
+            if err is None:
+                continue
+            reason = err.message.split(": ", 1)[-1]
+            members = ", ".join(g.stages())
+            raise self.error(
+                f"it would break the {g.kind.value} group {{{members}}}: {reason}",
+                hint=f"apply {self.name} before fusing or overlapping these stages",
+                notes=[("the stage that would break it", err.span)] if err.span else [],
+            )
 
     def type_error(self, failure: object, program: Program) -> ScheduleError | None:
         """Turn a re-typing failure into a user error (steps whose legality is defined

@@ -45,6 +45,7 @@ class Fuse(Transformation):
     """
 
     name: ClassVar[str] = "fuse"
+    makes_groups: ClassVar[bool] = True
     signature: ClassVar[str] = "fuse(STAGE, STAGE, …)"
     stages: tuple[str, ...]
 

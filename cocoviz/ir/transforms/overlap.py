@@ -39,6 +39,7 @@ def model_chunks(program: Program, items: tuple[str, ...]) -> int:
     except ValueError:
         return DEFAULT_CHUNKS
 
+
 CHUNKABLE_COLLECTIVES = (Op.ALLREDUCE, Op.REDUCESCATTER, Op.ALLGATHER, Op.SEND)
 
 
@@ -76,6 +77,7 @@ class Overlap(Transformation):
     """
 
     name: ClassVar[str] = "overlap"
+    makes_groups: ClassVar[bool] = True
     signature: ClassVar[str] = "overlap(ITEM, ITEM, …, chunks=K)  — ITEM: a stage or a fused group"
     items: tuple[str, ...]
     chunks: int | None = None

@@ -63,8 +63,9 @@ class Reorder(Transformation):
     sliced shape become `slice(x)`; broadcast operands (the bias `b[H]`) stay whole. A
     sliced live-out `c` (read outside the region, an output, or an update) is computed as
     `c_s` and gathered into `c` right after; scalar live-outs (norms) keep their names.
-    `ag` is deleted when nothing reads it any more. A `send` in the region sends the
-    slice, and the gather runs on the next pipeline stage.
+    `ag` is deleted when nothing reads it any more, unless it gathers the sliced update
+    of a replicated input (it writes the input's storage). A `send` in the region sends
+    the slice, and the gather runs on the next pipeline stage.
 
     Default region (`reorder(ag)`): the movable stages reachable from `ag` whose every
     predecessor downstream of `ag` is in the region, stopping at values that have to be
@@ -76,8 +77,10 @@ class Reorder(Transformation):
     fails when: `ag` is not an allgather; the region is empty, not closed (a stage lies
     between two of its members, or between `ag` and a member, but is not in it), not
     connected to `ag`, or holds a stage that cannot move (a collective other than send,
-    a matmul whose left operand is not in the region, a grouped stage); a member reads a
-    local value; a member is not legal on its new layout (DESIGN §2.4).
+    a matmul whose left operand is not in the region, a grouped stage, a stage after the
+    update of an input that `ag`'s operand reads: on slices it would read the input
+    after the update); a member reads a local value; a member is not legal on its new
+    layout (DESIGN §2.4).
     """
 
     name: ClassVar[str] = "reorder"
@@ -120,6 +123,21 @@ class Reorder(Transformation):
             return f"'{s.name}' is in a {g.kind.value} group; reorder before fusing or overlapping"
         return None
 
+    def _reads_overwritten(self, idx: Index, s: Stage) -> str | None:
+        """Why `s` cannot read the allgather's operand directly: an input the operand
+        reads is updated in place before `s` (None when no such update)."""
+        ag = idx.stage(self.gather)
+        if self.gather not in idx.reads(s.name):
+            return None
+        for r in sorted(ag.expr.args[0].refs()):
+            upd = idx.updates.get(r)
+            if upd is not None and upd != s.name and idx.pos[upd] < idx.pos[s.name]:
+                return (
+                    f"'{s.name}' comes after '{upd}', which updates '{r}' in place: on "
+                    f"slices it would read '{r}' after the update"
+                )
+        return None
+
     def _default(self, idx: Index, ag: Stage, down: _Downstream) -> list[str]:
         region: set[str] = set()
         heap = [idx.pos[u] for u in idx.users(ag.name)]
@@ -132,7 +150,7 @@ class Reorder(Transformation):
                 continue
             seen.add(i)
             s = idx.stages[i]
-            why = self._movable(idx, s, listed=False)
+            why = self._movable(idx, s, listed=False) or self._reads_overwritten(idx, s)
             if why is None and not self._closed_under(idx, s.name, ag.name, region, down):
                 why = "some of its inputs stay after the allgather"
             if why is not None:
@@ -194,6 +212,13 @@ class Reorder(Transformation):
                     )
             if why is not None:
                 raise self.error(f"cannot move '{s.name}': {why}", stage=s)
+            why = self._reads_overwritten(idx, s)
+            if why is not None:
+                raise self.error(
+                    f"cannot move '{s.name}': {why}",
+                    stage=s,
+                    hint=f"leave '{s.name}' out of the region, or write it before the update",
+                )
         # Closed: nothing outside the region lies on a path from `ag` or a member to a member.
         order = sorted(names, key=idx.pos.__getitem__)
         lo = idx.pos[ag.name]
@@ -316,7 +341,13 @@ class Reorder(Transformation):
                 replaced[m] = [c_s, gather]
             else:
                 replaced[m] = [dataclasses.replace(s, expr=e)]
-        drop_ag = ag.name not in idx.outputs and all(u in inside for u in idx.users(ag.name))
+        # `ag` goes when nothing else reads it, unless it completes the sliced update
+        # of a replicated input (it writes the input's storage; see dce).
+        drop_ag = (
+            ag.name not in idx.outputs
+            and all(u in inside for u in idx.users(ag.name))
+            and not _completes_update(idx, ag)
+        )
         marks = sorted(idx.pos[n] for n in replaced)
         if drop_ag:
             marks = sorted([*marks, idx.pos[ag.name]])
@@ -363,6 +394,13 @@ class Reorder(Transformation):
             stage=s,
             hint=err.hint or "leave it out of the region (list the region explicitly)",
         )
+
+
+def _completes_update(idx: Index, ag: Stage) -> bool:
+    """Whether allgather `ag` gathers the sliced update of a replicated input."""
+    x = ag.expr.args[0]
+    tgt = idx.update_target.get(x.name or "") if x.op is Op.REF else None
+    return tgt is not None and tgt in idx.inputs and idx.inputs[tgt].ty.layout.is_replicated
 
 
 def _gathers(program: Program) -> str:
