@@ -227,13 +227,19 @@ EMU_TEST_FLAGS = "EMU_CXXFLAGS=-std=c++17 -O0 -Wall -Wno-unknown-pragmas"
 """Emulation builds in the tests: -O0 compiles twice as fast, and the sizes are small."""
 
 
+def emulated_tree_key(files: Mapping[str, str], lib: Path) -> str:
+    """A tree's emulation build: its sources and the library (whose directory name is the
+    hash of the emulation's sources), so a changed emulation builds and runs trees anew."""
+    return source_key(files, (".cu", ".h", ".cuh", "run.sh")) + "-" + lib.parent.parent.name
+
+
 def build_emulated(files: Mapping[str, str], cache: Path) -> Path:
     """The emulation build (make emulate) of an emitted CUDA tree, once per distinct source
     tree: returns the directory holding <stem>-emu and run.sh."""
     import fcntl
 
     lib = emulation_lib(cache)
-    key = source_key(files, (".cu", ".h", ".cuh", "run.sh"))
+    key = emulated_tree_key(files, lib)
     d = cache / f"tree-{key}"
     with open(cache / f"tree-{key}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)

@@ -22,8 +22,9 @@ from emit_support import (
     compare_dumps,
     emit_files,
     emit_text,
+    emulated_tree_key,
+    emulation_lib,
     scheduled,
-    source_key,
     text_programs,
 )
 
@@ -71,7 +72,7 @@ def _run_once(files: dict[str, str], program: Program, cache: Path) -> None:
     import fcntl
 
     tree = build_emulated(files, cache)
-    key = source_key(files, (".cu", ".h", ".cuh", "run.sh"))
+    key = emulated_tree_key(files, emulation_lib(cache))
     with open(cache / f"ran-{key}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if (tree / ".passed").exists():
