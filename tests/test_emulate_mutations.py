@@ -27,7 +27,7 @@ class Mutant:
     mode: str
     pattern: str  # a regex matched once in the scheduled program's namespace
     replacement: str
-    caught_by: str  # what must appear in the output: a rule, "hazard" or "MISMATCH"
+    caught_by: str  # what must appear in the output ("a|b": either): a rule, "hazard", ...
     ranks: str = "4"
 
 
@@ -84,7 +84,7 @@ MUTANTS = [
         "nccl",
         r"(B\.in_sch_x \+ \(16 \* k\), CUDA_R_16F, )4,",
         r"\g<1>3,",
-        "cuBLAS",
+        "cublasGemmEx",
     ),
     Mutant(
         "chunk-offset",
@@ -147,7 +147,7 @@ MUTANTS = [
         "nccl",
         r"CHECK_NCCL\(\"w1\", ncclAllGather",
         'if (tp != 1) CHECK_NCCL("w1", ncclAllGather',
-        "collective mismatch",
+        "collective mismatch|watchdog",
     ),
     Mutant(
         "removed-send",
@@ -200,4 +200,6 @@ def test_emulation_catches_mutant(m: Mutant, emu_cache: Path, tmp_path: Path) ->
     )
     out = run.stdout + run.stderr
     assert run.returncode != 0, f"mutant {m.id} survived:\n{out}"
-    assert m.caught_by in out, f"mutant {m.id} caught, but not by {m.caught_by!r}:\n{out}"
+    assert any(c in out for c in m.caught_by.split("|")), (
+        f"mutant {m.id} caught, but not by {m.caught_by!r}:\n{out}"
+    )

@@ -118,6 +118,10 @@ void remove_owned_files() {
   std::fwrite(text.data(), 1, text.size(), stderr);
   std::fflush(stderr);
   remove_owned_files();
+  // let mpiexec forward this report before the abort kills every rank (a peer that fails
+  // at the same moment must not cut it off)
+  const timespec drain{0, 200000000};
+  nanosleep(&drain, nullptr);
   if (mpi_up()) MPI_Abort(MPI_COMM_WORLD, 3);
   std::_Exit(3);
 }
