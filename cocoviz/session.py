@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable
+from contextvars import ContextVar
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -63,9 +64,32 @@ class StepFailure:
         return self.error.render()
 
 
+_HARDWARE: ContextVar[str | None] = ContextVar("cocoviz_schedule_hardware", default=None)
+
+
+def use_hardware(name_or_path: str | None) -> None:
+    """The hardware profile (a name or a TOML path) whose cost model picks the chunk
+    count of an `overlap` written without `chunks=`; None: the default profile."""
+    _HARDWARE.set(name_or_path)
+
+
+def model_chunks(program: Program, items: tuple[str, ...]) -> int:
+    """The cost model's best K for `overlap(*items)` on the chosen hardware (the chooser
+    the schedule layer hands to `Transformation.resolve`)."""
+    from cocoviz.ir.transforms.overlap import DEFAULT_CHUNKS
+    from cocoviz.sim.hardware import DEFAULT_PROFILE, load_profile
+    from cocoviz.sim.tune import best_chunks
+
+    hw = load_profile(_HARDWARE.get() or DEFAULT_PROFILE)
+    try:
+        return best_chunks(program, items, hw)
+    except ValueError:
+        return DEFAULT_CHUNKS
+
+
 def apply_step(program: Program, step: StepLike) -> tuple[Program, StepCall]:
     """Apply one step; returns the new program and the step as resolved."""
-    t = as_transformation(step).resolve(program)
+    t = as_transformation(step).resolve(program, model_chunks)
     after = t.apply(program)
     resolved = t.step()
     if t.call is not None:

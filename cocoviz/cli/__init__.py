@@ -3,7 +3,7 @@
 Each command group lives in its own module with a `register(subparsers)` function that
 adds its subcommands; a subcommand's handler takes the parsed arguments and returns an
 exit code. Data goes to stdout, diagnostics to stderr; every user mistake is a
-`CocovizError` rendered once, with its exit code (DESIGN §6); anything else is reported
+`CocovizError` rendered once, with its exit code (docs/language.md, diagnostics); anything else is reported
 as an internal error (exit 70), never as a traceback.
 """
 
@@ -104,7 +104,7 @@ def load_args_program(args: argparse.Namespace):  # type: ignore[no-untyped-def]
         raise InputError(f"{args.file}: no such file", hint=_file_hint(args.file))
     if getattr(args, "hw", None):
         from cocoviz.cli.sim import load_hw
-        from cocoviz.ir.transforms.overlap import use_hardware
+        from cocoviz.session import use_hardware
 
         load_hw(args.hw)  # a bad profile is reported here, not inside a step
         use_hardware(args.hw)

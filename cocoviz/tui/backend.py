@@ -18,8 +18,8 @@ from cocoviz.errors import CocovizError, ScheduleError
 from cocoviz.ir.lower import load_program
 from cocoviz.ir.nodes import Program, StepCall
 from cocoviz.ir.transforms import as_transformation, legal_steps
-from cocoviz.ir.transforms.overlap import Overlap, use_hardware
-from cocoviz.session import Session
+from cocoviz.ir.transforms.overlap import Overlap
+from cocoviz.session import Session, model_chunks, use_hardware
 from cocoviz.sim.hardware import DEFAULT_PROFILE, load_profile
 from cocoviz.sim.timeline import simulate as simulate_timeline
 from cocoviz.tui.timeline_rows import TimelineRows
@@ -132,7 +132,7 @@ class History:
         # hardware (the history shows the K it chose); it is checked with that K.
         auto = Overlap(items=t.items)
         shown = str(StepCall(t.name, t.items, ()))
-        resolved = auto.resolve(program)
+        resolved = auto.resolve(program, model_chunks)
         try:
             resolved.check(program)
         except CocovizError as err:

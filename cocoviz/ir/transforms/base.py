@@ -388,6 +388,10 @@ def describe_stage(stage: Stage) -> str:
     return f"'{stage.name}' ({op_word(stage)}{ty})"
 
 
+ChunkChooser = Callable[[Program, tuple[str, ...]], int]
+"""Picks overlap's chunk count K for `program` and the overlapped items (the cost model,
+from the schedule layer above the IR)."""
+
 @dataclass(frozen=True, kw_only=True)
 class Transformation(abc.ABC):
     """Base of every schedule step. Subclasses are frozen dataclasses whose fields are
@@ -409,9 +413,12 @@ class Transformation(abc.ABC):
         """The program after this step (checked first, IR invariants verified after)."""
         return self._run(program, verify=True)
 
-    def resolve(self, program: Program) -> Transformation:
-        """This step with its defaults chosen for `program` (e.g. overlap's chunk count
-        from the cost model); the resolved step is what history and `.sched` record."""
+    def resolve(
+        self, program: Program, choose_chunks: ChunkChooser | None = None
+    ) -> Transformation:
+        """This step with its defaults chosen for `program` (overlap's chunk count by
+        `choose_chunks`, which the schedule layer hands in: the cost model); the resolved
+        step is what history and `.sched` record."""
         return self
 
     @abc.abstractmethod

@@ -4,40 +4,26 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import ClassVar
 
 from cocoviz.ir.nodes import REDUCTIONS, ROWWISE, Group, GroupKind, Op, Program, Stage, StepCall
-from cocoviz.ir.transforms.base import Edit, Index, Transformation, describe_stage, index
+from cocoviz.ir.transforms.base import (
+    ChunkChooser,
+    Edit,
+    Index,
+    Transformation,
+    describe_stage,
+    index,
+)
 from cocoviz.ir.transforms.grouping import cycle_through_groups, hull, regroup, render_cycle
 from cocoviz.ir.types import block_dim, format_shape
 
 DEFAULT_CHUNKS = 4
-"""K when `chunks=` is omitted and the cost model finds no legal count to rank (the
-step's check then says why). Otherwise the cost model's best K for the chosen hardware
-is used (DESIGN §3); the resolved K is written into printed and saved schedules, so a
-schedule never depends on the default."""
-
-_HARDWARE: ContextVar[str | None] = ContextVar("cocoviz_overlap_hardware", default=None)
-
-
-def use_hardware(name_or_path: str | None) -> None:
-    """The hardware profile (a name or a TOML path) whose cost model picks the chunk
-    count of an `overlap` written without `chunks=`; None: the default profile."""
-    _HARDWARE.set(name_or_path)
-
-
-def model_chunks(program: Program, items: tuple[str, ...]) -> int:
-    """The cost model's best K for `overlap(*items)` on the chosen hardware."""
-    from cocoviz.sim.hardware import DEFAULT_PROFILE, load_profile
-    from cocoviz.sim.tune import best_chunks
-
-    hw = load_profile(_HARDWARE.get() or DEFAULT_PROFILE)
-    try:
-        return best_chunks(program, items, hw)
-    except ValueError:
-        return DEFAULT_CHUNKS
+"""K when `chunks=` is omitted and no chooser is given, or the chooser (the cost model,
+handed in from the schedule layer: `cocoviz.session.model_chunks`) finds no legal count to
+rank (the step's check then says why). The resolved K is written into printed and saved
+schedules, so a schedule never depends on the default (docs/schedules.md, `overlap`)."""
 
 
 CHUNKABLE_COLLECTIVES = (Op.ALLREDUCE, Op.REDUCESCATTER, Op.ALLGATHER, Op.SEND)
@@ -89,12 +75,12 @@ class Overlap(Transformation):
     def step(self) -> StepCall:
         return StepCall("overlap", self.items, (("chunks", self.k),))
 
-    def resolve(self, program: Program) -> Overlap:
-        if self.chunks is not None:
+    def resolve(self, program: Program, choose_chunks: ChunkChooser | None = None) -> Overlap:
+        if self.chunks is not None or choose_chunks is None:
             return self
         if not all(program.has_stage(n) for n in self.items):
             return self  # unknown stages: the check reports them
-        return dataclasses.replace(self, chunks=model_chunks(program, self.items))
+        return dataclasses.replace(self, chunks=choose_chunks(program, self.items))
 
     def rewrite(self, program: Program) -> Edit:
         idx = index(program)
