@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 
 class ExitCode(enum.IntEnum):
-    """Exit codes of every `cocoviz` command (DESIGN §6)."""
+    """Exit codes of every `cocoviz` command (docs/language.md, diagnostics)."""
 
     OK = 0
     INPUT = 1

@@ -1,5 +1,5 @@
 """``manifest.json``: what each stage of the program became, so a reader can see that
-fusion and overlap really happened (DESIGN §5)."""
+fusion and overlap really happened (docs/codegen.md)."""
 
 from __future__ import annotations
 

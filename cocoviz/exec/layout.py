@@ -1,4 +1,4 @@
-"""Per-rank storage of a value and its global view (DESIGN §2.5, docs/semantics-notes.md).
+"""Per-rank storage of a value and its global view (docs/semantics-notes.md).
 
 For a `TensorType` and a group of G ranks:
 

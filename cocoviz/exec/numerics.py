@@ -1,4 +1,4 @@
-"""The numeric primitives every executor shares (DESIGN §2.5).
+"""The numeric primitives every executor shares (docs/semantics-notes.md).
 
 This module is the single Python definition of the generator, dropout, dtype rounding and
 comparison rules. The numpy reference and the mpi4py executor use it; the C++ runtime

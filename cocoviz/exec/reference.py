@@ -1,4 +1,4 @@
-"""The numpy reference: a Program on G·P simulated ranks (DESIGN §2.5).
+"""The numpy reference: a Program on G·P simulated ranks (docs/semantics-notes.md).
 
 Every rank holds exactly what it would store (`layout.rank_shape`): sliced chunks, its
 own local contents, a full replicated copy. Inputs come from the shared generator (each

@@ -1,4 +1,4 @@
-"""Reference equivalence of a program and its scheduled form (DESIGN §2.5, `cocoviz verify`).
+"""Reference equivalence of a program and its scheduled form (docs/semantics-notes.md, `cocoviz verify`).
 
 Both programs run in the reference with the same inputs (the shared generator with one
 seed, or the same given global arrays); every output and every updated input of the

@@ -1,4 +1,4 @@
-"""Type, shape and layout inference (DESIGN §2.3–2.4).
+"""Type, shape and layout inference (docs/language.md: dtype, shape and layout rules).
 
 `infer_expr` types one stage's expression bottom-up and canonicalizes it (a replicated
 operand of the same shape as a sliced value it is combined with becomes `slice(x[, d])`).
@@ -768,7 +768,7 @@ def infer_program(program: Program) -> Program:
 
 
 def check_updates(program: Program) -> None:
-    """Program-level rules of `update` (DESIGN §2.4)."""
+    """Program-level rules of `update` (docs/language.md, layout inference)."""
     seen: dict[str, Stage] = {}
     gathered = {
         s.expr.args[0].name

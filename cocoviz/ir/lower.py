@@ -1,4 +1,4 @@
-"""Lowering: syntax → typed, immutable `Program` (DESIGN §2).
+"""Lowering: syntax → typed, immutable `Program` (docs/language.md).
 
 Name resolution, `-D` overrides, `--ranks` overrides, operator resolution and argument
 checks, dropout ids, groups from printed `fused { }` / `overlapped { }` blocks, then
@@ -861,7 +861,7 @@ def _tag_dropouts(expr: Expr, stage: str) -> Expr:
 
 
 def _order_reads_before_updates(program: Program) -> Program:
-    """Every read of an updated input is ordered before the write (DESIGN §2.4).
+    """Every read of an updated input is ordered before the write (docs/language.md, layout inference).
 
     A read written after `u = update(t, e)` in the source still sees the old value of
     `t`: the stages are put in a stable topological order of data and ordering edges, so

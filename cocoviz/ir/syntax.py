@@ -201,7 +201,7 @@ class _Lexer(lark.lexer.Lexer):
 
     - Statement keywords (`program`, `input`, `fused`, …) are keywords only where a
       statement starts; elsewhere they are names, like every function, dtype and
-      layout word (DESIGN §2.2).
+      layout word (docs/language.md, types).
     - Newlines inside ( ) and [ ] do not end a statement; a run of newlines (with
       comments and blank lines between) is one `_NL` token, and a run of separators
       (newlines and `;`) one separator.

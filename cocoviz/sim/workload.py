@@ -365,7 +365,7 @@ def _wide_dtype(types: Iterable[TensorType]) -> str:
 
 
 def matmul_dims(ctx: Context, stage: Stage) -> MatmulSpec:
-    """Per-rank GEMM shape ``[m, k] × [k, n]`` of a ``matmul`` stage (DESIGN §2.4)."""
+    """Per-rank GEMM shape ``[m, k] × [k, n]`` of a ``matmul`` stage (docs/language.md, layout inference)."""
     a, b = stage.expr.args
     ta, tb = a.type, b.type
     g = ctx.group
@@ -461,7 +461,7 @@ def _coll_op(ctx: Context, name: str, chunks: int, needs: Iterable[str]) -> list
         )
     ]
     if _needs_permute(ctx, s):
-        # A sliced(d) gather lands in a staging buffer and is permuted (DESIGN §2.4).
+        # A sliced(d) gather lands in a staging buffer and is permuted (docs/language.md, layout inference).
         out_bytes = s.ty.numel * s.ty.dtype.itemsize
         k = _scaled(KernelSpec(0.0, 2.0 * out_bytes, s.ty.dtype.value), chunks)
         ops.append(
@@ -769,7 +769,7 @@ def overlap_rows(ctx: Context, g: Group) -> int:
 
 
 def chunks_legal(ctx: Context, g: Group, k: int) -> bool:
-    """Whether K chunks are legal for an overlapped group (DESIGN §3, overlap)."""
+    """Whether K chunks are legal for an overlapped group (docs/schedules.md, overlap)."""
     if k < 1:
         return False
     if overlap_rows(ctx, g) % k:

@@ -1,4 +1,4 @@
-"""Schedule transformations (DESIGN §3): the registry, step parsing, and the legal-step
+"""Schedule transformations (docs/schedules.md): the registry, step parsing, and the legal-step
 query used by the TUI palette and `cocoviz apply --explain`.
 
 One module per transformation (`split`, `reorder`, `asslice`, `dce`, `fuse`,

@@ -80,7 +80,7 @@ class Reorder(Transformation):
     a matmul whose left operand is not in the region, a grouped stage, a stage after the
     update of an input that `ag`'s operand reads: on slices it would read the input
     after the update); a member reads a local value; a member is not legal on its new
-    layout (DESIGN §2.4).
+    layout (docs/language.md, layout inference).
     """
 
     name: ClassVar[str] = "reorder"

@@ -105,7 +105,7 @@ def finish(before: Program, edit: Edit, step: object, verify: bool = True) -> Pr
 
 
 def _check_updates(program: Program, retyped: list[str]) -> None:
-    """The program-level `update` rules (DESIGN §2.4) for the re-typed update stages."""
+    """The program-level `update` rules (docs/language.md, layout inference) for the re-typed update stages."""
     idx = index(program)
     if len(idx.update_target) != len(idx.updates):
         seen: dict[str, str] = {}

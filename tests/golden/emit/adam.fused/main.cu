@@ -88,7 +88,7 @@ Args parse_args(const Ctx& ctx, int argc, char** argv) {
 
 enum ViewKind { kReplicated, kLocal, kFlat, kBlock };
 
-// The global value of a per-rank buffer (DESIGN §2.5), assembled on the group root
+// The global value of a per-rank buffer (docs/semantics-notes.md), assembled on the group root
 // (tp 0 of the value's pipeline stage); other ranks get an empty vector.
 template <DType D>
 std::vector<typename Dt<D>::storage> gather_global(const Ctx& ctx, const typename Dt<D>::storage* local,

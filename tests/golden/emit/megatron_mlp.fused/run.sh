@@ -11,7 +11,7 @@ if [ "${1:-}" = "--emulate" ]; then
     echo "run.sh: ./megatron_mlp-emu is not built: run 'make emulate' first" >&2
     exit 2
   fi
-  COCOVIZ_EMU_DIR=$(mktemp -d "${TMPDIR:-/tmp}/cocoviz-emu.XXXXXX")
+  COCOVIZ_EMU_DIR=$(mktemp -d)  # under $TMPDIR (or /tmp); removed when the run ends
   export COCOVIZ_EMU_DIR
   trap 'rm -rf "$COCOVIZ_EMU_DIR"' EXIT
   trap 'exit 130' INT
