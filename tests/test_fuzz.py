@@ -14,73 +14,28 @@ import re
 from pathlib import Path
 
 import pytest
+from test_hardening_input import fuzz_module
 
 from cocoviz import samples
 from cocoviz.cli import main
 from cocoviz.samples.gpt import gpt_stack
 
 CASES_PER_KIND = 420  # 5 kinds x 420 = 2,100 corruptions
-TOKEN = re.compile(r"[A-Za-z_][A-Za-z0-9_]*|[0-9.]+(?:[eE][-+]?[0-9]+)?|#[^\n]*|\n|\s+|.")
-NOISE = list("()[]{},;:=@+-*/<>!#.\n\t ") + ["\x00", "\x0b", "é", "漢", "\r", "1e400", "-"]
+
+_FUZZ = fuzz_module()  # bench/fuzz.py: the in-process fuzzer's corruptions
+KINDS = {
+    "delete": _FUZZ.delete_token,
+    "duplicate": _FUZZ.duplicate_token,
+    "swap": _FUZZ.swap_names,
+    "bytes": _FUZZ.random_bytes,
+    "truncate": _FUZZ.truncate,
+}
 
 
 def corpus() -> list[tuple[str, str]]:
     texts = [(n, samples.text(n)) for n in samples.names()]
     texts.append(("gpt2", gpt_stack(2, h=64, s=16, b=2)))
     return texts
-
-
-def tokens(text: str) -> list[str]:
-    return TOKEN.findall(text)
-
-
-def delete_token(rng: random.Random, text: str) -> str:
-    toks = tokens(text)
-    for _ in range(rng.randint(1, 3)):
-        if toks:
-            del toks[rng.randrange(len(toks))]
-    return "".join(toks)
-
-
-def duplicate_token(rng: random.Random, text: str) -> str:
-    toks = tokens(text)
-    for _ in range(rng.randint(1, 3)):
-        i = rng.randrange(len(toks))
-        toks.insert(i, toks[i])
-    return "".join(toks)
-
-
-def swap_names(rng: random.Random, text: str) -> str:
-    toks = tokens(text)
-    names = [i for i, t in enumerate(toks) if t[0].isalpha() or t[0] == "_"]
-    for _ in range(rng.randint(1, 2)):
-        i, j = rng.choice(names), rng.choice(names)
-        toks[i], toks[j] = toks[j], toks[i]
-    return "".join(toks)
-
-
-def random_bytes(rng: random.Random, text: str) -> str:
-    chars = list(text)
-    for _ in range(rng.randint(1, 4)):
-        i = rng.randrange(len(chars) + 1)
-        if rng.random() < 0.5:
-            chars[i:i] = rng.choice(NOISE)
-        elif chars:
-            chars[min(i, len(chars) - 1)] = chr(rng.randrange(1, 0x250))
-    return "".join(chars)
-
-
-def truncate(rng: random.Random, text: str) -> str:
-    return text[: rng.randrange(len(text) + 1)]
-
-
-KINDS = {
-    "delete": delete_token,
-    "duplicate": duplicate_token,
-    "swap": swap_names,
-    "bytes": random_bytes,
-    "truncate": truncate,
-}
 
 
 def run_check(path: Path) -> tuple[int, str]:

@@ -445,7 +445,8 @@ def test_too_many_ranks(tmp_path: Path) -> None:
 # --- the fuzzer, a seeded slice -------------------------------------------------------------
 
 
-def _fuzz_module():  # type: ignore[no-untyped-def]
+def fuzz_module():  # type: ignore[no-untyped-def]
+    """bench/fuzz.py as a module (also the corruptions of tests/test_fuzz.py)."""
     spec = importlib.util.spec_from_file_location("cocoviz_bench_fuzz", ROOT / "bench" / "fuzz.py")
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
@@ -456,7 +457,7 @@ def _fuzz_module():  # type: ignore[no-untyped-def]
 
 @pytest.mark.parametrize("part", range(4))
 def test_fuzz_slice(part: int) -> None:
-    fuzz = _fuzz_module()
+    fuzz = fuzz_module()
     verify = 0.05 if HAS_REFERENCE else 0.0
     stats = fuzz.run(cases=550, seed=2024, verify_fraction=verify, start=part * 550)
     bad = stats.findings
