@@ -40,33 +40,34 @@ inline void __threadfence() {}
 inline void __threadfence_block() {}
 inline void __threadfence_system() {}
 
+// Atomics: a block's threads are fibers on one host thread, so a read-modify-write is
+// atomic as it is. Atomics of concurrent blocks do not race with each other, so the
+// happens-before check records one as a read: it is still ordered against plain writes
+// before and after it (a later unordered plain read of its result is not reported).
+namespace cocoviz_emu {
+template <class T, class F>
+inline T atomic_rmw(T* p, F f) {
+  access(p, sizeof(T), false);
+  const T old = *p;
+  *p = f(old);
+  return old;
+}
+}  // namespace cocoviz_emu
 template <class T>
 inline T atomicAdd(T* p, T v) {
-  ::cocoviz_emu::access(p, sizeof(T), true);
-  const T old = *p;
-  *p = old + v;
-  return old;
+  return ::cocoviz_emu::atomic_rmw(p, [v](T o) { return o + v; });
 }
 template <class T>
 inline T atomicMax(T* p, T v) {
-  ::cocoviz_emu::access(p, sizeof(T), true);
-  const T old = *p;
-  *p = old > v ? old : v;
-  return old;
+  return ::cocoviz_emu::atomic_rmw(p, [v](T o) { return o > v ? o : v; });
 }
 template <class T>
 inline T atomicMin(T* p, T v) {
-  ::cocoviz_emu::access(p, sizeof(T), true);
-  const T old = *p;
-  *p = old < v ? old : v;
-  return old;
+  return ::cocoviz_emu::atomic_rmw(p, [v](T o) { return o < v ? o : v; });
 }
 template <class T>
 inline T atomicExch(T* p, T v) {
-  ::cocoviz_emu::access(p, sizeof(T), true);
-  const T old = *p;
-  *p = v;
-  return old;
+  return ::cocoviz_emu::atomic_rmw(p, [v](T) { return v; });
 }
 
 // ------------------------------------------------------------------ types
