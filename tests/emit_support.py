@@ -202,25 +202,11 @@ def emulation_lib(cache: Path) -> Path:
     with open(cache / f"lib-{key}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if not lib.exists():
-            lib_dir.mkdir(parents=True, exist_ok=True)
-            (lib_dir / "Makefile").write_text(_LIB_MAKEFILE.format(home=EMU_SOURCES))
-            res = make(lib_dir, "emu/libcocoviz_emu.a")
+            # the library rule of an emitted tree's own Makefile builds it
+            write(lib_dir, emit_files("sgd", "fused", "cuda", ranks="2"))
+            res = make(lib_dir, "emu/libcocoviz_emu.a", f"EMU_HOME={EMU_SOURCES}")
             assert res.returncode == 0, res.stdout + res.stderr
     return lib
-
-
-_LIB_MAKEFILE = """EMU_HOME := {home}
-EMU_CXX ?= mpicxx
-EMU_CXXFLAGS ?= -std=c++17 -O1 -g -Wall -Wno-unknown-pragmas
-EMU_INC := $(EMU_HOME)/include
-EMU_SRCS := $(wildcard $(EMU_HOME)/src/*.cpp)
-OBJS := $(patsubst $(EMU_HOME)/src/%.cpp,emu/lib/%.o,$(EMU_SRCS))
-emu/lib/%.o: $(EMU_HOME)/src/%.cpp
-\t@mkdir -p emu/lib
-\t$(EMU_CXX) $(EMU_CXXFLAGS) -I$(EMU_INC) -c $< -o $@
-emu/libcocoviz_emu.a: $(OBJS)
-\tar rcs $@ $(OBJS)
-"""
 
 
 EMU_TEST_FLAGS = "EMU_CXXFLAGS=-std=c++17 -O0 -Wall -Wno-unknown-pragmas"
