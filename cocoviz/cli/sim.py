@@ -10,8 +10,8 @@ from pathlib import Path
 from typing import Any
 
 from cocoviz.cli import add_json_option, add_program_options, load_args_program
-from cocoviz.errors import Diagnostic, ExitCode, InputError, UsageError
-from cocoviz.sim.hardware import DEFAULT_PROFILE, Hardware, ProfileError, load_profile
+from cocoviz.errors import Diagnostic, ExitCode, UsageError
+from cocoviz.sim.hardware import DEFAULT_PROFILE, Hardware, load_profile
 
 
 def register(sub: Any) -> None:
@@ -87,11 +87,7 @@ def _add_collectives(p: argparse.ArgumentParser) -> None:
 
 def load_hw(name: str | None) -> Hardware:
     """`--hw`: a shipped profile name or a TOML file; a bad file is an input error."""
-    try:
-        return load_profile(name or DEFAULT_PROFILE)
-    except ProfileError as err:
-        hint = "fix the field named above" if err.field else None
-        raise InputError(err.message, hint=hint) from None
+    return load_profile(name or DEFAULT_PROFILE)
 
 
 def _warn(message: str, hint: str | None = None) -> None:

@@ -39,6 +39,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from functools import lru_cache
 
+from cocoviz.errors import InputError
 from cocoviz.sim.hardware import Algo, Hardware, Link, Proto
 
 __all__ = [
@@ -57,8 +58,9 @@ __all__ = [
 ]
 
 
-class CostModelError(ValueError):
-    """A question the model cannot answer (an unavailable algorithm, an impossible layout)."""
+class CostModelError(InputError, ValueError):
+    """A question the model cannot answer (an unavailable algorithm, an impossible
+    layout): an input error (exit 1), and a ValueError for callers that try a value."""
 
 
 class Coll(StrEnum):

@@ -30,16 +30,18 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from cocoviz.errors import InputError
+
 DEFAULT_PROFILE = "h100-dgx"
 DTYPES = ("f16", "bf16", "f32", "f64", "i32", "i64")
 
 
-class ProfileError(Exception):
-    """A hardware profile that cannot be used, with a message naming file and field."""
+class ProfileError(InputError):
+    """A hardware profile that cannot be used (an unknown name, a bad file), with a
+    message naming file and field; an input error (exit 1) wherever it surfaces."""
 
     def __init__(self, message: str, *, path: str | None = None, field: str | None = None):
-        super().__init__(message)
-        self.message = message
+        super().__init__(message, hint="fix the field named above" if field else None)
         self.path = path
         self.field = field
 

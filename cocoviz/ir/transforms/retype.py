@@ -19,7 +19,7 @@ import heapq
 import os
 from typing import Any
 
-from cocoviz.errors import InputError, InternalError
+from cocoviz.errors import InputError, InternalError, ScheduleError
 from cocoviz.ir.infer import Inferencer, infer_program
 from cocoviz.ir.nodes import Group, GroupKind, Op, Program
 from cocoviz.ir.transforms.base import Edit, Index, index, reads_of
@@ -28,11 +28,12 @@ from cocoviz.ir.types import REPLICATED, TensorType
 FULL_VERIFY_LIMIT = 400
 
 
-class TypeFailure(Exception):
-    """Re-typing stage `stage` raised `error` (an InputError from the layout rules)."""
+class TypeFailure(ScheduleError):
+    """Re-typing stage `stage` raised `error` (an InputError from the layout rules); the
+    step that caused it turns it into its own refusal (`base.Transformation.apply`)."""
 
     def __init__(self, stage: str, error: InputError) -> None:
-        super().__init__(error.message)
+        super().__init__(error.message, error.span, error.hint)
         self.stage = stage
         self.error = error
 
