@@ -11,13 +11,13 @@ from cocoviz import samples
 from cocoviz.ir.lower import load_file, load_program
 from cocoviz.ir.nodes import Program
 from cocoviz.samples.gpt import gpt_stack
+from cocoviz.schedule.tune import tune
 from cocoviz.sim.hardware import load_profile
 from cocoviz.sim.timeline import simulate
-from cocoviz.sim.tune import tune
 
 
 def _schedule(program: Program, block: str) -> Program:
-    from cocoviz.session import apply_block, find_block
+    from cocoviz.schedule import apply_block, find_block
 
     return apply_block(program, find_block(program, block))
 

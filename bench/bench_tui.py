@@ -37,8 +37,8 @@ async def run(layers: int, steps: int) -> tuple[list[float], list[float]]:
         timeline: list[float] = []
         async with app.run_test(size=(160, 50)) as pilot:
             await _settle(pilot)
-            assert app.base is not None, "the stack did not parse"
-            schedule = app.base.schedules[-1].steps
+            assert app.wb.base is not None, "the stack did not parse"
+            schedule = app.wb.base.schedules[-1].steps
             for step in schedule[:steps]:
                 app.selected = step.args[0]
                 await _settle(pilot)
@@ -49,7 +49,7 @@ async def run(layers: int, steps: int) -> tuple[list[float], list[float]]:
                 await drawn.wait()
                 screen.append((time.perf_counter() - t0) * 1000)
                 if not ok:
-                    raise SystemExit(f"step {step} failed: {app.failed}")
+                    raise SystemExit(f"step {step} failed: {app.wb.failed}")
                 await _settle(pilot)
                 assert app.timeline_drawn_at > t0, "the timeline was not redrawn"
                 timeline.append((app.timeline_drawn_at - t0) * 1000)

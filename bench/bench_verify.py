@@ -5,7 +5,7 @@ A benchmark, not a timed test: run it by hand,
     python bench/bench_verify.py [--ranks 8] [-D B=8 -D S=1024 -D H=3072] [--profile]
 
 It verifies the sample against its `fused` schedule (ol(MM, fuse(RS-C-AG))) when
-`cocoviz.session` can apply it, otherwise against the same schedule written by hand, and
+`cocoviz.schedule` can apply it, otherwise against the same schedule written by hand, and
 prints the wall-clock and CPU seconds of the two reference runs and the comparison, the
 estimated memory, and the per-output report. The goal is under 30 s.
 """
@@ -53,7 +53,7 @@ def scheduled_form(
     original: Program, defines: dict[str, int], ranks: RanksOverride
 ) -> tuple[Program, str]:
     try:
-        from cocoviz.session import apply_block, find_block
+        from cocoviz.schedule import apply_block, find_block
     except ImportError:
         return load_program(HAND_WRITTEN, "fused.coco", defines, ranks), "hand-written fused form"
     return apply_block(original, find_block(original, "fused")), "schedule 'fused' applied"

@@ -360,7 +360,7 @@ def run_case(
         return
     stats.outcomes["load: ok"] += 1
 
-    from cocoviz.session import apply_block
+    from cocoviz.schedule import apply_block
 
     for block in program.schedules:
         try:

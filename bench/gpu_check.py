@@ -46,15 +46,14 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from cocoviz import numerics as nm  # noqa: E402
 from cocoviz import samples  # noqa: E402
 from cocoviz.emit.emitter import emit  # noqa: E402
-from cocoviz.emit.lower import strip_schedule  # noqa: E402
 from cocoviz.emit.toolchain import find_toolchain  # noqa: E402
-from cocoviz.exec import numerics as nm  # noqa: E402
 from cocoviz.exec.reference import run_reference  # noqa: E402
 from cocoviz.ir.lower import RanksOverride, load_program  # noqa: E402
-from cocoviz.ir.nodes import Program  # noqa: E402
-from cocoviz.session import apply_block, find_block  # noqa: E402
+from cocoviz.ir.nodes import Program, unscheduled  # noqa: E402
+from cocoviz.schedule import apply_block, find_block  # noqa: E402
 
 HBM_TBPS = 4.8
 """H200 HBM3e peak bandwidth (TB/s) the kernels are measured against."""
@@ -182,7 +181,7 @@ class Check:
         if name in EXTRA_PROGRAMS:
             text = text.replace("root=1", "root=0")  # one rank: the only root is 0
         p0 = load_program(text, str(path), dims, RanksOverride.parse("1"))
-        ref = strip_schedule(p0)
+        ref = unscheduled(p0)
         blocks = [b.name for b in p0.schedules] or [""]
         for block in blocks:
             p = apply_block(p0, find_block(p0, block)) if block else p0

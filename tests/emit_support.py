@@ -14,11 +14,10 @@ import pytest
 
 from cocoviz import samples
 from cocoviz.emit.emitter import emit
-from cocoviz.emit.lower import strip_schedule
 from cocoviz.emit.toolchain import find_toolchain
 from cocoviz.ir.lower import RanksOverride, load_file, load_program
-from cocoviz.ir.nodes import Program
-from cocoviz.session import apply_block, find_block
+from cocoviz.ir.nodes import Program, unscheduled
+from cocoviz.schedule import apply_block, find_block
 
 REQUIRE_NVCC = os.environ.get("COCOVIZ_REQUIRE_NVCC") == "1"
 REQUIRE_MPI = REQUIRE_NVCC or os.environ.get("COCOVIZ_REQUIRE_MPI") == "1"
@@ -58,7 +57,7 @@ def scheduled(
         p0 = load_file(samples.path(name), SMALL[name], r)
     else:
         p0 = load_file(samples.path(name))
-    return apply_block(p0, find_block(p0, schedule)), strip_schedule(p0)
+    return apply_block(p0, find_block(p0, schedule)), unscheduled(p0)
 
 
 def emit_files(
@@ -149,7 +148,7 @@ def text_programs(text: str, schedule: str | None) -> tuple[Program, Program]:
     """(scheduled, unscheduled) of a program given as text."""
     p0 = load_program(text, "<test>")
     p = apply_block(p0, find_block(p0, schedule)) if schedule else p0
-    return p, strip_schedule(p0)
+    return p, unscheduled(p0)
 
 
 def emit_text(
@@ -169,7 +168,7 @@ def emit_text(
 def compare_dumps(program: Program, dump: Path) -> None:
     """Every output dumped by `--dump` equals the numpy reference within its dtype's
     tolerance."""
-    from cocoviz.exec import numerics as nm
+    from cocoviz import numerics as nm
     from cocoviz.exec.reference import run_reference
 
     ref = run_reference(program, 0)

@@ -8,7 +8,7 @@ from importlib import resources
 import sim_programs as sp
 
 from cocoviz.cli import main
-from cocoviz.session import load_sched
+from cocoviz.schedule import load_sched
 from cocoviz.sim.trace import validate_trace
 
 

@@ -22,7 +22,7 @@ from cocoviz.errors import ScheduleError
 from cocoviz.ir.lower import load_program
 from cocoviz.ir.printer import format_program
 from cocoviz.ir.syntax import parse_steps
-from cocoviz.session import apply_block, apply_steps
+from cocoviz.schedule import apply_block, apply_steps
 
 DOC = ROOT / "docs" / "schedules.md"
 BLOCK = re.compile(r"(?:<!-- (after|refused): (\w+): (.*?) -->\n)?```(\w+)\n(.*?)```", re.S)

@@ -12,9 +12,9 @@ from pathlib import Path
 from emit_support import diagnostics, make, need_mpicxx, write
 
 from cocoviz.emit.emitter import emit
-from cocoviz.emit.lower import strip_schedule
 from cocoviz.emit.names import c_ident, c_string
 from cocoviz.ir.lower import load_program
+from cocoviz.ir.nodes import unscheduled
 
 HOSTILE = """\
 program int
@@ -46,7 +46,7 @@ def test_c_ident_and_c_string() -> None:
 def test_hostile_names_build_and_run(tmp_path: Path) -> None:
     need_mpicxx()
     p = load_program(HOSTILE, "hostile.coco")
-    files = emit(p, strip_schedule(p), target="cpu").files
+    files = emit(p, unscheduled(p), target="cpu").files
     declared = re.compile(
         r"\b(?:float|double|int64_t|auto|void)\*?\s+(return|while|NULL|define|main|__LINE__)\b"
     )

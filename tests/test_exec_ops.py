@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from cocoviz.exec import numerics as nx
+from cocoviz import numerics as nx
 from cocoviz.exec.reference import RunResult, run_reference
 from cocoviz.ir.lower import load_program
 

@@ -9,8 +9,8 @@ from typing import Any
 import numpy as np
 import pytest
 
+from cocoviz import numerics as nx
 from cocoviz.errors import ExitCode, InputError, UsageError
-from cocoviz.exec import numerics as nx
 from cocoviz.exec.layout import global_flat_index
 from cocoviz.exec.reference import estimate_bytes, run_reference
 from cocoviz.ir.lower import RanksOverride, load_file, load_program

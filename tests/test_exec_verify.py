@@ -251,7 +251,7 @@ def test_verify_refuses_when_the_pair_exceeds_memory() -> None:
 
 
 def test_canonical_schedules_verify_when_sessions_exist() -> None:
-    import cocoviz.session as session
+    import cocoviz.schedule as session
     for name, dims in [("megatron_mlp", CHUNKABLE), ("sgd", SGD_DIMS), ("lamb", SGD_DIMS)]:
         for ranks in (2, 4):
             original = sample(name, ranks, dims)

@@ -73,7 +73,7 @@ def test_an_autosave_with_a_saved_at_that_is_not_a_time_is_ignored(
 ) -> None:
     import json
 
-    from cocoviz.tui import state
+    from cocoviz.workbench import state
 
     state.write(state.Autosave("k", "src", ("split(x)",), 1.0), root=tmp_path)
     slot = next(p for p in tmp_path.rglob("*") if p.is_file())

@@ -24,7 +24,7 @@ from cocoviz import fsio, samples
 from cocoviz.cli import main
 from cocoviz.emit.writer import MARKER
 from cocoviz.errors import InputError
-from cocoviz.session import SCHED_HEADER, load_sched
+from cocoviz.schedule import SCHED_HEADER, load_sched
 
 SGD = samples.text("sgd")
 LONG = "n" * 300  # longer than any file system's NAME_MAX

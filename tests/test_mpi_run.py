@@ -15,8 +15,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from cocoviz import numerics as nx
 from cocoviz.cli import main
-from cocoviz.exec import numerics as nx
 from cocoviz.exec.mpi_run import run_mpi
 from cocoviz.exec.reference import run_reference
 from cocoviz.ir.lower import RanksOverride, load_file, load_program

@@ -1,4 +1,4 @@
-"""cocoviz.exec.numerics: the generator, dropout, rounding, dtype table and compare."""
+"""cocoviz.numerics: the generator, dropout, rounding, dtype table and compare."""
 
 from __future__ import annotations
 
@@ -8,7 +8,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from cocoviz.exec import numerics as nm
+from cocoviz import numerics as nm
+from cocoviz.ir.types import DType
 
 FLOATS = ("f16", "bf16", "f32", "f64")
 INTS = ("i32", "i64")
@@ -273,6 +274,16 @@ def test_dtype_table() -> None:
     assert nm.DTYPES["i64"].mpi == "MPI_INT64_T" and nm.DTYPES["f64"].mpi == "MPI_DOUBLE"
     with pytest.raises(ValueError, match="expected one of: f16 bf16 f32 f64 i32 i64"):
         nm.dtype_info("float")
+
+
+def test_compute_dtype_is_the_table_s_compute_type() -> None:
+    # One rule for the executors (numpy types) and the emitters (DSL dtypes).
+    want = {"f16": "f32", "bf16": "f32", "f32": "f32", "f64": "f64", "i32": "i64", "i64": "i64"}
+    for dt in DType:
+        got = nm.compute_dtype(dt)
+        assert got is DType(want[dt.value])
+        assert nm.storage_dtype(got) == nm.dtype_info(dt).compute
+    assert nm.compute_dtype("bf16") is DType.F32
 
 
 def test_tolerances_follow_the_design() -> None:

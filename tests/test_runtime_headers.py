@@ -1,4 +1,4 @@
-"""The C++ and CUDA runtime headers against cocoviz.exec.numerics, bit for bit.
+"""The C++ and CUDA runtime headers against cocoviz.numerics, bit for bit.
 
 A probe program built with g++ from ``cocoviz_runtime.h`` runs a list of commands
 (generator streams, dropout masks, conversions, compares, .npy files) once per module;
@@ -24,10 +24,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from cocoviz import numerics as nm
 from cocoviz.emit.toolchain import Toolchain, find_toolchain
-from cocoviz.exec import numerics as nm
 
-TEMPLATES = Path(nm.__file__).resolve().parent.parent / "templates"
+TEMPLATES = Path(nm.__file__).resolve().parent / "templates"
 REQUIRE_TOOLS = os.environ.get("COCOVIZ_REQUIRE_NVCC") == "1"
 REQUIRE_MPI = REQUIRE_TOOLS or os.environ.get("COCOVIZ_REQUIRE_MPI") == "1"
 DTYPES = ("f16", "bf16", "f32", "f64", "i32", "i64")

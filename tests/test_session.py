@@ -11,7 +11,7 @@ from transforms_util import ROOT, SAMPLES, sample
 from cocoviz.cli import main
 from cocoviz.errors import InputError, ScheduleError
 from cocoviz.ir.nodes import Program, StepCall
-from cocoviz.session import (
+from cocoviz.schedule import (
     SCHED_HEADER,
     Session,
     StepFailure,
@@ -79,8 +79,8 @@ def test_saved_schedule_reapplies_to_the_same_program(tmp_path: Path) -> None:
     text = path.read_text()
     assert text.splitlines()[0] == SCHED_HEADER
     # the chunk count is resolved by the cost model (DESIGN §3) and recorded
+    from cocoviz.schedule.chunks import best_chunks
     from cocoviz.sim.hardware import load_profile
-    from cocoviz.sim.tune import best_chunks
 
     fused = s.history[2].after
     k = best_chunks(fused, ("layer", "sum_rs"), load_profile())

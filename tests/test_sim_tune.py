@@ -8,9 +8,10 @@ import sim_programs as sp
 from cocoviz import samples
 from cocoviz.ir.lower import RanksOverride, load_file
 from cocoviz.ir.syntax import parse_steps
+from cocoviz.schedule.chunks import best_chunks
+from cocoviz.schedule.tune import schedule_label, tune, write_schedule
 from cocoviz.sim.hardware import load_profile
 from cocoviz.sim.timeline import makespan
-from cocoviz.sim.tune import best_chunks, schedule_label, tune, write_schedule
 from cocoviz.sim.warnings import chunk_times
 from cocoviz.sim.workload import Context
 

@@ -10,7 +10,7 @@ from cocoviz.errors import ScheduleError
 from cocoviz.ir.lower import load_program
 from cocoviz.ir.nodes import StepCall
 from cocoviz.ir.transforms import from_call
-from cocoviz.session import apply_block
+from cocoviz.schedule import apply_block
 
 
 def refused(text: str, block: str = "s") -> ScheduleError:

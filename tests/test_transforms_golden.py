@@ -14,7 +14,7 @@ from transforms_util import ROOT, SAMPLES, assert_index_consistent, reparse, sam
 
 from cocoviz.ir.printer import format_program
 from cocoviz.ir.transforms.retype import verify_program
-from cocoviz.session import apply_step
+from cocoviz.schedule import apply_step
 
 GOLDEN = ROOT / "tests" / "golden" / "transforms"
 UPDATE = os.environ.get("COCOVIZ_UPDATE_GOLDEN") == "1"

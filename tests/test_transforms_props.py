@@ -15,7 +15,7 @@ from cocoviz.ir.nodes import Program, StepCall
 from cocoviz.ir.transforms import REGISTRY, candidate_steps
 from cocoviz.ir.transforms.base import index
 from cocoviz.ir.transforms.retype import verify_program
-from cocoviz.session import Session
+from cocoviz.schedule import Session
 
 HAS_REFERENCE = importlib.util.find_spec("cocoviz.exec.verify") is not None
 PROGRAMS = {

@@ -7,7 +7,7 @@ import pytest
 from transforms_util import SAMPLES, SMALL, sample
 
 from cocoviz.exec import verify
-from cocoviz.session import apply_block
+from cocoviz.schedule import apply_block
 
 RANKS = {name: ["2", "4", "8"] for name in SAMPLES}
 RANKS["pipeline_stage"] = ["tp=2,pp=2", "tp=4,pp=2"]

@@ -13,13 +13,14 @@ from tui_support import make_app, run_async, settle
 from cocoviz import samples
 from cocoviz.emit.emitter import build
 from cocoviz.emit.lower import EmitError
-from cocoviz.tui import backend, state
 from cocoviz.tui.app import CocovizApp, ErrorPanel, TeachPanel
 from cocoviz.tui.widgets.code import CodeView
 from cocoviz.tui.widgets.graph import GraphView
 from cocoviz.tui.widgets.palette import StepPalette
 from cocoviz.tui.widgets.source import CocoTextArea, SourceEditor
 from cocoviz.tui.widgets.timeline import TimelineView
+from cocoviz.workbench import state
+from cocoviz.workbench import workbench as workbench_module
 
 
 @pytest.fixture(autouse=True)
@@ -39,11 +40,11 @@ async def test_every_sample_opens(tmp_path, name: str) -> None:  # type: ignore[
     app = make_app(tmp_path, name)
     async with app.run_test(size=(120, 40)) as pilot:
         await settle(pilot)
-        assert app.base is not None and app.base.name == name
+        assert app.wb.base is not None and app.wb.base.name == name
         assert app.query_one(SourceEditor).diagnostics == ()
         graph = app.query_one(GraphView)
         assert graph.drawing is not None
-        assert set(graph.drawing.nodes) == {s.name for s in app.base.stages}
+        assert set(graph.drawing.nodes) == {s.name for s in app.wb.base.stages}
         assert not app.query_one(ErrorPanel).has_class("-shown")
         assert _makespan(app) > 0
 
@@ -55,9 +56,9 @@ async def _apply_from_palette(pilot, app: CocovizApp, stage: str, step: str) -> 
     assert step in palette.keyed, (step, palette.entries)
     await pilot.press(str(palette.keyed.index(step) + 1))
     await settle(pilot)
-    assert app.history is not None
+    assert app.wb.session is not None
     # Applied as resolved: `overlap(a, b)` records its chunk count.
-    assert app.history.steps[app.history.index - 1].startswith(step.rstrip(")"))
+    assert app.wb.recorded_steps[app.wb.position - 1].startswith(step.rstrip(")"))
 
 
 @run_async
@@ -73,7 +74,7 @@ async def test_megatron_schedule_from_the_palette_makes_it_faster(tmp_path) -> N
         await _apply_from_palette(pilot, app, "sum_rs", "fuse(sum_rs, out_s)")
         await _apply_from_palette(pilot, app, "out", "fuse(out_s, out)")
         fused = _makespan(app)
-        assert {"sum_rs", "out_s", "out"} <= set(app.history.current.groups[0].stages())  # type: ignore[union-attr]
+        assert {"sum_rs", "out_s", "out"} <= set(app.wb.program.groups[0].stages())  # type: ignore[union-attr]
         assert fused < start
         app.selected = "layer"
         await settle(pilot)
@@ -87,9 +88,9 @@ async def test_megatron_schedule_from_the_palette_makes_it_faster(tmp_path) -> N
         assert end != fused  # the timeline changed: chunks of the matmul feed the collective
         view = app.query_one(TimelineView)
         assert any("[1/" in b.label for r in view.data.rows for b in r.bars)  # type: ignore[union-attr]
-        assert app.history is not None and app.history.index == 5
-        assert "overlapped" in {g.kind.value for g in app.history.current.groups}
-        assert app.command_line().startswith(
+        assert app.wb.program is not None and app.wb.position == 5
+        assert "overlapped" in {g.kind.value for g in app.wb.program.groups}
+        assert app.wb.command_line().startswith(
             "cocoviz apply megatron_mlp 'split(sum)' 'reorder(sum)'"
         )
 
@@ -97,13 +98,13 @@ async def test_megatron_schedule_from_the_palette_makes_it_faster(tmp_path) -> N
         for _ in range(5):
             await pilot.press("u")
         await settle(pilot)
-        assert app.history.index == 0
+        assert app.wb.position == 0
         assert _makespan(app) == pytest.approx(start)
         for _ in range(3):
             await pilot.press("U")
         await pilot.press("ctrl+r", "ctrl+r")
         await settle(pilot)
-        assert app.history.index == 5
+        assert app.wb.position == 5
         assert _makespan(app) == pytest.approx(end)
 
 
@@ -114,8 +115,8 @@ async def test_a_failed_step_is_shown_not_raised(tmp_path) -> None:  # type: ign
         await settle(pilot)
         assert not app.apply_step("fuse(layer, out)")
         await settle(pilot)
-        assert app.failed is not None and app.failed[0] == "fuse(layer, out)"
-        assert app.history is not None and app.history.index == 0
+        assert app.wb.failed is not None and app.wb.failed.step == "fuse(layer, out)"
+        assert app.wb.session is not None and app.wb.position == 0
 
 
 @run_async
@@ -153,13 +154,13 @@ async def test_teach_mode_walks_every_step(tmp_path) -> None:  # type: ignore[no
         await settle(pilot)
         panel = app.query_one(TeachPanel)
         assert panel.has_class("-shown")
-        steps = app.teach_steps
-        assert steps == [str(s) for s in app.base.schedules[-1].steps]  # type: ignore[union-attr]
+        steps = app.wb.teach_steps
+        assert steps == [str(s) for s in app.wb.base.schedules[-1].steps]  # type: ignore[union-attr]
         times = [_makespan(app)]
         for i, step in enumerate(steps, start=1):
             await pilot.press("n")
             await settle(pilot)
-            assert app.history is not None and app.history.index == i
+            assert app.wb.session is not None and app.wb.position == i
             text = str(panel.render())
             assert step in text and f"step {i} of {len(steps)}" in text
             times.append(_makespan(app))
@@ -168,7 +169,7 @@ async def test_teach_mode_walks_every_step(tmp_path) -> None:  # type: ignore[no
         assert times[fuse_at] < times[0]  # RS → compute on the slice → AG beats AR → compute
         await pilot.press("p")
         await settle(pilot)
-        assert app.history.index == len(steps) - 1
+        assert app.wb.position == len(steps) - 1
 
 
 async def _emit_from_dialog(pilot, app: CocovizApp, directory, target: str) -> None:  # type: ignore[no-untyped-def]
@@ -221,7 +222,7 @@ async def test_emit_error_is_shown_as_not_supported(tmp_path, monkeypatch) -> No
     def refuse(*args, **kwargs):  # type: ignore[no-untyped-def]
         raise EmitError("update of 'w' (sliced) by a replicated value is not supported")
 
-    monkeypatch.setattr(backend, "emitted_files", refuse)
+    monkeypatch.setattr(workbench_module, "emitted_files", refuse)
     app = make_app(tmp_path, "megatron_mlp")
     async with app.run_test(size=(120, 40)) as pilot:
         await settle(pilot)
@@ -292,19 +293,17 @@ async def test_autosave_is_offered_back(tmp_path) -> None:  # type: ignore[no-un
         await pilot.pause(0.6)
         await settle(pilot)
         assert again.query_one(CocoTextArea).text.startswith("# edited\n")
-        assert again.text.startswith("# edited\n")
+        assert again.wb.text.startswith("# edited\n")
 
 
 @run_async
 async def test_a_worker_exception_shows_a_panel_and_the_app_keeps_running(
     tmp_path, monkeypatch
 ) -> None:  # type: ignore[no-untyped-def]
-    from cocoviz.tui import backend
-
     def broken(program, hw):  # type: ignore[no-untyped-def]
         raise RuntimeError("simulator exploded")
 
-    monkeypatch.setattr(backend, "simulate", broken)
+    monkeypatch.setattr(workbench_module, "simulate_timeline", broken)
     app = make_app(tmp_path, "megatron_mlp")
     async with app.run_test(size=(120, 40)) as pilot:
         await settle(pilot)
@@ -393,13 +392,13 @@ async def test_selection_is_shared_by_graph_source_and_timeline(tmp_path) -> Non
         assert app.selected == "sum"
         assert graph.selected == "sum"
         assert app.query_one(TimelineView).selected == "sum"
-        line = app.base.stage("sum").span.line  # type: ignore[union-attr]
+        line = app.wb.base.stage("sum").span.line  # type: ignore[union-attr]
         assert app.query_one(CocoTextArea).selected_line == line
         # Moving the editor's cursor to a stage's line selects it.
         area = app.query_one(TextArea)
         area.focus()
         await pilot.pause()
-        out_line = app.base.stage("out").span.line  # type: ignore[union-attr]
+        out_line = app.wb.base.stage("out").span.line  # type: ignore[union-attr]
         area.move_cursor((out_line - 1, 0))
         await settle(pilot)
         assert app.selected == "out"

@@ -7,10 +7,11 @@ from rich.style import Style
 
 from cocoviz import samples
 from cocoviz.ir.lower import load_program
-from cocoviz.tui import state
+from cocoviz.timefmt import format_time
 from cocoviz.tui.graph_layout import layout_graph
 from cocoviz.tui.highlight import lex_line
-from cocoviz.tui.timeline_rows import Bar, Row, format_time, nice_step, render_bars
+from cocoviz.tui.timeline_rows import Bar, Row, nice_step, render_bars
+from cocoviz.workbench import state
 
 
 def _text(drawing, y):  # type: ignore[no-untyped-def]

@@ -16,8 +16,12 @@ import sys
 import traceback
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from cocoviz.errors import CocovizError, ExitCode, InputError, InternalError, UsageError
+
+if TYPE_CHECKING:
+    from cocoviz.sim.hardware import Hardware
 
 # Command modules, in the order their commands appear in --help.
 COMMAND_MODULES = (
@@ -73,7 +77,20 @@ def add_program_options(p: argparse.ArgumentParser, schedule: bool = True) -> No
     p.add_argument(
         "--seed", type=_seed, default=0, help="seed of the input and dropout generator (0 .. 2^64-1)"
     )
-    p.add_argument("--hw", metavar="NAME|FILE", default=None, help="hardware profile")
+    add_hw_option(p)
+
+
+def add_hw_option(p: argparse.ArgumentParser) -> None:
+    """`--hw`: the hardware profile of the cost model (parsed by `args_hardware`)."""
+    from cocoviz.sim.hardware import DEFAULT_PROFILE, list_profiles
+
+    p.add_argument(
+        "--hw",
+        metavar="NAME|FILE",
+        default=None,
+        help=f"hardware profile of the cost model: {', '.join(list_profiles())} "
+        f"(default {DEFAULT_PROFILE}), or a .toml file",
+    )
 
 
 def add_json_option(p: argparse.ArgumentParser) -> None:
@@ -82,15 +99,10 @@ def add_json_option(p: argparse.ArgumentParser) -> None:
 
 def resolve_program_path(file: str) -> Path:
     """A path, or the name of an embedded sample when no such file exists."""
-    p = Path(file)
-    if p.exists():
-        return p
     from cocoviz import samples
 
-    stem = file[: -len(".coco")] if file.endswith(".coco") else file
-    if "/" not in file and stem in samples.names():
-        return samples.path(stem)
-    return p
+    stem = samples.named_by(file)
+    return Path(file) if stem is None else samples.path(stem)
 
 
 def load_args_program(args: argparse.Namespace):  # type: ignore[no-untyped-def]
@@ -103,12 +115,20 @@ def load_args_program(args: argparse.Namespace):  # type: ignore[no-untyped-def]
     if not path.exists():
         raise InputError(f"{args.file}: no such file", hint=_file_hint(args.file))
     if getattr(args, "hw", None):
-        from cocoviz.cli.sim import load_hw
-        from cocoviz.session import use_hardware
-
-        load_hw(args.hw)  # a bad profile is reported here, not inside a step
-        use_hardware(args.hw)
+        args_hardware(args)  # a bad profile is reported before the program is read
     return load_file(path, defines, ranks)
+
+
+def args_hardware(args: argparse.Namespace) -> Hardware:
+    """`--hw` parsed once into the `Hardware` value every layer below is handed (the
+    default profile when the option is absent); a bad name or file is an input error."""
+    hw: Hardware | None = getattr(args, "_hardware", None)
+    if hw is None:
+        from cocoviz.sim.hardware import DEFAULT_PROFILE, load_profile
+
+        hw = load_profile(getattr(args, "hw", None) or DEFAULT_PROFILE)
+        args._hardware = hw
+    return hw
 
 
 def _file_hint(file: str) -> str | None:
@@ -129,13 +149,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="store_true", help="print the version and exit")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     for mod in COMMAND_MODULES:
-        try:
-            module = importlib.import_module(mod)
-        except ModuleNotFoundError as err:
-            if err.name == mod:
-                continue
-            raise
-        module.register(sub)
+        importlib.import_module(mod).register(sub)
     return parser
 
 
@@ -208,13 +222,10 @@ def _internal(err: BaseException) -> int:
 
 
 def _default(parser: argparse.ArgumentParser) -> int:
-    """Bare `cocoviz`: the TUI on the default sample when it is available, else help."""
-    try:
-        tui = importlib.import_module("cocoviz.cli.tui")
-    except ModuleNotFoundError:
-        parser.print_help()
-        return ExitCode.OK
-    return int(tui.open_default())
+    """Bare `cocoviz`: the TUI on the default sample."""
+    from cocoviz.cli.tui import open_default
+
+    return int(open_default())
 
 
 def entry() -> None:

@@ -7,7 +7,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from cocoviz.cli import add_program_options, load_args_program
+from cocoviz.cli import add_program_options, args_hardware, load_args_program
+from cocoviz.emit.targets import DEFAULT_TARGET, TARGET_NAMES
 from cocoviz.errors import ExitCode, UsageError
 
 
@@ -21,7 +22,13 @@ def register(sub: Any) -> None:
     )
     add_program_options(p)
     p.add_argument("-o", "--output", metavar="DIR", required=True, help="output directory")
-    p.add_argument("--target", choices=("cuda", "cpu"), default="cuda")
+    p.add_argument(
+        "--target",
+        choices=TARGET_NAMES,
+        default=DEFAULT_TARGET,
+        help=f"what to emit (default {DEFAULT_TARGET}): cuda = CUDA + NCCL + cuBLAS with an "
+        "MPI launcher, cpu = C++ + MPI + OpenMP",
+    )
     p.add_argument(
         "--collectives",
         choices=("nccl", "nccl-device"),
@@ -45,16 +52,18 @@ def register(sub: Any) -> None:
 
 
 def cmd_emit(args: argparse.Namespace) -> int:
-    from cocoviz.cli.inspect import apply_named_schedule
     from cocoviz.emit.emitter import build, check_arch, emit
-    from cocoviz.emit.lower import strip_schedule
+    from cocoviz.emit.targets import target_spec
     from cocoviz.emit.writer import MARKER, write_tree
+    from cocoviz.ir.nodes import unscheduled
+    from cocoviz.schedule import resolve_schedule, schedule_arg_steps
 
-    if args.target == "cuda":
+    gpu = target_spec(args.target).gpu
+    if gpu:
         check_arch(args.arch)
     elif args.collectives != "nccl":
         raise UsageError("--collectives applies to --target cuda only")
-    if args.emulate and args.target != "cuda":
+    if args.emulate and not gpu:
         raise UsageError(
             "--emulate builds the CPU emulation of the CUDA target",
             hint="the cpu target runs on CPUs as it is: drop --emulate",
@@ -62,14 +71,10 @@ def cmd_emit(args: argparse.Namespace) -> int:
     if args.emulate and not args.build:
         raise UsageError("--emulate needs --build", hint="add --build")
     program = load_args_program(args)
-    if args.schedule:
-        scheduled = apply_named_schedule(program, args.schedule)
-        reference = strip_schedule(program)
-        steps = _steps_of(program, args.schedule)
-    else:
-        scheduled = program
-        reference = strip_schedule(program)
-        steps = []
+    hw = args_hardware(args)
+    steps = schedule_arg_steps(program, args.schedule) if args.schedule else ()
+    scheduled, resolved = resolve_schedule(program, steps, hw)
+    reference = unscheduled(program)
     out = emit(
         scheduled,
         reference,
@@ -77,9 +82,9 @@ def cmd_emit(args: argparse.Namespace) -> int:
         collectives=args.collectives,
         arch=args.arch,
         schedule_name=args.schedule,
-        schedule_steps=steps,
+        schedule_steps=[str(s) for s in resolved],
         seed=args.seed,
-        hw=args.hw,
+        hw=hw,
     )
     res = write_tree(Path(args.output), out.files, force=args.force)
     for entry in res.ignored:
@@ -104,14 +109,3 @@ def cmd_emit(args: argparse.Namespace) -> int:
         build(res.directory)
         print(f"{res.directory}/{out.binary}: built", file=sys.stderr)
     return ExitCode.OK
-
-
-def _steps_of(program: Any, schedule: str) -> list[str]:
-    if schedule.endswith(".sched"):
-        from cocoviz.session import load_sched
-
-        return [str(s) for s in load_sched(schedule)]
-    for b in program.schedules:
-        if b.name == schedule:
-            return [str(s) for s in b.steps]
-    return []

@@ -7,10 +7,11 @@ import json
 from pathlib import Path
 from typing import Any
 
-from cocoviz.cli import add_json_option, add_program_options, load_args_program
+from cocoviz.cli import add_json_option, add_program_options, args_hardware, load_args_program
 from cocoviz.errors import ExitCode, UsageError
 from cocoviz.ir.nodes import Program
 from cocoviz.ir.summary import Summary, format_bytes, summarize
+from cocoviz.sim.hardware import Hardware
 
 
 def register(sub: Any) -> None:
@@ -57,27 +58,21 @@ def _layers(text: str) -> int:
     return n
 
 
-def apply_named_schedule(program: Program, name: str | None) -> Program:
-    """Apply `--schedule S` (a block name or a .sched file) when the schedule engine exists."""
-    if not name:
+def apply_named_schedule(args: argparse.Namespace, program: Program) -> Program:
+    """`--schedule S` (a block name or a .sched file) applied on `--hw`'s model."""
+    from cocoviz.schedule import apply_schedule_arg
+
+    if not args.schedule:
         return program
-    try:
-        from cocoviz.session import apply_schedule_arg
-    except ModuleNotFoundError:
-        raise UsageError(
-            "--schedule needs the schedule transformations, which this build does not have yet"
-        ) from None
-    return apply_schedule_arg(program, name)
+    return apply_schedule_arg(program, args.schedule, args_hardware(args))
 
 
-def _check_schedules(program: Program) -> list[str]:
+def _check_schedules(program: Program, hw: Hardware) -> list[str]:
     """Apply every schedule block; returns the names applied (raises on the first failure)."""
-    try:
-        from cocoviz.session import apply_block
-    except ModuleNotFoundError:
-        return []
+    from cocoviz.schedule import apply_block
+
     for block in program.schedules:
-        apply_block(program, block)
+        apply_block(program, block, hw)
     return [b.name for b in program.schedules]
 
 
@@ -115,7 +110,7 @@ def summary_json(s: Summary) -> dict[str, Any]:
 
 def cmd_check(args: argparse.Namespace) -> int:
     program = load_args_program(args)
-    applied = _check_schedules(program)
+    applied = _check_schedules(program, args_hardware(args))
     s = summarize(program)
     if args.json:
         print(json.dumps({**summary_json(s), "schedules": applied}, indent=2))
@@ -131,7 +126,7 @@ def cmd_show(args: argparse.Namespace) -> int:
     from cocoviz.ir.graph import to_dot, to_json
     from cocoviz.ir.printer import format_program
 
-    program = apply_named_schedule(load_args_program(args), args.schedule)
+    program = apply_named_schedule(args, load_args_program(args))
     fmt = "json" if args.json else args.format
     if args.graph:
         from cocoviz.ir.draw import print_graph

@@ -148,7 +148,7 @@ def _write_dump(d: Path, program: Program, values: dict[str, Any], names: list[s
     renamed into place (no truncated file, no write through a link), under the
     directory's lock."""
     from cocoviz import fsio
-    from cocoviz.exec import numerics as nx
+    from cocoviz import numerics as nx
 
     def npy(x: Any, dtype: str) -> fsio.Content:
         return lambda sink: np.save(sink, nx.to_dtype(x, nx.dtype_info(dtype)), allow_pickle=False)
@@ -160,12 +160,12 @@ def _write_dump(d: Path, program: Program, values: dict[str, Any], names: list[s
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from cocoviz.exec import numerics as nx
+    from cocoviz import numerics as nx
     from cocoviz.exec.reference import check_memory, run_reference
 
     original = load_args_program(args)
     _check_run_args(args, original)
-    scheduled = apply_named_schedule(original, args.schedule)
+    scheduled = apply_named_schedule(args, original)
     names = collected_names(original)
     dump_dir = _prepare_dump(args.dump, args.force) if args.dump else None
     given: dict[str, np.ndarray] | None = None

@@ -3,22 +3,14 @@
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import re
 from pathlib import Path
 from typing import Any
 
-from cocoviz.cli import add_json_option, add_program_options, load_args_program
+from cocoviz.cli import add_json_option, add_program_options, args_hardware, load_args_program
 from cocoviz.errors import ExitCode, InputError, UsageError
 from cocoviz.ir.nodes import Program, StepCall
-
-
-def _has_reference() -> bool:
-    try:
-        return importlib.util.find_spec("cocoviz.exec.verify") is not None
-    except ModuleNotFoundError:
-        return False
 
 
 def register(sub: Any) -> None:
@@ -51,23 +43,22 @@ def register(sub: Any) -> None:
     add_json_option(p)
     p.set_defaults(handler=cmd_apply)
 
-    if _has_reference():
-        p = sub.add_parser(
-            "verify",
-            help="check in the numpy reference that schedules do not change results",
-            description="Run the original and the scheduled program on the same inputs in "
-            "the numpy reference of simulated ranks and compare every output and updated "
-            "input with the dtype's tolerance. Without --schedule, every schedule block of "
-            "the file is verified. Exit 4 on a mismatch.",
-        )
-        add_program_options(p)
-        p.add_argument(
-            "--max-mem",
-            metavar="BYTES",
-            help="refuse runs estimated to need more memory (default 4G; suffixes K, M, G)",
-        )
-        add_json_option(p)
-        p.set_defaults(handler=cmd_verify)
+    p = sub.add_parser(
+        "verify",
+        help="check in the numpy reference that schedules do not change results",
+        description="Run the original and the scheduled program on the same inputs in "
+        "the numpy reference of simulated ranks and compare every output and updated "
+        "input with the dtype's tolerance. Without --schedule, every schedule block of "
+        "the file is verified. Exit 4 on a mismatch.",
+    )
+    add_program_options(p)
+    p.add_argument(
+        "--max-mem",
+        metavar="BYTES",
+        help="refuse runs estimated to need more memory (default 4G; suffixes K, M, G)",
+    )
+    add_json_option(p)
+    p.set_defaults(handler=cmd_verify)
 
 
 # --- apply ------------------------------------------------------------------------------
@@ -88,13 +79,13 @@ def parse_cli_steps(args: list[str]) -> list[StepCall]:
 
 def cmd_apply(args: argparse.Namespace) -> int:
     from cocoviz.ir.printer import format_program
-    from cocoviz.session import Session, check_sched_output
+    from cocoviz.schedule import Session, check_sched_output
 
     program = load_args_program(args)
     steps = parse_cli_steps(args.steps)
     if args.output:
         check_sched_output(Path(args.output), args.force)
-    session = Session(program)
+    session = Session(program, args_hardware(args))
     session.apply_all(steps)
     if args.output:
         comment = f"{program.name}: {len(session.steps)} step(s), written by cocoviz apply"
@@ -151,13 +142,14 @@ def parse_bytes(text: str) -> int:
 
 def cmd_verify(args: argparse.Namespace) -> int:
     from cocoviz.exec.verify import verify_programs
-    from cocoviz.session import apply_block, apply_schedule_arg
+    from cocoviz.schedule import apply_block, apply_schedule_arg
 
     program = load_args_program(args)
+    hw = args_hardware(args)
     max_mem = parse_bytes(args.max_mem) if args.max_mem else None
     if args.schedule:
         targets: list[tuple[str, Program]] = [
-            (args.schedule, apply_schedule_arg(program, args.schedule))
+            (args.schedule, apply_schedule_arg(program, args.schedule, hw))
         ]
     else:
         if not program.schedules:
@@ -165,7 +157,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
                 f"{program.name} has no schedule blocks to verify",
                 hint="pass --schedule NAME or --schedule FILE.sched",
             )
-        targets = [(b.name, apply_block(program, b)) for b in program.schedules]
+        targets = [(b.name, apply_block(program, b, hw)) for b in program.schedules]
     ok = True
     results = []
     for name, scheduled in targets:

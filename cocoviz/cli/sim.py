@@ -9,9 +9,14 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from cocoviz.cli import add_json_option, add_program_options, load_args_program
+from cocoviz.cli import (
+    add_hw_option,
+    add_json_option,
+    add_program_options,
+    args_hardware,
+    load_args_program,
+)
 from cocoviz.errors import Diagnostic, ExitCode, UsageError
-from cocoviz.sim.hardware import DEFAULT_PROFILE, Hardware, load_profile
 
 
 def register(sub: Any) -> None:
@@ -58,18 +63,43 @@ def register(sub: Any) -> None:
         "compare line by line with measured all_reduce_perf / reduce_scatter_perf / "
         "all_gather_perf output.",
     )
-    p.add_argument("--hw", metavar="NAME|FILE", default=None, help="hardware profile")
+    add_hw_option(p)
+    from cocoviz.ir.types import DType
+    from cocoviz.sim.collectives import Coll
+    from cocoviz.sim.hardware import Algo, Proto
+
     p.add_argument(
         "--coll",
         default="allreduce",
-        choices=("allreduce", "reducescatter", "allgather", "broadcast", "reduce", "sendrecv"),
+        choices=tuple(c.value for c in Coll),
         help="collective (default allreduce)",
     )
     p.add_argument("--ranks", type=int, default=None, help="ranks (default: one full node)")
-    p.add_argument("--algo", choices=("ring", "tree", "nvls"), default=None)
-    p.add_argument("--proto", choices=("LL", "LL128", "Simple"), default=None)
-    p.add_argument("--ranks-per-node", type=int, default=None, metavar="N")
-    p.add_argument("--dtype", default="f32", choices=("f16", "bf16", "f32", "f64", "i32", "i64"))
+    p.add_argument(
+        "--algo",
+        choices=tuple(a.value for a in Algo if a is not Algo.P2P),
+        default=None,
+        help="NCCL algorithm (default: the one NCCL's tuning model picks per size)",
+    )
+    p.add_argument(
+        "--proto",
+        choices=tuple(q.value for q in Proto),
+        default=None,
+        help="NCCL protocol (default: the one NCCL's tuning model picks per size)",
+    )
+    p.add_argument(
+        "--ranks-per-node",
+        type=int,
+        default=None,
+        metavar="N",
+        help="ranks on each node (default: the profile's GPUs per node)",
+    )
+    p.add_argument(
+        "--dtype",
+        default="f32",
+        choices=tuple(d.value for d in DType),
+        help="element type of the sweep (default f32)",
+    )
     p.add_argument("-b", "--min-bytes", default="8", metavar="SIZE", help="smallest size (8)")
     p.add_argument("-e", "--max-bytes", default="16G", metavar="SIZE", help="largest size (16G)")
     add_json_option(p)
@@ -83,11 +113,6 @@ def _add_collectives(p: argparse.ArgumentParser) -> None:
         default="nccl",
         help="lowering of fused collectives (default nccl)",
     )
-
-
-def load_hw(name: str | None) -> Hardware:
-    """`--hw`: a shipped profile name or a TOML file; a bad file is an input error."""
-    return load_profile(name or DEFAULT_PROFILE)
 
 
 def _warn(message: str, hint: str | None = None) -> None:
@@ -181,9 +206,9 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     from cocoviz.sim.timeline import simulate
     from cocoviz.sim.trace import write_trace
 
-    hw = load_hw(args.hw)
+    hw = args_hardware(args)
     original = load_args_program(args)
-    program = apply_named_schedule(original, args.schedule)
+    program = apply_named_schedule(args, original)
     baseline = original if args.schedule and not original.groups else None
     timeline = simulate(program, hw, collectives=args.collectives, baseline=baseline)
     if args.trace:
@@ -213,14 +238,14 @@ def cmd_simulate(args: argparse.Namespace) -> int:
 
 
 def cmd_tune(args: argparse.Namespace) -> int:
-    from cocoviz.session import check_sched_output
-    from cocoviz.sim.tune import tune, write_schedule
+    from cocoviz.schedule.files import check_sched_output
+    from cocoviz.schedule.tune import tune, write_schedule
 
     if args.top < 1:
         raise UsageError("--top needs a positive count")
     if args.output:
         check_sched_output(Path(args.output), args.force)
-    hw = load_hw(args.hw)
+    hw = args_hardware(args)
     program = load_args_program(args)
     progress = None
     live: Any = None
@@ -278,7 +303,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
     from rich.table import Table
     from rich.text import Text
 
-    from cocoviz.sim.textview import format_time
+    from cocoviz.timefmt import format_time
 
     table = Table(
         title=f"{program.name} on {hw.name}, {program.grid.world} ranks: "
@@ -324,7 +349,7 @@ def cmd_model_table(args: argparse.Namespace) -> int:
     from cocoviz.sim.collectives import CostModelError
     from cocoviz.sim.model_table import format_table, model_table, table_title
 
-    hw = load_hw(args.hw)
+    hw = args_hardware(args)
     ranks = args.ranks if args.ranks is not None else hw.gpus_per_node
     if ranks < 1:
         raise UsageError("--ranks needs a positive count")

@@ -10,6 +10,7 @@ import importlib
 import sys
 from typing import Any
 
+from cocoviz.cli import add_hw_option
 from cocoviz.errors import ExitCode, UsageError
 
 
@@ -26,13 +27,16 @@ def register(sub: Any) -> None:
         action="store_true",
         help="step through the program's schedule with an explanation per step",
     )
-    p.add_argument("--hw", metavar="NAME|FILE", default=None, help="hardware profile")
+    add_hw_option(p)
     p.set_defaults(handler=cmd_tui)
 
 
 def _run(
     file: str | None, schedule: str | None = None, teach: bool = False, hw: str | None = None
 ) -> int:
+    from cocoviz.sim.hardware import DEFAULT_PROFILE, load_profile
+
+    hardware = load_profile(hw or DEFAULT_PROFILE)  # a bad --hw: an input error, before the tty
     if not sys.stdout.isatty() or not sys.stdin.isatty():
         raise UsageError(
             "the terminal UI needs a terminal",
@@ -40,7 +44,7 @@ def _run(
         )
     # Imported by name so that mypy (configured to skip the Textual app) does not follow.
     create_app = importlib.import_module("cocoviz.tui.app").create_app
-    app = create_app(file, schedule=schedule, teach_mode=teach, hw=hw)
+    app = create_app(file, schedule=schedule, teach_mode=teach, hw=hardware)
     app.run()
     return int(app.return_code or ExitCode.OK)
 

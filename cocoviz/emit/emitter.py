@@ -7,16 +7,19 @@ import subprocess
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
 
 from cocoviz.emit.lower import Collectives, lower_emit
 from cocoviz.emit.manifest import manifest
-from cocoviz.emit.render import EmitOptions, renderer_for
+from cocoviz.emit.render import EmitOptions
+from cocoviz.emit.targets import DEFAULT_TARGET, TargetSpec, renderer_for, target_spec
 from cocoviz.emit.toolchain import Toolchain, arch_number, find_toolchain
 from cocoviz.errors import BuildError, UsageError
 from cocoviz.ir.nodes import Program
+from cocoviz.sim.hardware import Hardware, default_hardware
+from cocoviz.sim.timeline import simulate
 
-Target = Literal["cuda", "cpu"]
+Target = str
+"""A target's name: one of `cocoviz.emit.targets.TARGET_NAMES`."""
 MIN_ARCH = 75
 """CUDA 13 builds Turing (sm_75) and newer; Volta (sm_70) needs CUDA 12 or older."""
 
@@ -43,17 +46,11 @@ class Emitted:
 
 
 def _predicted(
-    program: Program, collectives: str, hw_name: str | None
+    program: Program, collectives: str, hw: Hardware | None
 ) -> tuple[dict[str, float] | None, str | None]:
     """Per-stage predicted busy times (µs) from the cost model, with the hardware named."""
     try:
-        from cocoviz.sim.hardware import load_profile
-        from cocoviz.sim.timeline import simulate
-    except ImportError:
-        return None, "the cost model is not available in this build"
-    try:
-        hw = load_profile(hw_name) if hw_name else load_profile()
-        tl = simulate(program, hw, collectives=collectives, warnings=False)
+        tl = simulate(program, hw or default_hardware(), collectives=collectives, warnings=False)
     except Exception as e:  # noqa: BLE001 - a prediction must never break emitting
         return None, f"the cost model failed: {type(e).__name__}: {e}"
     rows = {r.name: r.busy_s * 1e6 for r in tl.summary.stages}
@@ -65,18 +62,20 @@ def emit(
     scheduled: Program,
     reference: Program | None,
     *,
-    target: Target = "cuda",
+    target: Target = DEFAULT_TARGET,
     collectives: Collectives = "nccl",
     arch: str = "sm_90",
     schedule_name: str | None = None,
     schedule_steps: Sequence[str] = (),
     seed: int = 0,
     toolchain: Toolchain | None = None,
-    hw: str | None = None,
+    hw: Hardware | None = None,
 ) -> Emitted:
     """The output tree of `scheduled` (and `reference`, the unscheduled program that
-    ``--check`` compares against) for `target`."""
-    if target == "cuda":
+    ``--check`` compares against) for `target`; `hw` (default: the default profile) is
+    the hardware the manifest's predicted times are for."""
+    spec = target_spec(target)
+    if spec.gpu:
         check_arch(arch)
     plan = lower_emit(scheduled, reference, collectives, schedule_name, schedule_steps, seed)
     tc = toolchain or find_toolchain()
@@ -85,24 +84,19 @@ def emit(
     if tc.mpi is not None and tc.mpi.mpiexec is not None:
         mpiexec = shlex.quote(str(tc.mpi.mpiexec))
     options = EmitOptions(
-        target=target, arch=arch, make_vars=_make_vars(make_vars, target), mpiexec=mpiexec
+        target=target, arch=arch, make_vars=_make_vars(make_vars, spec), mpiexec=mpiexec
     )
     files = renderer_for(plan, options).files()
-    predicted, note = _predicted(scheduled, collectives if target == "cuda" else "nccl", hw)
+    predicted, note = _predicted(scheduled, collectives if spec.gpu else "nccl", hw)
     names = [*files, "manifest.json"]
-    files["manifest.json"] = manifest(
-        plan, target, arch if target == "cuda" else None, names, predicted, note
-    )
+    files["manifest.json"] = manifest(plan, spec, arch, names, predicted, note)
     return Emitted(files, plan.file_stem)
 
 
-_CPU_VARS = ("MPI_HOME", "MPICXX", "MPIEXEC", "CXXFLAGS")
-
-
-def _make_vars(items: tuple[tuple[str, str], ...], target: Target) -> tuple[tuple[str, str], ...]:
+def _make_vars(items: tuple[tuple[str, str], ...], spec: TargetSpec) -> tuple[tuple[str, str], ...]:
     out = []
     for k, v in items:
-        if target == "cpu" and k not in _CPU_VARS:
+        if spec.make_vars is not None and k not in spec.make_vars:
             continue
         if any(c in v for c in "\n\\#"):
             continue

@@ -7,6 +7,7 @@ import json
 from typing import Any
 
 from cocoviz.emit import plan as pl
+from cocoviz.emit.targets import TargetSpec
 
 
 def _steps(steps: tuple[pl.Step, ...]) -> list[dict[str, Any]]:
@@ -97,8 +98,8 @@ def _kernel_names(steps: tuple[pl.Step, ...]) -> list[str]:
 
 def manifest(
     plan: pl.EmitPlan,
-    target: str,
-    arch: str | None,
+    target: TargetSpec,
+    arch: str,
     files: list[str],
     predicted: dict[str, float] | None = None,
     predicted_note: str | None = None,
@@ -106,15 +107,15 @@ def manifest(
     data: dict[str, Any] = {
         "tool": "cocoviz",
         "program": plan.program,
-        "target": target,
+        "target": target.name,
         "ranks": {"tp": plan.tp, "pp": plan.pp, "world": plan.world},
         "dims": dict(plan.dims),
         "schedule": {"name": plan.schedule_name, "steps": list(plan.schedule_steps)},
-        "collectives": plan.collectives if target == "cuda" else "mpi",
+        "collectives": plan.collectives if target.gpu else "mpi",
         "files": sorted(files),
         "scheduled": _program(plan.scheduled, predicted),
     }
-    if target == "cuda":
+    if target.gpu:
         data["arch"] = arch
     if plan.reference is not None:
         data["unscheduled"] = _program(plan.reference, None)

@@ -20,7 +20,19 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal, Union
 
+from cocoviz.errors import CocovizError
+from cocoviz.ir.collectives import collective_named
 from cocoviz.ir.types import DType
+
+
+class EmitError(CocovizError):
+    """A program or schedule the emitter cannot lower, or a target it does not know
+    (exit 1)."""
+
+
+Collectives = Literal["nccl", "nccl-device"]
+"""How the CUDA target runs its collectives: NCCL's host API, or fused groups on NCCL's
+device API (docs/codegen.md)."""
 
 ViewKind = Literal["replicated", "local", "flat", "block", "chunked"]
 StreamName = Literal["main", "compute", "comm"]
@@ -268,14 +280,12 @@ class Matmul:
     kind: Literal["matmul"] = "matmul"
 
 
-CollOp = Literal["allreduce", "reducescatter", "allgather", "broadcast", "reduce", "send", "recv"]
-
-
 @dataclass(frozen=True)
 class Collective:
     cname: str
     stage: str
-    op: CollOp
+    op: str
+    """The collective's DSL spelling: a row of `cocoviz.ir.collectives.COLLECTIVE_TABLE`."""
     rop: Literal["sum", "prod", "max", "min", "avg"] | None
     send: str
     recv: str
@@ -298,6 +308,10 @@ class Collective:
     pstage: int | None = 0
     stream: StreamName = "main"
     kind: Literal["collective"] = "collective"
+
+    def __post_init__(self) -> None:
+        if collective_named(self.op) is None:
+            raise EmitError(f"'{self.op}' is not a collective of cocoviz.ir.collectives")
 
 
 @dataclass(frozen=True)
@@ -413,7 +427,7 @@ class EmitPlan:
     scheduled: ProgramPlan
     reference: ProgramPlan | None
     """None when the scheduled program is the unscheduled one."""
-    collectives: Literal["nccl", "nccl-device"]
+    collectives: Collectives
     schedule_name: str | None
     schedule_steps: tuple[str, ...]
     seed: int = 0

@@ -1,29 +1,31 @@
 """Rendering an `EmitPlan` through jinja2 templates: one renderer class per backend
-over the same lowered form (tinygrad's pattern). Context builders prepare every value a
-template prints — C types, trait names, API enums, literals — from small tag tables;
-templates only loop and branch."""
+over the same lowered form (tinygrad's pattern), each named by a row of the target table
+(`cocoviz.emit.targets`). Context builders prepare every value a template prints — C
+types, trait names, API enums, operator expressions, literals — from the dtype table
+(`cocoviz.ir.types.DType`), the collectives table (`cocoviz.ir.collectives`) and small
+tag tables; templates only loop and branch, and a tag they do not know is an `EmitError`
+when rendering (docs/codegen.md)."""
 
 from __future__ import annotations
 
-import abc
 import functools
 import json
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar, NoReturn
 
 import jinja2
 
 from cocoviz.emit import plan as pl
-from cocoviz.emit.lower import REDUCE_BLOCKS, compute_dtype
+from cocoviz.emit.kernels import REDUCE_BLOCKS
 from cocoviz.emit.names import c_double, c_string
-from cocoviz.exec.numerics import dtype_info
+from cocoviz.emit.plan import EmitError
+from cocoviz.emit.targets import target_spec
+from cocoviz.ir.collectives import collective_named
 from cocoviz.ir.types import DType
 
 TEMPLATES = Path(__file__).resolve().parent.parent / "templates"
-RUNTIME_FILES = ("cocoviz_runtime.h",)
-CUDA_RUNTIME_FILES = ("cocoviz_runtime.h", "cocoviz_runtime.cuh")
 
 _CMP = {"lt": "<", "le": "<=", "gt": ">", "ge": ">=", "eq": "==", "ne": "!="}
 # `avg` never reaches a collective: lowering turns it into a `sum` and a division kernel
@@ -33,6 +35,36 @@ _NCCL_OP = {
     "prod": "ncclProd",
     "max": "ncclMax",
     "min": "ncclMin",
+}
+# The C expression of each unary and binary operator of a kernel body: `a`/`b` are the
+# operands, `ctype` the compute type, the math functions are the target's (`_CPU_MATH`,
+# `_CUDA_MATH`). Integer division and power have their own forms.
+_UNARY_C = {
+    "neg": "-{a}",
+    "sqrt": "{sqrt}({a})",
+    "rsqrt": "{ctype}(1) / {sqrt}({a})",
+    "exp": "{exp}({a})",
+    "log": "{log}({a})",
+    "tanh": "{tanh}({a})",
+    "sigmoid": "{ctype}(1) / ({ctype}(1) + {exp}(-{a}))",
+    "relu": "(({a} > {ctype}(0) || {a} != {a}) ? {a} : {ctype}(0))",
+    "gelu": "{ctype}(0.5) * {a} * ({ctype}(1) + {tanh}({ctype}(0.7978845608028654) * ({a} + "
+    "{ctype}(0.044715) * {a} * {a} * {a})))",
+    "abs": "{abs}({a})",
+}
+_BINARY_C = {
+    "add": "{a} + {b}",
+    "sub": "{a} - {b}",
+    "mul": "{a} * {b}",
+    "div": "{a} / {b}",
+    "max": "(({a} > {b} || {a} != {a}) ? {a} : {b})",
+    "min": "(({a} < {b} || {a} != {a}) ? {a} : {b})",
+    "pow": "{pow}({a}, {b})",
+}
+_BINARY_INT_C = {
+    **_BINARY_C,
+    "div": "({b} == 0 ? {ctype}(0) : {a} / {b})",
+    "pow": "static_cast<int64_t>({pow}(static_cast<double>({a}), static_cast<double>({b})))",
 }
 _CPU_MATH = {f: f"std::{f}" for f in ("sqrt", "exp", "log", "tanh", "abs", "pow")}
 _CUDA_MATH = {
@@ -63,10 +95,23 @@ _CUDA_MATH = {
 }
 
 
+def unknown(what: str, tag: object) -> NoReturn:
+    """A tag no template branch spells (the `unknown` of the templates' if/elif chains)."""
+    raise EmitError(f"the templates cannot render {what} {tag!r}; this is a cocoviz bug")
+
+
+def spelled(table: dict[str, str], tag: str, what: str) -> str:
+    """`table[tag]`, or an `EmitError` naming the tag."""
+    try:
+        return table[tag]
+    except KeyError:
+        unknown(what, tag)
+
+
 @functools.cache
 def environment() -> jinja2.Environment:
     """The one jinja2 environment of the emitter (StrictUndefined, no autoescape)."""
-    return jinja2.Environment(
+    env = jinja2.Environment(
         loader=jinja2.FileSystemLoader(str(TEMPLATES)),
         undefined=jinja2.StrictUndefined,
         trim_blocks=True,
@@ -74,6 +119,8 @@ def environment() -> jinja2.Environment:
         keep_trailing_newline=True,
         autoescape=False,
     )
+    env.globals["unknown"] = unknown
+    return env
 
 
 _UNSAFE_TEXT = re.compile(r"[^A-Za-z0-9_ ,.#()=>+-]")
@@ -85,7 +132,7 @@ def safe_text(text: str) -> str:
 
 
 def dt_enum(dt: DType) -> str:
-    return dtype_info(dt).runtime_enum
+    return dt.runtime_enum
 
 
 @dataclass(frozen=True)
@@ -97,23 +144,27 @@ class EmitOptions:
     """Shell-quoted launcher baked into run.sh (overridable with $MPIEXEC)."""
 
 
-class Renderer(abc.ABC):
-    """Shared context building; subclasses name their templates and spellings."""
+class Renderer:
+    """Shared context building; subclasses name their templates and spellings (their
+    target's row in `cocoviz.emit.targets` names them)."""
 
-    target = "cpu"
-    source_ext = "cpp"
-    storage_traits = "::cocoviz::Dt"
+    templates: ClassVar[tuple[tuple[str, str], ...]] = ()
+    """(output file, template) pairs; ``{stem}`` in a file name is the program's stem."""
+    runtime_files: ClassVar[tuple[str, ...]] = ()
+    """Files of cocoviz/templates copied into the output tree as they are."""
+    storage_traits: ClassVar[str] = "::cocoviz::Dt"
 
     def __init__(self, plan: pl.EmitPlan, options: EmitOptions) -> None:
         self.plan = plan
         self.options = options
+        self.spec = target_spec(options.target)
 
     # ---- spellings
     def storage_ctype(self, dt: DType) -> str:
-        return dtype_info(dt).cpu_ctype
+        return dt.facts.cpu_ctype
 
     def compute_ctype(self, dt: DType) -> str:
-        return dtype_info(compute_dtype(dt)).cpu_ctype
+        return dt.compute.facts.cpu_ctype
 
     def st(self, dt: DType) -> str:
         return f"{self.storage_traits}<{dt_enum(dt)}>"
@@ -153,7 +204,14 @@ class Renderer(abc.ABC):
                 else:
                     d["conv"] = "cast"
             if s.kind == "compare":
-                d["cmp"] = _CMP[s.op]
+                d["cmp"] = spelled(_CMP, s.op, "the comparison")
+            elif s.kind == "unary":
+                form = spelled(_UNARY_C, s.op, "the unary operator")
+                d["c_expr"] = form.format(a=s.a, ctype=ctype, **d["m"])
+            elif s.kind == "binary":
+                forms = _BINARY_C if dt.is_float else _BINARY_INT_C
+                form = spelled(forms, s.op, "the binary operator")
+                d["c_expr"] = form.format(a=s.a, b=s.b, ctype=ctype, **d["m"])
         return d
 
     def stmts(self, body: tuple[pl.Stmt, ...]) -> list[dict[str, Any]]:
@@ -206,26 +264,30 @@ class Renderer(abc.ABC):
                 result_st=self.st(st.result_dtype), result_ctype=self.compute_ctype(st.result_dtype),
                 acc_enum=dt_enum(r.acc_dtype), mpi_op="max" if r.kind == "absmax" else "sum",
                 nccl_op="ncclMax" if r.kind == "absmax" else "ncclSum",
-                nccl_type=dtype_info(r.acc_dtype).nccl,
+                nccl_type=r.acc_dtype.facts.nccl,
             )  # fmt: skip
         elif isinstance(st, pl.Matmul):
             d.update(
                 stage=safe_text(st.stage), a=st.a, b=st.b, c=st.c, m=st.m, n=st.n, k=st.k,
                 a_off=self.offset(st.a_offset), c_off=self.offset(st.c_offset),
                 st=self.st(st.dtype), ctype=self.compute_ctype(st.dtype),
-                enum=dt_enum(st.dtype), cuda_type=dtype_info(st.dtype).cuda_datatype,
+                enum=dt_enum(st.dtype), cuda_type=st.dtype.facts.cuda_datatype,
                 gemm=st.dtype.is_float,
                 compute_type="CUBLAS_COMPUTE_64F" if st.dtype is DType.F64 else "CUBLAS_COMPUTE_32F",
                 scale_ctype="double" if st.dtype is DType.F64 else "float",
             )  # fmt: skip
         elif isinstance(st, pl.Collective):
+            row = collective_named(st.op)
+            assert row is not None  # pl.Collective checks its op
             d.update(
+                nccl_call=row.nccl, rooted=row.rooted,
                 stage=safe_text(st.stage), op=st.op, rop=st.rop, send=st.send, recv=st.recv, count=st.count,
                 send_off=self.offset(st.send_offset), recv_off=self.offset(st.recv_offset),
                 inplace=st.inplace, root=st.root, peer_pstage=st.peer_pstage,
                 enum=dt_enum(st.dtype), ctype=self.storage_ctype(st.dtype),
-                mpi_op=_MPI_OP[st.rop] if st.rop else "",
-                nccl_op=_NCCL_OP[st.rop] if st.rop else "", nccl_type=dtype_info(st.dtype).nccl,
+                mpi_op=spelled(_MPI_OP, st.rop, "the reduction") if st.rop else "",
+                nccl_op=spelled(_NCCL_OP, st.rop, "the reduction") if st.rop else "",
+                nccl_type=st.dtype.facts.nccl,
                 permute=_view(st.permute) if st.permute else None, staging=st.staging,
             )  # fmt: skip
         elif isinstance(st, pl.DeviceCollective):
@@ -326,7 +388,7 @@ class Renderer(abc.ABC):
                     "cname": q.cname,
                     "p": c_double(q.p),
                     "enum": dt_enum(q.dtype),
-                    "scale_ctype": "float" if compute_dtype(q.dtype) is DType.F32 else "double",
+                    "scale_ctype": "float" if q.dtype.compute is DType.F32 else "double",
                 }
                 for q in p.dropouts
             ],  # fmt: skip
@@ -347,8 +409,8 @@ class Renderer(abc.ABC):
         header = {
             "program": p.program,
             "schedule": p.schedule_name or "",
-            "target": self.target,
-            "collectives": p.collectives if self.target == "cuda" else "mpi",
+            "target": self.spec.name,
+            "collectives": p.collectives if self.spec.gpu else "mpi",
             "world": p.world,
             "tp": p.tp,
             "pp": p.pp,
@@ -373,16 +435,21 @@ class Renderer(abc.ABC):
             "make_vars": list(self.options.make_vars),
             "collectives": p.collectives,
             "seed": p.seed,
-            "target": self.target,
+            "target": self.spec.name,
             "mpiexec": self.options.mpiexec,
         }
 
     def render(self, template: str, ctx: dict[str, Any]) -> str:
         return environment().get_template(template).render(**ctx)
 
-    @abc.abstractmethod
     def files(self) -> dict[str, str]:
         """The rendered output files by name."""
+        ctx = self.context()
+        stem = self.plan.file_stem
+        out = {name.format(stem=stem): self.render(t, ctx) for name, t in self.templates}
+        for f in self.runtime_files:
+            out[f] = (TEMPLATES / f).read_text(encoding="utf-8")
+        return out
 
 
 def _view(v: pl.View) -> dict[str, Any]:
@@ -395,22 +462,14 @@ def _view(v: pl.View) -> dict[str, Any]:
 class CpuRenderer(Renderer):
     """C++17 with MPI collectives and OpenMP loops."""
 
-    target = "cpu"
-    source_ext = "cpp"
-
-    def files(self) -> dict[str, str]:
-        ctx = self.context()
-        stem = self.plan.file_stem
-        out = {
-            f"{stem}.h": self.render("cpu_program.h.jinja", ctx),
-            f"{stem}.cpp": self.render("cpu_program.cpp.jinja", ctx),
-            "main.cpp": self.render("cpu_main.cpp.jinja", ctx),
-            "Makefile": self.render("cpu_Makefile.jinja", ctx),
-            "run.sh": self.render("run.sh.jinja", ctx),
-        }
-        for f in RUNTIME_FILES:
-            out[f] = (TEMPLATES / f).read_text(encoding="utf-8")
-        return out
+    templates = (
+        ("{stem}.h", "cpu_program.h.jinja"),
+        ("{stem}.cpp", "cpu_program.cpp.jinja"),
+        ("main.cpp", "cpu_main.cpp.jinja"),
+        ("Makefile", "cpu_Makefile.jinja"),
+        ("run.sh", "run.sh.jinja"),
+    )
+    runtime_files = ("cocoviz_runtime.h",)
 
 
 VEC_BYTES = 16
@@ -506,18 +565,24 @@ def vectorize(
 class CudaRenderer(Renderer):
     """CUDA kernels, NCCL collectives, cuBLAS GEMMs, an MPI launcher."""
 
-    target = "cuda"
-    source_ext = "cu"
+    templates = (
+        ("{stem}.h", "cuda_program.h.jinja"),
+        ("{stem}.cu", "cuda_program.cu.jinja"),
+        ("main.cu", "cuda_main.cu.jinja"),
+        ("Makefile", "cuda_Makefile.jinja"),
+        ("run.sh", "run.sh.jinja"),
+    )
+    runtime_files = ("cocoviz_runtime.h", "cocoviz_runtime.cuh")
     storage_traits = "::cocoviz::CudaDt"
 
     def storage_ctype(self, dt: DType) -> str:
-        return dtype_info(dt).cuda_ctype
+        return dt.facts.cuda_ctype
 
     def stmt(self, s: pl.Stmt) -> dict[str, Any]:
         d = super().stmt(s)
         if s.kind in ("load", "store") and s.dtype is not None:
             d["storage"] = self.storage_ctype(s.dtype)
-            d["size"] = dtype_info(s.dtype).itemsize
+            d["size"] = s.dtype.itemsize
         return d
 
     def step(self, st: pl.Step) -> dict[str, Any]:
@@ -531,21 +596,3 @@ class CudaRenderer(Renderer):
 
     def math(self, ctype: str) -> dict[str, str]:
         return _CUDA_MATH[ctype]
-
-    def files(self) -> dict[str, str]:
-        ctx = self.context()
-        stem = self.plan.file_stem
-        out = {
-            f"{stem}.h": self.render("cuda_program.h.jinja", ctx),
-            f"{stem}.cu": self.render("cuda_program.cu.jinja", ctx),
-            "main.cu": self.render("cuda_main.cu.jinja", ctx),
-            "Makefile": self.render("cuda_Makefile.jinja", ctx),
-            "run.sh": self.render("run.sh.jinja", ctx),
-        }
-        for f in CUDA_RUNTIME_FILES:
-            out[f] = (TEMPLATES / f).read_text(encoding="utf-8")
-        return out
-
-
-def renderer_for(plan: pl.EmitPlan, options: EmitOptions) -> Renderer:
-    return (CudaRenderer if options.target == "cuda" else CpuRenderer)(plan, options)

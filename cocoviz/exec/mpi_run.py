@@ -36,8 +36,8 @@ from typing import Any
 
 import numpy as np
 
+from cocoviz import numerics as nx
 from cocoviz.errors import BuildError, InputError, UsageError, did_you_mean
-from cocoviz.exec import numerics as nx
 from cocoviz.exec.layout import global_shape
 from cocoviz.exec.mpi_guard import (
     ALIVE,

@@ -35,7 +35,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from cocoviz.exec import numerics as nx
+from cocoviz import numerics as nx
 from cocoviz.exec import ops
 from cocoviz.exec.layout import (
     chunk_range,

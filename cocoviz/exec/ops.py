@@ -28,7 +28,7 @@ from typing import Any, Protocol
 import numpy as np
 import numpy.typing as npt
 
-from cocoviz.exec import numerics as nx
+from cocoviz import numerics as nx
 from cocoviz.exec.layout import (
     block_flat_index,
     chunk_range,
@@ -427,6 +427,32 @@ def reduce(arrays: Sequence[Array], rop: ReduceOp, dtype: DType, root: int) -> l
     combined = reduce_values(arrays, rop, dtype)
     zeros = np.zeros_like(combined)
     return [combined if r == root else zeros.copy() for r in range(len(arrays))]
+
+
+def send(arrays: Sequence[Array], in_ty: TensorType) -> list[Array]:
+    """Rank (p, tp) sends its storage to rank (p+1, tp): the receiver holds a copy."""
+    if in_ty.layout.is_replicated:
+        v = _readonly(np.array(arrays[0]))
+        return [v] * len(arrays)
+    return [np.array(a) for a in arrays]
+
+
+def _rop(e: Expr) -> ReduceOp:
+    assert e.rop is not None
+    return e.rop
+
+
+COLLECTIVE_SEMANTICS: dict[Op, Callable[[Sequence[Array], Expr], list[Array]]] = {
+    Op.ALLREDUCE: lambda a, e: allreduce(a, _rop(e), e.args[0].type.dtype),
+    Op.REDUCESCATTER: lambda a, e: reducescatter(a, _rop(e), e.args[0].type.dtype, e.type),
+    Op.ALLGATHER: lambda a, e: allgather(a, e.args[0].type),
+    Op.BROADCAST: lambda a, e: broadcast(a, int(e.value or 0)),
+    Op.REDUCE: lambda a, e: reduce(a, _rop(e), e.args[0].type.dtype, int(e.value or 0)),
+    Op.SEND: lambda a, e: send(a, e.args[0].type),
+}
+"""The reference semantics of each collective (docs/language.md, operations and layout inference): every
+rank's operand array → every rank's result array. A new collective's row of
+`cocoviz.ir.collectives` needs its entry here."""
 
 
 def matmul(a: Array, b: Array, out_ty: TensorType, group: int) -> Array:

@@ -20,8 +20,8 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from cocoviz import numerics as nx
 from cocoviz.errors import InputError, UsageError, did_you_mean
-from cocoviz.exec import numerics as nx
 from cocoviz.exec import ops
 from cocoviz.exec.layout import (
     chunk_range,
@@ -373,28 +373,7 @@ class _Runner:
     def _collective(self, e: Expr) -> list[Array]:
         (x,) = e.args
         arrays = self._operand(x)
-        dtype = x.type.dtype
-        op = e.op
-        if op is Op.ALLREDUCE:
-            assert e.rop is not None
-            return ops.allreduce(arrays, e.rop, dtype)
-        if op is Op.REDUCESCATTER:
-            assert e.rop is not None
-            return ops.reducescatter(arrays, e.rop, dtype, e.type)
-        if op is Op.ALLGATHER:
-            return ops.allgather(arrays, x.type)
-        if op is Op.BROADCAST:
-            return ops.broadcast(arrays, int(e.value or 0))
-        if op is Op.REDUCE:
-            assert e.rop is not None
-            return ops.reduce(arrays, e.rop, dtype, int(e.value or 0))
-        assert op is Op.SEND
-        # Rank (p, tp) sends its storage to rank (p+1, tp): the receiver holds a copy.
-        if x.type.layout.is_replicated:
-            v = np.array(arrays[0])
-            v.flags.writeable = False
-            return [v] * self.group
-        return [np.array(a) for a in arrays]
+        return ops.COLLECTIVE_SEMANTICS[e.op](arrays, e)
 
 
 def run_reference(

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
-from cocoviz.exec import numerics as nx
+from cocoviz import numerics as nx
 from cocoviz.exec.reference import RunResult, check_memory, estimate_bytes, run_reference
 from cocoviz.ir.nodes import Program
 from cocoviz.ir.types import format_shape, shape_values

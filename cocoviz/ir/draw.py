@@ -16,14 +16,7 @@ from rich.text import Text
 from cocoviz.ir.graph import deps, node_kind, stage_reads
 from cocoviz.ir.nodes import Program
 from cocoviz.ir.types import format_shape
-
-KIND_STYLE = {
-    "compute": "cyan",
-    "matmul": "yellow",
-    "collective": "red",
-    "fused": "green",
-    "overlapped": "magenta",
-}
+from cocoviz.style import kind_colour
 
 
 def layers(program: Program) -> list[list[str]]:
@@ -58,14 +51,12 @@ def render_graph(program: Program) -> RichGroup:
             body.append(f"{s.expr.op.value}\n", style="bold")
             body.append(f"{t.dtype.value}{format_shape(t.shape)}\n")
             per_rank = "1/" + str(G) if t.layout.is_sliced else "full"
-            body.append(f"{t.layout} ({per_rank} per rank)\n", style=KIND_STYLE.get(kind, ""))
+            body.append(f"{t.layout} ({per_rank} per rank)\n", style=kind_colour(kind))
             reads = sorted(stage_reads(s))
             body.append("← " + ", ".join(reads) if reads else "← (constants)", style="dim")
             group = program.group_of(n)
             title = n if group is None else f"{n} [{group.kind.value}]"
-            boxes.append(
-                Panel(body, title=title, border_style=KIND_STYLE.get(kind, "white"), expand=False)
-            )
+            boxes.append(Panel(body, title=title, border_style=kind_colour(kind), expand=False))
         parts.append(Text(f"layer {li}", style="dim"))
         parts.append(Columns(boxes))
     if program.outputs:

@@ -10,6 +10,7 @@ from typing import Any
 
 from cocoviz.ir.nodes import COLLECTIVES, REDUCTIONS, Expr, Group, GroupKind, Op, Program, Stage
 from cocoviz.ir.types import format_shape
+from cocoviz.style import kind_fill
 
 
 def stage_reads(s: Stage) -> set[str]:
@@ -136,16 +137,22 @@ def reduce_name(stage: str, k: int) -> str:
     return f"{stage}.reduce" if k == 0 else f"{stage}.reduce{k + 1}"
 
 
+def op_kind(stage: Stage) -> str:
+    """What a stage computes: ``collective``, ``matmul`` or ``compute``."""
+    if stage.expr.op in COLLECTIVES:
+        return "collective"
+    if stage.expr.op is Op.MATMUL:
+        return "matmul"
+    return "compute"
+
+
 def node_kind(program: Program, name: str) -> str:
-    s = program.stage(name)
+    """The kind a graph view colours stage `name` by: its group's kind (``fused``,
+    ``overlapped``) when it is in one, else `op_kind`."""
     g = program.group_of(name)
     if g is not None:
         return g.kind.value
-    if s.expr.op in COLLECTIVES:
-        return "collective"
-    if s.expr.op is Op.MATMUL:
-        return "matmul"
-    return "compute"
+    return op_kind(program.stage(name))
 
 
 def to_json(program: Program) -> dict[str, Any]:
@@ -208,15 +215,6 @@ def to_json_text(program: Program) -> str:
     return json.dumps(to_json(program), indent=2)
 
 
-_DOT_COLORS = {
-    "compute": "#cfe8ff",
-    "matmul": "#ffe2b3",
-    "collective": "#ffd0d0",
-    "fused": "#d9f2d9",
-    "overlapped": "#eadcff",
-}
-
-
 def _dot_id(name: str) -> str:
     return '"' + name.replace("\\", "\\\\").replace('"', '\\"') + '"'
 
@@ -237,9 +235,8 @@ def to_dot(program: Program) -> str:
     def node(name: str, indent: str) -> None:
         s = program.stage(name)
         t = s.ty
-        kind = node_kind(program, name)
         label = f"{name} = {s.expr.op.value}\\n{t.dtype.value}{format_shape(t.shape)}\\n{t.layout}"
-        color = _DOT_COLORS.get(kind if kind in ("collective", "matmul") else "compute")
+        color = kind_fill(op_kind(s))
         lines.append(
             f'{indent}{_dot_id(name)} [shape=box, style=filled, fillcolor="{color}", label="{label}"];'
         )
@@ -251,7 +248,7 @@ def to_dot(program: Program) -> str:
         lines.append(f"{indent}subgraph cluster_{counter[0]} {{")
         chunks = f" chunks={g.chunks}" if g.kind is GroupKind.OVERLAPPED else ""
         lines.append(
-            f'{indent}  label="{g.kind.value}{chunks}"; style=filled; color="{_DOT_COLORS[g.kind.value]}";'
+            f'{indent}  label="{g.kind.value}{chunks}"; style=filled; color="{kind_fill(g.kind.value)}";'
         )
         for it in g.items:
             if isinstance(it, Group):

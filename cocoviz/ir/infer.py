@@ -18,9 +18,11 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
 from cocoviz.errors import InputError, Span
+from cocoviz.ir.collectives import collective
 from cocoviz.ir.nodes import (
     BINARY_CALLS,
     BINARY_INFIX,
+    COLLECTIVES,
     COMPARISONS,
     REDUCTIONS,
     ROWWISE,
@@ -543,72 +545,43 @@ class Inferencer:
         return _replace(e, args=(t, v), ty=TensorType(tt.dtype, tt.shape, layout, pstage))
 
     def _collective(self, e: Expr) -> Expr:
+        """The layout rule of a collective, from its row of the collectives table."""
         (x,) = (self.infer(a, False) for a in e.args)
         ty = x.type
         op = e.op
         G = self.G
-        if op is Op.ALLREDUCE:
-            if ty.layout.is_sliced:
-                raise InputError(
-                    f"allreduce needs a local or replicated operand; {describe(x)} is {ty.layout}",
-                    e.span,
-                    hint="a sliced value is gathered with allgather",
-                )
-            layout = REPLICATED
-        elif op is Op.REDUCESCATTER:
-            if ty.layout.is_sliced:
-                raise InputError(
-                    f"reducescatter needs a local or replicated operand; {describe(x)} is "
-                    f"{ty.layout}",
-                    e.span,
-                )
-            layout = FLAT
-            check_divisible(ty.shape, FLAT, G, e.span, f"reducescatter of {describe(x)}")
-        elif op is Op.ALLGATHER:
-            if not ty.layout.is_sliced:
-                raise InputError(
-                    f"allgather needs a sliced operand; {describe(x)} is {ty.layout}",
-                    e.span,
-                    hint="allreduce combines local values; allgather concatenates slices",
-                )
-            layout = REPLICATED
-        elif op is Op.BROADCAST:
-            if ty.layout.is_sliced:
-                raise InputError(
-                    f"broadcast needs a local or replicated operand; {describe(x)} is sliced",
-                    e.span,
-                )
-            layout = REPLICATED
-        elif op is Op.REDUCE:
-            if ty.layout.is_sliced:
-                raise InputError(
-                    f"reduce needs a local or replicated operand; {describe(x)} is sliced",
-                    e.span,
-                )
-            layout = LOCAL
-        else:  # SEND
+        row = collective(op)
+        if not row.operand.accepts(ty.layout):
+            raise InputError(
+                f"{op.value} needs {row.operand.value}; {describe(x)} is {ty.layout}",
+                e.span,
+                hint=row.operand_hint,
+            )
+        if row.result is None:  # to the next pipeline stage
             if not self.grid.is_grid or self.grid.pp < 2:
                 raise InputError(
-                    "send moves a value to the next pipeline stage, but this program has no "
-                    "pipeline stages",
+                    f"{op.value} moves a value to the next pipeline stage, but this program "
+                    "has no pipeline stages",
                     e.span,
                     hint="declare a grid: ranks tp=T, pp=P",
                 )
             p = ty.pstage if ty.pstage is not None else 0
             if p + 1 >= self.grid.pp:
                 raise InputError(
-                    f"send of {describe(x)} on the last pipeline stage ({p}): there is no next "
-                    "stage",
+                    f"{op.value} of {describe(x)} on the last pipeline stage ({p}): there is "
+                    "no next stage",
                     e.span,
                 )
             return _replace(e, args=(x,), ty=_replace(ty, pstage=p + 1))
-        if op in (Op.BROADCAST, Op.REDUCE):
+        if row.result.is_sliced:
+            check_divisible(ty.shape, row.result, G, e.span, f"{op.value} of {describe(x)}")
+        if row.rooted:
             root = e.value if isinstance(e.value, int) else 0
             if not 0 <= root < G:
                 raise InputError(
                     f"{op.value}: root {root} is not a rank of the group (0…{G - 1})", e.span
                 )
-        return _replace(e, args=(x,), ty=_replace(ty, layout=layout))
+        return _replace(e, args=(x,), ty=_replace(ty, layout=row.result))
 
 
 def _update_hint(t: Expr, v: Expr) -> str:
@@ -690,10 +663,7 @@ _RULES: dict[Op, Callable[[Inferencer, Expr], Expr]] = {
     Op.UPDATE: Inferencer._update,
     **{op: Inferencer._rowwise for op in ROWWISE},
     **{op: Inferencer._reduction for op in REDUCTIONS},
-    **{
-        op: Inferencer._collective
-        for op in (Op.ALLREDUCE, Op.REDUCESCATTER, Op.ALLGATHER, Op.BROADCAST, Op.REDUCE, Op.SEND)
-    },
+    **{op: Inferencer._collective for op in COLLECTIVES},
 }
 
 

@@ -13,13 +13,14 @@ import gc
 import heapq
 import math
 import re
-from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from cocoviz.errors import DiagnosticBag, InputError, Span, UsageError, did_you_mean
 from cocoviz.ir import syntax as syn
+from cocoviz.ir.collectives import collective
 from cocoviz.ir.infer import Inferencer, check_divisible, check_updates, program_env
 from cocoviz.ir.nodes import (
     BINARY_CALLS,
@@ -48,6 +49,7 @@ from cocoviz.ir.types import (
     REPLICATED,
     DType,
     Layout,
+    Shape,
     Size,
     TensorType,
     numel,
@@ -166,6 +168,25 @@ def _default_program_name(path: str) -> str:
     return "_" + stem if stem[0].isdigit() else stem
 
 
+@dataclass
+class _Declared:
+    """What a module's statements declare, before any stage is resolved or typed."""
+
+    name: str
+    grid: Grid | None = None
+    grid_span: Span | None = None
+    dim_values: dict[str, tuple[int, Span]] = field(default_factory=dict)
+    params: list[Param] = field(default_factory=list)
+    param_names: list[str] = field(default_factory=list)
+    """Every declared param name, those whose declaration failed included."""
+    input_stmts: list[syn.InputStmt] = field(default_factory=list)
+    assigns: list[syn.Assign] = field(default_factory=list)
+    """Every stage, those inside printed groups included, in source order."""
+    groups_syntax: list[syn.FusedStmt | syn.OverlappedStmt] = field(default_factory=list)
+    outputs: list[syn.Name] = field(default_factory=list)
+    schedules: list[ScheduleBlock] = field(default_factory=list)
+
+
 class _Lowerer:
     def __init__(
         self,
@@ -194,73 +215,103 @@ class _Lowerer:
         self.bound[name.text] = name.span
 
     def lower(self) -> Program:
-        stmts = self.module.statements
-        src = self.module.source
-        name = _default_program_name(src.path)
-        name_set = False
-        grid: Grid | None = None
-        grid_span: Span | None = None
-        dims: list[DimDecl] = []
-        dim_values: dict[str, tuple[int, Span]] = {}
-        params: list[Param] = []
-        input_stmts: list[syn.InputStmt] = []
-        assigns: list[syn.Assign] = []
-        groups_syntax: list[syn.FusedStmt | syn.OverlappedStmt] = []
-        outputs: list[syn.Name] = []
-        schedules: list[ScheduleBlock] = []
-        bag = self.bag
+        decl = self._declarations()
+        dims = self._dims(decl.dim_values)
+        self.dims = {d.name: d.value for d in dims}
+        self.grid = self._apply_ranks_override(decl.grid, decl.grid_span)
+        typed_inputs = self._inputs(decl.input_stmts)
+        groups = self._groups(decl.groups_syntax)
+        raw, defined, later = self._resolve_stages(decl)
+        out_names = self._outputs(decl.outputs, {a.name.text for a, _ in raw}, defined, later)
+        self.bag.raise_if_any()
+        prog = Program(
+            name=decl.name,
+            grid=self.grid,
+            dims=tuple(dims),
+            params=tuple(decl.params),
+            inputs=tuple(typed_inputs),
+            stages=(),
+            outputs=(),
+            schedules=tuple(decl.schedules),
+            source=self.module.source,
+        )
+        prog = dataclasses.replace(
+            prog,
+            stages=self._typed_stages(prog, raw),
+            outputs=tuple(out_names),
+            groups=tuple(groups),
+            source_names=frozenset(self.bound),
+        )
+        check_updates(prog)
+        prog = _order_reads_before_updates(prog)
+        if prog.groups:
+            _check_groups(prog, decl.groups_syntax)
+        return prog
 
-        for st in stmts:
+    def _declarations(self) -> _Declared:
+        """One pass over the statements: what each declares, in source order (binding
+        errors of dimensions, params and inputs are collected)."""
+        decl = _Declared(_default_program_name(self.module.source.path))
+        name_set = False
+        bag = self.bag
+        for st in self.module.statements:
             if isinstance(st, syn.ProgramStmt):
                 if name_set:
                     bag.add(InputError("a second 'program' statement", st.span))
-                name, name_set = st.name.text, True
+                decl.name, name_set = st.name.text, True
             elif isinstance(st, syn.RanksStmt):
-                if grid is not None:
+                if decl.grid is not None:
                     raise InputError(
-                        "a second 'ranks' statement", st.span, notes=[("first here", grid_span)]
+                        "a second 'ranks' statement",
+                        st.span,
+                        notes=[("first here", decl.grid_span)],
                     )
-                grid, grid_span = self._grid(st), st.span
+                decl.grid, decl.grid_span = self._grid(st), st.span
             elif isinstance(st, syn.DimStmt):
                 for dn, dv in st.items:
                     try:
                         self._bind(dn)
-                        dim_values[dn.text] = (_int(dv, f"dimension '{dn.text}'"), dn.span)
+                        decl.dim_values[dn.text] = (_int(dv, f"dimension '{dn.text}'"), dn.span)
                     except InputError as err:
                         self.bad_dims.add(dn.text)
                         bag.add(err)
             elif isinstance(st, syn.ParamStmt):
                 for pn, pt, pv, neg in st.items:
+                    decl.param_names.append(pn.text)
                     try:
                         self._bind(pn)
-                        params.append(self._param(pn, pt, pv, neg))
+                        decl.params.append(self._param(pn, pt, pv, neg))
                     except InputError as err:
                         bag.add(err)
             elif isinstance(st, syn.InputStmt):
                 try:
                     self._bind(st.name)
-                    input_stmts.append(st)
+                    decl.input_stmts.append(st)
                 except InputError as err:
                     bag.add(err)
             elif isinstance(st, syn.Assign):
-                assigns.append(st)
+                decl.assigns.append(st)
             elif isinstance(st, syn.FusedStmt):
-                groups_syntax.append(st)
-                assigns.extend(st.items)
+                decl.groups_syntax.append(st)
+                decl.assigns.extend(st.items)
             elif isinstance(st, syn.OverlappedStmt):
-                groups_syntax.append(st)
+                decl.groups_syntax.append(st)
                 for it in st.items:
                     if isinstance(it, syn.FusedStmt):
-                        assigns.extend(it.items)
+                        decl.assigns.extend(it.items)
                     else:
-                        assigns.append(it)
+                        decl.assigns.append(it)
             elif isinstance(st, syn.OutputStmt):
-                outputs.extend(st.names)
+                decl.outputs.extend(st.names)
             elif isinstance(st, syn.ScheduleStmt):
-                if any(s.name == st.name.text for s in schedules):
+                if any(s.name == st.name.text for s in decl.schedules):
                     bag.add(InputError(f"schedule '{st.name.text}' is defined twice", st.name.span))
-                schedules.append(ScheduleBlock(st.name.text, st.steps, st.span))
+                decl.schedules.append(ScheduleBlock(st.name.text, st.steps, st.span))
+        return decl
 
+    def _dims(self, dim_values: dict[str, tuple[int, Span]]) -> list[DimDecl]:
+        """The declared dimensions with `-D` overrides applied (a `-D` naming no dimension
+        is a usage error)."""
         for d in self.defines:
             if d not in dim_values:
                 raise UsageError(
@@ -272,12 +323,11 @@ class _Lowerer:
                         else "it declares no dimensions"
                     ),
                 )
-        for dn_text, (v, span) in dim_values.items():
-            dims.append(DimDecl(dn_text, self.defines.get(dn_text, v), span))
-        self.dims = {d.name: d.value for d in dims}
-        grid = self._apply_ranks_override(grid, grid_span)
-        self.grid = grid
+        return [DimDecl(n, self.defines.get(n, v), span) for n, (v, span) in dim_values.items()]
 
+    def _inputs(self, input_stmts: list[syn.InputStmt]) -> list[Input]:
+        """The typed inputs; errors are collected (a size naming a failed dimension is
+        already reported)."""
         typed_inputs: list[Input] = []
         for ist in input_stmts:
             try:
@@ -285,34 +335,57 @@ class _Lowerer:
             except _AlreadyReported:
                 pass
             except InputError as err:
-                bag.add(err)
+                self.bag.add(err)
+        return typed_inputs
+
+    def _groups(self, groups_syntax: list[syn.FusedStmt | syn.OverlappedStmt]) -> list[Group]:
+        """The printed `fused { }` / `overlapped { }` blocks as groups; errors are collected."""
         groups: list[Group] = []
         for g in groups_syntax:
             try:
                 groups.append(_group(g))
             except InputError as err:
-                bag.add(err)
-        # Resolve every stage before typing any, so that all name errors (in
-        # declarations too) are reported together. A declaration that failed still
-        # binds its name, so that it causes no second error where it is used.
-        defined: set[str] = {p.name for p in params} | {i.name.text for i in input_stmts}
-        defined |= {it[0].text for st in stmts if isinstance(st, syn.ParamStmt) for it in st.items}
-        later = {a.name.text: a for a in assigns}
+                self.bag.add(err)
+        return groups
+
+    def _resolve_stages(
+        self, decl: _Declared
+    ) -> tuple[list[tuple[syn.Assign, Expr]], set[str], dict[str, syn.Assign]]:
+        """Every stage's expression with its names resolved and its dropouts tagged, the
+        names defined by the end, and the stages by name.
+
+        Every stage is resolved before any is typed, so that all name errors (in
+        declarations too) are reported together. A declaration that failed still binds
+        its name, so that it causes no second error where it is used.
+        """
+        defined = set(decl.param_names) | {i.name.text for i in decl.input_stmts}
+        later = {a.name.text: a for a in decl.assigns}
         raw: list[tuple[syn.Assign, Expr]] = []
-        for a in assigns:
+        for a in decl.assigns:
             try:
                 self._bind(a.name)
             except InputError as err:
-                bag.add(err)
+                self.bag.add(err)
                 continue
             self.assign = a
             try:
                 expr = self._expr(a.expr, defined, later, a.name.text, top=True)
                 raw.append((a, _tag_dropouts(expr, a.name.text)))
             except InputError as err:
-                bag.add(err)
+                self.bag.add(err)
             defined.add(a.name.text)
-        stage_names = {a.name.text for a, _ in raw}
+        return raw, defined, later
+
+    def _outputs(
+        self,
+        outputs: list[syn.Name],
+        stage_names: set[str],
+        defined: set[str],
+        later: dict[str, syn.Assign],
+    ) -> list[str]:
+        """The `output` names that are stages; the others are collected as errors (one
+        whose stage failed is already reported)."""
+        bag = self.bag
         out_names: list[str] = []
         for o in outputs:
             if o.text in out_names:
@@ -340,39 +413,19 @@ class _Lowerer:
                         hint=did_you_mean(o.text, stage_names),
                     )
                 )
-        bag.raise_if_any()
+        return out_names
 
-        prog = Program(
-            name=name,
-            grid=grid,
-            dims=tuple(dims),
-            params=tuple(params),
-            inputs=tuple(typed_inputs),
-            stages=(),
-            outputs=(),
-            schedules=tuple(schedules),
-            source=src,
-        )
+    def _typed_stages(self, prog: Program, raw: list[tuple[syn.Assign, Expr]]) -> tuple[Stage, ...]:
+        """Type and layout inference of the resolved stages, in source order, over the
+        declarations of `prog`."""
         env = program_env(prog)
-        inf = Inferencer(grid, env, {i.name for i in typed_inputs})
+        inf = Inferencer(prog.grid, env, {i.name for i in prog.inputs})
         stages: list[Stage] = []
         for a, expr in raw:
             typed = inf.infer(expr)
             env[a.name.text] = typed.type
             stages.append(Stage(a.name.text, typed, a.span))
-
-        prog = dataclasses.replace(
-            prog,
-            stages=tuple(stages),
-            outputs=tuple(out_names),
-            groups=tuple(groups),
-            source_names=frozenset(self.bound),
-        )
-        check_updates(prog)
-        prog = _order_reads_before_updates(prog)
-        if prog.groups:
-            _check_groups(prog, groups_syntax)
-        return prog
+        return tuple(stages)
 
     def _grid(self, st: syn.RanksStmt) -> Grid:
         if st.n is not None:
@@ -498,59 +551,32 @@ class _Lowerer:
                 f"input '{st.name.text}' has {numel(shape)} elements, too many (at most 2^62)",
                 st.span,
             )
-        word = st.layout.text
-        layout: Layout
-        if word not in LAYOUT_WORDS:
-            raise InputError(
-                f"unknown layout '{word}'",
-                st.layout.span,
-                hint=did_you_mean(word, LAYOUT_WORDS)
-                or "layouts: replicated, local, sliced, sliced(d)",
-            )
-        if st.layout_arg is not None and word != "sliced":
-            raise InputError(f"layout '{word}' takes no argument", st.layout.span)
-        if word == "replicated":
-            layout = REPLICATED
-        elif word == "local":
-            layout = LOCAL
-        elif st.layout_arg is None:
-            layout = sliced(None, shape)
-        else:
-            num, neg = st.layout_arg
-            d = _int(num, "a sliced dimension", positive=False) * (-1 if neg else 1)
-            if not -len(shape) <= d < len(shape):
-                raise InputError(
-                    f"sliced({d}) is out of range for '{st.name.text}' of rank {len(shape)}",
-                    num.span,
-                    hint=f"dimensions are 0…{len(shape) - 1} (or -1…-{len(shape)})"
-                    if shape
-                    else "a scalar cannot be sliced",
-                )
-            layout = sliced(d, shape)
-        if layout.is_sliced and not shape:
-            raise InputError(f"scalar input '{st.name.text}' cannot be sliced", st.layout.span)
+        layout = _input_layout(st, shape)
         check_divisible(
             shape, layout, self.grid.group, st.layout_span or st.span, f"input '{st.name.text}'"
         )
-        pstage = 0
-        if st.stage is not None:
-            assert st.stage_kw is not None
-            if st.stage_kw.text != "stage":
-                raise InputError(
-                    f"expected '@stage K', got '@{st.stage_kw.text}'", st.stage_kw.span
-                )
-            if not self.grid.is_grid:
-                raise InputError(
-                    "'@stage' needs a pipeline grid",
-                    st.stage_kw.span,
-                    hint="declare ranks tp=T, pp=P",
-                )
-            pstage = _int(st.stage, "a pipeline stage", positive=False)
-            if pstage >= self.grid.pp:
-                raise InputError(
-                    f"pipeline stage {pstage} does not exist (pp = {self.grid.pp})", st.stage.span
-                )
+        pstage = self._input_stage(st)
         return Input(st.name.text, TensorType(dt, shape, layout, pstage), st.name.span)
+
+    def _input_stage(self, st: syn.InputStmt) -> int:
+        """The pipeline stage of `input ... @stage K` (0 without `@stage`)."""
+        if st.stage is None:
+            return 0
+        assert st.stage_kw is not None
+        if st.stage_kw.text != "stage":
+            raise InputError(f"expected '@stage K', got '@{st.stage_kw.text}'", st.stage_kw.span)
+        if not self.grid.is_grid:
+            raise InputError(
+                "'@stage' needs a pipeline grid",
+                st.stage_kw.span,
+                hint="declare ranks tp=T, pp=P",
+            )
+        pstage = _int(st.stage, "a pipeline stage", positive=False)
+        if pstage >= self.grid.pp:
+            raise InputError(
+                f"pipeline stage {pstage} does not exist (pp = {self.grid.pp})", st.stage.span
+            )
+        return pstage
 
     # --- expressions ------------------------------------------------------------------
     def _expr(
@@ -669,152 +695,58 @@ class _Lowerer:
                 c.span,
                 hint=self._name_it_first(c, stage),
             )
-        pos = [a for a in c.args if not isinstance(a, syn.Kw)]
-        kws = {a.name.text: a for a in c.args if isinstance(a, syn.Kw)}
-
-        def arity(n: int, sig: str) -> None:
-            if len(pos) != n:
-                hint = None
-                if op in (Op.ALLREDUCE, Op.REDUCESCATTER, Op.REDUCE) and len(pos) == 1:
-                    hint = (
-                        f"the reduction operator (+ * max min avg) comes first, e.g. {fname}(+, x)"
-                    )
-                raise InputError(
-                    f"{fname} takes {n} argument{'s' if n != 1 else ''} ({fname}({sig})), "
-                    f"got {len(pos)}",
-                    c.span,
-                    hint=hint,
-                )
-
-        def no_kw(allowed: tuple[str, ...] = ()) -> None:
-            for k, kw in kws.items():
-                if k not in allowed:
-                    raise InputError(
-                        f"{fname} has no keyword argument '{k}'",
-                        kw.name.span,
-                        hint=("it accepts: " + ", ".join(allowed)) if allowed else None,
-                    )
-
-        def sub(a: Any) -> Expr:
-            return self._collect(a, defined, later, stage)
-
-        def literal(node: Any, what: str) -> float | int:
-            """A number literal argument, finite and in range like every literal."""
-            if isinstance(node, Expr) and node.op is Op.CONST and node.value is not None:
-                return _check_number(node).value  # type: ignore[return-value]
-            if (
-                isinstance(node, Expr)
-                and node.op is Op.NEG
-                and node.args[0].op is Op.CONST
-                and node.args[0].value is not None
-            ):
-                return -_check_number(node.args[0]).value  # type: ignore[operator]
-            raise InputError(
-                f"{fname}: {what} must be a number literal", getattr(node, "span", c.span)
-            )
-
+        a = _CallArgs(c, op, lambda node: self._collect(node, defined, later, stage))
         if op in COLLECTIVES:
-            rop: ReduceOp | None = None
-            if op in (Op.ALLREDUCE, Op.REDUCESCATTER, Op.REDUCE):
-                sig = "OP, x" + (", root=0" if op is Op.REDUCE else "")
-                arity(2, sig)
-                rop = self._reduce_op(pos[0], fname)
-                x = pos[1]
-            else:
-                arity(1, "x" + (", root=0" if op is Op.BROADCAST else ""))
-                x = pos[0]
-            value: float | int | None = None
-            if op in (Op.BROADCAST, Op.REDUCE):
-                no_kw(("root",))
-                value = 0
-                if "root" in kws:
-                    rv = literal(kws["root"].value, "root")
-                    if not isinstance(rv, int):
-                        raise InputError(f"{fname}: root must be an integer", kws["root"].span)
-                    value = rv
-            else:
-                no_kw()
-            return Expr(op, (sub(x),), rop=rop, value=value, span=c.span)
-        if op is Op.MATMUL:
-            arity(2, "a, b")
-            no_kw()
-            return Expr(op, (sub(pos[0]), sub(pos[1])), span=c.span)
-        if op is Op.UPDATE:
-            arity(2, "t, e")
-            no_kw()
-            return Expr(op, (sub(pos[0]), sub(pos[1])), span=c.span)
+            return self._collective_call(a)
+        if op is Op.MATMUL or op is Op.UPDATE:
+            a.arity(2, "a, b" if op is Op.MATMUL else "t, e")
+            a.no_kw()
+            return Expr(op, (a.sub(a.pos[0]), a.sub(a.pos[1])), span=c.span)
         if op is Op.CAST:
-            arity(2, "T, x")
-            no_kw()
-            t = pos[0]
-            dt = DType.parse(t.name) if isinstance(t, Expr) and t.op is Op.REF and t.name else None
-            if dt is None:
-                raise InputError(
-                    "cast: the first argument must be a dtype (" + " ".join(DTYPE_NAMES) + ")",
-                    getattr(t, "span", c.span),
-                )
-            return Expr(op, (sub(pos[1]),), dtype_arg=dt, span=c.span)
+            return _cast_call(a)
         if op is Op.DROPOUT:
-            no_kw(("id", "k"))
-            arity(2, "x, p")
-            p = literal(pos[1], "the probability p")
-            if not 0 <= p < 1:
-                raise InputError(
-                    f"dropout: p must be in [0, 1), got {p}", getattr(pos[1], "span", c.span)
-                )
-            tag = None
-            if "id" in kws:
-                idv = kws["id"].value
-                if not (isinstance(idv, Expr) and idv.op is Op.REF):
-                    raise InputError("dropout: id= must name the source stage", kws["id"].span)
-                k = literal(kws["k"].value, "k") if "k" in kws else 0
-                tag = f"{idv.name}#{int(k)}"
-            return Expr(op, (sub(pos[0]),), value=float(p), tag=tag, span=c.span)
+            return _dropout_call(a)
         if op is Op.SLICE:
-            no_kw()
-            if len(pos) not in (1, 2):
-                raise InputError(
-                    f"slice takes 1 or 2 arguments (slice(x) or slice(x, d)), got {len(pos)}",
-                    c.span,
-                )
-            d = None
-            if len(pos) == 2:
-                dv = literal(pos[1], "the dimension")
-                if not isinstance(dv, int):
-                    raise InputError("slice: the dimension must be an integer", c.span)
-                d = dv
-            return Expr(op, (sub(pos[0]),), value=d, span=c.span)
+            return _slice_call(a)
         if op in ROWWISE:
-            n, sig, eps = {
-                Op.LAYERNORM: (3, "x, gamma, beta, eps=1e-5", 1e-5),
-                Op.RMSNORM: (2, "x, gamma, eps=1e-6", 1e-6),
-                Op.SOFTMAX: (1, "x", None),
-            }[op]
-            arity(n, sig)
-            no_kw(("eps",) if eps is not None else ())
-            if "eps" in kws:
-                eps = float(literal(kws["eps"].value, "eps"))
-            return Expr(op, tuple(sub(a) for a in pos), value=eps, span=c.span)
+            return _rowwise_call(a)
         if op is Op.WHERE:
-            no_kw()
-            arity(3, "c, a, b")
-            cond = pos[0]
-            if not isinstance(cond, syn.Cmp):
-                raise InputError(
-                    "where: the first argument must be a comparison such as x > 0",
-                    getattr(cond, "span", c.span),
-                )
-            cexpr = Expr(cond.op, (sub(cond.lhs), sub(cond.rhs)), span=cond.span)
-            return Expr(op, (cexpr, sub(pos[1]), sub(pos[2])), span=c.span)
+            return _where_call(a)
         if op in REDUCTIONS or op in UNARY_CALLS:
-            no_kw()
-            arity(1, "x")
-            return Expr(op, (sub(pos[0]),), span=c.span)
+            a.no_kw()
+            a.arity(1, "x")
+            return Expr(op, (a.sub(a.pos[0]),), span=c.span)
         if op in BINARY_CALLS:
-            no_kw()
-            arity(2, "a, b")
-            return Expr(op, (sub(pos[0]), sub(pos[1])), span=c.span)
+            a.no_kw()
+            a.arity(2, "a, b")
+            return Expr(op, (a.sub(a.pos[0]), a.sub(a.pos[1])), span=c.span)
         raise InputError(f"'{fname}' cannot be used here", c.span)  # pragma: no cover
+
+    def _collective_call(self, a: _CallArgs) -> Expr:
+        """`allreduce(OP, x)`, `reducescatter(OP, x)`, `reduce(OP, x, root=0)`,
+        `allgather(x)`, `broadcast(x, root=0)`, ..."""
+        op = a.op
+        row = collective(op)
+        rop: ReduceOp | None = None
+        if row.reduces:
+            a.arity(2, "OP, x" + (", root=0" if row.rooted else ""))
+            rop = self._reduce_op(a.pos[0], a.fname)
+            x = a.pos[1]
+        else:
+            a.arity(1, "x" + (", root=0" if row.rooted else ""))
+            x = a.pos[0]
+        value: float | int | None = None
+        if row.rooted:
+            a.no_kw(("root",))
+            value = 0
+            if "root" in a.kws:
+                rv = a.literal(a.kws["root"].value, "root")
+                if not isinstance(rv, int):
+                    raise InputError(f"{a.fname}: root must be an integer", a.kws["root"].span)
+                value = rv
+        else:
+            a.no_kw()
+        return Expr(op, (a.sub(x),), rop=rop, value=value, span=a.call.span)
 
     def _reduce_op(self, node: Any, fname: str) -> ReduceOp:
         if isinstance(node, syn.RedTok):
@@ -826,6 +758,176 @@ class _Lowerer:
             getattr(node, "span", None),
             hint=f"for example {fname}(+, x)",
         )
+
+
+def _input_layout(st: syn.InputStmt, shape: Shape) -> Layout:
+    """The layout an `input` statement declares for a value of `shape`."""
+    word = st.layout.text
+    layout: Layout
+    if word not in LAYOUT_WORDS:
+        raise InputError(
+            f"unknown layout '{word}'",
+            st.layout.span,
+            hint=did_you_mean(word, LAYOUT_WORDS)
+            or "layouts: replicated, local, sliced, sliced(d)",
+        )
+    if st.layout_arg is not None and word != "sliced":
+        raise InputError(f"layout '{word}' takes no argument", st.layout.span)
+    if word == "replicated":
+        layout = REPLICATED
+    elif word == "local":
+        layout = LOCAL
+    elif st.layout_arg is None:
+        layout = sliced(None, shape)
+    else:
+        num, neg = st.layout_arg
+        d = _int(num, "a sliced dimension", positive=False) * (-1 if neg else 1)
+        if not -len(shape) <= d < len(shape):
+            raise InputError(
+                f"sliced({d}) is out of range for '{st.name.text}' of rank {len(shape)}",
+                num.span,
+                hint=f"dimensions are 0…{len(shape) - 1} (or -1…-{len(shape)})"
+                if shape
+                else "a scalar cannot be sliced",
+            )
+        layout = sliced(d, shape)
+    if layout.is_sliced and not shape:
+        raise InputError(f"scalar input '{st.name.text}' cannot be sliced", st.layout.span)
+    return layout
+
+
+class _CallArgs:
+    """The arguments of one call, with the checks every function's arguments share."""
+
+    def __init__(self, call: syn.Call, op: Op, sub: Callable[[Any], Expr]) -> None:
+        self.call = call
+        self.op = op
+        self.fname = call.name.text
+        self.pos = [a for a in call.args if not isinstance(a, syn.Kw)]
+        self.kws = {a.name.text: a for a in call.args if isinstance(a, syn.Kw)}
+        self.sub = sub
+        """Resolves an argument expression (name errors are collected)."""
+
+    def arity(self, n: int, sig: str) -> None:
+        """Exactly `n` positional arguments (`sig`: the signature the message shows)."""
+        if len(self.pos) != n:
+            fname = self.fname
+            hint = None
+            if self.op in COLLECTIVES and collective(self.op).reduces and len(self.pos) == 1:
+                hint = f"the reduction operator (+ * max min avg) comes first, e.g. {fname}(+, x)"
+            raise InputError(
+                f"{fname} takes {n} argument{'s' if n != 1 else ''} ({fname}({sig})), "
+                f"got {len(self.pos)}",
+                self.call.span,
+                hint=hint,
+            )
+
+    def no_kw(self, allowed: tuple[str, ...] = ()) -> None:
+        """No keyword arguments but those `allowed`."""
+        for k, kw in self.kws.items():
+            if k not in allowed:
+                raise InputError(
+                    f"{self.fname} has no keyword argument '{k}'",
+                    kw.name.span,
+                    hint=("it accepts: " + ", ".join(allowed)) if allowed else None,
+                )
+
+    def literal(self, node: Any, what: str) -> float | int:
+        """A number literal argument, finite and in range like every literal."""
+        if isinstance(node, Expr) and node.op is Op.CONST and node.value is not None:
+            return _check_number(node).value  # type: ignore[return-value]
+        if (
+            isinstance(node, Expr)
+            and node.op is Op.NEG
+            and node.args[0].op is Op.CONST
+            and node.args[0].value is not None
+        ):
+            return -_check_number(node.args[0]).value  # type: ignore[operator]
+        raise InputError(
+            f"{self.fname}: {what} must be a number literal", getattr(node, "span", self.call.span)
+        )
+
+
+def _cast_call(a: _CallArgs) -> Expr:
+    """`cast(T, x)`: T is a dtype name."""
+    a.arity(2, "T, x")
+    a.no_kw()
+    t = a.pos[0]
+    dt = DType.parse(t.name) if isinstance(t, Expr) and t.op is Op.REF and t.name else None
+    if dt is None:
+        raise InputError(
+            "cast: the first argument must be a dtype (" + " ".join(DTYPE_NAMES) + ")",
+            getattr(t, "span", a.call.span),
+        )
+    return Expr(a.op, (a.sub(a.pos[1]),), dtype_arg=dt, span=a.call.span)
+
+
+def _dropout_call(a: _CallArgs) -> Expr:
+    """`dropout(x, p)`, optionally `id=STAGE, k=K` (the tag of a dropout a step copied)."""
+    a.no_kw(("id", "k"))
+    a.arity(2, "x, p")
+    p = a.literal(a.pos[1], "the probability p")
+    if not 0 <= p < 1:
+        raise InputError(
+            f"dropout: p must be in [0, 1), got {p}", getattr(a.pos[1], "span", a.call.span)
+        )
+    tag = None
+    if "id" in a.kws:
+        idv = a.kws["id"].value
+        if not (isinstance(idv, Expr) and idv.op is Op.REF):
+            raise InputError("dropout: id= must name the source stage", a.kws["id"].span)
+        k = a.literal(a.kws["k"].value, "k") if "k" in a.kws else 0
+        tag = f"{idv.name}#{int(k)}"
+    return Expr(a.op, (a.sub(a.pos[0]),), value=float(p), tag=tag, span=a.call.span)
+
+
+def _slice_call(a: _CallArgs) -> Expr:
+    """`slice(x)` or `slice(x, d)`."""
+    a.no_kw()
+    if len(a.pos) not in (1, 2):
+        raise InputError(
+            f"slice takes 1 or 2 arguments (slice(x) or slice(x, d)), got {len(a.pos)}",
+            a.call.span,
+        )
+    d = None
+    if len(a.pos) == 2:
+        dv = a.literal(a.pos[1], "the dimension")
+        if not isinstance(dv, int):
+            raise InputError("slice: the dimension must be an integer", a.call.span)
+        d = dv
+    return Expr(a.op, (a.sub(a.pos[0]),), value=d, span=a.call.span)
+
+
+_ROWWISE_SIGNATURES: dict[Op, tuple[int, str, float | None]] = {
+    Op.LAYERNORM: (3, "x, gamma, beta, eps=1e-5", 1e-5),
+    Op.RMSNORM: (2, "x, gamma, eps=1e-6", 1e-6),
+    Op.SOFTMAX: (1, "x", None),
+}
+"""Positional arguments, the signature messages show, and the default eps."""
+
+
+def _rowwise_call(a: _CallArgs) -> Expr:
+    """`layernorm(x, gamma, beta, eps=…)`, `rmsnorm(x, gamma, eps=…)`, `softmax(x)`."""
+    n, sig, eps = _ROWWISE_SIGNATURES[a.op]
+    a.arity(n, sig)
+    a.no_kw(("eps",) if eps is not None else ())
+    if "eps" in a.kws:
+        eps = float(a.literal(a.kws["eps"].value, "eps"))
+    return Expr(a.op, tuple(a.sub(x) for x in a.pos), value=eps, span=a.call.span)
+
+
+def _where_call(a: _CallArgs) -> Expr:
+    """`where(c, a, b)`: c is a comparison."""
+    a.no_kw()
+    a.arity(3, "c, a, b")
+    cond = a.pos[0]
+    if not isinstance(cond, syn.Cmp):
+        raise InputError(
+            "where: the first argument must be a comparison such as x > 0",
+            getattr(cond, "span", a.call.span),
+        )
+    cexpr = Expr(cond.op, (a.sub(cond.lhs), a.sub(cond.rhs)), span=cond.span)
+    return Expr(a.op, (cexpr, a.sub(a.pos[1]), a.sub(a.pos[2])), span=a.call.span)
 
 
 def _checked_grid(grid: Grid, span: Span | None) -> Grid:
@@ -871,7 +973,17 @@ def _order_reads_before_updates(program: Program) -> Program:
     updates = program.updates()
     if not updates:
         return program
-    from cocoviz.ir.graph import data_deps, deps
+    _check_reads_of_updates(program, updates)
+    out = _stable_order(program)
+    if [x.name for x in out] == [x.name for x in program.stages]:
+        return program
+    return dataclasses.replace(program, stages=tuple(out))
+
+
+def _check_reads_of_updates(program: Program, updates: dict[str, str]) -> None:
+    """No stage both reads an updated input (`updates`: input → its update stage) and
+    depends on that update."""
+    from cocoviz.ir.graph import data_deps
 
     dd = data_deps(program)
     ancestors: dict[str, set[str]] = {}
@@ -895,6 +1007,14 @@ def _order_reads_before_updates(program: Program) -> Program:
                     hint=f"every read of '{e.name}' runs before '{u.name}' overwrites it; read "
                     f"'{u.name}' for the new value",
                 )
+
+
+def _stable_order(program: Program) -> list[Stage]:
+    """The stages in the topological order of data and ordering edges that keeps source
+    order wherever the edges allow."""
+    from cocoviz.ir.graph import deps
+
+    by_name = {st.name: st for st in program.stages}
     order = {st.name: i for i, st in enumerate(program.stages)}
     edges = deps(program)
     indeg = {n: len(ds) for n, ds in edges.items()}
@@ -915,9 +1035,7 @@ def _order_reads_before_updates(program: Program) -> Program:
                 heapq.heappush(heap, (order[m], m))
     if len(out) != len(program.stages):  # pragma: no cover - excluded by the check above
         raise InputError("the stages cannot be ordered: a cycle through an update")
-    if [x.name for x in out] == [x.name for x in program.stages]:
-        return program
-    return dataclasses.replace(program, stages=tuple(out))
+    return out
 
 
 def _group(st: Any) -> Group:

@@ -9,6 +9,7 @@ excluded from equality, so a printed-and-reparsed program compares equal.
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import sys
 from collections.abc import Iterator
@@ -16,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Union
 
 from cocoviz.errors import Source, Span
+from cocoviz.ir.collectives import COLLECTIVE_TABLE
 from cocoviz.ir.types import REPLICATED, DType, Shape, TensorType
 
 
@@ -63,6 +65,7 @@ class Op(enum.Enum):
     # whole right-hand side only
     MATMUL = "matmul"
     UPDATE = "update"
+    # collectives: one row each in cocoviz.ir.collectives.COLLECTIVE_TABLE
     ALLREDUCE = "allreduce"
     REDUCESCATTER = "reducescatter"
     ALLGATHER = "allgather"
@@ -87,14 +90,8 @@ UNARY_CALLS = {
 COMPARISONS = {Op.LT, Op.LE, Op.GT, Op.GE, Op.EQ, Op.NE}
 ROWWISE = {Op.LAYERNORM, Op.RMSNORM, Op.SOFTMAX}
 REDUCTIONS = {Op.SUM, Op.NORM, Op.AMAX}
-COLLECTIVES = {
-    Op.ALLREDUCE,
-    Op.REDUCESCATTER,
-    Op.ALLGATHER,
-    Op.BROADCAST,
-    Op.REDUCE,
-    Op.SEND,
-}
+COLLECTIVES = frozenset(Op(c.name) for c in COLLECTIVE_TABLE)
+"""The collective operators: the rows of the collectives table (each needs its member)."""
 WHOLE_RHS = COLLECTIVES | {Op.MATMUL}
 ELEMENTWISE = (
     BINARY_INFIX
@@ -362,6 +359,12 @@ class Program:
         return {d.name: d.value for d in self.dims}
 
 
+def unscheduled(program: Program) -> Program:
+    """The same stages without fused or overlapped groups: the baseline the simulator
+    compares a schedule against and the program the emitter's ``--check`` runs."""
+    return dataclasses.replace(program, groups=())
+
+
 __all__ = [
     "COLLECTIVES",
     "DType",
@@ -380,4 +383,5 @@ __all__ = [
     "Stage",
     "StepCall",
     "TensorType",
+    "unscheduled",
 ]

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from cocoviz.ir.collectives import collective
 from cocoviz.ir.graph import ordered_items
 from cocoviz.ir.nodes import (
     BINARY_INFIX,
+    COLLECTIVES,
     COMPARISONS,
     Expr,
     Group,
@@ -59,10 +61,11 @@ class _ExprPrinter:
             default = f"{self.stage}#{self.dropouts}"
             self.dropouts += 1
         args = [self.expr(a) for a in e.args]
-        if op in (Op.ALLREDUCE, Op.REDUCESCATTER, Op.REDUCE):
+        row = collective(op) if op in COLLECTIVES else None
+        if row is not None and row.reduces:
             assert e.rop is not None
             args.insert(0, e.rop.value)
-        if op in (Op.BROADCAST, Op.REDUCE) and e.value:
+        if row is not None and row.rooted and e.value:
             args.append(f"root={e.value}")
         if op is Op.CAST:
             assert e.dtype_arg is not None

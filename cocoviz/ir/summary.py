@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from cocoviz.ir.collectives import collective
 from cocoviz.ir.graph import implicit_reductions, reduce_name
 from cocoviz.ir.nodes import COLLECTIVES, Op, Program
 from cocoviz.ir.types import TensorType
@@ -52,16 +53,7 @@ def comm_ops(program: Program) -> list[CommOp]:
         x = e.args[0].type
         itemsize = x.dtype.itemsize
         full = x.numel * itemsize
-        if e.op is Op.ALLREDUCE:
-            sent = 2 * (G - 1) * full // G
-        elif e.op is Op.REDUCESCATTER:
-            sent = (G - 1) * full // G
-        elif e.op is Op.ALLGATHER:
-            sent = (G - 1) * full // G
-        elif e.op in (Op.BROADCAST, Op.REDUCE):
-            sent = full if G > 1 else 0
-        else:  # SEND
-            sent = per_rank_numel(x, G) * itemsize
+        sent = collective(e.op).sent(full, per_rank_numel(x, G) * itemsize, G)
         out.append(CommOp(s.name, e.op.value, x.dtype.value, full, sent))
     counts: dict[str, int] = {}
     for stage, e in implicit_reductions(program):
@@ -71,10 +63,10 @@ def comm_ops(program: Program) -> list[CommOp]:
         out.append(
             CommOp(
                 reduce_name(stage, k),
-                "allreduce",
+                Op.ALLREDUCE.value,
                 e.type.dtype.value,
                 size,
-                2 * (G - 1) * size // G,
+                collective(Op.ALLREDUCE).sent(size, size, G),
             )
         )
     return out

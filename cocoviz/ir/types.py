@@ -1,4 +1,11 @@
-"""Element types, sizes, shapes and layouts of the IR."""
+"""Element types, sizes, shapes and layouts of the IR.
+
+`DType` is the one table of dtype facts (docs/semantics-notes.md, the rules): its size, its
+compute type, and how numpy, C++, CUDA, NCCL, MPI, cuBLAS and `.npy` spell it. The
+simulator, the executors and the emitters read these facts from here; adding a dtype is a
+member of `DType` and a row of `_FACTS` (plus its rounding rules in the numerics and the
+runtime headers).
+"""
 
 from __future__ import annotations
 
@@ -7,8 +14,39 @@ import math
 from dataclasses import dataclass
 
 
+@dataclass(frozen=True)
+class DTypeFacts:
+    """Everything the layers spell differently for one dtype."""
+
+    itemsize: int
+    """Bytes per element in C/CUDA storage and on the wire (2 for bf16)."""
+    is_float: bool
+    is_half: bool
+    """f16/bf16: stored in 16 bits, computed in f32."""
+    compute: str
+    """DSL spelling of the dtype arithmetic runs in (f32 for f16/bf16/f32, f64, i64)."""
+    numpy: str
+    """numpy dtype holding values (bf16: float32 holding bf16-rounded values)."""
+    cpu_ctype: str
+    """C++ storage type on the CPU target (f16/bf16 are uint16_t bit patterns)."""
+    cpu_compute_ctype: str
+    cuda_ctype: str
+    """CUDA storage type (``__half``, ``__nv_bfloat16``, ...)."""
+    cuda_compute_ctype: str
+    nccl: str
+    """NCCL datatype enum."""
+    nccl_tests: str
+    """nccl-tests' name of the type (its ``-d`` flag and its table's ``type`` column)."""
+    mpi: str
+    """MPI datatype used for transport (f16/bf16 travel as MPI_UINT16_T with user ops)."""
+    cuda_datatype: str
+    """cudaDataType_t for cuBLAS (integers have no GEMM support and map to *_32I/*_64I)."""
+    npy_descr: str
+    """``.npy`` descr of saved arrays (bf16 is saved as float32)."""
+
+
 class DType(enum.Enum):
-    """Element types; `.value` is the DSL spelling."""
+    """Element types; `.value` is the DSL spelling, `.facts` the rest."""
 
     F16 = "f16"
     BF16 = "bf16"
@@ -18,21 +56,35 @@ class DType(enum.Enum):
     I64 = "i64"
 
     @property
+    def facts(self) -> DTypeFacts:
+        return _FACTS[self]
+
+    @property
     def is_float(self) -> bool:
-        return self not in (DType.I32, DType.I64)
+        return self.facts.is_float
 
     @property
     def is_half(self) -> bool:
-        return self in (DType.F16, DType.BF16)
+        return self.facts.is_half
 
     @property
     def itemsize(self) -> int:
-        return {"f16": 2, "bf16": 2, "f32": 4, "f64": 8, "i32": 4, "i64": 8}[self.value]
+        return self.facts.itemsize
+
+    @property
+    def compute(self) -> DType:
+        """The dtype arithmetic runs in (docs/semantics-notes.md)."""
+        return DType(self.facts.compute)
 
     @property
     def reduction_dtype(self) -> DType:
         """The dtype of `sum`/`norm`/`amax` of a tensor of this dtype."""
         return DType.F32 if self.is_half else self
+
+    @property
+    def runtime_enum(self) -> str:
+        """The `cocoviz::DType` enumerator of the C++/CUDA runtime headers."""
+        return f"cocoviz::DType::{self.value}"
 
     @staticmethod
     def parse(text: str) -> DType | None:
@@ -41,6 +93,34 @@ class DType(enum.Enum):
         except ValueError:
             return None
 
+
+_FACTS: dict[DType, DTypeFacts] = {
+    DType.F16: DTypeFacts(
+        2, True, True, "f32", "float16", "uint16_t", "float", "__half", "float",
+        "ncclFloat16", "half", "MPI_UINT16_T", "CUDA_R_16F", "<f2",
+    ),
+    DType.BF16: DTypeFacts(
+        2, True, True, "f32", "float32", "uint16_t", "float", "__nv_bfloat16", "float",
+        "ncclBfloat16", "bfloat16", "MPI_UINT16_T", "CUDA_R_16BF", "<f4",
+    ),
+    DType.F32: DTypeFacts(
+        4, True, False, "f32", "float32", "float", "float", "float", "float",
+        "ncclFloat32", "float", "MPI_FLOAT", "CUDA_R_32F", "<f4",
+    ),
+    DType.F64: DTypeFacts(
+        8, True, False, "f64", "float64", "double", "double", "double", "double",
+        "ncclFloat64", "double", "MPI_DOUBLE", "CUDA_R_64F", "<f8",
+    ),
+    DType.I32: DTypeFacts(
+        4, False, False, "i64", "int32", "int32_t", "int64_t", "int32_t", "int64_t",
+        "ncclInt32", "int32", "MPI_INT32_T", "CUDA_R_32I", "<i4",
+    ),
+    DType.I64: DTypeFacts(
+        8, False, False, "i64", "int64", "int64_t", "int64_t", "int64_t", "int64_t",
+        "ncclInt64", "int64", "MPI_INT64_T", "CUDA_R_64I", "<i8",
+    ),
+}  # fmt: skip
+"""The dtype table (field order as in `DTypeFacts`)."""
 
 DTYPE_NAMES = tuple(d.value for d in DType)
 

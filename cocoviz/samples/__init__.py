@@ -22,3 +22,13 @@ def text(name: str) -> str:
 
 def path(name: str) -> Path:
     return Path(str(resources.files(__name__).joinpath(f"{name}.coco")))
+
+
+def named_by(file: str | Path) -> str | None:
+    """The sample a FILE argument names (`adam`, `adam.coco`) when no such file exists;
+    None for anything else (a path that exists, or one with a directory in it)."""
+    text = str(file)
+    if Path(text).exists() or "/" in text or "\\" in text:
+        return None
+    stem = text.removesuffix(".coco")
+    return stem if stem in names() else None

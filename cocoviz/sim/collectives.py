@@ -40,6 +40,8 @@ from enum import StrEnum
 from functools import lru_cache
 
 from cocoviz.errors import InputError
+from cocoviz.ir.collectives import Collective, collective, collective_named
+from cocoviz.ir.nodes import Op
 from cocoviz.sim.hardware import Algo, Hardware, Link, Proto
 
 __all__ = [
@@ -64,7 +66,10 @@ class CostModelError(InputError, ValueError):
 
 
 class Coll(StrEnum):
-    """Collectives, spelled as the .coco language spells them (``sendrecv`` is ``send``)."""
+    """The collectives the cost model prices: each row of the collectives table
+    (`cocoviz.ir.collectives`) names its member in ``cost_name``; the formulas below are
+    what a new member needs. Spelled as the .coco language spells them (``sendrecv`` is
+    ``send``)."""
 
     ALLREDUCE = "allreduce"
     REDUCESCATTER = "reducescatter"
@@ -74,13 +79,26 @@ class Coll(StrEnum):
     SENDRECV = "sendrecv"
 
     @classmethod
+    def of(cls, op: Op) -> Coll:
+        """The cost model's name of a collective operator."""
+        return cls(collective(op).cost_name)
+
+    @property
+    def row(self) -> Collective:
+        """This collective's row of the collectives table."""
+        row = collective_named(self.value)
+        assert row is not None, f"{self.value} has no row in the collectives table"
+        return row
+
+    @classmethod
     def parse(cls, text: str | Coll) -> Coll:
+        """A cost-model name, a DSL spelling (``send``), or ``recv``/``p2p``."""
         if isinstance(text, Coll):
             return text
         key = text.strip().lower().replace("_", "").replace("-", "")
-        key = {"send": "sendrecv", "recv": "sendrecv", "p2p": "sendrecv"}.get(key, key)
+        row = collective_named({"recv": "sendrecv", "p2p": "sendrecv"}.get(key, key))
         try:
-            return cls(key)
+            return cls(row.cost_name if row is not None else key)
         except ValueError:
             known = ", ".join(c.value for c in cls)
             raise CostModelError(f"unknown collective {text!r} (expected one of {known})") from None

@@ -39,11 +39,11 @@ import math
 from dataclasses import dataclass
 from functools import lru_cache
 
-from cocoviz.sim.collectives import Coll, CollCost
-from cocoviz.sim.hardware import DTYPES, Hardware, Link
+from cocoviz.ir.types import DTYPE_NAMES, DType
+from cocoviz.sim.collectives import CollCost
+from cocoviz.sim.hardware import Hardware, Link
 
 __all__ = [
-    "DTYPE_BYTES",
     "NO_CONTENTION",
     "Contention",
     "MatmulCost",
@@ -58,7 +58,6 @@ __all__ = [
     "matmul_time",
 ]
 
-DTYPE_BYTES: dict[str, int] = {"f16": 2, "bf16": 2, "f32": 4, "f64": 8, "i32": 4, "i64": 8}
 
 _SPLIT_K = (1, 2, 4, 8, 16)
 _MIN_SPLIT_K_DEPTH = 128  # cuBLAS does not split K below one tile's depth of a few k-steps [A]
@@ -103,7 +102,7 @@ def comm_contention(hw: Hardware, cost: CollCost) -> Contention:
     """
     if cost.time_s <= 0:
         return NO_CONTENTION
-    reduces = cost.coll in (Coll.ALLREDUCE, Coll.REDUCESCATTER, Coll.REDUCE)
+    reduces = cost.coll.row.reduces
     per_byte = (
         hw.overlap.hbm_bytes_per_reduce_byte if reduces else hw.overlap.hbm_bytes_per_copy_byte
     )
@@ -120,8 +119,8 @@ def comm_contention(hw: Hardware, cost: CollCost) -> Contention:
 
 
 def _check_dtype(dtype: str) -> None:
-    if dtype not in DTYPES:
-        raise ValueError(f"unknown dtype {dtype!r} (expected one of {', '.join(DTYPES)})")
+    if dtype not in DTYPE_NAMES:
+        raise ValueError(f"unknown dtype {dtype!r} (expected one of {', '.join(DTYPE_NAMES)})")
 
 
 def hbm_efficiency(hw: Hardware, nbytes: float) -> float:
@@ -224,7 +223,7 @@ def _matmul_cost(
     if m < 0 or n < 0 or k < 0:
         raise ValueError(f"matmul dimensions must be non-negative, got M={m} N={n} K={k}")
     flops = 2.0 * m * n * k
-    size = DTYPE_BYTES[dtype]
+    size = DType(dtype).itemsize
     if flops == 0:
         memory_s = _memory_s(hw, m * n * size, contention)
         return MatmulCost(_with_launch(hw, memory_s, launch), 0.0, memory_s, (0, 0), 1, 0, 0.0, 0.0)

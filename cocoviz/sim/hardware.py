@@ -31,9 +31,9 @@ from pathlib import Path
 from typing import Any
 
 from cocoviz.errors import InputError
+from cocoviz.ir.types import DTYPE_NAMES
 
 DEFAULT_PROFILE = "h100-dgx"
-DTYPES = ("f16", "bf16", "f32", "f64", "i32", "i64")
 
 
 class ProfileError(InputError):
@@ -83,8 +83,8 @@ class PerDType:
     i64: float
 
     def __getitem__(self, dtype: str) -> float:
-        if dtype not in DTYPES:
-            raise KeyError(f"unknown dtype {dtype!r} (expected one of {', '.join(DTYPES)})")
+        if dtype not in DTYPE_NAMES:
+            raise KeyError(f"unknown dtype {dtype!r} (expected one of {', '.join(DTYPE_NAMES)})")
         value: float = getattr(self, dtype)
         return value
 
@@ -249,6 +249,11 @@ def list_profiles() -> list[str]:
     """Names of the profiles shipped with cocoviz."""
     folder = resources.files("cocoviz.sim") / "profiles"
     return sorted(p.name[: -len(".toml")] for p in folder.iterdir() if p.name.endswith(".toml"))
+
+
+def default_hardware() -> Hardware:
+    """The profile a caller that names none gets (`DEFAULT_PROFILE`)."""
+    return load_profile(DEFAULT_PROFILE)
 
 
 def load_profile(name_or_path: str | Path = DEFAULT_PROFILE) -> Hardware:
@@ -440,7 +445,7 @@ def _per_scale(t: _Table, key: str) -> PerScale:
 
 
 def _per_dtype(t: _Table) -> PerDType:
-    result = PerDType(**{d: t.number(d) for d in DTYPES})
+    result = PerDType(**{d: t.number(d) for d in DTYPE_NAMES})
     t.done()
     return result
 

@@ -24,15 +24,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from cocoviz.ir.types import DTYPE_NAMES, DType
 from cocoviz.sim.collectives import Algo, Coll, Proto, bus_factor, collective_time
-from cocoviz.sim.compute import DTYPE_BYTES
 from cocoviz.sim.hardware import Hardware
 
 __all__ = ["Row", "format_table", "model_table", "table_title"]
-
-# nccl-tests' names for the data types (src/common.cu test_typenames).
-_NCCL_TYPE = {"f16": "half", "bf16": "bfloat16", "f32": "float", "f64": "double",
-              "i32": "int32", "i64": "int64"}  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -65,15 +61,15 @@ def model_table(
 ) -> list[Row]:
     """The model's prediction for each size of an nccl-tests sweep."""
     c = Coll.parse(coll)
-    if dtype not in DTYPE_BYTES:
-        raise ValueError(f"unknown dtype {dtype!r} (expected one of {', '.join(DTYPE_BYTES)})")
+    dt = DType.parse(dtype)
+    if dt is None:
+        raise ValueError(f"unknown dtype {dtype!r} (expected one of {', '.join(DTYPE_NAMES)})")
     if min_bytes < 1 or max_bytes < min_bytes:
         raise ValueError(f"need 1 <= min_bytes <= max_bytes, got {min_bytes} and {max_bytes}")
-    width = DTYPE_BYTES[dtype]
-    per_rank = c in (Coll.ALLGATHER, Coll.REDUCESCATTER)
-    group = nranks if per_rank else 1
-    redop = "none" if c in (Coll.ALLGATHER, Coll.BROADCAST, Coll.SENDRECV) else "sum"
-    root = 0 if c in (Coll.BROADCAST, Coll.REDUCE) else -1
+    width = dt.itemsize
+    group = nranks if c.row.count_per_rank else 1
+    redop = "sum" if c.row.reduces else "none"
+    root = 0 if c.row.rooted else -1
     rows: list[Row] = []
     size = min_bytes
     while size <= max_bytes:
@@ -138,7 +134,7 @@ def format_table(rows: Sequence[Row], *, title: str | None = None) -> str:
     lines += [line.rstrip() for line in header]
     for r in rows:
         lines.append(
-            f"{r.size:>12}  {r.count:>12}  {_NCCL_TYPE.get(r.dtype, r.dtype):>8}  {r.redop:>6}  "
+            f"{r.size:>12}  {r.count:>12}  {_type_name(r.dtype):>8}  {r.redop:>6}  "
             f"{r.root:>6}  {_time(r.time_us):>8}  {r.alg_bw:>7.2f}  {r.bus_bw:>7.2f}  "
             f"{r.algo}/{r.proto}"
         )
@@ -146,6 +142,12 @@ def format_table(rows: Sequence[Row], *, title: str | None = None) -> str:
         average = sum(r.bus_bw for r in rows) / len(rows)
         lines += ["#", f"# Avg bus bandwidth    : {average:.3f}", "#"]
     return "\n".join(lines) + "\n"
+
+
+def _type_name(dtype: str) -> str:
+    """nccl-tests' name of a dtype (src/common.cu test_typenames)."""
+    dt = DType.parse(dtype)
+    return dt.facts.nccl_tests if dt is not None else dtype
 
 
 def _time(us: float) -> str:

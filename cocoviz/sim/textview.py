@@ -13,32 +13,10 @@ from rich.text import Text
 
 from cocoviz.sim.timeline import Event, Lane, Summary, Timeline
 from cocoviz.sim.workload import COMM, COMPUTE, Kind
+from cocoviz.style import kind_colour
+from cocoviz.timefmt import format_time, time_unit
 
-KIND_STYLE: dict[Kind, str] = {
-    Kind.MATMUL: "dark_orange",
-    Kind.COMPUTE: "cyan",
-    Kind.FUSED: "green",
-    Kind.COLLECTIVE: "red",
-    Kind.REDUCE: "magenta",
-    Kind.P2P: "blue",
-    Kind.DEVICE: "bright_green",
-}
 _STREAM_SHORT = {COMPUTE: "compute", COMM: "comm"}
-
-
-def time_unit(seconds: float) -> tuple[str, float]:
-    """A unit to show times of this magnitude in, and its size in seconds."""
-    if seconds < 1e-3:
-        return "µs", 1e-6
-    if seconds < 1.0:
-        return "ms", 1e-3
-    return "s", 1.0
-
-
-def format_time(seconds: float) -> str:
-    unit, scale = time_unit(abs(seconds))
-    value = seconds / scale
-    return f"{value:.3g} {unit}" if value < 100 else f"{value:.0f} {unit}"
 
 
 def _nice_step(span: float, ticks: int) -> float:
@@ -97,14 +75,14 @@ def _row(events: Sequence[Event], width: int, t0: float, span: float) -> Text:
         if cell_kind is None:
             chars.append(("·", "grey35"))
         else:
-            chars.append(("█" if amount >= 0.5 else "▌", KIND_STYLE[cell_kind]))
+            chars.append(("█" if amount >= 0.5 else "▌", kind_colour(cell_kind)))
     # Names inside the slices wide enough to hold them.
     for e in events:
         a = max(0, int(math.ceil((e.start - t0) / dt)))
         b = min(width, int((e.end - t0) / dt))
         label = e.label if e.chunk is None else f"{e.name}{e.chunk + 1}"
         if b - a >= len(label) + 2:
-            style = f"bold black on {KIND_STYLE[e.kind]}"
+            style = f"bold black on {kind_colour(e.kind)}"
             for i, ch in enumerate(f" {label}"):
                 chars[a + i] = (ch, style)
     for ch, style in chars:
@@ -146,7 +124,7 @@ def render_timeline(timeline: Timeline, width: int = 100, max_lanes: int = 8) ->
     kinds = {e.kind for lane in lanes for e in lane.events}
     for k in Kind:
         if k in kinds:
-            legend.append("█ ", style=KIND_STYLE[k])
+            legend.append("█ ", style=kind_colour(k))
             legend.append(f"{k.value}  ")
     lines.append(legend)
     shown = sum(len(lane.ranks) for lane in lanes)
@@ -215,12 +193,11 @@ def render_stage_table(timeline: Timeline, limit: int = 40) -> Table:
     table.add_column("bytes", justify="right")
     table.add_column("detail", overflow="fold")
     for r in rows:
-        cells = [r.name]
+        cells: list[str | Text] = [r.name]
         if multi:
             cells.append(str(r.pstage))
-        kind = Kind(r.kind)
         cells += [
-            Text(r.kind, style=KIND_STYLE[kind]),  # type: ignore[list-item]
+            Text(r.kind, style=kind_colour(r.kind)),
             r.stream,
             str(r.calls),
             format_time(r.busy_s),

@@ -39,7 +39,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from cocoviz.ir.graph import contracted_order
-from cocoviz.ir.nodes import Group, GroupKind, Program
+from cocoviz.ir.nodes import Group, GroupKind, Program, unscheduled
 from cocoviz.sim.compute import NO_CONTENTION, Contention
 from cocoviz.sim.hardware import Hardware
 from cocoviz.sim.workload import (
@@ -577,11 +577,6 @@ def summarize(lanes: Sequence[Lane], baseline_s: float | None = None) -> Summary
 
 # ---------------------------------------------------------------------------------------
 # Entry point
-
-
-def unscheduled(program: Program) -> Program:
-    """The same stages without fusion or overlap (the default baseline)."""
-    return dataclasses.replace(program, groups=())
 
 
 @dataclass

@@ -47,7 +47,7 @@ from cocoviz.ir.nodes import (
     Stage,
 )
 from cocoviz.ir.summary import per_rank_numel
-from cocoviz.ir.types import TensorType, block_dim, numel
+from cocoviz.ir.types import DType, TensorType, block_dim, numel
 from cocoviz.sim.collectives import (
     Coll,
     CollCost,
@@ -157,7 +157,7 @@ class MatmulSpec:
 
     @property
     def nbytes(self) -> float:
-        size = {"f16": 2, "bf16": 2, "f32": 4, "f64": 8, "i32": 4, "i64": 8}[self.dtype]
+        size = DType(self.dtype).itemsize
         return float((self.m * self.k + self.k * self.n + self.m * self.n) * size)
 
     def time(self, hw: Hardware, c: Contention) -> float:
@@ -434,13 +434,7 @@ def _coll_op(ctx: Context, name: str, chunks: int, needs: Iterable[str]) -> list
                 dest=pstage,
             )
         ]
-    coll = {
-        Op.ALLREDUCE: Coll.ALLREDUCE,
-        Op.REDUCESCATTER: Coll.REDUCESCATTER,
-        Op.ALLGATHER: Coll.ALLGATHER,
-        Op.BROADCAST: Coll.BROADCAST,
-        Op.REDUCE: Coll.REDUCE,
-    }[s.expr.op]
+    coll = Coll.of(s.expr.op)
     nbytes = _chunk_bytes(x.numel * x.dtype.itemsize, chunks)
     spec = CollSpec(coll, nbytes, ctx.group, ctx.ranks_per_node(pstage))
     cost = spec.cost(ctx.hw)

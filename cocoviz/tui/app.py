@@ -2,14 +2,16 @@
 the graph, the timeline, the cost and the code change.
 
 `create_app` is the one factory the CLI (`cocoviz tui`, bare `cocoviz`) and the tests
-use. The app owns the program and its step history; widgets display what they are
-given and post messages; parsing, simulation and code generation run in workers, and
-an exception in one is shown in an error panel while the app keeps running.
+use. The app is layout, key bindings and message wiring: the program, its step history,
+the timeline and code of each step, the comparison, teach mode and the autosave are a
+`cocoviz.workbench.Workbench`, which the app draws. Widgets display what they are
+given and post messages; parsing, simulation and code generation run in workers (the
+workbench's worker-safe methods), and an exception in one is shown in an error panel
+while the app keeps running.
 """
 
 from __future__ import annotations
 
-import shlex
 import time
 import traceback
 from collections.abc import Iterable
@@ -24,14 +26,14 @@ from textual.screen import Screen
 from textual.widgets import Footer, Static, TabbedContent, TabPane
 from textual.worker import Worker, WorkerState
 
-from cocoviz import samples
-from cocoviz.emit.lower import EmitError
+from cocoviz.emit.emitter import Emitted
 from cocoviz.errors import CocovizError
 from cocoviz.ir.nodes import Program
 from cocoviz.ir.summary import summarize
-from cocoviz.tui import backend, state, teach
-from cocoviz.tui.backend import Emitted, History, PaletteEntry
-from cocoviz.tui.timeline_rows import TimelineRows, format_time
+from cocoviz.schedule import StepFailure
+from cocoviz.sim.hardware import DEFAULT_PROFILE, Hardware, load_profile
+from cocoviz.timefmt import format_time
+from cocoviz.tui.timeline_rows import TimelineRows
 from cocoviz.tui.widgets.code import CodeView
 from cocoviz.tui.widgets.cost import CostSummary
 from cocoviz.tui.widgets.dialogs import PathDialog, RestoreDialog
@@ -42,10 +44,19 @@ from cocoviz.tui.widgets.history import HistoryList
 from cocoviz.tui.widgets.palette import StepPalette
 from cocoviz.tui.widgets.source import SourceEditor
 from cocoviz.tui.widgets.timeline import TimelineView
+from cocoviz.workbench import (
+    NO_PROGRAM,
+    Accepted,
+    CodeJob,
+    Parsed,
+    Refused,
+    Simulated,
+    Workbench,
+    Written,
+    open_source,
+)
 
 NARROW = 120  # below this many columns the panes share the screen in a 2×2 grid
-COMPARE_MODES = ("off", "previous", "unscheduled")
-NO_PROGRAM = "no program: fix the error in the source"
 
 
 class ErrorPanel(Static):
@@ -114,51 +125,11 @@ class CocovizApp(App[None]):
     selected: reactive[str | None] = reactive(None, init=False)
     """The selected stage, shared by graph, source, timeline and palette."""
 
-    compare_mode: reactive[str] = reactive("off", init=False)
-    """Timeline comparison: off, against the previous step, or against the unscheduled."""
-
-    teaching: reactive[bool] = reactive(False, init=False)
-    """Whether teach mode is on."""
-
-    def __init__(
-        self,
-        text: str,
-        *,
-        label: str,
-        key: str,
-        command_file: str,
-        file_path: Path | None = None,
-        steps: list[str] | None = None,
-        teach_steps: list[str] | None = None,
-        teach_mode: bool = False,
-        hw: str | None = None,
-        state_root: Path | None = None,
-        target: str = "cuda",
-    ) -> None:
+    def __init__(self, workbench: Workbench[TimelineRows], *, target: str = "cuda") -> None:
         super().__init__()
-        self.initial_text = text
-        self.label = label
-        self.key = key
-        self.command_file = command_file
-        self.file_path = file_path
-        self.initial_steps = list(steps or [])
-        self.teach_steps_given = teach_steps
-        self.start_teaching = teach_mode
-        self.hw = hw or backend.default_hw()
-        self.state_root = state_root
+        self.wb = workbench
         self.target = target  # of the code pane and the emit dialog: "cuda" or "cpu"
-
-        self.text = text
-        self.base: Program | None = None  # the last program that parsed
-        self.history: History | None = None
-        self.failed: tuple[str, str] | None = None
-        self.teach_steps: list[str] = []
-        self._parse_gen = 0
-        self._timelines: dict[int, tuple[Program, TimelineRows]] = {}
-        self._code: dict[tuple[int, str], tuple[Program, Emitted | str]] = {}
-        """Emitted files by (step, target), or why there are none (a "not supported")."""
-        self._sim_note = ""
-        self.last_emit: tuple[Emitted, backend.WriteResult] | None = None
+        self.last_emit: Written | None = None
         """What the emit dialog last wrote (the tree and the writer's report)."""
         self.timeline_drawn_at = 0.0  # perf_counter() when a new timeline reached the screen
 
@@ -166,7 +137,7 @@ class CocovizApp(App[None]):
     def compose(self) -> ComposeResult:
         with Container(id="main"):
             with Vertical(id="left", classes="pane"):
-                yield SourceEditor(self.initial_text, id="source")
+                yield SourceEditor(self.wb.source.text, id="source")
             with Vertical(id="center", classes="pane"):
                 yield GraphView(id="graph")
             with Vertical(id="side", classes="pane"):
@@ -183,14 +154,14 @@ class CocovizApp(App[None]):
         yield Footer()
 
     def on_mount(self) -> None:
-        self.query_one("#left").border_title = f"source · {self.label}"
+        self.query_one("#left").border_title = f"source · {self.wb.source.label}"
         self.query_one("#center").border_title = "graph"
         self.query_one("#cost").border_title = "cost"
         self.query_one("#palette").border_title = "steps"
         self.query_one("#history").border_title = "history"
         self._apply_size(self.size.width)
         self.query_one(GraphView).focus()
-        self._start_parse(self.initial_text, steps=self.initial_steps, first=True)
+        self._start_parse(self.wb.source.text, list(self.wb.source.steps))
 
     def on_resize(self, event: object) -> None:
         self._apply_size(self.size.width)
@@ -204,100 +175,46 @@ class CocovizApp(App[None]):
             self._refresh_cost()
 
     # --- parsing -----------------------------------------------------------------------
-    def _start_parse(self, text: str, steps: list[str] | None = None, first: bool = False) -> None:
-        self._parse_gen += 1
-        self._parse(text, self._parse_gen, steps, first)
+    def _start_parse(self, text: str, steps: list[str] | None = None) -> None:
+        self._parse(text, self.wb.begin_parse(text, steps))
 
     @work(thread=True, exclusive=True, group="parse", exit_on_error=False, description="parse")
-    def _parse(self, text: str, gen: int, steps: list[str] | None, first: bool) -> None:
-        try:
-            program: Program | None = backend.parse(text, self.label)
-            error: CocovizError | None = None
-        except CocovizError as err:
-            program, error = None, err
-        self.call_from_thread(self._parsed, text, gen, program, error, steps, first)
+    def _parse(self, text: str, gen: int) -> None:
+        self.call_from_thread(self._parsed, gen, self.wb.parse(text))
 
-    def _parsed(
-        self,
-        text: str,
-        gen: int,
-        program: Program | None,
-        error: CocovizError | None,
-        steps: list[str] | None,
-        first: bool,
-    ) -> None:
-        if gen != self._parse_gen:
-            return  # a newer text is being parsed
-        self.text = text
+    def _parsed(self, gen: int, parsed: Parsed) -> None:
+        accepted = self.wb.accept(gen, parsed)
+        if accepted is Accepted.STALE:
+            return
         editor = self.query_one(SourceEditor)
-        if error is not None:
-            editor.diagnostics = error.diagnostics
+        if parsed.program is None:
+            editor.diagnostics = parsed.error.diagnostics if parsed.error else ()
             self.query_one("#center").border_subtitle = "showing the last program that parsed"
             self._autosave()
             return
-        assert program is not None
+        program = parsed.program
         editor.diagnostics = ()
         editor.status = (
             f"ok: {program.name}, {len(program.stages)} stages on {program.grid.world} ranks"
         )
         self.query_one("#center").border_subtitle = ""
-        replay = (
-            steps
-            if steps is not None
-            else (self.history.steps[: self.history.index] if self.history else [])
-        )
-        self.base = program
-        self._timelines.clear()
-        self._code.clear()
-        self.failed = None
-        self.history = History(program, self.hw)
-        for s in replay:
-            try:
-                self.history.apply(s)
-            except CocovizError as err:
-                self.failed = (s, err.message)
-                break
-        if first:
-            self.teach_steps = (
-                self.teach_steps_given
-                if self.teach_steps_given is not None
-                else backend.schedule_steps(program, None)
-            )
+        if accepted is Accepted.OPENED:
             self._offer_autosave()
-            if self.start_teaching:
-                self.teaching = True
         if self.selected is None or not program.has_stage(self.selected):
-            self.selected = self._default_selection()
-        self._refresh_all()
-        self._autosave()
-
-    def _default_selection(self) -> str | None:
-        program = self.program
-        if program is None or not program.stages:
-            return None
-        for s in program.stages:
-            if s.is_collective:
-                return s.name
-        return program.stages[0].name
-
-    @property
-    def program(self) -> Program | None:
-        """The program at the current step."""
-        if self.history is not None:
-            return self.history.current
-        return self.base
+            self.selected = self.wb.default_selection()
+        self._after_step()
 
     # --- refreshing the panes ----------------------------------------------------------
     def _refresh_all(self) -> None:
-        program = self.program
+        program = self.wb.program
         graph = self.query_one(GraphView)
-        graph.show(program, "no program: fix the error in the source")
+        graph.show(program, NO_PROGRAM)
         if (
             self.selected is not None
             and program is not None
             and not program.has_stage(self.selected)
         ):
-            self.selected = self._default_selection()
+            self.selected = self.wb.default_selection()
         graph.selected = self.selected
         self._refresh_history()
         self._refresh_palette()
@@ -308,113 +225,66 @@ class CocovizApp(App[None]):
             self._start_code()
 
     def _refresh_history(self) -> None:
-        hist = self.query_one(HistoryList)
-        if self.history is None:
-            hist.show([], 0, None)
-            return
-        hist.show(self.history.steps, self.history.index, self.failed)
+        failed = self.wb.failed
+        shown = (failed.step, _failure_text(failed)) if failed is not None else None
+        self.query_one(HistoryList).show(self.wb.recorded_steps, self.wb.position, shown)
 
     def _refresh_palette(self) -> None:
         palette = self.query_one(StepPalette)
-        if self.history is None:
+        if self.wb.session is None:
             palette.show([], NO_PROGRAM)
-            return
-        if self.selected is None:
+        elif self.selected is None:
             palette.show([], "select a stage in the graph")
-            return
-        try:
-            entries: list[PaletteEntry] = self.history.legal(self.selected)
-        except CocovizError as err:
-            palette.show([], err.message)
-            return
-        palette.show(entries, f"for {self.selected}:")
+        else:
+            entries = self.wb.palette(self.selected)
+            if isinstance(entries, str):
+                palette.show([], entries)
+            else:
+                palette.show(entries, f"for {self.selected}:")
 
     def _refresh_cost(self) -> None:
-        program = self.program
-        cur = self._timeline_for(self.history.index if self.history else 0)
-        base = self._timeline_for(0)
+        program = self.wb.program
+        cur, base = self.wb.timeline(self.wb.position), self.wb.timeline(0)
         self.query_one(CostSummary).show(
             summarize(program) if program is not None else None,
             cur.figures if cur else None,
             base.figures if base else None,
-            self._sim_note or ("simulating…" if program is not None else ""),
-            self.hw,
+            self.wb.sim_note or ("simulating…" if program is not None else ""),
+            self.wb.hw.name,
         )
 
-    def _timeline_for(self, index: int) -> TimelineRows | None:
-        hit = self._timelines.get(index)
-        if hit is None or self.history is None and index != 0:
-            return None
-        program = self._program_at(index)
-        return hit[1] if program is not None and hit[0] is program else None
-
-    def _program_at(self, index: int) -> Program | None:
-        if self.history is None:
-            return self.base if index == 0 else None
-        return self.history.program_at(index)
-
-    def _compare_index(self) -> int | None:
-        cur = self.history.index if self.history else 0
-        if self.compare_mode == "previous":
-            return cur - 1 if cur > 0 else None
-        if self.compare_mode == "unscheduled":
-            return 0 if cur > 0 else None
-        return None
-
     def _start_sim(self) -> None:
-        wanted = [self.history.index if self.history else 0, 0]
-        c = self._compare_index()
-        if c is not None:
-            wanted.append(c)
-        todo = []
-        for i in dict.fromkeys(wanted):
-            p = self._program_at(i)
-            if p is not None and self._timeline_for(i) is None:
-                todo.append((i, p))
+        todo = self.wb.timelines_to_simulate()
         if todo:
             self._simulate(todo)
         else:
             self._show_timeline()
 
     @work(thread=True, exclusive=True, group="sim", exit_on_error=False, description="simulate")
-    def _simulate(self, todo: list[tuple[int, Program]]) -> None:
-        results: list[tuple[int, Program, TimelineRows]] = []
-        note = ""
-        for i, p in todo:
-            try:
-                results.append((i, p, backend.simulate(p, self.hw)))
-            except CocovizError as err:
-                note = f"cannot simulate: {err.message}"
-                break
-        self.call_from_thread(self._simulated, results, note)
+    def _simulate(self, todo: list[Program]) -> None:
+        self.call_from_thread(self._simulated, self.wb.simulate(todo))
 
-    def _simulated(self, results: list[tuple[int, Program, TimelineRows]], note: str) -> None:
-        for i, p, rows in results:
-            self._timelines[i] = (p, rows)
-        self._sim_note = note
+    def _simulated(self, simulated: Simulated[TimelineRows]) -> None:
+        self.wb.store_timelines(simulated)
         self._show_timeline()
         self._refresh_cost()
         self._refresh_teach()
 
     def _show_timeline(self) -> None:
         view = self.query_one(TimelineView)
-        cur_i = self.history.index if self.history else 0
-        cur = self._timeline_for(cur_i)
-        ci = self._compare_index()
-        compare = self._timeline_for(ci) if ci is not None else None
-        label = "unscheduled" if ci == 0 else f"step {ci}" if ci is not None else ""
-        view.label = f"step {cur_i}" if cur_i else "unscheduled"
-        view.show(cur, self._sim_note or "simulating…", compare, label)
+        shown = self.wb.comparison()
+        cur, compare, label = shown.current, shown.compare, shown.against_label
+        view.label = shown.label
+        view.show(cur, self.wb.sim_note or "simulating…", compare, label)
         view.selected = self.selected
-        if cur is not None:
-            self.call_after_refresh(self._timeline_drawn)
         title = "timeline"
         if cur is not None:
-            title += f" · {format_time(cur.makespan)} on {self.hw}"
+            self.call_after_refresh(self._timeline_drawn)
+            title += f" · {format_time(cur.makespan)} on {self.wb.hw.name}"
             if compare is not None:
                 title += f" · vs {label}"
-            elif self.compare_mode != "off" and ci is None:
-                title += f" · b: vs {self.compare_mode} (from step 1)"
+            elif self.wb.compare_mode != "off" and shown.against is None:
+                title += f" · b: vs {self.wb.compare_mode} (from step 1)"
         self.query_one("#views").border_title = title
 
     def _timeline_drawn(self) -> None:
@@ -422,66 +292,32 @@ class CocovizApp(App[None]):
 
     def _start_code(self) -> None:
         """Emit the current and the previous step for the code pane's target (cached)."""
-        if self.base is None:
-            self._show_code()
-            return
-        i = self.history.index if self.history else 0
-        todo = []
-        for j in (i, i - 1):
-            p = self._program_at(j) if j >= 0 else None
-            hit = self._code.get((j, self.target))
-            if p is not None and (hit is None or hit[0] is not p):
-                steps = self.history.steps[:j] if self.history else []
-                todo.append((j, p, steps))
-        if todo:
-            self._emit_code(self.base, self.target, todo)
+        jobs = self.wb.code_jobs(self.target)  # type: ignore[arg-type]
+        if jobs:
+            self._emit_code(jobs)
         else:
             self._show_code()
 
     @work(thread=True, exclusive=True, group="code", exit_on_error=False, description="emit")
-    def _emit_code(
-        self, unscheduled: Program, target: str, todo: list[tuple[int, Program, list[str]]]
-    ) -> None:
-        results: list[tuple[int, Program, Emitted | str]] = []
-        for j, p, steps in todo:
-            try:
-                out: Emitted | str = backend.emitted_files(
-                    p,
-                    unscheduled,
-                    target,
-                    steps,
-                    self.hw,  # type: ignore[arg-type]
-                )
-            except EmitError as err:
-                out = f"not supported by the {target} emitter: {err.message}" + (
-                    f" (hint: {err.hint})" if err.hint else ""
-                )
-            except CocovizError as err:
-                out = f"cannot emit: {err.message}"
-            results.append((j, p, out))
-        self.call_from_thread(self._code_done, target, results)
+    def _emit_code(self, jobs: list[CodeJob]) -> None:
+        self.call_from_thread(self._code_done, self.wb.emit_code(jobs))
 
-    def _code_done(self, target: str, results: list[tuple[int, Program, Emitted | str]]) -> None:
-        for j, p, out in results:
-            self._code[(j, target)] = (p, out)
+    def _code_done(self, results: list[tuple[CodeJob, Emitted | str]]) -> None:
+        self.wb.store_code(results)
         self._show_code()
 
     def _show_code(self) -> None:
         view = self.query_one(CodeView)
-        if self.base is None:
+        if self.wb.base is None:
             view.show(None, None, self.target, NO_PROGRAM)
             return
-        i = self.history.index if self.history else 0
-        cur = self._code.get((i, self.target))
-        prev = self._code.get((i - 1, self.target)) if i > 0 else None
-        if cur is None or cur[0] is not self._program_at(i):
+        code = self.wb.code(self.target)  # type: ignore[arg-type]
+        if code.current is None:
             view.show(None, None, self.target, f"generating the {self.target} code…")
-            return
-        if isinstance(cur[1], str):
-            view.show(None, None, self.target, cur[1])
-            return
-        previous = prev[1] if prev is not None and isinstance(prev[1], Emitted) else None
-        view.show(cur[1], previous, self.target, "")
+        elif isinstance(code.current, str):
+            view.show(None, None, self.target, code.current)
+        else:
+            view.show(code.current, code.previous, self.target, "")
 
     @on(CodeView.TargetChanged)
     def _code_target(self, event: CodeView.TargetChanged) -> None:
@@ -490,45 +326,32 @@ class CocovizApp(App[None]):
 
     def _refresh_teach(self) -> None:
         panel = self.query_one(TeachPanel)
-        panel.set_class(self.teaching, "-shown")
-        if not self.teaching:
+        panel.set_class(self.wb.teaching, "-shown")
+        if not self.wb.teaching:
             return
-        steps = self.teach_steps
-        if not steps:
+        note = self.wb.teach_note()
+        if not note.total:
             panel.update("This program has no schedule block to teach. Press t to leave.")
             return
-        i = self.history.index if self.history else 0
-        head = f"[b]Teach mode[/b] — step {i} of {len(steps)}"
-        if self.history is None:
-            panel.update(f"{head}\n{NO_PROGRAM}")
-            return
-        if i == 0:
-            body = teach.INTRO + f"\n\nFirst step: [b]{steps[0]}[/b]"
+        head = f"[b]Teach mode[/b] — step {note.position} of {note.total}"
+        if not note.program:
+            body = NO_PROGRAM
+        elif note.step is None:
+            body = f"{note.text}\n\nFirst step: [b]{note.next_step}[/b]"
         else:
-            step = self.history.steps[i - 1]
-            before, after = self.history.program_at(i - 1), self.history.program_at(i)
-            tb, ta = self._timeline_for(i - 1), self._timeline_for(i)
-            if tb is None and ta is not None and i - 1 not in self._timelines:
-                self._simulate([(i - 1, before)])
-            text = teach.explain(
-                step, before, after, tb.figures if tb else None, ta.figures if ta else None
-            )
             nxt = (
-                f"\n\nNext: [b]{steps[i]}[/b] (n)"
-                if i < len(steps)
+                f"\n\nNext: [b]{note.next_step}[/b] (n)"
+                if note.next_step is not None
                 else "\n\nThat was the last step."
             )
-            body = f"[b]{step}[/b]\n{text}{nxt}"
+            body = f"[b]{note.step}[/b]\n{note.text}{nxt}"
         panel.update(f"{head}\n{body}")
 
     # --- selection ---------------------------------------------------------------------
     def watch_selected(self, name: str | None) -> None:
         self.query_one(GraphView).selected = name
         self.query_one(TimelineView).selected = name
-        line = None
-        if name is not None and self.base is not None and self.base.has_stage(name):
-            span = self.base.stage(name).span
-            line = span.line if span is not None else None
+        line = self.wb.source_line(name) if name is not None else None
         editor = self.query_one(SourceEditor)
         editor.selected_line = line
         if line is not None and not editor.text_area.has_focus:
@@ -538,39 +361,35 @@ class CocovizApp(App[None]):
     @on(GraphView.StageSelected)
     @on(TimelineView.StagePicked)
     def _select(self, event: GraphView.StageSelected | TimelineView.StagePicked) -> None:
-        program = self.program
-        if program is not None and program.has_stage(event.name):
+        if self.wb.has_stage(event.name):
             self.selected = event.name
 
     @on(SourceEditor.CursorOnLine)
     def _cursor_line(self, event: SourceEditor.CursorOnLine) -> None:
-        if self.base is None:
-            return
-        for s in self.base.stages:
-            if s.span is not None and s.span.line == event.line:
-                if self.program is not None and self.program.has_stage(s.name):
-                    self.selected = s.name
-                return
+        name = self.wb.stage_on_line(event.line)
+        if name is not None:
+            self.selected = name
 
     @on(SourceEditor.Edited)
     def _edited(self, event: SourceEditor.Edited) -> None:
-        if event.text != self.text:
+        if event.text != self.wb.text:
             self._start_parse(event.text)
 
     # --- steps -------------------------------------------------------------------------
     def apply_step(self, step: str) -> bool:
         """Apply a step; a failure is shown in the history and a notification."""
-        if self.history is None:
+        if self.wb.session is None:
             self.notify(NO_PROGRAM, severity="warning")
             return False
-        try:
-            self.history.apply(step)
-        except CocovizError as err:
-            self.failed = (step, err.message + (f" (hint: {err.hint})" if err.hint else ""))
+        return self._stepped(self.wb.apply(step))
+
+    def _stepped(self, outcome: Program | StepFailure) -> bool:
+        if isinstance(outcome, StepFailure):
             self._refresh_history()
-            self.notify(f"{step}: {err.message}", title="step not applied", severity="error")
+            self.notify(
+                f"{outcome.step}: {outcome.message}", title="step not applied", severity="error"
+            )
             return False
-        self.failed = None
         self._after_step()
         return True
 
@@ -584,8 +403,7 @@ class CocovizApp(App[None]):
 
     @on(HistoryList.JumpTo)
     def _jump(self, event: HistoryList.JumpTo) -> None:
-        if self.history is not None and event.index != self.history.index:
-            self.history.jump(event.index)
+        if self.wb.jump(event.index):
             self._after_step()
 
     def action_palette_key(self, n: int) -> None:
@@ -596,172 +414,117 @@ class CocovizApp(App[None]):
         self.apply_step(step)
 
     def action_undo(self) -> None:
-        if self.history is None or not self.history.undo():
+        if not self.wb.undo():
             self.notify("nothing to undo", severity="warning")
             return
         self._after_step()
 
     def action_redo(self) -> None:
-        if self.history is None or not self.history.redo():
+        if not self.wb.redo():
             self.notify("nothing to redo", severity="warning")
             return
         self._after_step()
 
-    def command_line(self) -> str:
-        """The `cocoviz apply` command equivalent to the current step."""
-        steps = self.history.steps[: self.history.index] if self.history else []
-        parts = ["cocoviz", "apply", shlex.quote(self.command_file)]
-        parts += [shlex.quote(s) for s in steps]
-        return " ".join(parts)
-
     def action_copy_command(self) -> None:
-        cmd = self.command_line()
+        cmd = self.wb.command_line()
         self.copy_to_clipboard(cmd)
         self.notify(cmd, title="copied to the clipboard")
 
     def action_save_sched(self) -> None:
-        if self.history is None:
+        if self.wb.session is None:
             self.notify(NO_PROGRAM, severity="warning")
             return
-        stem = self.base.name if self.base else "schedule"
+        stem = self.wb.base.name if self.wb.base else "schedule"
         self.push_screen(
             PathDialog("Save the steps as a .sched file", f"{stem}.sched"), self._save_to
         )
 
     def _save_to(self, path: str | None) -> None:
-        if not path or self.history is None:
+        if not path or self.wb.session is None:
             return
         try:
-            self.history.save(Path(path))
+            count = self.wb.save_sched(Path(path))
         except (OSError, CocovizError) as err:
             self.notify(str(err), title="not saved", severity="error")
             return
-        self.notify(f"saved {self.history.index} steps to {path}")
+        self.notify(f"saved {count} steps to {path}")
 
     # --- compare, teach, emit ----------------------------------------------------------
     def action_compare(self) -> None:
-        i = COMPARE_MODES.index(self.compare_mode)
-        self.compare_mode = COMPARE_MODES[(i + 1) % len(COMPARE_MODES)]
-
-    def watch_compare_mode(self, mode: str) -> None:
         # At the unscheduled program there is nothing to compare with; the timeline's
         # title says what is compared once there is.
+        self.wb.cycle_compare()
         self._start_sim()
 
     def action_teach(self) -> None:
-        self.teaching = not self.teaching
+        self._set_teaching(not self.wb.teaching)
 
-    def watch_teaching(self, on: bool) -> None:
-        if on and self.history is not None and self.teach_steps:
-            # Teach from the start: the unscheduled program, then each step of the block.
-            if self.history.steps[: self.history.index] != self.teach_steps[: self.history.index]:
-                self.history.jump(0)
-                self._after_step()
-        if on and self.compare_mode == "off":
-            self.compare_mode = "previous"
+    def _set_teaching(self, on: bool) -> None:
+        mode = self.wb.compare_mode
+        if self.wb.set_teaching(on):
+            self._after_step()
+        elif self.wb.compare_mode != mode or self.wb.timelines_to_simulate():
+            self._start_sim()
         self._refresh_teach()
 
     def action_teach_next(self) -> None:
-        if not self.teaching:
-            self.teaching = True
+        if not self.wb.teaching:
+            self._set_teaching(True)
             return
-        if self.history is None:
+        if self.wb.session is None:
             return
-        i = self.history.index
-        if i >= len(self.teach_steps):
+        if self.wb.teach_finished:
             self.notify("that was the last step of the schedule")
             return
-        if (
-            self.history.steps[:i] == self.teach_steps[:i]
-            and len(self.history.steps) > i
-            and self.history.steps[i] == self.teach_steps[i]
-        ):
-            self.history.redo()
-            self._after_step()
-        else:
-            self.apply_step(self.teach_steps[i])
+        outcome = self.wb.teach_next()
+        if outcome is not None:
+            self._stepped(outcome)
 
     def action_teach_prev(self) -> None:
-        if self.teaching:
+        if self.wb.teaching:
             self.action_undo()
 
     def action_emit(self) -> None:
-        if self.program is None:
+        program = self.wb.program
+        if program is None:
             self.notify("fix the source first", severity="warning")
             return
-        default = f"./{self.program.name}-{self.target}"
+        default = f"./{program.name}-{self.target}"
         self.push_screen(EmitDialog(default, self.target), self._emit_requested)
 
     def _emit_requested(self, req: EmitRequest | None) -> None:
-        if req is None or self.program is None or self.base is None:
-            return
-        steps = self.history.steps[: self.history.index] if self.history else []
-        self._emit(self.program, self.base, steps, req)
+        job = self.wb.emit_job(req.target) if req is not None else None  # type: ignore[arg-type]
+        if req is not None and job is not None:
+            self._emit(job, req.directory, req.force)
 
     @work(thread=True, group="emit", exit_on_error=False, description="emit to a directory")
-    def _emit(
-        self, program: Program, unscheduled: Program, steps: list[str], req: EmitRequest
-    ) -> None:
-        try:
-            out, res = backend.emit_to(
-                Path(req.directory),
-                program,
-                unscheduled,
-                req.target,  # type: ignore[arg-type]
-                steps,
-                self.hw,
-                req.force,
-            )
-        except EmitError as err:
-            self.call_from_thread(
-                self.notify,
-                err.message + (f"\nhint: {err.hint}" if err.hint else ""),
-                title=f"not supported by the {req.target} emitter",
-                severity="error",
-                timeout=12,
-            )
+    def _emit(self, job: CodeJob, directory: str, force: bool) -> None:
+        self.call_from_thread(self._emitted, job, self.wb.write(job, directory, force))
+
+    def _emitted(self, job: CodeJob, outcome: Written | Refused) -> None:
+        if isinstance(outcome, Refused):
+            self.notify(outcome.message, title=outcome.title, severity="error", timeout=12)
             return
-        except CocovizError as err:  # the writer's refusal of a foreign directory
-            self.call_from_thread(
-                self.notify,
-                err.message + (f"\nhint: {err.hint}" if err.hint else ""),
-                title="not emitted",
-                severity="error",
-                timeout=12,
-            )
-            return
-        except OSError as err:
-            self.call_from_thread(
-                self.notify,
-                f"{req.directory}: {err.strerror or err}",
-                title="not emitted",
-                severity="error",
-                timeout=12,
-            )
-            return
+        self.last_emit = outcome
+        res = outcome.result
         summary = f"{len(res.written)} written, {len(res.unchanged)} unchanged" + (
             f", {len(res.removed)} removed" if res.removed else ""
         )
-        self.last_emit = (out, res)
-        self.call_from_thread(
-            self.notify,
-            f"{res.directory} ({req.target}): {summary}\nbuild: make -C {res.directory}",
+        self.notify(
+            f"{res.directory} ({job.target}): {summary}\nbuild: make -C {res.directory}",
             title="emitted",
         )
 
     # --- autosave ----------------------------------------------------------------------
     def _autosave(self) -> None:
-        steps = tuple(self.history.steps[: self.history.index]) if self.history else ()
         try:
-            state.write(state.Autosave(self.key, self.text, steps, time.time()), self.state_root)
+            self.wb.autosave()
         except OSError as err:
             self.query_one(ErrorPanel).show_error("autosave failed", str(err))
 
     def _offer_autosave(self) -> None:
-        saved = state.read(self.key, self.state_root)
+        saved = self.wb.saved()
         if saved is None:
-            return
-        if saved.source == self.initial_text and list(saved.steps) == self.initial_steps:
             return
 
         def restore(ok: bool | None) -> None:
@@ -770,7 +533,7 @@ class CocovizApp(App[None]):
             self.query_one(SourceEditor).set_text(saved.source)
             self._start_parse(saved.source, steps=list(saved.steps))
 
-        self.push_screen(RestoreDialog(self.label, saved.describe()), restore)
+        self.push_screen(RestoreDialog(self.wb.source.label, saved.describe()), restore)
 
     # --- workers -----------------------------------------------------------------------
     def on_worker_state_changed(self, event: Worker.StateChanged) -> None:
@@ -782,7 +545,7 @@ class CocovizApp(App[None]):
                 detail + "\nThe app keeps running; please report this with the program.",
             )
             if event.worker.group == "sim":
-                self._sim_note = "the simulation failed (see the error panel)"
+                self.wb.sim_note = "the simulation failed (see the error panel)"
                 self._refresh_cost()
 
     def action_dismiss_error(self) -> None:
@@ -848,13 +611,19 @@ class CocovizApp(App[None]):
             yield SystemCommand(b.description, f"key: {b.key_display or b.key}", run)
 
 
+def _failure_text(failed: StepFailure) -> str:
+    """A refused step's reason as the history shows it: the message and the hint."""
+    hint = failed.error.hint
+    return failed.message + (f" (hint: {hint})" if hint else "")
+
+
 def create_app(
     file: str | Path | None = None,
     *,
     text: str | None = None,
     schedule: str | None = None,
     teach_mode: bool = False,
-    hw: str | None = None,
+    hw: str | Hardware | None = None,
     state_root: Path | None = None,
     target: str = "cuda",
 ) -> CocovizApp:
@@ -862,47 +631,16 @@ def create_app(
 
     `schedule` (a block name or a `.sched` file) is applied at start; in teach mode the
     schedule to teach is that block (the last block when none is given) and the app
-    starts unscheduled. Raises CocovizError when the file cannot be read.
+    starts unscheduled. `hw` is a `Hardware` value, or a profile name or TOML path parsed
+    here, once. Raises CocovizError when the file or the profile cannot be read.
     """
-    file_path: Path | None = None
-    if file is None:
-        name = samples.DEFAULT
-        text = samples.text(name) if text is None else text
-        label, key, command_file = f"{name}.coco", f"sample:{name}", name
-    else:
-        p = Path(file)
-        stem = p.name[: -len(".coco")] if p.name.endswith(".coco") else p.name
-        if not p.exists() and "/" not in str(file) and stem in samples.names():
-            text = samples.text(stem) if text is None else text
-            label, key, command_file = f"{stem}.coco", f"sample:{stem}", stem
-        else:
-            if text is None:
-                from cocoviz.ir.lower import read_source
-
-                text = read_source(p)
-            file_path = p
-            label, key, command_file = p.name, str(p.resolve()), str(file)
-    steps: list[str] = []
-    teach_steps: list[str] | None = None
-    if schedule:
-        if schedule.endswith(".sched"):
-            chosen = backend.read_sched_file(Path(schedule))
-        else:
-            chosen = backend.schedule_steps(backend.parse(text, label), schedule)
-        if teach_mode:
-            teach_steps = chosen
-        else:
-            steps = chosen
-    return CocovizApp(
-        text,
-        label=label,
-        key=key,
-        command_file=command_file,
-        file_path=file_path,
-        steps=steps,
-        teach_steps=teach_steps,
-        teach_mode=teach_mode,
-        hw=hw,
+    hardware = hw if isinstance(hw, Hardware) else load_profile(hw or DEFAULT_PROFILE)
+    source = open_source(file, text=text, schedule=schedule, teach=teach_mode)
+    workbench = Workbench(
+        source,
+        hw=hardware,
+        view=TimelineRows.from_timeline,
+        teach=teach_mode,
         state_root=state_root,
-        target=target,
     )
+    return CocovizApp(workbench, target=target)

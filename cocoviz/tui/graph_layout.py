@@ -18,17 +18,10 @@ from rich.segment import Segment
 from rich.style import Style
 
 from cocoviz.ir.draw import layers
-from cocoviz.ir.graph import deps, implicit_reductions, stage_reads
-from cocoviz.ir.nodes import COLLECTIVES, Group, GroupKind, Op, Program, Stage
+from cocoviz.ir.graph import deps, implicit_reductions, op_kind, stage_reads
+from cocoviz.ir.nodes import Group, GroupKind, Op, Program, Stage
 from cocoviz.ir.types import format_shape
-
-KIND_COLOR = {
-    "compute": "cyan",
-    "matmul": "yellow",
-    "collective": "red",
-    "fused": "green",
-    "overlapped": "magenta",
-}
+from cocoviz.style import kind_colour
 
 NODE_H = 5  # border, op, type, layout/reads, border
 COL_GAP = 4
@@ -166,7 +159,7 @@ class GraphDrawing:
         for f in self.frames:
             if not f.y0 <= y <= f.y1:
                 continue
-            st = base + Style(color=KIND_COLOR[f.kind], dim=False)
+            st = base + Style(color=kind_colour(f.kind), dim=False)
             if y in (f.y0, f.y1):
                 left, right = ("╭", "╮") if y == f.y0 else ("╰", "╯")
                 for x in range(f.x0, f.x1 + 1):
@@ -188,7 +181,7 @@ class GraphDrawing:
             if not n.y <= y < n.y + NODE_H:
                 continue
             sel = n.name == selected
-            color = KIND_COLOR.get(n.kind, "white")
+            color = kind_colour(n.kind)
             border = base + Style(color=color, bold=sel)
             text = base + (Style(reverse=True, bold=True) if sel else Style())
             r = y - n.y
@@ -267,10 +260,7 @@ def _kinds(program: Program) -> dict[str, str]:
             out[n] = g.kind.value
     for s in program.stages:
         if s.name not in out:
-            op = s.expr.op
-            out[s.name] = (
-                "collective" if op in COLLECTIVES else "matmul" if op is Op.MATMUL else "compute"
-            )
+            out[s.name] = op_kind(s)
     return out
 
 

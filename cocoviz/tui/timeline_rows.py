@@ -14,18 +14,6 @@ from typing import Any
 
 _STREAM_ORDER = {"compute": 0, "comm": 1}
 
-KIND_COLOR = {
-    "compute": "cyan",
-    "matmul": "yellow",
-    "collective": "red",
-    "comm": "red",
-    "fused": "green",
-    "overlapped": "magenta",
-    "p2p": "red",
-    "reduce": "red",
-    "fused-collective": "green",
-}
-
 
 @dataclass(frozen=True)
 class Bar:
@@ -161,23 +149,6 @@ class TimelineRows:
         return None
 
 
-def format_time(seconds: float) -> str:
-    """A duration with a unit a person reads: 12.3 µs, 4.56 ms, 1.20 s."""
-    a = abs(seconds)
-    for scale, unit in ((1e-6, "ns"), (1e-3, "µs"), (1.0, "ms")):
-        if a < scale:
-            return f"{_three(seconds * 1e3 / scale)} {unit}"
-    return f"{_three(seconds)} s"
-
-
-def _three(v: float) -> str:
-    """About three significant digits, without a trailing `.0`."""
-    a = abs(v)
-    if a >= 100 or a == 0:
-        return f"{v:.0f}"
-    return f"{v:.1f}" if a >= 10 else f"{v:.2f}"
-
-
 def nice_step(span: float, target_ticks: int) -> float:
     """A round tick spacing (1, 2 or 5 × 10^k) nearest to span / target_ticks."""
     import math
@@ -193,7 +164,7 @@ def render_bars(row: Row, t0: float, per_cell: float, width: int) -> list[tuple[
     """Cells (char, kind, stage) of one row for the window starting at t0; kind "" is idle.
 
     A cell shows the event covering most of it; bars start with the stage name when
-    it fits; the app colours a bar's cells by its kind.
+    it fits; the timeline pane colours a bar's cells by its kind (`cocoviz.style`).
     """
     cells: list[tuple[str, str, str]] = [(" ", "", "")] * width
     for b in row.bars:

@@ -23,7 +23,18 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from cocoviz.errors import ScheduleError, Span, did_you_mean
-from cocoviz.ir.nodes import Expr, Group, GroupKind, Input, Op, Param, Program, Stage, StepCall
+from cocoviz.ir.nodes import (
+    COLLECTIVES,
+    Expr,
+    Group,
+    GroupKind,
+    Input,
+    Op,
+    Param,
+    Program,
+    Stage,
+    StepCall,
+)
 from cocoviz.ir.types import REPLICATED, TensorType
 
 # --- caches keyed by object identity, dropped with the object ------------------------------
@@ -370,7 +381,7 @@ def drop_from_groups(groups: Sequence[Group], removed: set[str]) -> tuple[Group,
 def op_word(stage: Stage) -> str:
     """How a stage's operation is called in messages."""
     op = stage.expr.op
-    if op in (Op.ALLREDUCE, Op.REDUCESCATTER, Op.ALLGATHER, Op.BROADCAST, Op.REDUCE, Op.SEND):
+    if op in COLLECTIVES:
         return op.value
     if op is Op.MATMUL:
         return "matmul"
@@ -391,6 +402,7 @@ def describe_stage(stage: Stage) -> str:
 ChunkChooser = Callable[[Program, tuple[str, ...]], int]
 """Picks overlap's chunk count K for `program` and the overlapped items (the cost model,
 from the schedule layer above the IR)."""
+
 
 @dataclass(frozen=True, kw_only=True)
 class Transformation(abc.ABC):

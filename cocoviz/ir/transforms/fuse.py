@@ -5,9 +5,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
-from cocoviz.ir.nodes import Group, GroupKind, Op, Program, Stage, StepCall
+from cocoviz.ir.collectives import collective
+from cocoviz.ir.nodes import COLLECTIVES, Group, GroupKind, Op, Program, Stage, StepCall
 from cocoviz.ir.transforms.base import Edit, Index, Transformation, describe_stage, index
 from cocoviz.ir.transforms.grouping import cycle_through_groups, hull, regroup, render_cycle
+from cocoviz.ir.transforms.reorder import group_reorder_hint
 
 PATTERNS = (
     "computation only; reducescatter → computation → allgathers; computation → send; "
@@ -125,7 +127,7 @@ class Fuse(Transformation):
                     stage=s,
                     hint=f"split first: split({s.name}), then reorder({s.name})",
                 )
-            if op in (Op.BROADCAST, Op.REDUCE):
+            if op in COLLECTIVES and not collective(op).fusable:
                 raise self.error(
                     f"{describe_stage(s)} cannot be fused; fusable communication: {PATTERNS}",
                     stage=s,
@@ -179,6 +181,7 @@ class Fuse(Transformation):
                     f"'{readers[0]}' reads the allgather '{g.name}' inside the group; the "
                     "allgathers end a fused collective",
                     stage=idx.stage(readers[0]),
+                    hint=group_reorder_hint(idx, members, rs),
                 )
 
     def _check_send(self, idx: Index, members: set[str], stages: list[Stage], send: Stage) -> None:

@@ -7,7 +7,18 @@ import math
 from dataclasses import dataclass
 from typing import ClassVar
 
-from cocoviz.ir.nodes import REDUCTIONS, ROWWISE, Group, GroupKind, Op, Program, Stage, StepCall
+from cocoviz.ir.collectives import COLLECTIVE_TABLE
+from cocoviz.ir.nodes import (
+    COLLECTIVES,
+    REDUCTIONS,
+    ROWWISE,
+    Group,
+    GroupKind,
+    Op,
+    Program,
+    Stage,
+    StepCall,
+)
 from cocoviz.ir.transforms.base import (
     ChunkChooser,
     Edit,
@@ -21,12 +32,12 @@ from cocoviz.ir.types import block_dim, format_shape
 
 DEFAULT_CHUNKS = 4
 """K when `chunks=` is omitted and no chooser is given, or the chooser (the cost model,
-handed in from the schedule layer: `cocoviz.session.model_chunks`) finds no legal count to
+handed in from the schedule layer: `cocoviz.schedule.steps.chunk_chooser`) finds no legal count to
 rank (the step's check then says why). The resolved K is written into printed and saved
 schedules, so a schedule never depends on the default (docs/schedules.md, `overlap`)."""
 
 
-CHUNKABLE_COLLECTIVES = (Op.ALLREDUCE, Op.REDUCESCATTER, Op.ALLGATHER, Op.SEND)
+CHUNKABLE_COLLECTIVES = tuple(Op(c.name) for c in COLLECTIVE_TABLE if c.chunkable)
 
 
 def rows_of(stage: Stage) -> int:
@@ -175,7 +186,7 @@ class Overlap(Transformation):
                 hint="leave it out of the overlapped group",
             )
 
-        if op in (Op.BROADCAST, Op.REDUCE):
+        if op in COLLECTIVES and op not in CHUNKABLE_COLLECTIVES:
             refuse(f"overlap chunks only {', '.join(o.value for o in CHUNKABLE_COLLECTIVES)}")
         if any(e.op in REDUCTIONS for e in s.expr.walk()):
             refuse("it reduces a whole tensor to a scalar, which needs every chunk")

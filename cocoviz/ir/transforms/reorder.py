@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import dataclasses
 import heapq
+import re
 from dataclasses import dataclass
 from typing import ClassVar
 
-from cocoviz.errors import InputError, ScheduleError
+from cocoviz.errors import CocovizError, InputError, ScheduleError
 from cocoviz.ir.infer import Inferencer
 from cocoviz.ir.nodes import COLLECTIVES, Expr, Op, Program, Stage, StepCall, ref
+from cocoviz.ir.transforms.asslice import AsSlice
 from cocoviz.ir.transforms.base import (
     Edit,
     Index,
@@ -18,7 +20,7 @@ from cocoviz.ir.transforms.base import (
     index,
     substitute,
 )
-from cocoviz.ir.transforms.retype import _Env
+from cocoviz.ir.transforms.retype import _Env, finish
 from cocoviz.ir.types import shape_values
 
 MOVABLE = "elementwise, row-wise and reduction stages, update, send, and a listed matmul"
@@ -70,7 +72,11 @@ class Reorder(Transformation):
     Default region (`reorder(ag)`): the movable stages reachable from `ag` whose every
     predecessor downstream of `ag` is in the region, stopping at values that have to be
     gathered anyway (a stage reading a region value that is also read outside the region
-    or is an output is left out, since moving it would add a second allgather). A listed
+    or is an output is left out, since moving it would add a second allgather). An
+    output that is the update of a replicated input `t` does not stop the region when
+    `asslice(t)` after the reorder would delete its gather: every reader of `t` is in
+    the region and reads `slice(t)` there, and no reader of the update is outside it
+    (the updated-state pattern, RMSprop's `output w1, s1`; docs/schedules.md). A listed
     region is taken as given and may include stages not downstream of `ag` whose
     outside operands are replicated or scalar (LAMB's `wn = norm(w)`).
 
@@ -139,6 +145,45 @@ class Reorder(Transformation):
         return None
 
     def _default(self, idx: Index, ag: Stage, down: _Downstream) -> list[str]:
+        reach, first_reason = self._forward(idx, ag, down)
+        # Stop at values that are gathered anyway — except the update of a replicated
+        # input whose gather `asslice` of that input would remove. That exemption is
+        # confirmed on the rewritten program (the input must be read only as slices of
+        # the same slicing there); an input it fails for stops the region again.
+        vetoed: set[str] = set()
+        while True:
+            region = self._stop_at_gathered(idx, ag, down, reach, vetoed)
+            relied = {
+                idx.update_target[m]
+                for m in region
+                if m in idx.outputs
+                and idx.users(m)
+                and self._gather_removable(idx, m, region, vetoed)
+            }
+            if not relied:
+                break
+            bad = relied - self._asslice_removes(idx, ag, region, down, relied)
+            if not bad:
+                break
+            vetoed |= bad
+        if not region:
+            if first_reason is not None:
+                s, why = first_reason
+                raise self.error(
+                    f"nothing can move across '{ag.name}': {why}",
+                    stage=s,
+                    hint=f"movable: {MOVABLE}",
+                )
+            raise self.error(
+                f"nothing reads '{ag.name}', so there is nothing to move across it", stage=ag
+            )
+        return sorted(region, key=idx.pos.__getitem__)
+
+    def _forward(
+        self, idx: Index, ag: Stage, down: _Downstream
+    ) -> tuple[set[str], tuple[Stage, str] | None]:
+        """The movable stages reachable from `ag` whose every predecessor downstream of
+        `ag` is among them, and the first reader of `ag` that cannot move (with why)."""
         region: set[str] = set()
         heap = [idx.pos[u] for u in idx.users(ag.name)]
         heapq.heapify(heap)
@@ -160,30 +205,62 @@ class Reorder(Transformation):
             region.add(s.name)
             for u in idx.users(s.name):
                 heapq.heappush(heap, idx.pos[u])
-        # Stop at values that are gathered anyway.
+        return region, first_reason
+
+    def _stop_at_gathered(
+        self, idx: Index, ag: Stage, down: _Downstream, reach: set[str], vetoed: set[str]
+    ) -> set[str]:
+        """`reach` less the stages that read a value gathered anyway (read outside the
+        region, or an output whose gather `asslice` cannot remove), and what then stops
+        being closed, until nothing changes."""
+        region = set(reach)
         while True:
             live = {
-                m for m in region if m in idx.outputs or any(u not in region for u in idx.users(m))
+                m
+                for m in region
+                if any(u not in region for u in idx.users(m))
+                or (m in idx.outputs and not self._gather_removable(idx, m, region, vetoed))
             }
             drop = {m for m in region if idx.reads(m) & live}
             if not drop:
-                break
+                return region
             region -= drop
             for m in sorted(region, key=idx.pos.__getitem__):
                 if not self._closed_under(idx, m, ag.name, region, down):
                     region.discard(m)
-        if not region:
-            if first_reason is not None:
-                s, why = first_reason
-                raise self.error(
-                    f"nothing can move across '{ag.name}': {why}",
-                    stage=s,
-                    hint=f"movable: {MOVABLE}",
-                )
-            raise self.error(
-                f"nothing reads '{ag.name}', so there is nothing to move across it", stage=ag
-            )
-        return sorted(region, key=idx.pos.__getitem__)
+
+    @staticmethod
+    def _gather_removable(idx: Index, m: str, region: set[str], vetoed: set[str]) -> bool:
+        """Whether region member `m` is the update of a replicated input `t` that only
+        region members read, so that after the reorder `asslice(t)` may delete m's
+        gather (docs/schedules.md, reorder: the updated-state pattern)."""
+        t = idx.update_target.get(m)
+        if t is None or t in vetoed or t not in idx.inputs:
+            return False
+        return idx.inputs[t].ty.layout.is_replicated and all(u in region for u in idx.users(t))
+
+    def _asslice_removes(
+        self, idx: Index, ag: Stage, region: set[str], down: _Downstream, inputs: set[str]
+    ) -> set[str]:
+        """Those of `inputs` whose update's gather `asslice` removes after this reorder."""
+        members = sorted(region, key=idx.pos.__getitem__)
+        try:
+            self._check_operands(idx, ag, members)
+            edit = self._rewrite(idx.program, idx, ag, members, down)
+            after = finish(idx.program, edit, self, verify=False)
+        except CocovizError:
+            return set()
+        ok: set[str] = set()
+        for t in sorted(inputs):
+            try:
+                sliced = AsSlice(tensors=(t,)).rewrite(after).program
+            except CocovizError:
+                continue
+            # The gather is gone when the update took its name back.
+            upd = idx.updates[t]
+            if any(s.name == upd and s.expr.op is Op.UPDATE for s in sliced.stages):
+                ok.add(t)
+        return ok
 
     @staticmethod
     def _closed_under(idx: Index, name: str, ag: str, region: set[str], down: _Downstream) -> bool:
@@ -401,6 +478,42 @@ def _completes_update(idx: Index, ag: Stage) -> bool:
     x = ag.expr.args[0]
     tgt = idx.update_target.get(x.name or "") if x.op is Op.REF else None
     return tgt is not None and tgt in idx.inputs and idx.inputs[tgt].ty.layout.is_replicated
+
+
+def group_reorder_hint(idx: Index, members: set[str], rs: Stage) -> str | None:
+    """For a fused collective whose computation reads an allgather inside the group
+    (fuse's refusal, docs/schedules.md): the `reorder` across the allgather of its
+    reducescatter `rs` that moves all of the group's computation, in the names it had
+    before any reorder (a moved live-out `c_s` is named by its gather `c`), so that only
+    the allgathers end the group. None when that allgather's name is not known (it is
+    gone and `rs` is not named as `split` names it)."""
+    gathers = [u for u in idx.users(rs.name) if _gathers_value(idx.stage(u), rs.name)]
+    if gathers:
+        ag = gathers[0]
+    else:
+        m = re.fullmatch(r"(.+)_rs(?:_\d+)?", rs.name)
+        if m is None:
+            return None
+        ag = m.group(1)
+    region: list[str] = []
+    for n in sorted(members, key=idx.pos.__getitem__):
+        if idx.stage(n).expr.op in COLLECTIVES:
+            continue
+        name = next((u for u in idx.users(n) if _gathers_value(idx.stage(u), n)), n)
+        if name not in region and name != ag:
+            region.append(name)
+    if not region:
+        return None
+    return (
+        f"reorder({', '.join([ag, *region])}), in one step before fusing, moves all of the "
+        "group's computation ahead of its allgathers"
+    )
+
+
+def _gathers_value(s: Stage, name: str) -> bool:
+    """Whether `s` is `allgather(name)`."""
+    x = s.expr.args[0] if s.expr.op is Op.ALLGATHER else None
+    return x is not None and x.op is Op.REF and x.name == name
 
 
 def _gathers(program: Program) -> str:

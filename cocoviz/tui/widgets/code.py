@@ -17,8 +17,7 @@ from textual.widgets import OptionList, Static
 from textual.widgets.option_list import Option
 
 from cocoviz.emit.emitter import Emitted
-
-TARGETS = ("cuda", "cpu")
+from cocoviz.emit.targets import DEFAULT_TARGET, TARGET_NAMES
 
 _LEXERS = {
     ".cu": "cuda",
@@ -72,7 +71,7 @@ class CodeView(Horizontal):
 
     BINDINGS = [
         Binding("d", "toggle_diff", "Diff vs previous step"),
-        Binding("T", "toggle_target", "Target cuda/cpu", key_display="T"),
+        Binding("T", "toggle_target", "Target " + "/".join(TARGET_NAMES), key_display="T"),
     ]
 
     DEFAULT_CSS = """
@@ -97,7 +96,7 @@ class CodeView(Horizontal):
         super().__init__(id=id)
         self.files: dict[str, str] = {}
         self.previous: dict[str, str] | None = None
-        self.target = "cuda"
+        self.target = DEFAULT_TARGET
         self.current = ""
         self.message_text = "no code yet"
         self.shown_text = ""
@@ -140,7 +139,7 @@ class CodeView(Horizontal):
 
     def _show_target(self) -> None:
         t = Text("target ")
-        for name in TARGETS:
+        for name in TARGET_NAMES:
             t.append(f" {name} ", "bold reverse" if name == self.target else "dim")
         t.append("  T", "dim")
         self.query_one("#code-target", Static).update(t)
@@ -184,5 +183,5 @@ class CodeView(Horizontal):
         self.show_diff = not self.show_diff
 
     def action_toggle_target(self) -> None:
-        other = TARGETS[(TARGETS.index(self.target) + 1) % len(TARGETS)]
+        other = TARGET_NAMES[(TARGET_NAMES.index(self.target) + 1) % len(TARGET_NAMES)]
         self.post_message(self.TargetChanged(other))

@@ -8,7 +8,8 @@ from rich.text import Text
 from textual.widgets import Static
 
 from cocoviz.ir.summary import Summary, format_bytes
-from cocoviz.tui.timeline_rows import CostFigures, format_time
+from cocoviz.timefmt import format_time
+from cocoviz.tui.timeline_rows import CostFigures
 
 
 class CostSummary(Static):

@@ -11,13 +11,14 @@ from textual.containers import Horizontal, Vertical
 from textual.screen import ModalScreen
 from textual.widgets import Button, Checkbox, Input, Label, RadioButton, RadioSet
 
+from cocoviz.emit.targets import DEFAULT_TARGET, TARGETS
 from cocoviz.tui.widgets.dialogs import DIALOG_CSS
 
 
 @dataclass(frozen=True)
 class EmitRequest:
     directory: str
-    target: str  # "cuda" or "cpu"
+    target: str  # a name of cocoviz.emit.targets.TARGET_NAMES
     force: bool = False
 
 
@@ -32,7 +33,7 @@ class EmitDialog(ModalScreen[EmitRequest | None]):
     """
     )
 
-    def __init__(self, default_dir: str, target: str = "cuda") -> None:
+    def __init__(self, default_dir: str, target: str = DEFAULT_TARGET) -> None:
         super().__init__()
         self.default_dir = default_dir
         self.target = target
@@ -43,10 +44,8 @@ class EmitDialog(ModalScreen[EmitRequest | None]):
             yield Label("Output directory")
             yield Input(self.default_dir, id="dir")
             with RadioSet(id="target"):
-                yield RadioButton(
-                    "CUDA + NCCL + MPI launcher", value=self.target == "cuda", id="cuda"
-                )
-                yield RadioButton("C++ + MPI (CPU)", value=self.target == "cpu", id="cpu")
+                for t in TARGETS:
+                    yield RadioButton(t.title, value=self.target == t.name, id=t.name)
             yield Checkbox("overwrite a directory cocoviz did not write (--force)", id="force")
             with Horizontal():
                 yield Button("Emit", variant="primary", id="ok")
@@ -60,7 +59,7 @@ class EmitDialog(ModalScreen[EmitRequest | None]):
             self.notify("choose a directory", severity="warning")
             return
         pressed = self.query_one("#target", RadioSet).pressed_button
-        target = pressed.id if pressed is not None and pressed.id else "cuda"
+        target = pressed.id if pressed is not None and pressed.id else DEFAULT_TARGET
         force = self.query_one("#force", Checkbox).value
         self.dismiss(EmitRequest(directory, target, force))
 

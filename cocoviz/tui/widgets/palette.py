@@ -8,7 +8,7 @@ from textual.message import Message
 from textual.widgets import OptionList
 from textual.widgets.option_list import Option
 
-from cocoviz.tui.backend import PaletteEntry
+from cocoviz.schedule import PaletteEntry
 
 
 def _label(e: PaletteEntry) -> tuple[tuple[str, str], ...]:

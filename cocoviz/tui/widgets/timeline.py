@@ -13,15 +13,9 @@ from textual.reactive import reactive
 from textual.scroll_view import ScrollView
 from textual.strip import Strip
 
-from cocoviz.tui.timeline_rows import (
-    KIND_COLOR,
-    Bar,
-    Row,
-    TimelineRows,
-    format_time,
-    nice_step,
-    render_bars,
-)
+from cocoviz.style import kind_colour
+from cocoviz.timefmt import format_time
+from cocoviz.tui.timeline_rows import Bar, Row, TimelineRows, nice_step, render_bars
 
 GUTTER = 14
 HEADER = 2  # the axis and the details line
@@ -186,7 +180,7 @@ class TimelineView(ScrollView, can_focus=True):
         highlight = self._highlighted_stages()
         for i, (ch, kind, stage) in enumerate(cells):
             if kind:
-                color = KIND_COLOR.get(kind, "white")
+                color = kind_colour(kind)
                 st = base + Style(bgcolor=color, color="black")
                 if stage in highlight:
                     st += Style(bold=True, underline=True, bgcolor="bright_white")

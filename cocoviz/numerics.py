@@ -1,7 +1,9 @@
-"""The numeric primitives every executor shares (docs/semantics-notes.md).
+"""The numeric facts every executor and emitter shares (docs/semantics-notes.md).
 
-This module is the single Python definition of the generator, dropout, dtype rounding and
-comparison rules. The numpy reference and the mpi4py executor use it; the C++ runtime
+This module is the single Python definition of the dtype table (storage, compute type,
+C/CUDA/NCCL/MPI spellings, tolerances), the generator, dropout, dtype rounding and
+comparison rules. It sits just above the IR (docs/architecture.md, layers): the numpy
+reference, the mpi4py executor and the code emitters import it; the C++ runtime
 (`cocoviz/templates/cocoviz_runtime.h`) and the CUDA runtime
 (`cocoviz/templates/cocoviz_runtime.cuh`) implement the same rules, and
 `tests/test_runtime_headers.py` checks that they agree bit for bit.
@@ -53,12 +55,15 @@ from typing import Any, Final, TypeAlias
 import numpy as np
 import numpy.typing as npt
 
+from cocoviz.ir.types import DType
+
 __all__ = [
     "DTYPES",
     "CompareResult",
     "DTypeInfo",
     "Tolerance",
     "compare",
+    "compute_dtype",
     "dropout_apply",
     "dropout_keep",
     "dropout_keep_at",
@@ -119,6 +124,8 @@ class DTypeInfo:
     """numpy dtype holding values (bf16: float32 holding bf16-rounded values)."""
     compute: np.dtype[Any]
     """numpy dtype arithmetic runs in (f32 for f16/bf16/f32, f64, int64 for integers)."""
+    compute_name: str
+    """DSL spelling of the dtype arithmetic runs in (``f32``, ``f64`` or ``i64``)."""
     is_float: bool
     itemsize: int
     """Bytes per element in C/CUDA storage (2 for bf16, unlike its numpy storage)."""
@@ -141,6 +148,13 @@ class DTypeInfo:
     tolerance: Tolerance
 
 
+_COMPUTE_NAMES: Final[dict[type[Any], str]] = {
+    np.float32: "f32",
+    np.float64: "f64",
+    np.int64: "i64",
+}
+
+
 def _info(
     name: str,
     storage: type[Any],
@@ -158,6 +172,7 @@ def _info(
         name=name,
         storage=np.dtype(storage),
         compute=np.dtype(compute),
+        compute_name=_COMPUTE_NAMES[compute],
         is_float=name[0] in "fb",
         itemsize=itemsize,
         cpu_ctype=cpu[0],
@@ -214,6 +229,13 @@ def dtype_info(dtype: DTypeLike) -> DTypeInfo:
     except KeyError:
         known = " ".join(DTYPES)
         raise ValueError(f"unknown dtype {name!r} (expected one of: {known})") from None
+
+
+def compute_dtype(dtype: DTypeLike) -> DType:
+    """The DSL dtype arithmetic on `dtype` runs in: f32 for f16/bf16/f32, f64 for f64,
+    i64 for integers (docs/semantics-notes.md); ``dtype_info(dtype).compute`` is its
+    numpy type."""
+    return DType(dtype_info(dtype).compute_name)
 
 
 def storage_dtype(dtype: DTypeLike) -> np.dtype[Any]:

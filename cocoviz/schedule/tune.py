@@ -17,8 +17,9 @@ The best choice for one collective is kept while the next is tuned (coordinate d
 and the program's own ``schedule`` blocks are evaluated too. Each candidate is ranked by
 the simulated makespan (``cocoviz.sim.timeline.makespan``).
 
-``best_chunks(program, stages, hw)`` gives the chunk count the model prefers for an
-overlap of ``stages`` (the default K of ``overlap``).
+Every candidate is built with ``cocoviz.schedule.steps``, the path every caller takes,
+so an ``overlap`` written without ``chunks=`` (in a schedule block) gets the K the model
+picks on ``hw`` here as in ``apply``, ``emit`` and the TUI.
 """
 
 from __future__ import annotations
@@ -27,7 +28,8 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from cocoviz.errors import CocovizError, InternalError
+from cocoviz.errors import CocovizError
+from cocoviz.ir.collectives import collective
 from cocoviz.ir.graph import contracted_order
 from cocoviz.ir.nodes import (
     COLLECTIVES,
@@ -39,21 +41,21 @@ from cocoviz.ir.nodes import (
     Op,
     Program,
 )
+from cocoviz.schedule.chunks import CHUNK_CHOICES
+from cocoviz.schedule.files import save_sched
+from cocoviz.schedule.steps import apply_steps
 from cocoviz.sim.hardware import Hardware
 from cocoviz.sim.timeline import makespan
-from cocoviz.sim.workload import Context
 
 __all__ = [
     "CHUNK_CHOICES",
     "Candidate",
     "TuneResult",
-    "best_chunks",
     "schedule_label",
     "tune",
     "write_schedule",
 ]
 
-CHUNK_CHOICES = (2, 4, 8, 16)
 _ELIGIBLE = ELEMENTWISE | ROWWISE | REDUCTIONS | {Op.UPDATE, Op.SEND, Op.REF, Op.CONST}
 
 
@@ -91,15 +93,9 @@ class TuneResult:
 
 def _token(program: Program, name: str) -> str:
     op = program.stage(name).expr.op
-    return {
-        Op.MATMUL: "MM",
-        Op.ALLREDUCE: "AR",
-        Op.REDUCESCATTER: "RS",
-        Op.ALLGATHER: "AG",
-        Op.SEND: "P2P",
-        Op.BROADCAST: "BC",
-        Op.REDUCE: "R",
-    }.get(op, "C")
+    if op is Op.MATMUL:
+        return "MM"
+    return collective(op).label if op in COLLECTIVES else "C"
 
 
 def _tokens(program: Program, names: Sequence[str]) -> list[str]:
@@ -161,16 +157,13 @@ def schedule_label(program: Program) -> str:
 # Building schedules
 
 
-def _apply(program: Program, steps: Sequence[str]) -> Program | None:
-    from cocoviz.ir.transforms import as_transformation
-
-    p = program
-    for s in steps:
-        try:
-            p = as_transformation(s).apply(p)
-        except CocovizError:
-            return None
-    return p
+def _apply(program: Program, steps: Sequence[str], hw: Hardware) -> Program | None:
+    """`steps` applied as every caller applies them (`overlap`'s default K from the
+    model on `hw`), or None when one is refused."""
+    try:
+        return apply_steps(program, steps, hw)
+    except CocovizError:
+        return None
 
 
 def _stage_names(program: Program) -> set[str]:
@@ -283,7 +276,7 @@ def _overlaps(program: Program, coll: str) -> Iterator[list[str]]:
                 yield [f"overlap({', '.join(chain[i:j])}, chunks={k})"]
 
 
-def _recipes(program: Program, coll: str) -> Iterator[list[str]]:
+def _recipes(program: Program, coll: str, hw: Hardware) -> Iterator[list[str]]:
     """Step lists for one allreduce (each relative to ``program``)."""
     yield []
     region = _compute_region(program, coll)
@@ -295,7 +288,7 @@ def _recipes(program: Program, coll: str) -> Iterator[list[str]]:
             yield [f"fuse({', '.join(region)})", *ol]
     split = [f"split({coll})"]
     yield split
-    after_split = _apply(program, split)
+    after_split = _apply(program, split, hw)
     if after_split is None:
         return
     reorders = [[f"reorder({coll})"]]
@@ -303,14 +296,16 @@ def _recipes(program: Program, coll: str) -> Iterator[list[str]]:
         reorders.append([f"reorder({coll}, {', '.join(region)})"])
     seen: list[Program] = []
     for r in reorders:
-        moved = _apply(after_split, r)
+        moved = _apply(after_split, r, hw)
         if moved is None or moved in seen:
             continue
         seen.append(moved)
-        yield from _after_reorder(moved, coll, split + r)
+        yield from _after_reorder(moved, coll, split + r, hw)
 
 
-def _after_reorder(moved: Program, coll: str, base: list[str]) -> Iterator[list[str]]:
+def _after_reorder(
+    moved: Program, coll: str, base: list[str], hw: Hardware
+) -> Iterator[list[str]]:
     """asslice (of inputs whose update is not an output: outputs keep their layout), dce,
     then fusions and overlaps."""
     outputs = set(moved.outputs)
@@ -326,15 +321,15 @@ def _after_reorder(moved: Program, coll: str, base: list[str]) -> Iterator[list[
         if moved.type_of(t).layout.is_replicated and u not in outputs and u not in gathered_out
     ]
     extra: list[str] = []
-    if targets and _apply(moved, [f"asslice({', '.join(targets)})"]) is not None:
+    if targets and _apply(moved, [f"asslice({', '.join(targets)})"], hw) is not None:
         extra.append(f"asslice({', '.join(targets)})")
     else:
         for t in targets:
-            if _apply(moved, [*extra, f"asslice({t})"]) is not None:
+            if _apply(moved, [*extra, f"asslice({t})"], hw) is not None:
                 extra.append(f"asslice({t})")
-    after = _apply(moved, extra)
+    after = _apply(moved, extra, hw)
     assert after is not None
-    dced = _apply(after, ["dce()"])
+    dced = _apply(after, ["dce()"], hw)
     if dced is not None and dced != after:
         extra.append("dce()")
         after = dced
@@ -346,7 +341,7 @@ def _after_reorder(moved: Program, coll: str, base: list[str]) -> Iterator[list[
     for ol in _overlaps(after, rs):
         yield rcag + ol
     for fz in _rs_fusions(after, rs):
-        fused = _apply(after, fz)
+        fused = _apply(after, fz, hw)
         if fused is None:
             continue
         yield rcag + fz
@@ -366,10 +361,6 @@ def tune(
     progress: Callable[[int], None] | None = None,
 ) -> TuneResult:
     """Rank legal schedules of ``program`` (as loaded, before any schedule block)."""
-    try:
-        import cocoviz.ir.transforms  # noqa: F401
-    except ImportError as err:  # pragma: no cover - the transformations ship with cocoviz
-        raise InternalError(f"tune needs the schedule transformations: {err}") from None
     baseline = makespan(program, hw, collectives)
     result = TuneResult(program.name, hw.name, baseline)
     seen: dict[Program, Candidate] = {}
@@ -396,8 +387,8 @@ def tune(
         if coll not in _stage_names(current):
             continue
         best: tuple[float, Program, tuple[str, ...]] | None = None
-        for steps in _recipes(current, coll):
-            p = _apply(current, steps)
+        for steps in _recipes(current, coll, hw):
+            p = _apply(current, steps, hw)
             if p is None:
                 continue
             try:
@@ -410,7 +401,7 @@ def tune(
             _, current, current_steps = best
     for sched in program.schedules:
         block_steps = tuple(str(s) for s in sched.steps)
-        p = _apply(program, block_steps)
+        p = _apply(program, block_steps, hw)
         if p is not None:
             evaluate(block_steps, p, sched.name)
     result.candidates = sorted(seen.values(), key=lambda c: (c.time_s, len(c.steps), c.steps))
@@ -420,47 +411,5 @@ def tune(
 def write_schedule(candidate: Candidate, path: Path, header: str | None = None) -> None:
     """Write a candidate as a ``.sched`` file (the versioned header, a comment, one step a
     line), atomically; an OutputError when the system refuses."""
-    from cocoviz.session import save_sched
-
     comment = f"{header or candidate.name}: predicted {candidate.time_s * 1e6:.1f} us"
     save_sched(path, candidate.steps, f"{comment}, written by cocoviz tune")
-
-
-# ---------------------------------------------------------------------------------------
-# Chunk counts
-
-
-def best_chunks(
-    program: Program,
-    stages: Sequence[str],
-    hw: Hardware,
-    *,
-    collectives: str = "nccl",
-    candidates: Sequence[int] = CHUNK_CHOICES,
-) -> int:
-    """The chunk count the model predicts fastest for ``overlap(*stages)`` on ``hw``.
-
-    ``stages`` name the items (a member of a fused group stands for the group). Only
-    legal counts (dividing the rows, and so on) are tried; ValueError when none is.
-    """
-    from cocoviz.sim.warnings import chunk_times
-
-    items: list[str | Group] = []
-    for n in stages:
-        g = program.group_of(n)
-        item: str | Group = g if g is not None and g.kind is GroupKind.FUSED else n
-        if item not in items:
-            items.append(item)
-    ctx = Context(program, hw, collectives)
-    group = Group(GroupKind.OVERLAPPED, tuple(items), None)
-    times = chunk_times(ctx, group, [k for k in candidates if k >= 2])
-    if not times:
-        raise ValueError(
-            f"no chunk count among {', '.join(map(str, candidates))} is legal for "
-            f"overlap({', '.join(stages)})"
-        )
-    return min(times, key=lambda k: (times[k], k))
-
-
-def _is_collective(program: Program, name: str) -> bool:
-    return program.stage(name).expr.op in COLLECTIVES

@@ -5,7 +5,8 @@ two predicted timelines, so the numbers are the model's, never made up. No Textu
 from __future__ import annotations
 
 from cocoviz.ir.nodes import Program
-from cocoviz.tui.timeline_rows import CostFigures, format_time
+from cocoviz.sim.timeline import Summary
+from cocoviz.timefmt import format_time
 
 WHY = {
     "split": (
@@ -63,38 +64,36 @@ def _graph_change(before: Program, after: Program) -> list[str]:
     return out or ["the graph's shape is unchanged"]
 
 
-def _timeline_change(tb: CostFigures | None, ta: CostFigures | None) -> str:
+def _timeline_change(tb: Summary | None, ta: Summary | None) -> str:
     if tb is None or ta is None:
         return "The timeline is not available, so there is no predicted time to compare."
-    delta = tb.makespan - ta.makespan
-    pct = delta / tb.makespan if tb.makespan else 0.0
+    delta = tb.makespan_s - ta.makespan_s
+    pct = delta / tb.makespan_s if tb.makespan_s else 0.0
     if abs(pct) < 0.005:
-        head = f"Predicted time stays at {format_time(ta.makespan)}."
+        head = f"Predicted time stays at {format_time(ta.makespan_s)}."
     elif delta > 0:
         head = (
-            f"Predicted time falls from {format_time(tb.makespan)} to "
-            f"{format_time(ta.makespan)} ({pct:.0%} faster)."
+            f"Predicted time falls from {format_time(tb.makespan_s)} to "
+            f"{format_time(ta.makespan_s)} ({pct:.0%} faster)."
         )
     else:
         head = (
-            f"Predicted time rises from {format_time(tb.makespan)} to "
-            f"{format_time(ta.makespan)} ({-pct:.0%} slower) — a step can lose, and the "
+            f"Predicted time rises from {format_time(tb.makespan_s)} to "
+            f"{format_time(ta.makespan_s)} ({-pct:.0%} slower) — a step can lose, and the "
             "model says so."
         )
-    if tb.exposed_comm is not None and ta.exposed_comm is not None:
-        head += (
-            f" Communication nobody waits behind: exposed time "
-            f"{format_time(tb.exposed_comm)} → {format_time(ta.exposed_comm)}."
-        )
-    return head
+    return head + (
+        f" Communication nobody waits behind: exposed time "
+        f"{format_time(tb.exposed_comm_s)} → {format_time(ta.exposed_comm_s)}."
+    )
 
 
 def explain(
     step: str,
     before: Program,
     after: Program,
-    tb: CostFigures | None,
-    ta: CostFigures | None,
+    tb: Summary | None,
+    ta: Summary | None,
 ) -> str:
     """A few sentences for one teach-mode step."""
     name = step.split("(", 1)[0].strip()

@@ -1,0 +1,319 @@
+"""Kernel bodies of the emitter's lowering (docs/codegen.md): the per-rank storage `View`
+of a value, the `Unit`s a stage becomes, and `BodyBuilder`, which turns an expression
+into the SSA statements (`cocoviz.emit.plan.Stmt`) of one kernel body."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Literal
+
+from cocoviz.emit import plan as pl
+from cocoviz.emit.names import c_double
+from cocoviz.emit.plan import EmitError
+from cocoviz.ir.nodes import (
+    BINARY_CALLS,
+    BINARY_INFIX,
+    COMPARISONS,
+    UNARY_CALLS,
+    Expr,
+    Op,
+)
+from cocoviz.ir.types import DType, Layout, TensorType, block_dim, shape_values
+
+if TYPE_CHECKING:
+    from cocoviz.emit.storage import Storage
+
+# --------------------------------------------------------------------------- views
+
+
+def view_of(ty: TensorType, group: int, chunks: int | None = None) -> pl.View:
+    """The per-rank storage view of a value of type `ty` (chunked when `chunks` is set
+    and the value is sliced inside an overlapped group)."""
+    shape = shape_values(ty.shape)
+    n = 1
+    for s in shape:
+        n *= s
+    lay: Layout = ty.layout
+    if lay.is_replicated:
+        return pl.View("replicated", shape, n)
+    if lay.is_local:
+        return pl.View("local", shape, n)
+    if chunks:
+        return pl.View("chunked", shape, n // group, chunks=chunks)
+    d = block_dim(lay, ty.shape, group) if lay.dim is not None else None
+    if d is None:
+        return pl.View("flat", shape, n // group)
+    outer = 1
+    for s in shape[:d]:
+        outer *= s
+    inner = 1
+    for s in shape[d + 1 :]:
+        inner *= s
+    return pl.View("block", shape, n // group, outer=outer, extent=shape[d], inner=inner)
+
+
+def _with_chunks(v: pl.View, chunks: int) -> pl.View:
+    return dataclasses.replace(v, chunks=chunks)
+
+
+# --------------------------------------------------------------------------- units
+
+
+@dataclass
+class Unit:
+    """One thing a stage (or a lifted sub-expression) computes."""
+
+    kind: Literal["ew", "red", "row", "matmul", "coll"]
+    value: str
+    """The value it defines: a stage name or a temporary (``stage.tK``)."""
+    stage: str
+    expr: Expr
+    ty: TensorType
+    """Type of the value (temporaries: compute dtype)."""
+    chunks: int | None = None
+
+
+@dataclass
+class Reads:
+    """Who reads a value, for deciding what lives in registers."""
+
+    in_kernel_register: set[str] = field(default_factory=set)
+    elsewhere: bool = False
+
+
+# ---------------------------------------------------------------------- body builder
+
+
+class BodyBuilder:
+    """Builds the SSA statements of one kernel body over `space`."""
+
+    def __init__(self, lw: Storage, space: pl.Space, kernel: str, prefix: str = "") -> None:
+        self.lw = lw
+        self.space = space
+        self.kernel = kernel
+        self.prefix = prefix
+        self.stmts: list[pl.Stmt] = []
+        self._n = 0
+        self._cache: dict[tuple[object, ...], str] = {}
+        self.bound: dict[str, str] = {}
+
+    @property
+    def L(self) -> str:  # noqa: N802 - the index names of plan.py
+        """The element's index in per-rank storage (emitted on first use)."""
+        return self._L()
+
+    @property
+    def E(self) -> str:  # noqa: N802
+        """The element's global element index (emitted on first use)."""
+        return self._E(self.space.view)
+
+    # ---- helpers
+    def var(self) -> str:
+        self._n += 1
+        return f"{self.prefix}v{self._n}"
+
+    def emit(self, key: tuple[object, ...] | None, **kw: Any) -> str:
+        if key is not None and key in self._cache:
+            return self._cache[key]
+        dst = self.var()
+        self.stmts.append(pl.Stmt(dst=dst, **kw))
+        if key is not None:
+            self._cache[key] = dst
+        return dst
+
+    def _L(self) -> str:
+        if self.space.in_chunk_loop:
+            per_chunk = self.space.view.count // self.space.view.chunks
+            return self.emit(("L",), kind="index_affine", a="i", n2=per_chunk)
+        return "i"
+
+    def _E(self, view: pl.View) -> str:
+        if view.kind in ("replicated", "local"):
+            return self.L
+        if view.kind == "flat":
+            return self.emit(("E",), kind="index_affine", a=self.L, n1=view.count)
+        if view.kind == "chunked":
+            c = view.count // view.chunks
+            return self.emit(("E",), kind="index_affine", a="i", n1=c, n2=view.numel // view.chunks)
+        return self.emit(
+            ("E",),
+            kind="index_block_g",
+            a=self.L,
+            n1=view.blk * view.inner,
+            n2=view.inner,
+            n3=view.extent * view.inner,
+            terms=((view.blk, 0, 0),),
+        )
+
+    def element_index(self, shape: tuple[int, ...]) -> str:
+        """Global element index of the current element broadcast to `shape`."""
+        space_shape = self.space.view.shape
+        if shape == space_shape:
+            return self.E
+        if not shape:
+            return "0"
+        terms: list[tuple[int, int, int]] = []
+        off = len(space_shape) - len(shape)
+        rs = 1
+        res_strides = [0] * len(space_shape)
+        for d in range(len(space_shape) - 1, -1, -1):
+            res_strides[d] = rs
+            rs *= space_shape[d]
+        os_ = 1
+        for d in range(len(shape) - 1, -1, -1):
+            if shape[d] != 1:
+                terms.append((res_strides[d + off], space_shape[d + off], os_))
+            os_ *= shape[d]
+        return self.emit(("bcast", shape), kind="index_bcast", a=self.E, terms=tuple(terms))
+
+    def storage_index(self, name: str, ty: TensorType) -> str:
+        view = self.lw.view(name)
+        buf = self.lw.buffer_of(name)
+        shape = shape_values(ty.shape)
+        if not shape:
+            return "0"
+        if buf.addressing == "global":
+            return self.element_index(shape)
+        if view == self.space.view:
+            return self.L
+        g = self.element_index(shape)
+        if view.kind in ("replicated", "local"):
+            return g
+        if view.kind == "flat":
+            return self.emit(("flat_l", name), kind="index_affine", a=g, n1=-view.count)
+        if view.kind == "block":
+            return self.emit(
+                ("block_l", name), kind="index_block_l", a=g,
+                n1=view.extent * view.inner, n2=view.inner, n3=view.blk,
+            )  # fmt: skip
+        raise EmitError(
+            f"'{name}' is sliced chunk by chunk inside an overlapped group and read at "
+            "other positions; the emitter cannot index it",
+            hint="keep values produced inside an overlapped group inside it",
+        )
+
+    def operand_conv(self, var: str, src: DType, dst: DType) -> str:
+        """`var` (compute type of `src`) as a value of `dst` in `dst`'s compute type."""
+        if src == dst:
+            return var
+        return self.emit(("conv", var, dst), kind="convert", a=var, dtype=dst, src_dtype=src)
+
+    def round_to(self, var: str, dt: DType) -> str:
+        if dt.is_half or dt is DType.I32:
+            return self.emit(("round", var, dt), kind="round", a=var, dtype=dt)
+        return var
+
+    # ---- expressions
+    def expr(self, e: Expr) -> tuple[str, DType]:
+        """The SSA variable holding `e` in the compute type of its dtype."""
+        op = e.op
+        ty = e.type
+        if op is Op.REF:
+            assert e.name is not None
+            return self.read(e.name, ty), ty.dtype
+        if op is Op.CONST:
+            assert e.value is not None
+            return self.emit(
+                ("const", e.value, ty.dtype),
+                kind="const",
+                literal=c_double(e.value),
+                dtype=ty.dtype,
+            ), ty.dtype
+        if op is Op.SLICE:
+            v, dt = self.expr(e.args[0])
+            return v, dt
+        if op is Op.CAST:
+            v, dt = self.expr(e.args[0])
+            assert e.dtype_arg is not None
+            return self.operand_conv(v, dt, e.dtype_arg), e.dtype_arg
+        if op is Op.DROPOUT:
+            x = self.operand(e.args[0], ty.dtype)
+            d = self.generator_index(e.args[0].type)
+            assert e.tag is not None and e.value is not None
+            key, const = self.lw.dropout(e.tag, float(e.value), ty.dtype)
+            return self.emit(
+                None, kind="dropout", a=x, b=d, buffer=key, c=const, dtype=ty.dtype
+            ), ty.dtype
+        if op in COMPARISONS:
+            common = _common_dtype(e.args)
+            a = self.operand(e.args[0], common)
+            b = self.operand(e.args[1], common)
+            return self.emit(
+                None, kind="compare", op=op.name.lower(), a=a, b=b, dtype=common
+            ), common
+        if op is Op.WHERE:
+            c = self.condition(e.args[0])
+            a = self.operand(e.args[1], ty.dtype)
+            b = self.operand(e.args[2], ty.dtype)
+            return self.emit(None, kind="where", a=c, b=a, c=b, dtype=ty.dtype), ty.dtype
+        if op is Op.NEG or op in UNARY_CALLS:
+            a = self.operand(e.args[0], ty.dtype)
+            return self.emit(None, kind="unary", op=op.name.lower(), a=a, dtype=ty.dtype), ty.dtype
+        if op in BINARY_INFIX or op in BINARY_CALLS:
+            a = self.operand(e.args[0], ty.dtype)
+            b = self.operand(e.args[1], ty.dtype)
+            return self.emit(
+                None, kind="binary", op=op.name.lower(), a=a, b=b, dtype=ty.dtype
+            ), ty.dtype
+        raise AssertionError(f"unlifted {op.value} in a kernel body")
+
+    def operand(self, e: Expr, dt: DType) -> str:
+        if e.op is Op.CONST and e.value is not None:
+            # a literal takes the operand dtype straight from its source value
+            return self.emit(
+                ("const", e.value, dt), kind="const", literal=c_double(e.value), dtype=dt
+            )
+        v, src = self.expr(e)
+        return self.operand_conv(v, src, dt)
+
+    def condition(self, e: Expr) -> str:
+        if e.op in COMPARISONS:
+            return self.expr(e)[0]
+        v, dt = self.expr(e)
+        zero = self.emit(("const", 0, dt), kind="const", literal="0.0", dtype=dt)
+        return self.emit(None, kind="compare", op="ne", a=v, b=zero, dtype=dt)
+
+    def generator_index(self, ty: TensorType) -> str:
+        e = self.element_index(shape_values(ty.shape))
+        if ty.layout.is_local:
+            n = 1
+            for s in shape_values(ty.shape):
+                n *= s
+            return self.emit(("gen_local", e), kind="index_affine", a=e, n1=n)
+        return e
+
+    def read(self, name: str, ty: TensorType) -> str:
+        if name in self.lw.param_names:
+            return self.emit(
+                ("param", name), kind="param", buffer=self.lw.param_cname[name], dtype=ty.dtype
+            )
+        shape = shape_values(ty.shape)
+        if (
+            name in self.bound
+            and shape == self.space.view.shape
+            and self.lw.view(name) == self.space.view
+        ):
+            self.lw.note_read(name, self.kernel, register=True)
+            return self.bound[name]
+        self.lw.note_read(name, self.kernel, register=False)
+        buf = self.lw.buffer_of(name)
+        if not shape:
+            return self.emit(
+                ("load", name, "0"), kind="load_scalar", buffer=buf.cname, dtype=buf.dtype
+            )
+        idx = self.storage_index(name, ty)
+        return self.emit(("load", name, idx), kind="load", buffer=buf.cname, a=idx, dtype=buf.dtype)
+
+    def store(self, name: str, var: str, dt: DType) -> None:
+        buf = self.lw.buffer_of(name)
+        ty = self.lw.type_of(name)
+        idx = self.storage_index(name, ty)
+        v = self.operand_conv(var, dt, buf.dtype)
+        self.stmts.append(pl.Stmt(kind="store", buffer=buf.cname, a=idx, b=v, dtype=buf.dtype))
+
+
+def _common_dtype(args: Sequence[Expr]) -> DType:
+    tensors = [a for a in args if not a.type.is_scalar]
+    return (tensors[0] if tensors else args[0]).type.dtype

@@ -1,0 +1,273 @@
+"""Kernels of the emitter's lowering (docs/codegen.md, what each construct becomes): a
+stage's units, and the elementwise kernels (with their reductions), row kernels and
+matmuls they are issued as."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from typing import Any, Literal, cast
+
+from cocoviz.emit import plan as pl
+from cocoviz.emit.body import BodyBuilder, Unit, _with_chunks, view_of
+from cocoviz.emit.collectives import CollectiveLowering
+from cocoviz.emit.plan import EmitError
+from cocoviz.ir.nodes import COLLECTIVES, REDUCTIONS, ROWWISE, Expr, Op, Stage
+from cocoviz.ir.types import shape_values
+
+REDUCE_BLOCKS = 1024
+"""Per-block partials of a two-phase reduction (CUDA grid size of reduction kernels)."""
+
+_RED_KIND: dict[Op, Any] = {Op.SUM: "sum", Op.NORM: "sumsq", Op.AMAX: "absmax"}
+
+
+class KernelLowering(CollectiveLowering):
+    """Units, and the kernels, row kernels and matmuls they become."""
+
+    def make_units(self, s: Stage) -> list[Unit]:
+        e = s.expr
+        op = e.op
+        chunks = self.chunks_of.get(s.name)
+        if op is Op.MATMUL:
+            self._uses_matmul = True
+            return [Unit("matmul", s.name, s.name, e, s.ty, chunks)]
+        if op in COLLECTIVES:
+            return [Unit("coll", s.name, s.name, e, s.ty, chunks)]
+        body = e.args[1] if op is Op.UPDATE else e
+        out: list[Unit] = []
+        counter = [0]
+
+        def lift(x: Expr, top: bool) -> Expr:
+            args = tuple(lift(a, False) for a in x.args)
+            x2 = dataclasses.replace(x, args=args) if args != x.args else x
+            if top:
+                return x2
+            if x2.op in REDUCTIONS or x2.op in ROWWISE:
+                counter[0] += 1
+                name = f"{s.name}.t{counter[0]}"
+                ty = x2.type
+                if x2.op in ROWWISE:
+                    ty = dataclasses.replace(ty, dtype=ty.dtype.compute)
+                self.lifted_types[name] = ty
+                kind: Literal["red", "row"] = "red" if x2.op in REDUCTIONS else "row"
+                if kind == "red" and x2.args[0].type.layout.is_sliced and chunks:
+                    raise EmitError(
+                        f"stage '{s.name}' reduces a value inside an overlapped group; "
+                        "the emitter cannot chunk a whole-tensor reduction",
+                        s.span,
+                    )
+                out.append(Unit(kind, name, s.name, x2, ty, chunks))
+                return Expr(Op.REF, name=name, ty=ty, span=x.span)
+            return x2
+
+        top = lift(body, True)
+        if top.op in REDUCTIONS:
+            kind: Literal["ew", "red", "row"] = "red"
+        elif top.op in ROWWISE:
+            kind = "row"
+        else:
+            kind = "ew"
+        if top.op in ROWWISE or top.op in REDUCTIONS:
+            # arguments of the top op may themselves hold lifted ops: lift them as args
+            args = tuple(lift(a, False) if a.op in REDUCTIONS | ROWWISE else a for a in top.args)
+            top = dataclasses.replace(top, args=args)
+        out.append(Unit(kind, s.name, s.name, top, s.ty, chunks))
+        return out
+
+    def lower_units(
+        self, stages: Sequence[str], chunks: int | None, label: str, fused: bool = False
+    ) -> list[pl.Step]:
+        steps: list[pl.Step] = []
+        units = [u for s in stages for u in self.units[s]]
+        cur: list[Unit] = []
+        cur_space: pl.Space | None = None
+
+        def flush() -> None:
+            nonlocal cur, cur_space
+            if cur:
+                assert cur_space is not None
+                steps.extend(self.kernel(cur, cur_space, chunks))
+            cur, cur_space = [], None
+
+        for u in units:
+            if u.kind in ("ew", "red"):
+                space = self.space_of(u, chunks)
+                if cur and (space != cur_space or not self.joins(u, cur, space)):
+                    flush()
+                if not cur:
+                    cur_space = space
+                cur.append(u)
+                continue
+            flush()
+            if u.kind == "row":
+                steps.append(self.row_kernel(u, chunks))
+            elif u.kind == "matmul":
+                steps.append(self.matmul(u, chunks))
+            else:
+                steps.extend(self.collective_steps(u, chunks))
+        flush()
+        return steps
+
+    def space_of(self, u: Unit, chunks: int | None) -> pl.Space:
+        if u.kind == "red":
+            arg = u.expr.args[0]
+            v = view_of(arg.type, self.G, None)
+            return pl.Space(v, False)
+        v = self.view(u.value)
+        if chunks:
+            return pl.Space(v if v.kind == "chunked" else _with_chunks(v, chunks), True)
+        return pl.Space(v, False)
+
+    def joins(self, u: Unit, cur: list[Unit], space: pl.Space) -> bool:
+        members = {c.value: c for c in cur}
+        for name in u.expr.refs():
+            m = members.get(name)
+            if m is None:
+                continue
+            if m.kind == "red":
+                return False
+            if self.view(name) != space.view:
+                return False
+        for e in u.expr.walk():
+            if (
+                e.op is Op.REF
+                and e.name in members
+                and shape_values(e.type.shape) != space.view.shape
+            ):
+                return False
+        return True
+
+    def kernel(self, units: list[Unit], space: pl.Space, chunks: int | None) -> list[pl.Step]:
+        stage_names = tuple(dict.fromkeys(u.stage for u in units))
+        cname = self.names.fresh(f"{self.ns}_{stage_names[0]}", "k_")
+        bb = BodyBuilder(self, space, cname)
+        reductions: list[pl.Reduction] = []
+        finishes: list[pl.Step] = []
+        for u in units:
+            if u.kind == "red":
+                arg = u.expr.args[0]
+                v, dt = bb.expr(arg)
+                acc_dt = u.ty.dtype
+                if dt.compute != acc_dt.compute:
+                    v = bb.operand_conv(v, dt, acc_dt)
+                pname = self.names.fresh(f"{self.ns}_{u.value}", "p_")
+                self.buffers[pname] = pl.Buffer(
+                    pname, u.value, acc_dt.compute, REDUCE_BLOCKS, u.ty.pstage, "partial"
+                )
+                self.buffer_order.append(pname)
+                red = pl.Reduction(_RED_KIND[u.expr.op], v, pname, acc_dt.compute)
+                reductions.append(red)
+                fname = self.names.fresh(f"{self.ns}_{u.value}_finish", "f_")
+                finishes.append(
+                    pl.ReduceFinish(
+                        fname,
+                        u.stage,
+                        red,
+                        arg.type.layout.is_sliced,
+                        self.buffer_of(u.value).cname,
+                        self.buffer_of(u.value).dtype,
+                        u.ty.pstage,
+                    )
+                )
+                self.stage_kernels.setdefault(u.stage, []).append(fname)
+                if arg.type.layout.is_sliced:
+                    self.stage_colls.setdefault(u.stage, []).append(
+                        f"{u.stage}.reduce (allreduce of 1 value)"
+                    )
+                continue
+            v, dt = bb.expr(u.expr)
+            v = bb.operand_conv(v, dt, u.ty.dtype)
+            r = bb.round_to(v, u.ty.dtype)
+            bb.bound[u.value] = r
+            if u.value in self.value_buffer:
+                bb.store(u.value, r, u.ty.dtype)
+        for u in units:
+            self.stage_kernels.setdefault(u.stage, []).append(cname)
+        pstage = units[0].ty.pstage
+        k = pl.Kernel(cname, stage_names, space, tuple(bb.stmts), tuple(reductions), pstage)
+        return [k, *finishes]
+
+    def row_kernel(self, u: Unit, chunks: int | None) -> pl.RowKernel:
+        e = u.expr
+        space = self.space_of(u, chunks)
+        cname = self.names.fresh(f"{self.ns}_{u.value}", "r_")
+        cdt = e.type.dtype.compute
+        xb = BodyBuilder(self, space, cname, "x")
+        x = xb.operand_conv(*xb.expr(e.args[0]), e.type.dtype)
+        gb = BodyBuilder(self, space, cname, "g")
+        gamma = beta = ""
+        if e.op in (Op.LAYERNORM, Op.RMSNORM):
+            gamma = gb.operand_conv(*gb.expr(e.args[1]), e.type.dtype)
+        if e.op is Op.LAYERNORM:
+            beta = gb.operand_conv(*gb.expr(e.args[2]), e.type.dtype)
+        sb = BodyBuilder(self, space, cname, "s")
+        y = "y"
+        r = sb.round_to(y, u.ty.dtype)
+        sb.store(u.value, r, u.ty.dtype)
+        row_len = space.view.shape[-1]
+        eps = float(e.value) if e.value is not None else 0.0
+        self.stage_kernels.setdefault(u.stage, []).append(cname)
+        return pl.RowKernel(
+            cname,
+            (u.stage,),
+            cast(Any, e.op.value),
+            space,
+            row_len,
+            tuple(xb.stmts),
+            x,
+            tuple(gb.stmts),
+            tuple(sb.stmts),
+            y,
+            gamma,
+            beta,
+            eps,
+            cdt,
+            u.ty.pstage,
+        )
+
+    def matmul(self, u: Unit, chunks: int | None) -> pl.Matmul:
+        e = u.expr
+        a, b = e.args
+        assert a.name is not None and b.name is not None
+        at, bt = a.type, b.type
+        K = bt.shape[0].value
+        N = bt.shape[1].value
+        av, bv, cv = self.view(a.name), self.view(b.name), self.view(u.value)
+        k_loc = K // self.G if (av.kind == "block" and av.inner == 1) else K
+        n_loc = N // self.G if (bv.kind == "block" and bv.inner == 1) else N
+        if at.layout.is_sliced and av.kind == "flat" and len(at.shape) == 1:
+            raise EmitError(f"matmul '{u.stage}': a flat-sliced vector operand is not supported")
+        m_loc = av.count // k_loc
+        if bv.count != k_loc * n_loc or cv.count != m_loc * n_loc:
+            raise EmitError(
+                f"matmul '{u.stage}': per-rank shapes do not line up "
+                f"(a {av.count}, b {bv.count}, c {cv.count} elements)",
+            )
+        a_off = c_off = pl.ZERO
+        m = m_loc
+        if chunks:
+            if m_loc % chunks:
+                raise EmitError(
+                    f"matmul '{u.stage}': {m_loc} rows do not split into {chunks} chunks"
+                )
+            m = m_loc // chunks
+            a_off = pl.Offset(per_chunk=m * k_loc)
+            c_off = pl.Offset(per_chunk=m * n_loc)
+        self.note_read(a.name, "matmul", False)
+        self.note_read(b.name, "matmul", False)
+        cname = self.names.fresh(f"{self.ns}_{u.value}", "mm_")
+        self.stage_kernels.setdefault(u.stage, []).append(cname + " (cuBLAS GEMM)")
+        return pl.Matmul(
+            cname,
+            u.stage,
+            self.buffer_of(a.name).cname,
+            self.buffer_of(b.name).cname,
+            self.buffer_of(u.value).cname,
+            m,
+            n_loc,
+            k_loc,
+            u.ty.dtype,
+            a_off,
+            c_off,
+            u.ty.pstage,
+        )

@@ -1,0 +1,655 @@
+"""The workbench: a program being edited and scheduled, and everything shown of it.
+
+It holds the source text and its parse generation (the last program that parsed, the
+current error), the step history (a `cocoviz.schedule.Session`: a refused step is a
+`StepFailure` value, docs/schedules.md, Sessions), the simulated timeline and the
+emitted code of each step (cached per program, so an edited source or a dropped branch
+of the history never shows a stale one), the timeline comparison, teach mode and the
+autosave. The terminal UI displays it; nothing here imports Textual or rich.
+
+Threads. Simulating, emitting and parsing are slow, so a UI runs them in workers in
+three phases: on the UI's thread it asks for the work (`begin_parse`,
+`timelines_to_simulate`, `code_jobs`, `emit_job`), in a worker it runs the *worker-safe*
+methods (`parse`, `simulate`, `emit_code`, `write`: they read only their arguments and
+the immutable `hw`, `source` and `view`, and change nothing), and back on the UI's
+thread it hands the result over (`accept`, `store_timelines`, `store_code`). Every other
+method reads or changes the workbench and belongs to one thread, the UI's.
+"""
+
+from __future__ import annotations
+
+import functools
+import shlex
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from enum import Enum
+from pathlib import Path
+from typing import Generic, Literal, NamedTuple, TypeVar
+
+from cocoviz.emit.emitter import Emitted, Target, emit
+from cocoviz.emit.lower import EmitError
+from cocoviz.emit.toolchain import Toolchain, find_toolchain
+from cocoviz.emit.writer import WriteResult, write_tree
+from cocoviz.errors import CocovizError, UsageError
+from cocoviz.ir.lower import load_program
+from cocoviz.ir.nodes import Program, unscheduled
+from cocoviz.schedule import PaletteEntry, Session, StepFailure, block_steps, palette
+from cocoviz.sim.hardware import Hardware
+from cocoviz.sim.timeline import Summary, Timeline
+from cocoviz.sim.timeline import simulate as simulate_timeline
+from cocoviz.workbench import state, teach
+from cocoviz.workbench.source import Source
+
+__all__ = [
+    "COMPARE_MODES",
+    "NO_PROGRAM",
+    "Accepted",
+    "CodeJob",
+    "CodePair",
+    "CompareMode",
+    "Comparison",
+    "Parsed",
+    "Refused",
+    "Simulated",
+    "TeachNote",
+    "Workbench",
+    "Written",
+    "emitted_files",
+]
+
+V = TypeVar("V")
+"""What the UI draws of a timeline (the TUI: its rows), made once per simulated step."""
+
+CompareMode = Literal["off", "previous", "unscheduled"]
+COMPARE_MODES: tuple[CompareMode, ...] = ("off", "previous", "unscheduled")
+NO_PROGRAM = "no program: fix the error in the source"
+
+
+# --- values handed between the UI's thread and its workers ----------------------------------
+
+
+@dataclass(frozen=True)
+class Parsed:
+    """A text and what parsing it gave: a program, or the error (with diagnostics)."""
+
+    text: str
+    program: Program | None
+    error: CocovizError | None
+
+
+class Accepted(Enum):
+    """What handing a parse over changed."""
+
+    STALE = "stale"
+    """A newer text is being parsed; nothing changed."""
+    ERROR = "error"
+    """The text has an error (`Workbench.error`); the last program that parsed stays."""
+    OPENED = "opened"
+    """The first text parsed: the program is open (teach steps set, autosave to offer)."""
+    PARSED = "parsed"
+    """A new program, with the applied steps replayed on it."""
+
+
+@dataclass(frozen=True)
+class Simulated(Generic[V]):
+    """What a simulation worker hands back: per program its timeline and the UI's view
+    of it, in order, up to the first program the simulator refused (`note` says why)."""
+
+    done: tuple[tuple[Program, Timeline, V], ...]
+    note: str = ""
+
+
+@dataclass(frozen=True)
+class CodeJob:
+    """Code to emit: a step's program, the program as parsed (`reference`, the check's
+    baseline), the steps that lead from one to the other (recorded in the manifest) and
+    the target."""
+
+    program: Program
+    reference: Program
+    steps: tuple[str, ...]
+    target: Target
+
+
+class Written(NamedTuple):
+    """An emitted tree and what writing it did."""
+
+    emitted: Emitted
+    result: WriteResult
+
+
+@dataclass(frozen=True)
+class Refused:
+    """Why nothing was written: a title and the message to show."""
+
+    title: str
+    message: str
+
+
+@dataclass(frozen=True)
+class Comparison(Generic[V]):
+    """The timeline of the current step and the one it is compared with."""
+
+    index: int
+    current: V | None
+    """None while it is being simulated (or when it cannot be)."""
+    against: int | None
+    """The step compared with; None when the mode is off or there is none yet."""
+    compare: V | None
+
+    @property
+    def label(self) -> str:
+        """The current step's name: `step 2`, or `unscheduled`."""
+        return f"step {self.index}" if self.index else "unscheduled"
+
+    @property
+    def against_label(self) -> str:
+        if self.against is None:
+            return ""
+        return f"step {self.against}" if self.against else "unscheduled"
+
+
+@dataclass(frozen=True)
+class CodePair:
+    """The current step's code for a target and the previous step's, for the diff."""
+
+    current: Emitted | str | None
+    """The files, why there are none (a "not supported"), or None while generating."""
+    previous: Emitted | None
+
+
+@dataclass(frozen=True)
+class TeachNote:
+    """Teach mode's explanation of the current step.
+
+    `total` 0: there is no schedule to teach. `program` False: the source does not
+    parse. At the start `step` is None and `text` the introduction; after a step, `text`
+    says what it changed in the graph and the timeline and why. `next_step` is None
+    after the last one.
+    """
+
+    position: int
+    total: int
+    program: bool = True
+    step: str | None = None
+    text: str = ""
+    next_step: str | None = None
+
+
+# --- code generation ------------------------------------------------------------------------
+
+
+@functools.cache
+def _toolchain() -> Toolchain:
+    """Where nvcc, NCCL and MPI are (the Makefile's defaults); looked up once."""
+    return find_toolchain()
+
+
+def emitted_files(
+    program: Program,
+    reference: Program,
+    target: Target,
+    steps: Sequence[str],
+    hw: Hardware,
+) -> Emitted:
+    """The files `cocoviz emit` writes for `program` (a step of `reference`, the
+    program as parsed), in memory (docs/codegen.md). Raises EmitError (a CocovizError) for what the emitter
+    cannot lower."""
+    return emit(
+        program,
+        unscheduled(reference),
+        target=target,
+        schedule_steps=tuple(steps),
+        toolchain=_toolchain(),
+        hw=hw,
+    )
+
+
+def _hinted(err: CocovizError, sep: str) -> str:
+    return err.message + (f"{sep}{err.hint}" if err.hint else "")
+
+
+# --- the workbench --------------------------------------------------------------------------
+
+
+class Workbench(Generic[V]):
+    """A program being edited and scheduled on one hardware profile.
+
+    `view` turns a simulated timeline into what the UI draws of it (made in the
+    simulation worker, cached with the timeline). With `teach`, teach mode is on once
+    the source has parsed.
+    """
+
+    def __init__(
+        self,
+        source: Source,
+        *,
+        hw: Hardware,
+        view: Callable[[Timeline], V],
+        teach: bool = False,
+        state_root: Path | None = None,
+    ) -> None:
+        self.source = source
+        self.hw = hw
+        self.view = view
+        self.state_root = state_root
+        """Where the autosave goes (None: the user's state directory)."""
+        self.text = source.text
+        """The text last handed over, whether it parsed or not."""
+        self.base: Program | None = None
+        """The last program that parsed (unscheduled)."""
+        self.error: CocovizError | None = None
+        """Why the text last handed over does not parse."""
+        self.session: Session | None = None
+        """The steps applied to `base`; None until a text has parsed."""
+        self.failed: StepFailure | None = None
+        """The last step refused (cleared by the next applied one, or a new program)."""
+        self.teach_steps: list[str] = []
+        self.teaching = False
+        self.compare_mode: CompareMode = "off"
+        self.sim_note = ""
+        """Why there is no timeline (the simulator's refusal, or a failed worker)."""
+        self._teach_at_open = teach
+        self._gen = 0
+        self._replay: list[str] | None = None
+        self._timelines: dict[int, tuple[Program, Timeline, V]] = {}
+        """By the identity of the program simulated."""
+        self._code: dict[tuple[int, tuple[str, ...], str], tuple[Program, Emitted | str]] = {}
+        """By (identity of the program, steps, target)."""
+        self._palette: tuple[Program, dict[str, list[PaletteEntry] | str]] | None = None
+
+    # --- parsing --------------------------------------------------------------------------
+    def begin_parse(self, text: str, steps: Sequence[str] | None = None) -> int:
+        """Start a parse generation for `text`; its result is handed to `accept` with the
+        number returned. `steps` are applied to the program once it parses (None: the
+        steps applied now)."""
+        self._gen += 1
+        self._replay = list(steps) if steps is not None else None
+        return self._gen
+
+    def parse(self, text: str) -> Parsed:
+        """Parse and lower `text` (worker-safe)."""
+        try:
+            return Parsed(text, load_program(text, self.source.label), None)
+        except CocovizError as err:
+            return Parsed(text, None, err)
+
+    def accept(self, gen: int, parsed: Parsed) -> Accepted:
+        """Hand over the parse of generation `gen`. A new program replaces the old one:
+        the steps are replayed on it (up to the first refused, then `failed`) and every
+        cached timeline and code is dropped."""
+        if gen != self._gen:
+            return Accepted.STALE
+        self.text = parsed.text
+        self.error = parsed.error
+        if parsed.program is None:
+            return Accepted.ERROR
+        replay = self._replay if self._replay is not None else self.applied_steps
+        self.base = parsed.program
+        self.session = Session(parsed.program, self.hw)
+        self._timelines.clear()
+        self._code.clear()
+        self._palette = None
+        self.failed = None
+        for step in replay:
+            outcome = self.session.apply(step)
+            if isinstance(outcome, StepFailure):
+                self.failed = outcome
+                break
+        if gen > 1:
+            return Accepted.PARSED
+        given = self.source.teach_steps
+        self.teach_steps = (
+            list(given)
+            if given is not None
+            else [str(s) for s in block_steps(parsed.program, None)]
+        )
+        if self._teach_at_open:
+            self.set_teaching(True)
+        return Accepted.OPENED
+
+    # --- the program and its steps --------------------------------------------------------
+    @property
+    def program(self) -> Program | None:
+        """The program at the current step (None until a text has parsed)."""
+        return self.session.program if self.session is not None else None
+
+    @property
+    def position(self) -> int:
+        """How many steps are applied (0: the unscheduled program)."""
+        return self.session.position if self.session is not None else 0
+
+    @property
+    def applied_steps(self) -> list[str]:
+        """The applied steps as resolved (`overlap` with its chunk count)."""
+        return [str(s) for s in self.session.steps] if self.session is not None else []
+
+    @property
+    def recorded_steps(self) -> list[str]:
+        """Every recorded step, applied or undone."""
+        if self.session is None:
+            return []
+        return [str(h.step) for h in self.session.history]
+
+    def program_at(self, i: int) -> Program | None:
+        """The program after the first `i` recorded steps (None: no program, or no such
+        step)."""
+        if self.session is None or not 0 <= i <= len(self.session.history):
+            return None
+        return self.session.program_at(i)
+
+    def apply(self, step: str) -> Program | StepFailure:
+        """Apply a step after the current one (dropping the undone ones); a refused step
+        is returned, recorded as `failed`, and changes nothing else."""
+        if self.session is None:
+            self.failed = StepFailure(step, UsageError(NO_PROGRAM))
+            return self.failed
+        outcome = self.session.apply(step)
+        if isinstance(outcome, StepFailure):
+            self.failed = outcome
+        else:
+            self.failed = None
+            self._forget_dropped()
+        return outcome
+
+    def undo(self) -> bool:
+        return self.session is not None and self.session.undo()
+
+    def redo(self) -> bool:
+        return self.session is not None and self.session.redo()
+
+    def jump(self, i: int) -> bool:
+        """Go to step `i` of the recorded ones; False when that is where it is already
+        (or there is no such step)."""
+        if self.session is None or i == self.position or self.program_at(i) is None:
+            return False
+        self.session.jump(i)
+        return True
+
+    def palette(self, stage: str) -> list[PaletteEntry] | str:
+        """The steps offered for `stage` at the current step (docs/schedules.md), or why
+        there are none; cached per program."""
+        program = self.program
+        if program is None:
+            return NO_PROGRAM
+        if self._palette is None or self._palette[0] is not program:
+            self._palette = (program, {})
+        cache = self._palette[1]
+        if stage not in cache:
+            try:
+                cache[stage] = palette(program, stage, self.hw)
+            except CocovizError as err:
+                cache[stage] = err.message
+        return cache[stage]
+
+    def command_line(self) -> str:
+        """The `cocoviz apply` command that gives the current step."""
+        parts = ["cocoviz", "apply", shlex.quote(self.source.command_file)]
+        parts += [shlex.quote(s) for s in self.applied_steps]
+        return " ".join(parts)
+
+    def save_sched(self, path: Path) -> int:
+        """Write the applied steps as a `.sched` file; returns how many. Raises OSError,
+        or CocovizError (no program, or a path the writer refuses)."""
+        if self.session is None:
+            raise UsageError(NO_PROGRAM)
+        self.session.save(path)
+        return self.position
+
+    # --- stages ---------------------------------------------------------------------------
+    def default_selection(self) -> str | None:
+        """The stage selected at first: the first collective, else the first stage."""
+        program = self.program
+        if program is None or not program.stages:
+            return None
+        for s in program.stages:
+            if s.is_collective:
+                return s.name
+        return program.stages[0].name
+
+    def has_stage(self, name: str) -> bool:
+        """Whether the current program has stage `name`."""
+        return self.program is not None and self.program.has_stage(name)
+
+    def source_line(self, name: str) -> int | None:
+        """The source line of stage `name`, if the text declares it."""
+        if self.base is None or not self.base.has_stage(name):
+            return None
+        span = self.base.stage(name).span
+        return span.line if span is not None else None
+
+    def stage_on_line(self, line: int) -> str | None:
+        """The stage declared on source line `line`, if the current program has it."""
+        if self.base is None:
+            return None
+        for s in self.base.stages:
+            if s.span is not None and s.span.line == line:
+                return s.name if self.has_stage(s.name) else None
+        return None
+
+    # --- timelines ------------------------------------------------------------------------
+    def timeline(self, i: int) -> V | None:
+        """The view of step `i`'s timeline, when it has been simulated."""
+        hit = self._timeline_entry(i)
+        return hit[2] if hit is not None else None
+
+    def summary(self, i: int) -> Summary | None:
+        """The simulator's summary of step `i`, when it has been simulated."""
+        hit = self._timeline_entry(i)
+        return hit[1].summary if hit is not None else None
+
+    def _timeline_entry(self, i: int) -> tuple[Program, Timeline, V] | None:
+        program = self.program_at(i)
+        if program is None:
+            return None
+        hit = self._timelines.get(id(program))
+        return hit if hit is not None and hit[0] is program else None
+
+    def compare_index(self) -> int | None:
+        """The step the timeline is compared with (None: no comparison now)."""
+        cur = self.position
+        if self.compare_mode == "previous":
+            return cur - 1 if cur > 0 else None
+        if self.compare_mode == "unscheduled":
+            return 0 if cur > 0 else None
+        return None
+
+    def cycle_compare(self) -> CompareMode:
+        """The next comparison: off → previous step → unscheduled → off."""
+        i = COMPARE_MODES.index(self.compare_mode)
+        self.compare_mode = COMPARE_MODES[(i + 1) % len(COMPARE_MODES)]
+        return self.compare_mode
+
+    def comparison(self) -> Comparison[V]:
+        cur = self.position
+        against = self.compare_index()
+        compare = self.timeline(against) if against is not None else None
+        return Comparison(cur, self.timeline(cur), against, compare)
+
+    def timelines_to_simulate(self) -> list[Program]:
+        """The programs whose timelines are shown and not simulated yet: the current
+        step, the unscheduled one, the one compared with and, teaching, the previous."""
+        wanted = [self.position, 0]
+        against = self.compare_index()
+        if against is not None:
+            wanted.append(against)
+        if self.teaching and self.position > 0:
+            wanted.append(self.position - 1)
+        todo: dict[int, Program] = {}
+        for i in wanted:
+            program = self.program_at(i)
+            if program is not None and self.timeline(i) is None:
+                todo.setdefault(id(program), program)
+        return list(todo.values())
+
+    def simulate(self, programs: Iterable[Program]) -> Simulated[V]:
+        """Simulate each program on `hw` (worker-safe)."""
+        done: list[tuple[Program, Timeline, V]] = []
+        for program in programs:
+            try:
+                tl = simulate_timeline(program, self.hw)
+            except CocovizError as err:
+                return Simulated(tuple(done), f"cannot simulate: {err.message}")
+            done.append((program, tl, self.view(tl)))
+        return Simulated(tuple(done))
+
+    def store_timelines(self, simulated: Simulated[V]) -> None:
+        """Keep the timelines of programs still in the history; `sim_note` becomes the
+        batch's note."""
+        live = self._live()
+        for program, tl, view in simulated.done:
+            if id(program) in live:
+                self._timelines[id(program)] = (program, tl, view)
+        self.sim_note = simulated.note
+
+    # --- code -----------------------------------------------------------------------------
+    def code_jobs(self, target: Target) -> list[CodeJob]:
+        """The current and the previous step's code for `target`, where not emitted yet."""
+        jobs: list[CodeJob] = []
+        if self.base is None:
+            return jobs
+        recorded = self.recorded_steps
+        for j in (self.position, self.position - 1):
+            program = self.program_at(j)
+            steps = tuple(recorded[:j])
+            if program is not None and self._code_entry(program, steps, target) is None:
+                jobs.append(CodeJob(program, self.base, steps, target))
+        return jobs
+
+    def emit_code(self, jobs: Iterable[CodeJob]) -> list[tuple[CodeJob, Emitted | str]]:
+        """Emit each job in memory (worker-safe); what the emitter refuses is a message."""
+        out: list[tuple[CodeJob, Emitted | str]] = []
+        for job in jobs:
+            files: Emitted | str
+            try:
+                files = emitted_files(job.program, job.reference, job.target, job.steps, self.hw)
+            except EmitError as err:
+                files = f"not supported by the {job.target} emitter: {err.message}" + (
+                    f" (hint: {err.hint})" if err.hint else ""
+                )
+            except CocovizError as err:
+                files = f"cannot emit: {err.message}"
+            out.append((job, files))
+        return out
+
+    def store_code(self, results: Iterable[tuple[CodeJob, Emitted | str]]) -> None:
+        live = self._live()
+        for job, files in results:
+            if id(job.program) in live and job.reference is self.base:
+                self._code[(id(job.program), job.steps, job.target)] = (job.program, files)
+
+    def code(self, target: Target) -> CodePair:
+        """The current step's code for `target` and the previous step's (when emitted)."""
+        recorded = self.recorded_steps
+        i = self.position
+        current = self._code_at(i, recorded, target)
+        previous = self._code_at(i - 1, recorded, target) if i > 0 else None
+        return CodePair(current, previous if isinstance(previous, Emitted) else None)
+
+    def _code_at(self, j: int, recorded: list[str], target: Target) -> Emitted | str | None:
+        program = self.program_at(j)
+        if program is None:
+            return None
+        return self._code_entry(program, tuple(recorded[:j]), target)
+
+    def _code_entry(
+        self, program: Program, steps: tuple[str, ...], target: str
+    ) -> Emitted | str | None:
+        hit = self._code.get((id(program), steps, target))
+        return hit[1] if hit is not None and hit[0] is program else None
+
+    def emit_job(self, target: Target) -> CodeJob | None:
+        """The current step's code for `target`, to write (None: no program)."""
+        if self.session is None or self.base is None:
+            return None
+        return CodeJob(self.session.program, self.base, tuple(self.applied_steps), target)
+
+    def write(self, job: CodeJob, directory: str | Path, force: bool = False) -> Written | Refused:
+        """Emit `job` and write the tree into `directory` atomically (worker-safe). The
+        writer refuses a non-empty directory cocoviz did not write, unless `force`."""
+        try:
+            out = emitted_files(job.program, job.reference, job.target, job.steps, self.hw)
+            return Written(out, write_tree(directory, out.files, force=force))
+        except EmitError as err:
+            return Refused(f"not supported by the {job.target} emitter", _hinted(err, "\nhint: "))
+        except CocovizError as err:  # the writer's refusal of a foreign directory
+            return Refused("not emitted", _hinted(err, "\nhint: "))
+        except OSError as err:
+            return Refused("not emitted", f"{directory}: {err.strerror or err}")
+
+    # --- teach mode -----------------------------------------------------------------------
+    def set_teaching(self, on: bool) -> bool:
+        """Turn teach mode on or off. On, it teaches from the start: when the applied
+        steps are not the first steps taught, it goes back to the unscheduled program
+        (returns True: the step changed); it compares with the previous step."""
+        self.teaching = on
+        moved = False
+        if on and self.session is not None and self.teach_steps:
+            if self.applied_steps != self.teach_steps[: self.position]:
+                self.session.jump(0)
+                moved = True
+        if on and self.compare_mode == "off":
+            self.compare_mode = "previous"
+        return moved
+
+    @property
+    def teach_finished(self) -> bool:
+        """Whether every step taught is applied."""
+        return self.position >= len(self.teach_steps)
+
+    def teach_next(self) -> Program | StepFailure | None:
+        """The next step taught: redone when it is the next recorded step, else applied.
+        None when there is no program or no next step."""
+        if self.session is None or self.teach_finished:
+            return None
+        i, taught, recorded = self.position, self.teach_steps, self.recorded_steps
+        if recorded[:i] == taught[:i] and len(recorded) > i and recorded[i] == taught[i]:
+            self.session.redo()
+            return self.session.program
+        return self.apply(taught[i])
+
+    def teach_note(self) -> TeachNote:
+        """The explanation of the current step (teach.py's words, the model's numbers)."""
+        taught, i = self.teach_steps, self.position
+        if not taught:
+            return TeachNote(i, 0)
+        if self.session is None:
+            return TeachNote(i, len(taught), program=False)
+        if i == 0:
+            return TeachNote(0, len(taught), text=teach.INTRO, next_step=taught[0])
+        step = self.recorded_steps[i - 1]
+        before, after = self.session.program_at(i - 1), self.session.program_at(i)
+        text = teach.explain(step, before, after, self.summary(i - 1), self.summary(i))
+        return TeachNote(
+            i, len(taught), step=step, text=text, next_step=taught[i] if i < len(taught) else None
+        )
+
+    # --- autosave -------------------------------------------------------------------------
+    def autosave(self) -> Path:
+        """Save the text and the applied steps (raises OSError)."""
+        save = state.Autosave(self.source.key, self.text, tuple(self.applied_steps), time.time())
+        return state.write(save, self.state_root)
+
+    def saved(self) -> state.Autosave | None:
+        """The autosave of an earlier session on this source, when it differs from what
+        was opened (to offer it back)."""
+        saved = state.read(self.source.key, self.state_root)
+        if saved is None:
+            return None
+        if saved.source == self.source.text and saved.steps == self.source.steps:
+            return None
+        return saved
+
+    # --- caches ---------------------------------------------------------------------------
+    def _live(self) -> set[int]:
+        """The identities of the programs in the history."""
+        if self.session is None:
+            return set()
+        return {id(self.session.initial)} | {id(h.after) for h in self.session.history}
+
+    def _forget_dropped(self) -> None:
+        """Drop what was cached of the programs of an abandoned branch of the history."""
+        live = self._live()
+        self._timelines = {k: v for k, v in self._timelines.items() if k in live}
+        self._code = {k: v for k, v in self._code.items() if k[0] in live}
