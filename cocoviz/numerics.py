@@ -148,74 +148,41 @@ class DTypeInfo:
     tolerance: Tolerance
 
 
-_COMPUTE_NAMES: Final[dict[type[Any], str]] = {
-    np.float32: "f32",
-    np.float64: "f64",
-    np.int64: "i64",
+_TOLERANCES: Final[dict[DType, Tolerance]] = {
+    DType.F16: Tolerance(5e-3, 1e-3),
+    DType.BF16: Tolerance(2e-2, 1e-2),
+    DType.F32: Tolerance(1e-5, 1e-6),
+    DType.F64: Tolerance(1e-10, 1e-12),
+    DType.I32: Tolerance(0.0, 0.0),
+    DType.I64: Tolerance(0.0, 0.0),
 }
+"""Per dtype (atol, rtol) of a comparison (docs/semantics-notes.md, tolerances); the
+only facts here that `DType.facts` does not hold."""
 
 
-def _info(
-    name: str,
-    storage: type[Any],
-    compute: type[Any],
-    itemsize: int,
-    cpu: tuple[str, str],
-    cuda: tuple[str, str],
-    nccl: str,
-    mpi: str,
-    cuda_datatype: str,
-    npy_descr: str,
-    tol: Tolerance,
-) -> DTypeInfo:
+def _info(dt: DType) -> DTypeInfo:
+    f = dt.facts
     return DTypeInfo(
-        name=name,
-        storage=np.dtype(storage),
-        compute=np.dtype(compute),
-        compute_name=_COMPUTE_NAMES[compute],
-        is_float=name[0] in "fb",
-        itemsize=itemsize,
-        cpu_ctype=cpu[0],
-        cpu_compute_ctype=cpu[1],
-        cuda_ctype=cuda[0],
-        cuda_compute_ctype=cuda[1],
-        runtime_enum=f"cocoviz::DType::{name}",
-        nccl=nccl,
-        mpi=mpi,
-        cuda_datatype=cuda_datatype,
-        npy_descr=npy_descr,
-        tolerance=tol,
+        name=dt.value,
+        storage=np.dtype(f.numpy),
+        compute=np.dtype(DType(f.compute).facts.numpy),
+        compute_name=f.compute,
+        is_float=f.is_float,
+        itemsize=f.itemsize,
+        cpu_ctype=f.cpu_ctype,
+        cpu_compute_ctype=f.cpu_compute_ctype,
+        cuda_ctype=f.cuda_ctype,
+        cuda_compute_ctype=f.cuda_compute_ctype,
+        runtime_enum=f"cocoviz::DType::{dt.value}",
+        nccl=f.nccl,
+        mpi=f.mpi,
+        cuda_datatype=f.cuda_datatype,
+        npy_descr=f.npy_descr,
+        tolerance=_TOLERANCES[dt],
     )
 
 
-DTYPES: Final = MappingProxyType(
-    {
-        "f16": _info(
-            "f16", np.float16, np.float32, 2, ("uint16_t", "float"), ("__half", "float"),
-            "ncclFloat16", "MPI_UINT16_T", "CUDA_R_16F", "<f2", Tolerance(5e-3, 1e-3),
-        ),
-        "bf16": _info(
-            "bf16", np.float32, np.float32, 2, ("uint16_t", "float"), ("__nv_bfloat16", "float"),
-            "ncclBfloat16", "MPI_UINT16_T", "CUDA_R_16BF", "<f4", Tolerance(2e-2, 1e-2),
-        ),
-        "f32": _info(
-            "f32", np.float32, np.float32, 4, ("float", "float"), ("float", "float"),
-            "ncclFloat32", "MPI_FLOAT", "CUDA_R_32F", "<f4", Tolerance(1e-5, 1e-6),
-        ),
-        "f64": _info(
-            "f64", np.float64, np.float64, 8, ("double", "double"), ("double", "double"),
-            "ncclFloat64", "MPI_DOUBLE", "CUDA_R_64F", "<f8", Tolerance(1e-10, 1e-12),
-        ),
-        "i32": _info(
-            "i32", np.int32, np.int64, 4, ("int32_t", "int64_t"), ("int32_t", "int64_t"),
-            "ncclInt32", "MPI_INT32_T", "CUDA_R_32I", "<i4", Tolerance(0.0, 0.0),
-        ),
-        "i64": _info(
-            "i64", np.int64, np.int64, 8, ("int64_t", "int64_t"), ("int64_t", "int64_t"),
-            "ncclInt64", "MPI_INT64_T", "CUDA_R_64I", "<i8", Tolerance(0.0, 0.0),
-        ),
-    }
-)  # fmt: skip
+DTYPES: Final = MappingProxyType({dt.value: _info(dt) for dt in DType})
 """The dtype table, keyed by DSL spelling."""
 
 

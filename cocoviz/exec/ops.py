@@ -60,7 +60,6 @@ __all__ = [
     "broadcast",
     "broadcast_operand",
     "combine_ranks",
-    "compute_dtype",
     "evaluate",
     "implicit_reductions",
     "matmul",
@@ -80,11 +79,6 @@ Array = npt.NDArray[Any]
 # ------------------------------------------------------------------------- dtypes
 
 
-def compute_dtype(dtype: DType) -> np.dtype[Any]:
-    """The numpy type a value of `dtype` is computed in (f32, f64 or int64)."""
-    return nx.dtype_info(dtype).compute
-
-
 def storage_dtype(dtype: DType) -> np.dtype[Any]:
     return nx.dtype_info(dtype).storage
 
@@ -100,7 +94,7 @@ def round_to(x: npt.ArrayLike, dtype: DType) -> Array:
 def to_compute(x: npt.ArrayLike, dtype: DType) -> Array:
     """Widen stored values of `dtype` to its compute type (exact)."""
     a = np.asarray(x)
-    ct = compute_dtype(dtype)
+    ct = nx.dtype_info(dtype).compute
     return a if a.dtype == ct else a.astype(ct)
 
 
@@ -313,7 +307,7 @@ def softmax(x: Array, n: int) -> Array:
 
 def accumulation_dtype(dtype: DType) -> np.dtype[Any]:
     """Reductions accumulate in f32 (f16/bf16/f32), f64 or int64."""
-    return compute_dtype(dtype)
+    return nx.dtype_info(dtype).compute
 
 
 def reduction_partial(op: Op, x: Array, dtype: DType) -> Array:
@@ -378,7 +372,7 @@ def combine_ranks(arrays: Sequence[npt.ArrayLike], rop: ReduceOp, compute: np.dt
 
 def reduce_values(arrays: Sequence[Array], rop: ReduceOp, dtype: DType) -> Array:
     """`combine_ranks` of stored values of `dtype`, rounded once to `dtype`."""
-    return round_to(combine_ranks(arrays, rop, compute_dtype(dtype)), dtype)
+    return round_to(combine_ranks(arrays, rop, nx.dtype_info(dtype).compute), dtype)
 
 
 # ---------------------------------------------------------------- collectives

@@ -152,7 +152,7 @@ def _stage_temp_bytes(s: Stage, group: int) -> int:
     per-rank array involved, the generator's for dropout, the combine buffers of a
     collective, the f32 copies and product of a matmul."""
     ty = s.ty
-    ct = max(ops.compute_dtype(ty.dtype).itemsize, 4)
+    ct = max(nx.dtype_info(ty.dtype).compute.itemsize, 4)
     biggest = _numel(rank_shape(ty, group))
     dropout = False
     for e in s.expr.walk():

@@ -30,16 +30,10 @@ from cocoviz.sim.workload import (
     lower_item,
     lower_overlap,
 )
+from cocoviz.timefmt import format_time
 
 CHUNK_CANDIDATES = (1, 2, 4, 8, 16)
 _MARGIN = 1.02  # a step must lose by more than 2% to be reported
-
-
-def _fmt(seconds: float) -> str:
-    us = seconds * 1e6
-    if us >= 1000:
-        return f"{us / 1000:.3g} ms"
-    return f"{us:.3g} µs"
 
 
 def item_name(item: str | Group) -> str:
@@ -92,8 +86,8 @@ def _overlap_warnings(
         return [
             SimWarning(
                 "overlap-slower",
-                f"{step} is predicted slower than no overlap: {_fmt(times[k])} vs "
-                f"{_fmt(times[1])} (per-chunk latency and smaller GEMMs cost more than the "
+                f"{step} is predicted slower than no overlap: {format_time(times[k])} vs "
+                f"{format_time(times[1])} (per-chunk latency and smaller GEMMs cost more than the "
                 "overlap hides)",
                 stages,
                 times[k],
@@ -105,8 +99,8 @@ def _overlap_warnings(
         return [
             SimWarning(
                 "overlap-chunks",
-                f"{step}: chunks={best} is predicted faster ({_fmt(times[best])} vs "
-                f"{_fmt(times[k])})",
+                f"{step}: chunks={best} is predicted faster ({format_time(times[best])} vs "
+                f"{format_time(times[k])})",
                 stages,
                 times[k],
                 times[best],
@@ -205,7 +199,7 @@ def _rs_warning(ctx: Context, group: Group | None, rs: str) -> list[SimWarning]:
             SimWarning(
                 "split-alone",
                 f"{step} alone is predicted slower than the allreduce it replaces: "
-                f"{_fmt(mine)} vs {_fmt(alternative)} (two collectives, nothing computed on "
+                f"{format_time(mine)} vs {format_time(alternative)} (two collectives, nothing computed on "
                 "the shard)",
                 stages,
                 mine,
@@ -217,9 +211,9 @@ def _rs_warning(ctx: Context, group: Group | None, rs: str) -> list[SimWarning]:
         SimWarning(
             "rs-c-ag-slower",
             f"{step}: {what} is predicted slower than allreduce → compute (AR-C): "
-            f"{_fmt(mine)} vs {_fmt(alternative)}; the collectives cost {_fmt(comm - ar)} "
+            f"{format_time(mine)} vs {format_time(alternative)}; the collectives cost {format_time(comm - ar)} "
             f"more than one allreduce, computing on 1/{ctx.group} of the data saves only "
-            f"{_fmt(max(0.0, full - shard))}",
+            f"{format_time(max(0.0, full - shard))}",
             stages,
             mine,
             alternative,
@@ -293,7 +287,7 @@ def schedule_warnings(ctx: Context, summary: Summary) -> list[SimWarning]:
             SimWarning(
                 "schedule-slower",
                 f"this schedule is predicted slower than the baseline: "
-                f"{_fmt(summary.makespan_s)} vs {_fmt(summary.baseline_s or 0.0)} "
+                f"{format_time(summary.makespan_s)} vs {format_time(summary.baseline_s or 0.0)} "
                 f"({summary.speedup:.2f}x)",
                 (),
                 summary.makespan_s,

@@ -2,7 +2,7 @@
 //
 // Copied verbatim next to the emitted sources together with cocoviz_runtime.h, whose
 // generator, dropout, conversion, compare and .npy functions it reuses: under nvcc they
-// are __host__ __device__, so the device computes exactly what cocoviz/exec/numerics.py
+// are __host__ __device__, so the device computes exactly what cocoviz/numerics.py
 // and the CPU target compute. This header adds
 //
 //   CudaDt<D>              CUDA storage types (__half, __nv_bfloat16, ...), load/store,

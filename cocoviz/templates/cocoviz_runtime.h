@@ -1,7 +1,7 @@
 // cocoviz_runtime.h — numeric runtime shared by cocoviz's emitted C++ and CUDA code.
 //
 // Copied verbatim next to the emitted sources; not a template. It implements the rules
-// of cocoviz/exec/numerics.py (docs/semantics-notes.md) so that emitted programs, the numpy reference
+// of cocoviz/numerics.py (docs/semantics-notes.md) so that emitted programs, the numpy reference
 // and the MPI executor agree bit for bit:
 //
 //   mix(z)    splitmix64 finalizer (uint64, wrapping)
