@@ -10,13 +10,14 @@ as an internal error (exit 70), never as a traceback.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import os
 import sys
 import traceback
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from cocoviz.errors import CocovizError, ExitCode, InputError, InternalError, UsageError
 
@@ -64,7 +65,8 @@ def add_program_options(p: argparse.ArgumentParser, schedule: bool = True) -> No
             "--schedule",
             "-s",
             metavar="S",
-            help="a schedule block name, or a .sched file",
+            help="a schedule block name, or a .sched file (default: none, the program as "
+            "written)",
         )
     p.add_argument(
         "-D",
@@ -91,6 +93,22 @@ def add_hw_option(p: argparse.ArgumentParser) -> None:
         help=f"hardware profile of the cost model: {', '.join(list_profiles())} "
         f"(default {DEFAULT_PROFILE}), or a .toml file",
     )
+
+
+def console(width: int | None = None, stderr: bool = False) -> Any:
+    """A rich console on stdout (or stderr) for tables and drawings. Piped into a reader
+    that stops early (`| head`), it ends the command like `print` does: exit 0 (rich's
+    own handler exits 1)."""
+    from rich.console import Console
+
+    class _Console(Console):
+        def on_broken_pipe(self) -> None:
+            raise BrokenPipeError
+
+    stream = sys.stderr if stderr else sys.stdout
+    if width is None and not stream.isatty() and "COLUMNS" not in os.environ:
+        width = 132  # pipes and files: rich's 80 columns would fold the tables
+    return _Console(file=stream, width=width, highlight=False, soft_wrap=False)
 
 
 def add_json_option(p: argparse.ArgumentParser) -> None:
@@ -153,6 +171,18 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _parse(parser: argparse.ArgumentParser, argv: list[str]) -> argparse.Namespace:
+    """Parse the command line. A command whose trailing positionals may come anywhere
+    (`apply FILE --ranks 4 'split(sum)'`: its steps) sets `intermixed` to their name."""
+    args, extra = parser.parse_known_args(argv)
+    if extra:
+        name = getattr(args, "intermixed", None)
+        if name is None or any(e.startswith("-") for e in extra):
+            parser.error(f"unrecognized arguments: {' '.join(extra)}")
+        setattr(args, name, [*getattr(args, name), *extra])
+    return args
+
+
 def _emit_error(err: CocovizError) -> None:
     color = sys.stderr.isatty() and os.environ.get("NO_COLOR") is None
     print(err.render(color), file=sys.stderr)
@@ -165,7 +195,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser = build_parser()
         if not argv:
             return _default(parser)
-        args = parser.parse_args(argv)
+        args = _parse(parser, argv)
         if args.version:
             from importlib.metadata import version
 
@@ -188,6 +218,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("interrupted", file=sys.stderr)
         return 130
     except BrokenPipeError:
+        # the reader stopped early (`| head`): not an error; the rest of the output goes
+        # nowhere, so that flushing it at exit does not fail again
+        with contextlib.suppress(OSError):
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, sys.stdout.fileno())
         return int(ExitCode.OK)
     except MemoryError:
         print(

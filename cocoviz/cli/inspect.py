@@ -4,10 +4,18 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
+import textwrap
 from pathlib import Path
 from typing import Any
 
-from cocoviz.cli import add_json_option, add_program_options, args_hardware, load_args_program
+from cocoviz.cli import (
+    add_json_option,
+    add_program_options,
+    args_hardware,
+    console,
+    load_args_program,
+)
 from cocoviz.errors import ExitCode, UsageError
 from cocoviz.ir.nodes import Program
 from cocoviz.ir.summary import Summary, format_bytes, summarize
@@ -25,14 +33,32 @@ def register(sub: Any) -> None:
     add_json_option(p)
     p.set_defaults(handler=cmd_check)
 
-    p = sub.add_parser("show", help="print a program (text, json or dot), or draw its graph")
+    p = sub.add_parser(
+        "show",
+        help="print a program (text, json or dot), or draw its graph",
+        description="Print the program with every stage's inferred dtype, shape and layout "
+        "(after --schedule, when given), as text, as JSON or as a Graphviz graph; or draw "
+        "the dataflow graph in the terminal.",
+    )
     add_program_options(p)
-    p.add_argument("--format", choices=("text", "json", "dot"), default="text")
+    p.add_argument(
+        "--format",
+        choices=("text", "json", "dot"),
+        default="text",
+        help="text: the program with types as comments (default); json: the dataflow graph "
+        "as data; dot: a Graphviz graph",
+    )
     p.add_argument("--graph", action="store_true", help="draw the dataflow graph in the terminal")
     add_json_option(p)
     p.set_defaults(handler=cmd_show)
 
-    p = sub.add_parser("samples", help="list the bundled sample programs, or copy them")
+    p = sub.add_parser(
+        "samples",
+        help="list the bundled sample programs, or copy them",
+        description="List the sample programs that ship with cocoviz (any command takes a "
+        "sample's name in place of a FILE), copy them into a directory to edit, or print a "
+        "GPT stack of any depth.",
+    )
     p.add_argument("--copy", metavar="DIR", help="copy the samples into DIR")
     p.add_argument(
         "--gpt",
@@ -131,7 +157,7 @@ def cmd_show(args: argparse.Namespace) -> int:
     if args.graph:
         from cocoviz.ir.draw import print_graph
 
-        print_graph(program)
+        print_graph(program, console())
         return ExitCode.OK
     if fmt == "json":
         print(json.dumps(to_json(program), indent=2))
@@ -157,9 +183,13 @@ def cmd_samples(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(names))
         return ExitCode.OK
+    width = max(shutil.get_terminal_size((100, 24)).columns, 60)
+    pad = max(len(n) for n in names) + 2
     for n in names:
-        first = samples.text(n).splitlines()[0].lstrip("# ").strip()
-        print(f"{n:<24} {first}")
+        lines = textwrap.wrap(samples.description(n), width - pad, break_on_hyphens=False) or [""]
+        print(f"{n:<{pad}}{lines[0]}")
+        for more in lines[1:]:
+            print(" " * pad + more)
     return ExitCode.OK
 
 

@@ -22,7 +22,12 @@ def register(sub: Any) -> None:
         "'split(sum)'; one argument may hold several steps separated by ';'.",
     )
     add_program_options(p, schedule=False)
-    p.add_argument("steps", metavar="STEP", nargs="*", help="a step, e.g. 'split(sum)'")
+    p.add_argument(
+        "steps",
+        metavar="STEP",
+        nargs="*",
+        help="a step, e.g. 'split(sum)' (steps may come before or after the options)",
+    )
     p.add_argument(
         "-o",
         "--output",
@@ -41,7 +46,7 @@ def register(sub: Any) -> None:
         "after the given steps, and why the others do not",
     )
     add_json_option(p)
-    p.set_defaults(handler=cmd_apply)
+    p.set_defaults(handler=cmd_apply, intermixed="steps")
 
     p = sub.add_parser(
         "verify",

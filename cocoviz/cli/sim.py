@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -14,6 +13,7 @@ from cocoviz.cli import (
     add_json_option,
     add_program_options,
     args_hardware,
+    console,
     load_args_program,
 )
 from cocoviz.errors import Diagnostic, ExitCode, UsageError
@@ -120,20 +120,6 @@ def _warn(message: str, hint: str | None = None) -> None:
     print(Diagnostic(message, hint=hint, severity="warning").render(color), file=sys.stderr)
 
 
-def _console(width: int | None = None, stderr: bool = False) -> Any:
-    from rich.console import Console
-
-    stream = sys.stderr if stderr else sys.stdout
-    if width is None and not stream.isatty() and "COLUMNS" not in os.environ:
-        width = 132  # pipes and files: rich's 80 columns would fold the tables
-    return Console(
-        file=stream,
-        width=width,
-        highlight=False,
-        soft_wrap=False,
-    )
-
-
 # ---------------------------------------------------------------------------------------
 # simulate
 
@@ -221,13 +207,13 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(timeline_json(timeline), indent=2))
     else:
-        console = _console(args.width)
-        width = args.width or min(console.width, 160)
-        console.print(render_summary(timeline))
-        console.print()
-        console.print(render_timeline(timeline, width=width))
-        console.print()
-        console.print(render_stage_table(timeline))
+        out = console(args.width)
+        width = args.width or min(out.width, 160)
+        out.print(render_summary(timeline))
+        out.print()
+        out.print(render_timeline(timeline, width=width))
+        out.print()
+        out.print(render_stage_table(timeline))
     for w in timeline.warnings:
         _warn(w.message, w.suggestion)
     return ExitCode.OK
@@ -257,7 +243,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
             BarColumn(),
             TextColumn("{task.completed} schedules"),
             TimeElapsedColumn(),
-            console=_console(stderr=True),
+            console=console(stderr=True),
             transient=True,
         )
         task = live.add_task(program.name, total=None)
@@ -324,7 +310,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
             Text(c.title),
             Text("; ".join(str(s) for s in c.steps) or "(as written)"),
         )
-    _console().print(table)
+    console().print(table)
     return ExitCode.OK
 
 

@@ -32,3 +32,18 @@ def named_by(file: str | Path) -> str | None:
         return None
     stem = text.removesuffix(".coco")
     return stem if stem in names() else None
+
+
+def description(name: str) -> str:
+    """The first sentence of a sample's header comment (whole, however many lines)."""
+    words: list[str] = []
+    for line in text(name).splitlines():
+        if not line.startswith("#"):
+            break
+        words += line.lstrip("#").split()
+    header = " ".join(words)
+    end = next(
+        (i + 1 for i, c in enumerate(header) if c == "." and header[i + 1 : i + 2] in (" ", "")),
+        None,
+    )
+    return header[:end] if end else header
