@@ -14,8 +14,6 @@ import importlib
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from cocoviz.emit.plan import EmitError
-
 if TYPE_CHECKING:
     from cocoviz.emit import plan as pl
     from cocoviz.emit.render import EmitOptions, Renderer
@@ -64,6 +62,8 @@ def target_spec(name: str) -> TargetSpec:
     for t in TARGETS:
         if t.name == name:
             return t
+    from cocoviz.emit.plan import EmitError  # not at import: `--target`'s choices read the table
+
     raise EmitError(f"unknown target {name!r}", hint=f"the targets are: {', '.join(TARGET_NAMES)}")
 
 

@@ -17,7 +17,6 @@ from cocoviz.ir.nodes import Program, ScheduleBlock, StepCall
 from cocoviz.ir.transforms import StepLike, as_transformation
 from cocoviz.ir.transforms.base import ChunkChooser
 from cocoviz.ir.transforms.overlap import DEFAULT_CHUNKS
-from cocoviz.schedule.chunks import best_chunks
 from cocoviz.schedule.files import load_sched
 from cocoviz.sim.hardware import Hardware, default_hardware
 
@@ -39,6 +38,10 @@ def chunk_chooser(hw: Hardware) -> ChunkChooser:
     """The chooser of `overlap`'s K on `hw`: the model's fastest legal count, or the
     default when none is legal (the step's own check then says why)."""
     def choose(program: Program, items: tuple[str, ...]) -> int:
+        # the simulator is imported only when a step needs the model: most commands
+        # apply schedules whose overlaps name their K, and start faster without it
+        from cocoviz.schedule.chunks import best_chunks
+
         try:
             return best_chunks(program, items, hw)
         except ValueError:
