@@ -319,7 +319,10 @@ async def test_a_worker_exception_shows_a_panel_and_the_app_keeps_running(
 
 
 @run_async
-async def test_random_typing_anywhere_does_not_crash(tmp_path) -> None:  # type: ignore[no-untyped-def]
+async def test_random_typing_anywhere_does_not_crash(tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    # random keys reach the emit dialog (`e`, a typed name, `enter`): whatever it writes
+    # goes under tmp_path, never into the directory the tests run from
+    monkeypatch.chdir(tmp_path)
     rng = random.Random(6)
     keys = list("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789(){}[]=+-*/#,.:;@ ")
     keys += [
@@ -425,3 +428,207 @@ async def test_edit_then_ctrl_end_moves_to_the_end_and_leaves_the_layout(tmp_pat
         await pilot.press("escape")
         await pilot.pause()
         assert not area.has_focus and app.screen.maximized is None
+
+
+# --- the first hour of a new user: quit, help, layout, status, hover, code options ---------
+
+
+@run_async
+async def test_q_quits_and_autosaves_but_types_a_q_in_the_editor(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    app = make_app(tmp_path, "megatron_mlp")
+    async with app.run_test(size=(120, 40)) as pilot:
+        await settle(pilot)
+        assert app.apply_step("split(sum)")
+        await settle(pilot)
+        await pilot.press("i")
+        area = app.query_one(CocoTextArea)
+        area.move_cursor((0, 0))
+        await pilot.press("q")
+        await pilot.pause()
+        assert app.is_running and area.text.startswith("q# Megatron")
+        # Leave the editor before the edit is parsed: q quits, and the edit is saved.
+        await pilot.press("escape", "q")
+        await pilot.pause()
+        assert not app.is_running
+    saved = state.read("sample:megatron_mlp", tmp_path / "state")
+    assert saved is not None and saved.source.startswith("q# Megatron")
+    assert saved.steps == ("split(sum)",)
+
+
+def _help_body(app: CocovizApp):  # type: ignore[no-untyped-def]
+    from textual.containers import VerticalScroll
+
+    return app.screen.query_one("#help-body", VerticalScroll)
+
+
+@pytest.mark.parametrize("size", [(80, 24), (120, 40)])
+@run_async
+async def test_help_opens_at_the_top_scrolls_and_closes(tmp_path, size) -> None:  # type: ignore[no-untyped-def]
+    app = make_app(tmp_path, "megatron_mlp")
+    async with app.run_test(size=size) as pilot:
+        await settle(pilot)
+        for close in ("escape", "q", "question_mark"):
+            await pilot.press("question_mark")
+            await pilot.pause()
+            assert type(app.screen).__name__ == "HelpScreen"
+            body = _help_body(app)
+            assert body.has_focus and body.scroll_y == 0
+            await pilot.press("pagedown")
+            await pilot.pause()
+            paged = body.scroll_y
+            assert paged > 0
+            await pilot.press("down")
+            await pilot.pause()
+            assert body.scroll_y == paged + 1
+            await pilot.press("end")
+            await pilot.pause()
+            assert body.scroll_y == body.max_scroll_y
+            await pilot.press(close)
+            await pilot.pause()
+            assert type(app.screen).__name__ != "HelpScreen", close
+
+
+@run_async
+async def test_help_lists_quit_first_every_pane_key_and_searches(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    from cocoviz.tui.widgets.help import HelpScreen
+
+    app = make_app(tmp_path, "megatron_mlp")
+    async with app.run_test(size=(80, 24)) as pilot:
+        await settle(pilot)
+        rows = app.key_descriptions()
+        assert rows[0][1] == "q / ctrl+q"
+        described = {what for _, _, what in rows}
+        for cls in (CocovizApp, GraphView, TimelineView, CodeView, CocoTextArea):
+            for b in cls.BINDINGS:
+                if not b.action.startswith("palette_key"):  # type: ignore[union-attr]
+                    assert any(b.description in w for w in described), b  # type: ignore[union-attr]
+        assert any(key == "a" and where == "timeline" for where, key, _ in rows)
+        await pilot.press("question_mark")
+        await pilot.pause()
+        screen = app.screen
+        assert isinstance(screen, HelpScreen)
+        await pilot.press("slash", *"rank")
+        await pilot.pause()
+        assert screen.shown and len(screen.shown) < len(rows)
+        assert all("rank" in " ".join(r).lower() for r in screen.shown)
+        assert any(key == "a" for _, key, _ in screen.shown)
+        # q types in the search; escape leaves it, then q closes.
+        await pilot.press("q")
+        await pilot.pause()
+        assert app.screen is screen and not screen.shown
+        await pilot.press("escape")
+        await pilot.pause()
+        assert app.screen is screen and _help_body(app).has_focus
+        await pilot.press("q")
+        await pilot.pause()
+        assert app.screen is not screen
+
+
+@run_async
+async def test_the_status_line_counts_the_current_steps_stages(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    app = make_app(tmp_path, "megatron_mlp")
+    async with app.run_test(size=(120, 40)) as pilot:
+        await settle(pilot)
+        editor = app.query_one(SourceEditor)
+        assert editor.status == "ok: megatron_mlp, 3 stages on 16 ranks"
+        assert app.apply_step("split(sum)")
+        await settle(pilot)
+        assert app.wb.program is not None and len(app.wb.program.stages) == 4
+        assert editor.status == "ok: megatron_mlp at step 1, 4 stages on 16 ranks"
+        assert app.query_one(GraphView).drawing.header.startswith("megatron_mlp: 4 stages")  # type: ignore[union-attr]
+        await pilot.press("u")
+        await settle(pilot)
+        assert editor.status == "ok: megatron_mlp, 3 stages on 16 ranks"
+
+
+@run_async
+async def test_hovering_an_event_describes_it(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    from cocoviz.tui.widgets.timeline import GUTTER
+
+    app = make_app(tmp_path, "megatron_mlp")
+    async with app.run_test(size=(120, 40)) as pilot:
+        await settle(pilot)
+        view = app.query_one(TimelineView)
+        assert view.data is not None
+        # The comm row's bar is the allreduce `sum`: hover the middle of it.
+        row = next(i for i, r in enumerate(view.data.rows) if r.stream == "comm")
+        bar = view.data.rows[row].bars[0]
+        col = int((bar.start + bar.end) / 2 / view._per_cell())
+        before = view.details()
+        await pilot.hover(TimelineView, offset=(GUTTER + col, view._header + row))
+        await pilot.pause()
+        assert view.hover == (row, col)
+        assert f": {bar.label or bar.stage} (" in view.details() and view.details() != before
+        assert view.cursor_row == 0  # hovering does not move the cursor
+        await pilot.hover(GraphView, offset=(1, 1))
+        await pilot.pause()
+        assert view.hover is None and view.details() == before
+
+
+@run_async
+async def test_the_code_pane_switches_target_collectives_and_arch(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    app = make_app(tmp_path, "megatron_mlp")
+    async with app.run_test(size=(160, 50)) as pilot:
+        await settle(pilot)
+        await pilot.press("ctrl+o")
+        await settle(pilot)
+        views = app.query_one("#views")
+        assert views.border_title.startswith("code · cuda · nccl · sm_90")
+        app.query_one("#files").focus()
+        await pilot.press("N")
+        await settle(pilot)
+        view = app.query_one(CodeView)
+        assert app.code_options.collectives == "nccl-device"
+        assert "nccl-device" in views.border_title
+        assert (
+            '"nccl-device"' in view.files["manifest.json"]
+            or "nccl-device" in view.files["manifest.json"]
+        )
+        await pilot.press("A")
+        await settle(pilot)
+        assert app.code_options.arch == "sm_100" and "sm_100" in views.border_title
+        assert "sm_100" in view.files["Makefile"] + view.files["manifest.json"]
+        await pilot.press("T")
+        await settle(pilot)
+        assert app.target == "cpu" and views.border_title.startswith("code · cpu")
+        assert "megatron_mlp.cpp" in view.files
+        await pilot.press("ctrl+l")
+        await settle(pilot)
+        assert views.border_title.startswith("timeline")
+
+
+@pytest.mark.parametrize("size", [(80, 24), (120, 40), (200, 50)])
+@pytest.mark.parametrize("program", ["megatron_mlp", "gpt24"])
+@run_async
+async def test_the_layout_shows_whole_lines_and_a_wide_timeline(tmp_path, size, program) -> None:  # type: ignore[no-untyped-def]
+    from cocoviz.samples.gpt import gpt_stack
+    from cocoviz.tui.pane_layout import TIMELINE_MIN
+
+    if program == "gpt24":
+        app = make_app(tmp_path, "gpt24.coco", text=gpt_stack(24))
+    else:
+        app = make_app(tmp_path, program)
+    async with app.run_test(size=size) as pilot:
+        await settle(pilot)
+        area = app.query_one(CocoTextArea)
+        longest = max(len(line) for line in area.text.splitlines())
+        text_cols = area.scrollable_content_region.width - area.gutter_width
+        assert area.soft_wrap or longest < text_cols, (longest, text_cols)
+        assert area.scroll_offset.y == 0  # opens at the program's header
+        timeline = app.query_one(TimelineView)
+        if size[0] >= 120:
+            assert not app.layout_plan.narrow  # type: ignore[union-attr]
+            assert timeline.size.width >= TIMELINE_MIN
+            assert area.size.width >= 40
+        palette = app.query_one(StepPalette)
+        assert palette.size.height >= 5
+        # Collapsing the side column gives its room to the other panes.
+        panes = [app.query_one(q) for q in ("#left", "#center", "#views")]
+        before = sum(p.region.area for p in panes)
+        await pilot.press("s")
+        await pilot.pause()
+        assert not app.query_one("#side").display
+        assert sum(p.region.area for p in panes) > before
+        await pilot.press("s")
+        await pilot.pause()
+        assert app.query_one("#side").display

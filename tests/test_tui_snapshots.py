@@ -6,6 +6,7 @@ read the diff of the SVGs."""
 from __future__ import annotations
 
 import pytest
+from textual.widgets import Input
 from tui_support import make_app, settle
 
 from cocoviz import samples
@@ -56,3 +57,55 @@ def test_teach_mode(snap_compare, tmp_path) -> None:  # type: ignore[no-untyped-
         await settle(pilot)
 
     assert snap_compare(app, terminal_size=(140, 42), run_before=before)
+
+
+SIZES = [(80, 24), (120, 40), (200, 50)]
+"""The sizes a new user's terminal has: the smallest usable, a laptop's, a wide one."""
+
+
+def _keys(*keys: str):  # type: ignore[no-untyped-def]
+    """A run_before that settles, presses `keys`, and settles again."""
+
+    async def before(pilot):  # type: ignore[no-untyped-def]
+        await settle(pilot)
+        for key in keys:
+            await pilot.press(key)
+            await settle(pilot)
+        await pilot.pause(0.1)
+        await settle(pilot)
+
+    return before
+
+
+@pytest.mark.parametrize("size", SIZES, ids=lambda s: f"{s[0]}x{s[1]}")
+def test_first_screen(snap_compare, tmp_path, size) -> None:  # type: ignore[no-untyped-def]
+    app = make_app(tmp_path, "megatron_mlp")
+    assert snap_compare(app, terminal_size=size, run_before=settle)
+
+
+@pytest.mark.parametrize("size", SIZES, ids=lambda s: f"{s[0]}x{s[1]}")
+def test_help(snap_compare, tmp_path, size) -> None:  # type: ignore[no-untyped-def]
+    app = make_app(tmp_path, "megatron_mlp")
+    assert snap_compare(app, terminal_size=size, run_before=_keys("question_mark"))
+
+
+@pytest.mark.parametrize("size", SIZES, ids=lambda s: f"{s[0]}x{s[1]}")
+def test_command_palette(snap_compare, tmp_path, size) -> None:  # type: ignore[no-untyped-def]
+    app = make_app(tmp_path, "megatron_mlp")
+
+    async def before(pilot):  # type: ignore[no-untyped-def]
+        await settle(pilot)
+        await pilot.press("ctrl+p", *"step")
+        # The palette searches in the background: wait until its list stops changing.
+        for _ in range(10):
+            await pilot.pause(0.1)
+        pilot.app.screen.query_one(Input).cursor_blink = False  # no clock in the picture
+        await settle(pilot)
+
+    assert snap_compare(app, terminal_size=size, run_before=before)
+
+
+@pytest.mark.parametrize("size", SIZES, ids=lambda s: f"{s[0]}x{s[1]}")
+def test_code_view(snap_compare, tmp_path, size) -> None:  # type: ignore[no-untyped-def]
+    app = make_app(tmp_path, "megatron_mlp")
+    assert snap_compare(app, terminal_size=size, run_before=_keys("ctrl+o"))

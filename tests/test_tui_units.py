@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 from rich.style import Style
 
@@ -93,3 +95,44 @@ def test_timeline_rows_render_bars_and_times() -> None:
     assert format_time(425.8e-6) == "426 µs"
     assert format_time(3.25e-3) == "3.25 ms"
     assert nice_step(425e-6, 5) == pytest.approx(100e-6)
+
+
+def test_axis_labels_are_whole_and_apart() -> None:
+    from cocoviz.tui.timeline_rows import axis_labels
+
+    for n in (10, 26, 40, 59, 75, 180):
+        for makespan in (426e-6, 1.234e-3, 9.9e-6, 2.5):
+            axis = axis_labels(n, 0.0, makespan / n)
+            assert len(axis) == n
+            # "0", then whole labels (`┆`, a number and its unit), a space or more apart.
+            assert re.fullmatch(r"0( +┆[0-9.]+ (ns|µs|ms|s))* *", axis), axis
+
+
+@pytest.mark.parametrize(
+    ("width", "height", "narrow", "wrap"),
+    [(80, 23, True, True), (120, 39, False, True), (200, 49, False, False)],
+)
+def test_pane_layout_rules(width: int, height: int, narrow: bool, wrap: bool) -> None:
+    from cocoviz.tui.pane_layout import SOURCE_MIN, TIMELINE_MIN, Needs, plan, source_need
+
+    need = source_need(samples.text("megatron_mlp").splitlines())
+    assert need == 106 + 2 + 2 + 2  # the longest line, the gutter, cursor and scrollbar
+    p = plan(width, height, Needs(need, 37, 5))
+    assert (p.narrow, p.wrap) == (narrow, wrap)
+    assert sum(p.columns) == width and sum(p.rows) == height
+    if not narrow:
+        assert p.source_width >= SOURCE_MIN and sum(p.columns[1:]) >= TIMELINE_MIN
+        assert p.rows[1] >= 9 and p.rows[0] >= height // 2
+    else:
+        assert p.rows[1] >= 11  # the steps have room in the lower half
+    # The code tab takes half the height; a collapsed side column gives its width away.
+    assert plan(width, height, Needs(need, 37, 5, code=True)).rows[1] >= height // 2
+    folded = plan(width, height, Needs(need, 37, 5), side=False)
+    assert not folded.side and len(folded.columns) == 2 and sum(folded.columns) == width
+
+
+def test_a_short_source_is_never_wrapped_on_a_wide_terminal() -> None:
+    from cocoviz.tui.pane_layout import Needs, plan
+
+    p = plan(120, 39, Needs(48, 36, 5))
+    assert not p.wrap and p.source_width == 48 and not p.narrow

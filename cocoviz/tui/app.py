@@ -7,7 +7,8 @@ the timeline and code of each step, the comparison, teach mode and the autosave 
 `cocoviz.workbench.Workbench`, which the app draws. Widgets display what they are
 given and post messages; parsing, simulation and code generation run in workers (the
 workbench's worker-safe methods), and an exception in one is shown in an error panel
-while the app keeps running.
+while the app keeps running. The panes are sized by `cocoviz.tui.pane_layout` from the
+terminal's size and their content (docs/architecture.md, layer 9).
 """
 
 from __future__ import annotations
@@ -33,6 +34,8 @@ from cocoviz.ir.summary import summarize
 from cocoviz.schedule import StepFailure
 from cocoviz.sim.hardware import DEFAULT_PROFILE, Hardware, load_profile
 from cocoviz.timefmt import format_time
+from cocoviz.tui import pane_layout
+from cocoviz.tui.pane_layout import Needs, PaneLayout
 from cocoviz.tui.timeline_rows import TimelineRows
 from cocoviz.tui.widgets.code import CodeView
 from cocoviz.tui.widgets.cost import CostSummary
@@ -42,12 +45,13 @@ from cocoviz.tui.widgets.graph import GraphView
 from cocoviz.tui.widgets.help import HelpScreen
 from cocoviz.tui.widgets.history import HistoryList
 from cocoviz.tui.widgets.palette import StepPalette
-from cocoviz.tui.widgets.source import SourceEditor
+from cocoviz.tui.widgets.source import CocoTextArea, SourceEditor
 from cocoviz.tui.widgets.timeline import TimelineView
 from cocoviz.workbench import (
     NO_PROGRAM,
     Accepted,
     CodeJob,
+    CodeOptions,
     Parsed,
     Refused,
     Simulated,
@@ -55,8 +59,6 @@ from cocoviz.workbench import (
     Written,
     open_source,
 )
-
-NARROW = 120  # below this many columns the panes share the screen in a 2×2 grid
 
 
 class ErrorPanel(Static):
@@ -99,6 +101,7 @@ class CocovizApp(App[None]):
     """The graph, not the editor, has the focus at start, so letter keys are commands."""
 
     BINDINGS = [
+        Binding("q", "quit", "Quit", key_display="q"),
         Binding("question_mark", "help", "Help", key_display="?"),
         Binding("u", "undo", "Undo step"),
         Binding("U,ctrl+r", "redo", "Redo step", key_display="U"),
@@ -113,6 +116,7 @@ class CocovizApp(App[None]):
         Binding("i", "edit", "Edit source", show=False),
         Binding("g", "focus_graph", "Focus graph", show=False),
         Binding("z", "zoom_pane", "Zoom pane", show=False),
+        Binding("s", "toggle_side", "Side column (cost, steps, history)", show=False),
         Binding("ctrl+o", "view('code')", "Code view", show=False),
         Binding("ctrl+l", "view('timeline')", "Timeline view", show=False),
         Binding("f12", "screenshot", "Save screenshot", show=False),
@@ -128,10 +132,25 @@ class CocovizApp(App[None]):
     def __init__(self, workbench: Workbench[TimelineRows], *, target: str = "cuda") -> None:
         super().__init__()
         self.wb = workbench
-        self.target = target  # of the code pane and the emit dialog: "cuda" or "cpu"
+        self.code_options = CodeOptions.of(target)
+        """Of the code pane and the emit dialog: the target, collectives mode and arch."""
         self.last_emit: Written | None = None
         """What the emit dialog last wrote (the tree and the writer's report)."""
         self.timeline_drawn_at = 0.0  # perf_counter() when a new timeline reached the screen
+        self.side_shown = True
+        self._timeline_title = "timeline"
+        """The side column (cost, steps, history) is shown (`s` collapses it)."""
+        self.layout_plan: PaneLayout | None = None
+        """How the panes are placed now (`cocoviz.tui.pane_layout`)."""
+        self._layout_key: tuple[PaneLayout, bool] | None = None
+        self._source_need = pane_layout.source_need(workbench.source.text.splitlines())
+        self._scroll_source = False
+        """Whether a new selection scrolls the source to its line (not at open)."""
+
+    @property
+    def target(self) -> str:
+        """The code pane's target (a name of `cocoviz.emit.targets.TARGET_NAMES`)."""
+        return self.code_options.target
 
     # --- layout ------------------------------------------------------------------------
     def compose(self) -> ComposeResult:
@@ -159,19 +178,60 @@ class CocovizApp(App[None]):
         self.query_one("#cost").border_title = "cost"
         self.query_one("#palette").border_title = "steps"
         self.query_one("#history").border_title = "history"
-        self._apply_size(self.size.width)
+        self._relayout()
         self.query_one(GraphView).focus()
         self._start_parse(self.wb.source.text, list(self.wb.source.steps))
 
     def on_resize(self, event: object) -> None:
-        self._apply_size(self.size.width)
+        self._relayout()
 
-    def _apply_size(self, width: int) -> None:
-        narrow = width < NARROW
-        self.query_one("#main").set_class(narrow, "-narrow")
+    def _needs(self) -> Needs:
+        drawing = self.query_one(GraphView).drawing
+        return Needs(
+            source_width=self._source_need,
+            graph_width=(drawing.width + 1) if drawing is not None else 0,
+            timeline_lines=self.query_one(TimelineView).content_lines(),
+            code=self.query_one(TabbedContent).active == "tab-code",
+        )
+
+    def _relayout(self) -> None:
+        """Place and size the panes for the terminal and their content (unchanged: no
+        work, so the step → screen path pays nothing when the plan is the same)."""
+        height = self.size.height - 1  # the footer
+        for panel in (self.query_one(TeachPanel), self.query_one(ErrorPanel)):
+            if panel.display and panel.has_class("-shown"):
+                height -= panel.outer_size.height
+        needs = self._needs()
+        plan = pane_layout.plan(self.size.width, max(height, 10), needs, side=self.side_shown)
+        # In the 2×2 grid the code takes the whole lower row while it shows.
+        wide_code = plan.narrow and plan.side and needs.code
+        if (plan, wide_code) == self._layout_key:
+            return
+        self._layout_key = (plan, wide_code)
+        self.layout_plan = plan
+        main = self.query_one("#main")
+        left, side, views = (self.query_one(q) for q in ("#left", "#side", "#views"))
+        main.set_class(plan.narrow, "-narrow")
+        side.display = plan.side and not wide_code
+        side.styles.row_span = 1
+        ncols = len(plan.columns)
+        main.styles.grid_size_columns = ncols
+        main.styles.grid_size_rows = 2
+        if plan.narrow:
+            main.styles.grid_columns = " ".join(str(c) for c in plan.columns)
+            left.styles.row_span = 1
+            views.styles.column_span = 1 if side.display else 2
+        else:
+            cols = [str(c) for c in plan.columns]
+            cols[1] = "1fr"  # the graph takes what is left
+            main.styles.grid_columns = " ".join(cols)
+            left.styles.row_span = 2
+            views.styles.column_span = ncols - 1
+        main.styles.grid_rows = f"1fr {plan.rows[1]}"
+        self.query_one(SourceEditor).text_area.soft_wrap = plan.wrap
         cost = self.query_one(CostSummary)
-        if cost.compact != narrow:
-            cost.compact = narrow
+        if cost.compact != plan.narrow:
+            cost.compact = plan.narrow
             self._refresh_cost()
 
     # --- parsing -----------------------------------------------------------------------
@@ -192,16 +252,17 @@ class CocovizApp(App[None]):
             self.query_one("#center").border_subtitle = "showing the last program that parsed"
             self._autosave()
             return
-        program = parsed.program
         editor.diagnostics = ()
-        editor.status = (
-            f"ok: {program.name}, {len(program.stages)} stages on {program.grid.world} ranks"
-        )
+        self._source_need = pane_layout.source_need(parsed.text.splitlines())
         self.query_one("#center").border_subtitle = ""
         if accepted is Accepted.OPENED:
             self._offer_autosave()
-        if self.selected is None or not program.has_stage(self.selected):
+        program = self.wb.program
+        if program is not None and (self.selected is None or not program.has_stage(self.selected)):
+            # The first selection leaves the source at its top (the program's header).
+            self._scroll_source = accepted is not Accepted.OPENED
             self.selected = self.wb.default_selection()
+        self._scroll_source = True
         self._after_step()
 
     # --- refreshing the panes ----------------------------------------------------------
@@ -209,6 +270,7 @@ class CocovizApp(App[None]):
         program = self.wb.program
         graph = self.query_one(GraphView)
         graph.show(program, NO_PROGRAM)
+        self._refresh_status()
         if (
             self.selected is not None
             and program is not None
@@ -223,6 +285,19 @@ class CocovizApp(App[None]):
         self._start_sim()
         if self.query_one(TabbedContent).active == "tab-code":
             self._start_code()
+
+    def _refresh_status(self) -> None:
+        """The line under the editor: the current step's program (its stages change with
+        the steps), once the source parses."""
+        program = self.wb.program
+        if program is None:
+            return
+        at = f" at step {self.wb.position}" if self.wb.position else ""
+        self.query_one(
+            SourceEditor
+        ).status = (
+            f"ok: {program.name}{at}, {len(program.stages)} stages on {program.grid.world} ranks"
+        )
 
     def _refresh_history(self) -> None:
         failed = self.wb.failed
@@ -285,14 +360,17 @@ class CocovizApp(App[None]):
                 title += f" · vs {label}"
             elif self.wb.compare_mode != "off" and shown.against is None:
                 title += f" · b: vs {self.wb.compare_mode} (from step 1)"
-        self.query_one("#views").border_title = title
+        if self.query_one(TabbedContent).active != "tab-code":
+            self.query_one("#views").border_title = title
+        self._timeline_title = title
+        self._relayout()
 
     def _timeline_drawn(self) -> None:
         self.timeline_drawn_at = time.perf_counter()
 
     def _start_code(self) -> None:
-        """Emit the current and the previous step for the code pane's target (cached)."""
-        jobs = self.wb.code_jobs(self.target)  # type: ignore[arg-type]
+        """Emit the current and the previous step for the code pane's options (cached)."""
+        jobs = self.wb.code_jobs(self.code_options)
         if jobs:
             self._emit_code(jobs)
         else:
@@ -308,20 +386,27 @@ class CocovizApp(App[None]):
 
     def _show_code(self) -> None:
         view = self.query_one(CodeView)
+        opts = self.code_options
+        self._code_title()
         if self.wb.base is None:
-            view.show(None, None, self.target, NO_PROGRAM)
+            view.show(None, None, opts, NO_PROGRAM)
             return
-        code = self.wb.code(self.target)  # type: ignore[arg-type]
+        code = self.wb.code(opts)
         if code.current is None:
-            view.show(None, None, self.target, f"generating the {self.target} code…")
+            view.show(None, None, opts, f"generating the {opts.describe()} code…")
         elif isinstance(code.current, str):
-            view.show(None, None, self.target, code.current)
+            view.show(None, None, opts, code.current)
         else:
-            view.show(code.current, code.previous, self.target, "")
+            view.show(code.current, code.previous, opts, "")
 
-    @on(CodeView.TargetChanged)
-    def _code_target(self, event: CodeView.TargetChanged) -> None:
-        self.target = event.target
+    def _code_title(self) -> None:
+        """The views' title while the code tab shows: the code's options and their keys."""
+        keys = "T target, N collectives, A arch" if self.code_options.gpu else "T target"
+        self.query_one("#views").border_title = f"code · {self.code_options.describe()} · {keys}"
+
+    @on(CodeView.OptionsChanged)
+    def _code_options_changed(self, event: CodeView.OptionsChanged) -> None:
+        self.code_options = event.options
         self._start_code()
 
     def _refresh_teach(self) -> None:
@@ -354,7 +439,7 @@ class CocovizApp(App[None]):
         line = self.wb.source_line(name) if name is not None else None
         editor = self.query_one(SourceEditor)
         editor.selected_line = line
-        if line is not None and not editor.text_area.has_focus:
+        if line is not None and self._scroll_source and not editor.text_area.has_focus:
             editor.go_to_line(line)
         self._refresh_palette()
 
@@ -493,8 +578,12 @@ class CocovizApp(App[None]):
         self.push_screen(EmitDialog(default, self.target), self._emit_requested)
 
     def _emit_requested(self, req: EmitRequest | None) -> None:
-        job = self.wb.emit_job(req.target) if req is not None else None  # type: ignore[arg-type]
-        if req is not None and job is not None:
+        """Emit for the chosen target, with the code pane's collectives mode and arch."""
+        if req is None:
+            return
+        opts = self.code_options
+        job = self.wb.emit_job(CodeOptions(req.target, opts.collectives, opts.arch))
+        if job is not None:
             self._emit(job, req.directory, req.force)
 
     @work(thread=True, group="emit", exit_on_error=False, description="emit to a directory")
@@ -516,9 +605,9 @@ class CocovizApp(App[None]):
         )
 
     # --- autosave ----------------------------------------------------------------------
-    def _autosave(self) -> None:
+    def _autosave(self, text: str | None = None) -> None:
         try:
-            self.wb.autosave()
+            self.wb.autosave(text)
         except OSError as err:
             self.query_one(ErrorPanel).show_error("autosave failed", str(err))
 
@@ -565,6 +654,19 @@ class CocovizApp(App[None]):
     def _tab(self, event: TabbedContent.TabActivated) -> None:
         if event.pane.id == "tab-code":
             self._start_code()
+        else:
+            self.query_one("#views").border_title = self._timeline_title
+        self._relayout()
+
+    def action_toggle_side(self) -> None:
+        self.side_shown = not self.side_shown
+        self._relayout()
+
+    async def action_quit(self) -> None:
+        """Quit; the session (with any edit not parsed yet) is autosaved first."""
+        text = self.query_one(SourceEditor).text
+        self._autosave(text if text != self.wb.text else None)
+        self.exit()
 
     def action_zoom_pane(self) -> None:
         screen = self.screen
@@ -580,35 +682,74 @@ class CocovizApp(App[None]):
         path = self.save_screenshot(path=".")
         self.notify(f"saved {path}")
 
-    def key_descriptions(self) -> list[tuple[str, str]]:
-        out = []
-        seen = set()
+    def key_descriptions(self) -> list[tuple[str, str, str]]:
+        """Every key as the help lists it: (where it works, the key, what it does); the
+        keys that work everywhere first, quitting at the top."""
+        out: list[tuple[str, str, str]] = [
+            ("everywhere", "q / ctrl+q", "Quit (the session is autosaved)"),
+        ]
+        seen = {"quit"}
         for b in self.BINDINGS:
             assert isinstance(b, Binding)
-            if b.action.startswith("palette_key"):
+            if b.action.startswith("palette_key") or b.action in seen:
                 continue
-            keys = b.key_display or b.key.replace("question_mark", "?")
-            if b.description not in seen:
-                seen.add(b.description)
-                out.append((keys.replace(",", " / "), b.description))
-        out.append(("1 … 9", "apply that step of the palette"))
-        out.append(("tab / shift+tab", "move between panes"))
-        out.append(("ctrl+p", "command palette: every action by name"))
-        out.append(("ctrl+q", "quit"))
+            seen.add(b.action)
+            out.append(("everywhere", _key_names(b), b.description))
+        out.append(("everywhere", "1 … 9", "apply that step of the palette"))
+        out.append(("everywhere", "tab / shift+tab", "move between panes"))
+        out.append(("everywhere", "ctrl+p", "command palette: every action by name"))
+        panes: list[tuple[str, list[Binding]]] = [
+            ("graph", GraphView.BINDINGS),  # type: ignore[list-item]
+            ("timeline", TimelineView.BINDINGS),  # type: ignore[list-item]
+            ("code", CodeView.BINDINGS),  # type: ignore[list-item]
+            ("source editor", CocoTextArea.BINDINGS),  # type: ignore[list-item]
+        ]
+        for where, bindings in panes:
+            for b in bindings:
+                out.append((where, _key_names(b), b.description))
+            if where == "graph":
+                out.append((where, "click", "select the stage"))
+            if where == "timeline":
+                out.append((where, "mouse over", "describe the event under the mouse"))
+                out.append((where, "click", "move the cursor there, select its stage"))
+        out.append(("steps, history", "enter", "apply the step / jump to the step"))
+        out.append(("help", "escape / q / ?", "close the help"))
+        out.append(("help", "/", "search the keys (escape or enter leaves the search)"))
         return out
 
     def get_system_commands(self, screen: Screen) -> Iterable[SystemCommand]:
         yield from super().get_system_commands(screen)
         for b in self.BINDINGS:
             assert isinstance(b, Binding)
-            if b.action.startswith("palette_key"):
-                continue
+            if b.action.startswith("palette_key") or b.action == "quit":
+                continue  # Textual's own Quit is listed
             action = b.action
 
             async def run(action: str = action) -> None:
                 await self.run_action(action)
 
             yield SystemCommand(b.description, f"key: {b.key_display or b.key}", run)
+
+
+_KEY_NAMES = {
+    "question_mark": "?",
+    "equals_sign": "=",
+    "plus": "+",
+    "minus": "-",
+    "up": "↑",
+    "down": "↓",
+    "left": "←",
+    "right": "→",
+    "slash": "/",
+}
+
+
+def _key_names(b: Binding) -> str:
+    """A binding's keys as the help shows them: `U / ctrl+r`, `+ / =`."""
+    keys = [_KEY_NAMES.get(k.strip(), k.strip()) for k in b.key.split(",")]
+    if b.key_display and b.key_display not in keys:
+        keys[0] = b.key_display
+    return " / ".join(keys)
 
 
 def _failure_text(failed: StepFailure) -> str:

@@ -12,6 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from cocoviz.timefmt import format_time
+
 _STREAM_ORDER = {"compute": 0, "comm": 1}
 
 
@@ -158,6 +160,33 @@ def nice_step(span: float, target_ticks: int) -> float:
     raw = span / target_ticks
     mag = 10 ** math.floor(math.log10(raw))
     return min((m * mag for m in (1, 2, 5, 10)), key=lambda c: abs(math.log(c / raw)))
+
+
+def axis_labels(n: int, t0: float, per_cell: float) -> str:
+    """The time axis of a window `n` cells wide starting at `t0`: a tick label (`┆200 µs`)
+    every round step, spaced so that labels never touch, and only labels that fit whole
+    (a label is never cut at the window's edge)."""
+    chars = [" "] * n
+    if n <= 0 or per_cell <= 0:
+        return ""
+    span = per_cell * n
+    widest = max(len(format_time(span)), len(format_time(t0 + span))) + 2
+    step = nice_step(span, max(1, n // (widest + 2)))
+    while step / per_cell < widest + 1:
+        step = nice_step(step * 2.5, 1)
+    k = int(t0 // step)
+    free = 0  # the first cell a label may use
+    while True:
+        t = k * step
+        col = int(round((t - t0) / per_cell))
+        if col >= n:
+            break
+        label = "┆" + format_time(t) if t > 0 else "0"
+        if col >= free and col + len(label) <= n:
+            chars[col : col + len(label)] = label
+            free = col + len(label) + 1
+        k += 1
+    return "".join(chars)
 
 
 def render_bars(row: Row, t0: float, per_cell: float, width: int) -> list[tuple[str, str, str]]:

@@ -27,8 +27,10 @@ from enum import Enum
 from pathlib import Path
 from typing import Generic, Literal, NamedTuple, TypeVar
 
-from cocoviz.emit.emitter import Emitted, Target, emit
+from cocoviz.emit.emitter import MIN_ARCH, Emitted, Target, emit
 from cocoviz.emit.lower import EmitError
+from cocoviz.emit.plan import Collectives
+from cocoviz.emit.targets import DEFAULT_TARGET, TARGET_NAMES, target_spec
 from cocoviz.emit.toolchain import Toolchain, find_toolchain
 from cocoviz.emit.writer import WriteResult, write_tree
 from cocoviz.errors import CocovizError, UsageError
@@ -46,6 +48,7 @@ __all__ = [
     "NO_PROGRAM",
     "Accepted",
     "CodeJob",
+    "CodeOptions",
     "CodePair",
     "CompareMode",
     "Comparison",
@@ -100,16 +103,82 @@ class Simulated(Generic[V]):
     note: str = ""
 
 
+GPU_ARCHES: tuple[str, ...] = tuple(
+    a
+    for a in ("sm_75", "sm_80", "sm_86", "sm_89", "sm_90", "sm_100", "sm_120")
+    if int(a[3:]) >= MIN_ARCH
+)
+"""The CUDA architectures the code pane cycles through (``cocoviz emit --arch``)."""
+COLLECTIVES_MODES: tuple[Collectives, ...] = ("nccl", "nccl-device")
+"""How a GPU target runs its collectives (``cocoviz emit --collectives``,
+docs/codegen.md)."""
+
+
+@dataclass(frozen=True)
+class CodeOptions:
+    """What the code is emitted for: a target of `cocoviz.emit.targets.TARGETS` and, for
+    a GPU target, the collectives mode and the CUDA architecture (docs/codegen.md)."""
+
+    target: Target = DEFAULT_TARGET
+    collectives: Collectives = "nccl"
+    arch: str = "sm_90"
+
+    @staticmethod
+    def of(options: Target | CodeOptions) -> CodeOptions:
+        """`options`, or a target's name with the defaults; a CPU target's collectives
+        and architecture are the defaults (they do not change its code)."""
+        opts = CodeOptions(options) if isinstance(options, str) else options
+        if not opts.gpu and (opts.collectives, opts.arch) != ("nccl", "sm_90"):
+            return CodeOptions(opts.target)
+        return opts
+
+    @property
+    def gpu(self) -> bool:
+        return target_spec(self.target).gpu
+
+    def describe(self) -> str:
+        """`cuda · nccl · sm_90`, or `cpu`."""
+        if not self.gpu:
+            return self.target
+        return f"{self.target} · {self.collectives} · {self.arch}"
+
+    def next_target(self) -> CodeOptions:
+        i = TARGET_NAMES.index(self.target) if self.target in TARGET_NAMES else -1
+        nxt = TARGET_NAMES[(i + 1) % len(TARGET_NAMES)]
+        return CodeOptions(nxt, self.collectives, self.arch)
+
+    def next_collectives(self) -> CodeOptions:
+        """The next collectives mode (a GPU target's; a CPU target's is unchanged)."""
+        if not self.gpu:
+            return self
+        i = COLLECTIVES_MODES.index(self.collectives)
+        nxt = COLLECTIVES_MODES[(i + 1) % len(COLLECTIVES_MODES)]
+        return CodeOptions(self.target, nxt, self.arch)
+
+    def next_arch(self) -> CodeOptions:
+        """The next architecture of `GPU_ARCHES` (a CPU target's is unchanged)."""
+        if not self.gpu:
+            return self
+        i = GPU_ARCHES.index(self.arch) if self.arch in GPU_ARCHES else -1
+        return CodeOptions(self.target, self.collectives, GPU_ARCHES[(i + 1) % len(GPU_ARCHES)])
+
+
 @dataclass(frozen=True)
 class CodeJob:
     """Code to emit: a step's program, the program as parsed (`reference`, the check's
-    baseline), the steps that lead from one to the other (recorded in the manifest) and
-    the target."""
+    baseline), the steps that lead from one to the other (recorded in the manifest), the
+    target and, for a GPU target, the collectives mode and architecture."""
 
     program: Program
     reference: Program
     steps: tuple[str, ...]
     target: Target
+    collectives: Collectives = "nccl"
+    arch: str = "sm_90"
+
+    @property
+    def options(self) -> CodeOptions:
+        return CodeOptions(self.target, self.collectives, self.arch)
 
 
 class Written(NamedTuple):
@@ -192,6 +261,8 @@ def emitted_files(
     target: Target,
     steps: Sequence[str],
     hw: Hardware,
+    collectives: Collectives = "nccl",
+    arch: str = "sm_90",
 ) -> Emitted:
     """The files `cocoviz emit` writes for `program` (a step of `reference`, the
     program as parsed), in memory (docs/codegen.md). Raises EmitError (a CocovizError) for what the emitter
@@ -200,6 +271,8 @@ def emitted_files(
         program,
         unscheduled(reference),
         target=target,
+        collectives=collectives,
+        arch=arch,
         schedule_steps=tuple(steps),
         toolchain=_toolchain(),
         hw=hw,
@@ -255,8 +328,10 @@ class Workbench(Generic[V]):
         self._replay: list[str] | None = None
         self._timelines: dict[int, tuple[Program, Timeline, V]] = {}
         """By the identity of the program simulated."""
-        self._code: dict[tuple[int, tuple[str, ...], str], tuple[Program, Emitted | str]] = {}
-        """By (identity of the program, steps, target)."""
+        self._code: dict[
+            tuple[int, tuple[str, ...], CodeOptions], tuple[Program, Emitted | str]
+        ] = {}
+        """By (identity of the program, steps, code options)."""
         self._palette: tuple[Program, dict[str, list[PaletteEntry] | str]] | None = None
 
     # --- parsing --------------------------------------------------------------------------
@@ -504,8 +579,10 @@ class Workbench(Generic[V]):
         self.sim_note = simulated.note
 
     # --- code -----------------------------------------------------------------------------
-    def code_jobs(self, target: Target) -> list[CodeJob]:
-        """The current and the previous step's code for `target`, where not emitted yet."""
+    def code_jobs(self, options: Target | CodeOptions) -> list[CodeJob]:
+        """The current and the previous step's code for `options` (a target's name, or
+        the target with its collectives mode and architecture), where not emitted yet."""
+        opts = CodeOptions.of(options)
         jobs: list[CodeJob] = []
         if self.base is None:
             return jobs
@@ -513,8 +590,10 @@ class Workbench(Generic[V]):
         for j in (self.position, self.position - 1):
             program = self.program_at(j)
             steps = tuple(recorded[:j])
-            if program is not None and self._code_entry(program, steps, target) is None:
-                jobs.append(CodeJob(program, self.base, steps, target))
+            if program is not None and self._code_entry(program, steps, opts) is None:
+                jobs.append(
+                    CodeJob(program, self.base, steps, opts.target, opts.collectives, opts.arch)
+                )
         return jobs
 
     def emit_code(self, jobs: Iterable[CodeJob]) -> list[tuple[CodeJob, Emitted | str]]:
@@ -523,7 +602,7 @@ class Workbench(Generic[V]):
         for job in jobs:
             files: Emitted | str
             try:
-                files = emitted_files(job.program, job.reference, job.target, job.steps, self.hw)
+                files = self._emitted(job)
             except EmitError as err:
                 files = f"not supported by the {job.target} emitter: {err.message}" + (
                     f" (hint: {err.hint})" if err.hint else ""
@@ -533,43 +612,64 @@ class Workbench(Generic[V]):
             out.append((job, files))
         return out
 
+    def _emitted(self, job: CodeJob) -> Emitted:
+        return emitted_files(
+            job.program,
+            job.reference,
+            job.target,
+            job.steps,
+            self.hw,
+            collectives=job.collectives,
+            arch=job.arch,
+        )
+
     def store_code(self, results: Iterable[tuple[CodeJob, Emitted | str]]) -> None:
         live = self._live()
         for job, files in results:
             if id(job.program) in live and job.reference is self.base:
-                self._code[(id(job.program), job.steps, job.target)] = (job.program, files)
+                key = (id(job.program), job.steps, CodeOptions.of(job.options))
+                self._code[key] = (job.program, files)
 
-    def code(self, target: Target) -> CodePair:
-        """The current step's code for `target` and the previous step's (when emitted)."""
+    def code(self, options: Target | CodeOptions) -> CodePair:
+        """The current step's code for `options` and the previous step's (when emitted)."""
+        opts = CodeOptions.of(options)
         recorded = self.recorded_steps
         i = self.position
-        current = self._code_at(i, recorded, target)
-        previous = self._code_at(i - 1, recorded, target) if i > 0 else None
+        current = self._code_at(i, recorded, opts)
+        previous = self._code_at(i - 1, recorded, opts) if i > 0 else None
         return CodePair(current, previous if isinstance(previous, Emitted) else None)
 
-    def _code_at(self, j: int, recorded: list[str], target: Target) -> Emitted | str | None:
+    def _code_at(self, j: int, recorded: list[str], opts: CodeOptions) -> Emitted | str | None:
         program = self.program_at(j)
         if program is None:
             return None
-        return self._code_entry(program, tuple(recorded[:j]), target)
+        return self._code_entry(program, tuple(recorded[:j]), opts)
 
     def _code_entry(
-        self, program: Program, steps: tuple[str, ...], target: str
+        self, program: Program, steps: tuple[str, ...], opts: CodeOptions
     ) -> Emitted | str | None:
-        hit = self._code.get((id(program), steps, target))
+        hit = self._code.get((id(program), steps, opts))
         return hit[1] if hit is not None and hit[0] is program else None
 
-    def emit_job(self, target: Target) -> CodeJob | None:
-        """The current step's code for `target`, to write (None: no program)."""
+    def emit_job(self, options: Target | CodeOptions) -> CodeJob | None:
+        """The current step's code for `options`, to write (None: no program)."""
         if self.session is None or self.base is None:
             return None
-        return CodeJob(self.session.program, self.base, tuple(self.applied_steps), target)
+        opts = CodeOptions.of(options)
+        return CodeJob(
+            self.session.program,
+            self.base,
+            tuple(self.applied_steps),
+            opts.target,
+            opts.collectives,
+            opts.arch,
+        )
 
     def write(self, job: CodeJob, directory: str | Path, force: bool = False) -> Written | Refused:
         """Emit `job` and write the tree into `directory` atomically (worker-safe). The
         writer refuses a non-empty directory cocoviz did not write, unless `force`."""
         try:
-            out = emitted_files(job.program, job.reference, job.target, job.steps, self.hw)
+            out = self._emitted(job)
             return Written(out, write_tree(directory, out.files, force=force))
         except EmitError as err:
             return Refused(f"not supported by the {job.target} emitter", _hinted(err, "\nhint: "))
@@ -626,9 +726,11 @@ class Workbench(Generic[V]):
         )
 
     # --- autosave -------------------------------------------------------------------------
-    def autosave(self) -> Path:
-        """Save the text and the applied steps (raises OSError)."""
-        save = state.Autosave(self.source.key, self.text, tuple(self.applied_steps), time.time())
+    def autosave(self, text: str | None = None) -> Path:
+        """Save the text and the applied steps (raises OSError). `text`: the editor's
+        text when it has an edit not handed over yet (the app is quitting)."""
+        saved_text = self.text if text is None else text
+        save = state.Autosave(self.source.key, saved_text, tuple(self.applied_steps), time.time())
         return state.write(save, self.state_root)
 
     def saved(self) -> state.Autosave | None:

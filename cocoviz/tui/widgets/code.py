@@ -1,5 +1,7 @@
-"""The code pane: the files `cocoviz emit` writes for the current step (CUDA or CPU
-target), or their diff against the previous step's files."""
+"""The code pane: the files `cocoviz emit` writes for the current step, or their diff
+against the previous step's files (docs/codegen.md). Its options are the target (a row
+of `cocoviz.emit.targets.TARGETS`, `T`) and, for a GPU target, the collectives mode
+(`nccl` or `nccl-device`, `N`) and the CUDA architecture (`A`)."""
 
 from __future__ import annotations
 
@@ -17,7 +19,7 @@ from textual.widgets import OptionList, Static
 from textual.widgets.option_list import Option
 
 from cocoviz.emit.emitter import Emitted
-from cocoviz.emit.targets import DEFAULT_TARGET, TARGET_NAMES
+from cocoviz.workbench import CodeOptions
 
 _LEXERS = {
     ".cu": "cuda",
@@ -71,13 +73,15 @@ class CodeView(Horizontal):
 
     BINDINGS = [
         Binding("d", "toggle_diff", "Diff vs previous step"),
-        Binding("T", "toggle_target", "Target " + "/".join(TARGET_NAMES), key_display="T"),
+        Binding("T", "cycle('target')", "Next target", key_display="T"),
+        Binding("N", "cycle('collectives')", "Collectives nccl / nccl-device", key_display="N"),
+        Binding("A", "cycle('arch')", "Next CUDA architecture", key_display="A"),
     ]
 
     DEFAULT_CSS = """
     CodeView { height: 1fr; }
-    CodeView > #code-side { width: 24; height: 1fr; }
-    CodeView #code-target { height: 1; padding: 0 1; background: $boost; }
+    CodeView > #code-side { width: 26; height: 1fr; }
+    CodeView #code-target { height: 3; padding: 0 1; background: $boost; }
     CodeView #files { height: 1fr; }
     CodeView > #body { width: 1fr; height: 1fr; }
     """
@@ -85,18 +89,18 @@ class CodeView(Horizontal):
     show_diff: reactive[bool] = reactive(False, init=False)
     """Show the diff against the previous step instead of the file."""
 
-    class TargetChanged(Message):
-        """The user asked for the other target's code."""
+    class OptionsChanged(Message):
+        """The user asked for the code of other options (target, collectives, arch)."""
 
-        def __init__(self, target: str) -> None:
-            self.target = target
+        def __init__(self, options: CodeOptions) -> None:
+            self.options = options
             super().__init__()
 
     def __init__(self, *, id: str | None = None) -> None:
         super().__init__(id=id)
         self.files: dict[str, str] = {}
         self.previous: dict[str, str] | None = None
-        self.target = DEFAULT_TARGET
+        self.options = CodeOptions()
         self.current = ""
         self.message_text = "no code yet"
         self.shown_text = ""
@@ -113,13 +117,13 @@ class CodeView(Horizontal):
         self,
         files: Emitted | None,
         previous: Emitted | None,
-        target: str,
+        options: CodeOptions,
         message: str = "",
     ) -> None:
-        """Display `files` (emitted for `target`) against `previous`, or `message`."""
+        """Display `files` (emitted for `options`) against `previous`, or `message`."""
         self.files = dict(files.files) if files is not None else {}
         self.previous = dict(previous.files) if previous is not None else None
-        self.target = target
+        self.options = options
         self.message_text = message
         self._show_target()
         names = file_order(files) if files is not None else []
@@ -137,11 +141,24 @@ class CodeView(Horizontal):
             ol.highlighted = names.index(self.current)
         self._render_body()
 
+    @property
+    def target(self) -> str:
+        return self.options.target
+
     def _show_target(self) -> None:
-        t = Text("target ")
-        for name in TARGET_NAMES:
-            t.append(f" {name} ", "bold reverse" if name == self.target else "dim")
-        t.append("  T", "dim")
+        o = self.options
+        t = Text()
+        rows = (
+            ("T", "target", o.target, True),
+            ("N", "coll.", o.collectives if o.gpu else "-", o.gpu),
+            ("A", "arch", o.arch if o.gpu else "-", o.gpu),
+        )
+        for i, (key, name, value, live) in enumerate(rows):
+            if i:
+                t.append("\n")
+            t.append(f"{key} ", "bold reverse" if live else "dim")
+            t.append(f" {name:<7}", "dim")
+            t.append(value, "bold" if live else "dim")
         self.query_one("#code-target", Static).update(t)
 
     def watch_show_diff(self) -> None:
@@ -160,11 +177,17 @@ class CodeView(Horizontal):
         elif self.show_diff:
             assert self.previous is not None
             self.shown_text = diff_files(self.previous, self.files, name)
-            content.update(Syntax(self.shown_text, "diff", theme="ansi_dark"))
+            content.update(Syntax(self.shown_text, "diff", theme="ansi_dark", word_wrap=True))
         else:
             self.shown_text = self.files.get(name, "")
             content.update(
-                Syntax(self.shown_text, _lexer(name), theme="ansi_dark", line_numbers=True)
+                Syntax(
+                    self.shown_text,
+                    _lexer(name),
+                    theme="ansi_dark",
+                    line_numbers=True,
+                    word_wrap=True,  # a long line wraps under its number, never cut
+                )
             )
 
     @on(OptionList.OptionHighlighted, "#files")
@@ -177,11 +200,18 @@ class CodeView(Horizontal):
     def on_click(self, event: object) -> None:
         widget = getattr(event, "widget", None)
         if widget is not None and widget.id == "code-target":
-            self.action_toggle_target()
+            y = getattr(event, "y", 0)
+            self.action_cycle(("target", "collectives", "arch")[min(max(y, 0), 2)])
 
     def action_toggle_diff(self) -> None:
         self.show_diff = not self.show_diff
 
-    def action_toggle_target(self) -> None:
-        other = TARGET_NAMES[(TARGET_NAMES.index(self.target) + 1) % len(TARGET_NAMES)]
-        self.post_message(self.TargetChanged(other))
+    def action_cycle(self, which: str) -> None:
+        """Ask for the next target, collectives mode or architecture."""
+        o = self.options
+        nxt = {"target": o.next_target, "collectives": o.next_collectives, "arch": o.next_arch}
+        new = nxt[which]()
+        if new == o:
+            self.app.notify(f"the {o.target} target has no {which} option", severity="warning")
+            return
+        self.post_message(self.OptionsChanged(new))

@@ -1,5 +1,6 @@
 """The timeline pane: one row per rank × stream on a shared time axis, with a cursor
-whose event is described below the axis, and an optional comparison timeline."""
+whose event (or the event under the mouse) is described below the axis, and an optional
+comparison timeline (docs/cost-model.md)."""
 
 from __future__ import annotations
 
@@ -15,10 +16,12 @@ from textual.strip import Strip
 
 from cocoviz.style import kind_colour
 from cocoviz.timefmt import format_time
-from cocoviz.tui.timeline_rows import Bar, Row, TimelineRows, nice_step, render_bars
+from cocoviz.tui.timeline_rows import Bar, Row, TimelineRows, axis_labels, render_bars
 
 GUTTER = 14
-HEADER = 2  # the axis and the details line
+HEADER = 2  # the axis and the details line (more when the details wrap)
+MAX_DETAIL_LINES = 3
+AXIS_TAIL = 8
 
 
 class TimelineView(ScrollView, can_focus=True):
@@ -61,6 +64,9 @@ class TimelineView(ScrollView, can_focus=True):
         self._given: tuple[TimelineRows | None, TimelineRows | None] = (None, None)
         self.cursor_row = 0
         self.cursor_col = 0
+        self.hover: tuple[int, int] | None = None
+        """(row, column) of the cell under the mouse, described instead of the cursor's."""
+        self._header = HEADER
 
     # --- attributes down --------------------------------------------------------------
     def show(
@@ -107,14 +113,21 @@ class TimelineView(ScrollView, can_focus=True):
         return max(spans + [1e-9])
 
     def _bar_width(self) -> int:
-        return max(10, self.size.width - GUTTER - 1)
+        """Cells of the whole span at zoom 1; the axis keeps room after the end for the
+        label of a tick at the makespan (`┆400 µs`)."""
+        return max(10, self.size.width - GUTTER - AXIS_TAIL)
 
     def _per_cell(self) -> float:
         return self._span() / (self._bar_width() * self.zoom)
 
     def _resize_virtual(self) -> None:
         width = GUTTER + int(self._bar_width() * self.zoom) + 1
-        self.virtual_size = Size(width, HEADER + len(self._rows()))
+        self._header = 1 + len(self._detail_lines())
+        self.virtual_size = Size(width, self._header + len(self._rows()))
+
+    def content_lines(self) -> int:
+        """Lines the view needs to show every row: the axis, the details and the rows."""
+        return self._header + len(self._rows()) if self.data is not None else HEADER
 
     def on_resize(self, event: events.Resize) -> None:
         self._resize_virtual()
@@ -123,25 +136,34 @@ class TimelineView(ScrollView, can_focus=True):
     def cursor_time(self) -> float:
         return (self.cursor_col + 0.5) * self._per_cell()
 
-    def cursor_bar(self) -> Bar | None:
+    def _point(self) -> tuple[int, int]:
+        """The described cell: under the mouse when it hovers a row, else the cursor."""
+        return self.hover if self.hover is not None else (self.cursor_row, self.cursor_col)
+
+    def bar_at(self, row_index: int, col: int) -> Bar | None:
         rows = self._rows()
-        if not 0 <= self.cursor_row < len(rows):
+        if not 0 <= row_index < len(rows):
             return None
-        row = rows[self.cursor_row][1]
+        row = rows[row_index][1]
         if isinstance(row, str):
             return None
         assert isinstance(row, Row)
-        t = self.cursor_time()
+        t = (col + 0.5) * self._per_cell()
         for b in row.bars:
             if b.start <= t < b.end:
                 return b
         return None
 
+    def cursor_bar(self) -> Bar | None:
+        return self.bar_at(self.cursor_row, self.cursor_col)
+
     def details(self) -> str:
-        b = self.cursor_bar()
-        t = format_time(self.cursor_time())
+        """What the described cell shows: its row, time and event (or idle)."""
+        row_index, col = self._point()
+        b = self.bar_at(row_index, col)
+        t = format_time((col + 0.5) * self._per_cell())
         rows = self._rows()
-        where = rows[self.cursor_row][0] if 0 <= self.cursor_row < len(rows) else ""
+        where = rows[row_index][0] if 0 <= row_index < len(rows) else ""
         if b is None:
             return f"{where} at {t}: idle"
         return (
@@ -149,6 +171,25 @@ class TimelineView(ScrollView, can_focus=True):
             + (f", {b.detail}" if b.detail else "")
             + f") {format_time(b.start)} → {format_time(b.end)}, {format_time(b.duration)}"
         )
+
+    def _detail_lines(self) -> list[str]:
+        """The details wrapped at words to the view's width (at most MAX_DETAIL_LINES)."""
+        if self.data is None:
+            return [""]
+        width = max(20, self.size.width)
+        lines: list[str] = []
+        line = ""
+        for word in self.details().split(" "):
+            if line and len(line) + 1 + len(word) > width:
+                lines.append(line)
+                line = "  " + word
+            else:
+                line = f"{line} {word}" if line else word
+        lines.append(line)
+        if len(lines) > MAX_DETAIL_LINES:
+            lines = lines[:MAX_DETAIL_LINES]
+            lines[-1] = lines[-1][: width - 1] + "…"
+        return [x[:width] for x in lines]
 
     def render_line(self, y: int) -> Strip:
         width = self.size.width
@@ -161,10 +202,12 @@ class TimelineView(ScrollView, can_focus=True):
         bar_cells = int(self._bar_width() * self.zoom)
         if y == 0:
             return self._axis(width, scroll_x, per_cell, bar_cells, base)
-        if y == 1:
-            text = self.details()
+        header = self._header
+        if y < header:
+            lines = self._detail_lines()
+            text = lines[y - 1] if y - 1 < len(lines) else ""
             return Strip([Segment(text[:width].ljust(width), base + Style(italic=True))])
-        idx = y - HEADER + scroll_y
+        idx = y - header + scroll_y
         rows = self._rows()
         if idx >= len(rows):
             return Strip.blank(width, base)
@@ -195,26 +238,11 @@ class TimelineView(ScrollView, can_focus=True):
         self, width: int, scroll_x: int, per_cell: float, bar_cells: int, base: Style
     ) -> Strip:
         n = max(0, width - GUTTER)
-        chars = [" "] * n
-        span = per_cell * n
-        step = nice_step(span, max(1, n // 10))
-        t0 = scroll_x * per_cell
-        k = int(t0 // step)
-        while True:
-            t = k * step
-            col = int(round((t - t0) / per_cell))
-            if col >= n:
-                break
-            if col >= 0:
-                label = "┆" + format_time(t) if t > 0 else "0"
-                for i, ch in enumerate(label):
-                    if 0 <= col + i < n:
-                        chars[col + i] = ch
-            k += 1
+        chars = axis_labels(n, scroll_x * per_cell, per_cell)
         return Strip(
             [
                 Segment("rank stream".ljust(GUTTER), base + Style(dim=True)),
-                Segment("".join(chars), base + Style(dim=True)),
+                Segment(chars, base + Style(dim=True)),
             ]
         ).crop(0, width)
 
@@ -235,8 +263,9 @@ class TimelineView(ScrollView, can_focus=True):
         self.cursor_col = min(
             max(0, self.cursor_col + dcol), int(self._bar_width() * self.zoom) - 1
         )
-        if self.cursor_row - self.scroll_offset.y >= self.size.height - HEADER:
-            self.scroll_to(y=self.cursor_row - (self.size.height - HEADER) + 1, animate=False)
+        shown = self.size.height - self._header
+        if self.cursor_row - self.scroll_offset.y >= shown:
+            self.scroll_to(y=self.cursor_row - shown + 1, animate=False)
         elif self.cursor_row < self.scroll_offset.y:
             self.scroll_to(y=self.cursor_row, animate=False)
         bar_w = self.size.width - GUTTER
@@ -244,6 +273,8 @@ class TimelineView(ScrollView, can_focus=True):
             self.scroll_to(x=self.cursor_col - bar_w + 1, animate=False)
         elif self.cursor_col < self.scroll_offset.x:
             self.scroll_to(x=self.cursor_col, animate=False)
+        self.hover = None
+        self._resize_virtual()
         self.refresh()
 
     def action_zoom(self, factor: float) -> None:
@@ -263,13 +294,36 @@ class TimelineView(ScrollView, can_focus=True):
         data, compare = self._given
         self.show(data, self.message_text, compare, self.compare_label)
 
+    def _cell(self, x: int, y: int) -> tuple[int, int] | None:
+        """(row, column) of the bar cell at widget offset (x, y); None off the bars."""
+        if x < GUTTER or y < self._header or self.data is None:
+            return None
+        row = y - self._header + self.scroll_offset.y
+        if row >= len(self._rows()):
+            return None
+        return row, x - GUTTER + self.scroll_offset.x
+
     def on_click(self, event: events.Click) -> None:
-        if event.x < GUTTER or event.y < HEADER:
+        cell = self._cell(event.x, event.y)
+        if cell is None:
             return
-        self.cursor_row = event.y - HEADER + self.scroll_offset.y
-        self.cursor_col = event.x - GUTTER + self.scroll_offset.x
+        self.cursor_row, self.cursor_col = cell
+        self.hover = None
         self.refresh()
         self.action_pick()
+
+    def on_mouse_move(self, event: events.MouseMove) -> None:
+        cell = self._cell(event.x, event.y)
+        if cell != self.hover:
+            self.hover = cell
+            self._resize_virtual()
+            self.refresh()
+
+    def on_leave(self, event: events.Leave) -> None:
+        if self.hover is not None:
+            self.hover = None
+            self._resize_virtual()
+            self.refresh()
 
     def on_focus(self) -> None:
         self.refresh()
