@@ -134,10 +134,10 @@ def test_show_pipeline_stage_annotates_pipeline_stages() -> None:
 
 
 # --- samples --------------------------------------------------------------------------------
-def test_samples_lists_every_sample_with_its_first_comment_line() -> None:
+def test_samples_lists_every_sample_with_its_first_sentence() -> None:
     rc, out, _ = run("samples")
     assert rc == 0
-    names = [line.split()[0] for line in out.splitlines()]
+    names = [line.split()[0] for line in out.splitlines() if not line.startswith(" ")]
     assert names == samples.names()
     assert {
         "sgd",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import shlex
 import subprocess
 from collections.abc import Sequence
@@ -104,8 +105,43 @@ def _make_vars(items: tuple[tuple[str, str], ...], spec: TargetSpec) -> tuple[tu
     return tuple(out)
 
 
+_MISSING_TOOL = re.compile(
+    r"^(?:make(?:\[\d+\])?|(?:/bin/)?(?:ba)?sh(?:: (?:line )?\d+)?): (?P<tool>\S+): "
+    r"(?:No such file or directory|(?:command )?not found)\s*$"
+)
+"""make's (or its shell's) report that a program a rule runs does not exist; make then
+ends the rule with ``Error 127``."""
+
+
+def missing_tools(output: str) -> list[str]:
+    """The programs make could not run, in order, from make's output."""
+    tools: list[str] = []
+    for line in output.splitlines():
+        m = _MISSING_TOOL.match(line.strip())
+        if m and m.group("tool") not in tools:
+            tools.append(m.group("tool"))
+    return tools
+
+
+def _missing_tool_hint(tool: str) -> str:
+    name = Path(tool).name
+    if name == "nvcc":
+        return (
+            f"{tool} does not exist: install the CUDA toolkit (nvcc; make and a C++ compiler "
+            "too) and point CUDA_HOME (or NVCC) at it; without one, `emit --build --emulate` "
+            "builds the CUDA program for CPU ranks and `emit --target cpu` emits C++/MPI"
+        )
+    if "mpi" in name:
+        return (
+            f"{tool} does not exist: install an MPI with its C++ compiler wrapper "
+            "(`pip install mpich`, or set MPI_HOME / MPICXX)"
+        )
+    return f"{tool} does not exist: install it or point the Makefile's variable at it"
+
+
 def build(directory: Path, jobs: int = 2, extra: Sequence[str] = ()) -> str:
-    """Run make in `directory`; raises BuildError with the compiler's messages."""
+    """Run make in `directory`; raises BuildError with the compiler's messages, or make's
+    own when a program it runs (nvcc, mpicxx, the host compiler) is missing."""
     try:
         res = subprocess.run(
             ["make", "-C", str(directory), f"-j{jobs}", *extra],
@@ -114,12 +150,24 @@ def build(directory: Path, jobs: int = 2, extra: Sequence[str] = ()) -> str:
             check=False,
         )
     except OSError as e:
-        raise BuildError(f"cannot run make: {e.strerror}") from None
+        raise BuildError(
+            f"cannot run make: {e.strerror}",
+            hint="install make and a C++ compiler (e.g. `apt install make g++`)",
+        ) from None
     if res.returncode != 0:
-        errors = [ln for ln in (res.stderr + res.stdout).splitlines() if "error" in ln.lower()]
-        shown = "\n".join(errors[:20]) or (res.stderr or res.stdout)[-4000:]
+        output = res.stderr + res.stdout
+        missing = missing_tools(output)
+        shown_lines: list[str] = []
+        for ln in output.splitlines():
+            if ("error" in ln.lower() or _MISSING_TOOL.match(ln.strip())) and (
+                ln not in shown_lines
+            ):
+                shown_lines.append(ln)
+        shown = "\n".join(shown_lines[:20]) or output[-4000:]
+        full = f"run `make -C {directory}` to see the full output"
+        hint = "; ".join([*(_missing_tool_hint(t) for t in missing), full])
         raise BuildError(
             f"building the emitted code in {directory} failed (make exit {res.returncode}):\n{shown}",
-            hint=f"run `make -C {directory}` to see the full output",
+            hint=hint,
         )
     return res.stdout + res.stderr
