@@ -1,4 +1,9 @@
-"""The `build` marker (pyproject.toml): tests that compile or run emitted code, start MPI
+"""Test-session setup: the parser cache and the `build` marker.
+
+The parser cache (cocoviz/ir/syntax.py) goes to a directory of this session, so that
+the tests, and the commands they start, never write into the user's ~/.cache.
+
+The `build` marker (pyproject.toml): tests that compile or run emitted code, start MPI
 processes or run the CUDA emulation. `python -m pytest -m "not build"` is the fast subset
 for contributors (README.md says how long each takes); `python -m pytest`, which .ci/run
 runs, still runs everything.
@@ -9,7 +14,20 @@ checks; a test may also carry `@pytest.mark.build` itself (tests/test_readme.py 
 
 from __future__ import annotations
 
+import os
+import shutil
+import tempfile
+
 import pytest
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config._cocoviz_cache = tempfile.mkdtemp(prefix="cocoviz-test-cache-")  # type: ignore[attr-defined]
+    os.environ["COCOVIZ_CACHE_DIR"] = config._cocoviz_cache  # type: ignore[attr-defined]
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    shutil.rmtree(getattr(config, "_cocoviz_cache", ""), ignore_errors=True)
 
 BUILD_MODULES = frozenset(
     [

@@ -6,17 +6,25 @@ This module is the one boundary where lark's exceptions are converted into
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import difflib
 import functools
+import hashlib
+import json
+import os
 import re
+import sys
+import tempfile
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from importlib import resources
+from pathlib import Path
 from typing import Any
 
 import lark
+import lark.grammar
 import lark.lexer
 from lark import Token
 from lark.exceptions import UnexpectedEOF, UnexpectedInput, UnexpectedToken
@@ -569,17 +577,167 @@ _BUILD = _Build()
 _LOCK = threading.Lock()
 
 
+# --- the parser, cached across processes ----------------------------------------------
+# Building the LALR tables from grammar.lark takes 50-150 ms, a large part of a small
+# command's time; the tables are saved once to a user cache directory and loaded by
+# later processes (a few ms).
+#
+# Design (see also tests/test_parser_cache.py):
+# - Location: $COCOVIZ_CACHE_DIR if set (empty: no cache), else $XDG_CACHE_HOME/cocoviz
+#   (an absolute XDG_CACHE_HOME only, as the XDG spec says), else ~/.cache/cocoviz; never
+#   the package directory. The directory is created with mode 0o700.
+# - Key: the file name holds a hash of the grammar text, lark's version, the parser
+#   options, this format's version and Python's version, so any change to one of them
+#   uses a new file (old files are left, a few tens of kB each).
+# - Format: JSON, not lark's own cache (a pickle). A file in the user's own cache dir is
+#   trusted about as much as their .pyc files, but JSON costs little more to load and
+#   a corrupt or hostile file can at worst fail to load: lark's deserializer only
+#   instantiates its own whitelisted classes (Rule, TerminalDef, patterns), and the
+#   lexer and transformer classes are ours, never named by the file. The file also
+#   carries the key and a SHA-256 of its payload, and must be owned by the user
+#   (POSIX) and at most _CACHE_MAX_BYTES long.
+# - Any failure to read (missing, corrupt, wrong key, unreadable) builds the parser
+#   from the grammar; any failure to write (read-only or missing home, full disk) is
+#   ignored. Writes go to a temporary file in the same directory, then os.replace, so
+#   a concurrent process sees either no file or a whole one.
+_CACHE_FORMAT = 1
+_CACHE_MAX_BYTES = 4 << 20
+_LARK_OPTIONS: dict[str, Any] = {
+    "parser": "lalr",
+    "start": ["start", "sched_file"],
+    "maybe_placeholders": False,
+}
+_LEXER_MARK = "cocoviz.ir.syntax._Lexer"
+
+
+def cache_dir() -> Path | None:
+    """The directory of cocoviz's caches (None: caching is turned off)."""
+    env = os.environ.get("COCOVIZ_CACHE_DIR")
+    if env is not None:
+        return Path(env) if env else None
+    xdg = os.environ.get("XDG_CACHE_HOME", "")
+    if xdg and os.path.isabs(xdg):
+        return Path(xdg, "cocoviz")
+    try:
+        return Path.home() / ".cache" / "cocoviz"
+    except (RuntimeError, KeyError, OSError):  # no home directory
+        return None
+
+
+def _cache_key(grammar: str) -> str:
+    h = hashlib.sha256()
+    for part in (
+        grammar,
+        lark.__version__,
+        repr(sorted(_LARK_OPTIONS.items())),
+        str(_CACHE_FORMAT),
+        "{}.{}".format(*sys.version_info[:2]),
+    ):
+        h.update(part.encode("utf-8") + b"\0")
+    return h.hexdigest()
+
+
+def _encode(o: Any) -> Any:
+    """Lark's serialized tables as JSON: tuples and dicts tagged (dict keys may be ints)."""
+    if isinstance(o, (str, int, float, bool)) or o is None:
+        return o
+    if o is _Lexer:
+        return {"lexer": _LEXER_MARK}
+    if isinstance(o, list):
+        return [_encode(v) for v in o]
+    if isinstance(o, tuple):
+        return {"t": [_encode(v) for v in o]}
+    if isinstance(o, dict):
+        return {"d": [[_encode(k), _encode(v)] for k, v in o.items()]}
+    raise TypeError(f"cannot cache a {type(o).__name__}")
+
+
+def _decode_object(o: dict[str, Any]) -> Any:
+    if len(o) != 1:
+        raise ValueError("bad cache object")
+    if "t" in o:
+        return tuple(o["t"])
+    if "d" in o:
+        return {k: v for k, v in o["d"]}
+    if o.get("lexer") == _LEXER_MARK:
+        return _Lexer
+    raise ValueError("bad cache object")
+
+
+def _load_cached(path: Path, key: str) -> lark.Lark | None:
+    """The parser saved at `path`, or None when there is none that can be used."""
+    try:
+        with open(path, "rb") as f:
+            st = os.fstat(f.fileno())
+            if hasattr(os, "getuid") and st.st_uid != os.getuid():
+                return None
+            raw = f.read(_CACHE_MAX_BYTES + 1)
+        if len(raw) > _CACHE_MAX_BYTES:
+            return None
+        head, _, payload = raw.partition(b"\n")
+        if head != f"cocoviz-parser {key} {hashlib.sha256(payload).hexdigest()}".encode():
+            return None
+        saved = json.loads(payload, object_hook=_decode_object)
+        data, memo = saved["data"], saved["memo"]
+        if not isinstance(data, dict) or not isinstance(memo, dict):
+            return None
+        data["options"] = {**data["options"], "lexer": _Lexer}
+        parser = lark.Lark._load_from_dict(data, memo, transformer=_BUILD)
+        if not isinstance(parser.parser.lexer, _Lexer):
+            return None
+        return parser
+    except Exception:  # a missing, corrupt or foreign file: build the parser instead
+        return None
+
+
+def _save_cached(parser: lark.Lark, directory: Path, path: Path, key: str) -> None:
+    """Save the parser's tables at `path`, atomically; failures are ignored."""
+    tmp: str | None = None
+    try:
+        data, memo = parser.memo_serialize([lark.lexer.TerminalDef, lark.grammar.Rule])
+        drop = ("lexer", "transformer")
+        data["options"] = {k: v for k, v in data["options"].items() if k not in drop}
+        payload = json.dumps(_encode({"data": data, "memo": memo}), separators=(",", ":")).encode()
+        head = f"cocoviz-parser {key} {hashlib.sha256(payload).hexdigest()}\n".encode()
+        directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=".parser-", suffix=".tmp", dir=directory)
+        with os.fdopen(fd, "wb") as f:
+            f.write(head + payload)
+        os.replace(tmp, path)
+        tmp = None
+    except Exception:  # a read-only or missing cache directory, a full disk, …
+        pass
+    finally:
+        if tmp is not None:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+
+
+def _build_parser(grammar: str) -> lark.Lark:
+    return lark.Lark(grammar, lexer=_Lexer, transformer=_BUILD, **_LARK_OPTIONS)
+
+
+def _cache_path(directory: Path, key: str) -> Path:
+    return directory / f"parser-{key[:32]}.json"
+
+
+def _make_parser(directory: Path | None) -> lark.Lark:
+    """The parser, loaded from or saved to the cache in `directory` (None: no cache)."""
+    grammar = resources.files("cocoviz.ir").joinpath("grammar.lark").read_text()
+    if directory is None:
+        return _build_parser(grammar)
+    key = _cache_key(grammar)
+    path = _cache_path(directory, key)
+    parser = _load_cached(path, key)
+    if parser is None:
+        parser = _build_parser(grammar)
+        _save_cached(parser, directory, path, key)
+    return parser
+
+
 @functools.cache
 def _parser() -> lark.Lark:
-    text = resources.files("cocoviz.ir").joinpath("grammar.lark").read_text()
-    return lark.Lark(
-        text,
-        parser="lalr",
-        start=["start", "sched_file"],
-        lexer=_Lexer,
-        transformer=_BUILD,
-        maybe_placeholders=False,
-    )
+    return _make_parser(cache_dir())
 
 
 _TOKEN_WORDS = {
