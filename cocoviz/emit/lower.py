@@ -96,7 +96,7 @@ class _ProgramLowerer(GroupLowering):
             buffers=tuple(bufs),
             inputs=tuple(inputs),
             outputs=tuple(outputs),
-            steps=tuple(steps),
+            steps=tuple(_hoisted(s) for s in steps),
             keys=tuple(self.keys.values()),
             dropouts=tuple(self.dropouts.values()),
             stages=tuple(stages),
@@ -104,6 +104,20 @@ class _ProgramLowerer(GroupLowering):
             uses_device_api=self._uses_device,
             chunk_loops=self._chunk_loops,
         )
+
+
+def _hoisted(step: pl.Step) -> pl.Step:
+    """`step` with the loop-invariant statements of its kernel bodies moved into ``pre``
+    (`cocoviz.emit.plan.hoist`), so both targets evaluate them once per launch."""
+    if isinstance(step, (pl.Kernel, pl.DeviceCollective)) and not step.pre:
+        pre, body = pl.hoist(step.body)
+        return dataclasses.replace(step, pre=pre, body=body)
+    if isinstance(step, pl.ChunkLoop):
+        items = tuple(
+            dataclasses.replace(it, steps=tuple(_hoisted(s) for s in it.steps)) for it in step.items
+        )
+        return dataclasses.replace(step, items=items)
+    return step
 
 
 # ------------------------------------------------------------------------- entry
@@ -145,7 +159,6 @@ def lower_program(
     probe.lower()
     reg = _register_only(probe)
     return _ProgramLowerer(program, title, ns, collectives, names, param_cname, reg).lower()
-
 
 
 def _check_collective_operands(p: Program) -> None:

@@ -178,6 +178,37 @@ class Stmt:
     terms: tuple[tuple[int, int, int], ...] = ()
 
 
+HOISTABLE = frozenset(
+    {"param", "const", "convert", "round", "unary", "binary", "compare", "where", "load_scalar"}
+)
+"""Statement kinds that are pure functions of their operands (and, for ``param`` and
+``load_scalar``, of values fixed for the whole launch)."""
+
+
+def hoist(body: tuple[Stmt, ...]) -> tuple[tuple[Stmt, ...], tuple[Stmt, ...]]:
+    """Splits a kernel body into the statements that read only params, literals and
+    scalars computed before the launch (evaluated once per launch, before the loop) and
+    the rest (evaluated per element). SSA statements are pure, so moving them changes
+    neither the operations nor their order of evaluation within one element. A scalar
+    that the body itself stores is not hoisted."""
+    stored = {s.buffer for s in body if s.kind == "store"}
+    invariant: set[str] = set()
+    pre: list[Stmt] = []
+    rest: list[Stmt] = []
+    for s in body:
+        ops = {s.a, s.b, s.c} - {""}
+        if (
+            s.kind in HOISTABLE
+            and ops <= invariant
+            and not (s.kind == "load_scalar" and s.buffer in stored)
+        ):
+            invariant.add(s.dst)
+            pre.append(s)
+        else:
+            rest.append(s)
+    return tuple(pre), tuple(rest)
+
+
 @dataclass(frozen=True)
 class Space:
     """The iteration space of a kernel launch: ``count`` elements of a value with
@@ -217,6 +248,8 @@ class Kernel:
     pstage: int | None = 0
     stream: StreamName = "main"
     kind: Literal["kernel"] = "kernel"
+    pre: tuple[Stmt, ...] = ()
+    """Loop-invariant statements (`hoist`), evaluated once per launch before the loop."""
 
 
 @dataclass(frozen=True)
@@ -340,6 +373,8 @@ class DeviceCollective:
     pstage: int | None = 0
     stream: StreamName = "main"
     kind: Literal["device"] = "device"
+    pre: tuple[Stmt, ...] = ()
+    """Loop-invariant statements of `body` (`hoist`), evaluated once per launch."""
 
 
 Step = Union[Kernel, RowKernel, ReduceFinish, Matmul, Collective, DeviceCollective, "ChunkLoop"]

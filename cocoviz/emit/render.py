@@ -245,6 +245,7 @@ class Renderer:
                 threads=st.space.launch_count,
                 red_blocks=max(1, min(REDUCE_BLOCKS, -(-st.space.launch_count // 256))),
                 finishes=[],
+                pre=self.stmts(st.pre),
                 body=self.stmts(st.body),
                 reductions=[self.reduction(r) for r in st.reductions],
             )
@@ -295,7 +296,7 @@ class Renderer:
                 stages=safe_text(", ".join(st.stages)), rop=st.rop, src=st.src, shard=st.shard,
                 src_st=self.st(st.src_dtype), src_ctype=self.compute_ctype(st.src_dtype),
                 src_storage=self.storage_ctype(st.src_dtype),
-                count=st.space.launch_count, body=self.stmts(st.body),
+                count=st.space.launch_count, body=self.stmts(st.body), pre=self.stmts(st.pre),
                 prologue=self.stmts(st.prologue), l_var=st.l_var, e_var=st.e_var,
                 numel=st.space.view.numel, chunks=st.space.view.chunks,
                 chunked=st.space.in_chunk_loop,

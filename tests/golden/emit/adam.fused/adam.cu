@@ -165,6 +165,11 @@ __global__ void k_ref_gf(const Buffers B, const Consts C, const Params P, const 
 // stages: m1
 __global__ void k_ref_m1(const Buffers B, const Consts C, const Params P, const int64_t tp, const int64_t k) {
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  // values of params, literals and earlier scalars: once per thread, not per element
+  const float v1 = P.prm_beta1;
+  const float v4 = static_cast<float>(1.0);
+  const float v5 = v4 - v1;
+
   const int64_t first = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   int64_t scalar_from = first;
   // 4 consecutive elements per thread through packed (up to 16-byte) accesses
@@ -177,11 +182,8 @@ __global__ void k_ref_m1(const Buffers B, const Consts C, const Params P, const 
       ::cocoviz::Pack<float, 4> st2;
 #pragma unroll
       for (int j = 0; j < 4; ++j) {
-        const float v1 = P.prm_beta1;
         const float v2 = ::cocoviz::CudaDt<cocoviz::DType::f32>::load(ld0.v[j]);
         const float v3 = v1 * v2;
-        const float v4 = static_cast<float>(1.0);
-        const float v5 = v4 - v1;
         const float v6 = ::cocoviz::CudaDt<cocoviz::DType::f32>::load(ld1.v[j]);
         const float v7 = v5 * v6;
         const float v8 = v3 + v7;
@@ -193,11 +195,8 @@ __global__ void k_ref_m1(const Buffers B, const Consts C, const Params P, const 
     scalar_from = 1048576 + first;
   }
   for (int64_t i = scalar_from; i < 1048576; i += stride) {
-    const float v1 = P.prm_beta1;
     const float v2 = ::cocoviz::CudaDt<cocoviz::DType::f32>::load(COCOVIZ_LD(B.in_ref_m, i));
     const float v3 = v1 * v2;
-    const float v4 = static_cast<float>(1.0);
-    const float v5 = v4 - v1;
     const float v6 = ::cocoviz::CudaDt<cocoviz::DType::f32>::load(COCOVIZ_LD(B.v_ref_gf, i));
     const float v7 = v5 * v6;
     const float v8 = v3 + v7;
@@ -209,6 +208,11 @@ __global__ void k_ref_m1(const Buffers B, const Consts C, const Params P, const 
 // stages: v1
 __global__ void k_ref_v1(const Buffers B, const Consts C, const Params P, const int64_t tp, const int64_t k) {
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  // values of params, literals and earlier scalars: once per thread, not per element
+  const float v1 = P.prm_beta2;
+  const float v4 = static_cast<float>(1.0);
+  const float v5 = v4 - v1;
+
   const int64_t first = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   int64_t scalar_from = first;
   // 4 consecutive elements per thread through packed (up to 16-byte) accesses
@@ -221,11 +225,8 @@ __global__ void k_ref_v1(const Buffers B, const Consts C, const Params P, const 
       ::cocoviz::Pack<float, 4> st2;
 #pragma unroll
       for (int j = 0; j < 4; ++j) {
-        const float v1 = P.prm_beta2;
         const float v2 = ::cocoviz::CudaDt<cocoviz::DType::f32>::load(ld0.v[j]);
         const float v3 = v1 * v2;
-        const float v4 = static_cast<float>(1.0);
-        const float v5 = v4 - v1;
         const float v6 = ::cocoviz::CudaDt<cocoviz::DType::f32>::load(ld1.v[j]);
         const float v7 = v5 * v6;
         const float v8 = v7 * v6;
@@ -238,11 +239,8 @@ __global__ void k_ref_v1(const Buffers B, const Consts C, const Params P, const 
     scalar_from = 1048576 + first;
   }
   for (int64_t i = scalar_from; i < 1048576; i += stride) {
-    const float v1 = P.prm_beta2;
     const float v2 = ::cocoviz::CudaDt<cocoviz::DType::f32>::load(COCOVIZ_LD(B.in_ref_v, i));
     const float v3 = v1 * v2;
-    const float v4 = static_cast<float>(1.0);
-    const float v5 = v4 - v1;
     const float v6 = ::cocoviz::CudaDt<cocoviz::DType::f32>::load(COCOVIZ_LD(B.v_ref_gf, i));
     const float v7 = v5 * v6;
     const float v8 = v7 * v6;
@@ -255,6 +253,13 @@ __global__ void k_ref_v1(const Buffers B, const Consts C, const Params P, const 
 // stages: mh
 __global__ void k_ref_mh(const Buffers B, const Consts C, const Params P, const int64_t tp, const int64_t k) {
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  // values of params, literals and earlier scalars: once per thread, not per element
+  const float v2 = static_cast<float>(1.0);
+  const float v3 = P.prm_beta1;
+  const float v4 = P.prm_t;
+  const float v5 = powf(v3, v4);
+  const float v6 = v2 - v5;
+
   const int64_t first = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   int64_t scalar_from = first;
   // 4 consecutive elements per thread through packed (up to 16-byte) accesses
@@ -267,11 +272,6 @@ __global__ void k_ref_mh(const Buffers B, const Consts C, const Params P, const 
 #pragma unroll
       for (int j = 0; j < 4; ++j) {
         const float v1 = ::cocoviz::CudaDt<cocoviz::DType::f32>::load(ld0.v[j]);
-        const float v2 = static_cast<float>(1.0);
-        const float v3 = P.prm_beta1;
-        const float v4 = P.prm_t;
-        const float v5 = powf(v3, v4);
-        const float v6 = v2 - v5;
         const float v7 = v1 / v6;
         st1.v[j] = ::cocoviz::CudaDt<cocoviz::DType::f32>::store(v7);
 
@@ -282,11 +282,6 @@ __global__ void k_ref_mh(const Buffers B, const Consts C, const Params P, const 
   }
   for (int64_t i = scalar_from; i < 1048576; i += stride) {
     const float v1 = ::cocoviz::CudaDt<cocoviz::DType::f32>::load(COCOVIZ_LD(B.v_ref_m1, i));
-    const float v2 = static_cast<float>(1.0);
-    const float v3 = P.prm_beta1;
-    const float v4 = P.prm_t;
-    const float v5 = powf(v3, v4);
-    const float v6 = v2 - v5;
     const float v7 = v1 / v6;
     COCOVIZ_ST(B.v_ref_mh, i) = ::cocoviz::CudaDt<cocoviz::DType::f32>::store(v7);
 
@@ -296,6 +291,13 @@ __global__ void k_ref_mh(const Buffers B, const Consts C, const Params P, const 
 // stages: vh
 __global__ void k_ref_vh(const Buffers B, const Consts C, const Params P, const int64_t tp, const int64_t k) {
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  // values of params, literals and earlier scalars: once per thread, not per element
+  const float v2 = static_cast<float>(1.0);
+  const float v3 = P.prm_beta2;
+  const float v4 = P.prm_t;
+  const float v5 = powf(v3, v4);
+  const float v6 = v2 - v5;
+
   const int64_t first = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   int64_t scalar_from = first;
   // 4 consecutive elements per thread through packed (up to 16-byte) accesses
@@ -308,11 +310,6 @@ __global__ void k_ref_vh(const Buffers B, const Consts C, const Params P, const 
 #pragma unroll
       for (int j = 0; j < 4; ++j) {
         const float v1 = ::cocoviz::CudaDt<cocoviz::DType::f32>::load(ld0.v[j]);
-        const float v2 = static_cast<float>(1.0);
-        const float v3 = P.prm_beta2;
-        const float v4 = P.prm_t;
-        const float v5 = powf(v3, v4);
-        const float v6 = v2 - v5;
         const float v7 = v1 / v6;
         st1.v[j] = ::cocoviz::CudaDt<cocoviz::DType::f32>::store(v7);
 
@@ -323,11 +320,6 @@ __global__ void k_ref_vh(const Buffers B, const Consts C, const Params P, const 
   }
   for (int64_t i = scalar_from; i < 1048576; i += stride) {
     const float v1 = ::cocoviz::CudaDt<cocoviz::DType::f32>::load(COCOVIZ_LD(B.v_ref_v1, i));
-    const float v2 = static_cast<float>(1.0);
-    const float v3 = P.prm_beta2;
-    const float v4 = P.prm_t;
-    const float v5 = powf(v3, v4);
-    const float v6 = v2 - v5;
     const float v7 = v1 / v6;
     COCOVIZ_ST(B.v_ref_vh, i) = ::cocoviz::CudaDt<cocoviz::DType::f32>::store(v7);
 
@@ -337,6 +329,10 @@ __global__ void k_ref_vh(const Buffers B, const Consts C, const Params P, const 
 // stages: w1
 __global__ void k_ref_w1(const Buffers B, const Consts C, const Params P, const int64_t tp, const int64_t k) {
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  // values of params, literals and earlier scalars: once per thread, not per element
+  const float v2 = P.prm_lr;
+  const float v7 = P.prm_eps;
+
   const int64_t first = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   int64_t scalar_from = first;
   // 4 consecutive elements per thread through packed (up to 16-byte) accesses
@@ -351,12 +347,10 @@ __global__ void k_ref_w1(const Buffers B, const Consts C, const Params P, const 
 #pragma unroll
       for (int j = 0; j < 4; ++j) {
         const float v1 = ::cocoviz::CudaDt<cocoviz::DType::f32>::load(ld0.v[j]);
-        const float v2 = P.prm_lr;
         const float v3 = ::cocoviz::CudaDt<cocoviz::DType::f32>::load(ld1.v[j]);
         const float v4 = v2 * v3;
         const float v5 = ::cocoviz::CudaDt<cocoviz::DType::f32>::load(ld2.v[j]);
         const float v6 = sqrtf(v5);
-        const float v7 = P.prm_eps;
         const float v8 = v6 + v7;
         const float v9 = v4 / v8;
         const float v10 = v1 - v9;
@@ -369,12 +363,10 @@ __global__ void k_ref_w1(const Buffers B, const Consts C, const Params P, const 
   }
   for (int64_t i = scalar_from; i < 1048576; i += stride) {
     const float v1 = ::cocoviz::CudaDt<cocoviz::DType::f32>::load(COCOVIZ_LD(B.in_ref_w, i));
-    const float v2 = P.prm_lr;
     const float v3 = ::cocoviz::CudaDt<cocoviz::DType::f32>::load(COCOVIZ_LD(B.v_ref_mh, i));
     const float v4 = v2 * v3;
     const float v5 = ::cocoviz::CudaDt<cocoviz::DType::f32>::load(COCOVIZ_LD(B.v_ref_vh, i));
     const float v6 = sqrtf(v5);
-    const float v7 = P.prm_eps;
     const float v8 = v6 + v7;
     const float v9 = v4 / v8;
     const float v10 = v1 - v9;
@@ -585,6 +577,20 @@ namespace {
 // stages: gf, m1, v1, mh, vh, w1_s
 __global__ void k_sch_gf(const Buffers B, const Consts C, const Params P, const int64_t tp, const int64_t k) {
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  // values of params, literals and earlier scalars: once per thread, not per element
+  const float v3 = P.prm_beta1;
+  const float v6 = static_cast<float>(1.0);
+  const float v7 = v6 - v3;
+  const float v10 = P.prm_beta2;
+  const float v13 = v6 - v10;
+  const float v17 = P.prm_t;
+  const float v18 = powf(v3, v17);
+  const float v19 = v6 - v18;
+  const float v21 = powf(v10, v17);
+  const float v22 = v6 - v21;
+  const float v26 = P.prm_lr;
+  const float v29 = P.prm_eps;
+
   const int64_t first = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   int64_t scalar_from = first;
   // 8 consecutive elements per thread through packed (up to 16-byte) accesses
@@ -603,34 +609,22 @@ __global__ void k_sch_gf(const Buffers B, const Consts C, const Params P, const 
       for (int j = 0; j < 8; ++j) {
         const float v1 = ::cocoviz::CudaDt<cocoviz::DType::f16>::load(ld0.v[j]);
         const float v2 = static_cast<float>(v1);
-        const float v3 = P.prm_beta1;
         const float v4 = ::cocoviz::CudaDt<cocoviz::DType::f32>::load(ld1.v[j]);
         const float v5 = v3 * v4;
-        const float v6 = static_cast<float>(1.0);
-        const float v7 = v6 - v3;
         const float v8 = v7 * v2;
         const float v9 = v5 + v8;
         st2.v[j] = ::cocoviz::CudaDt<cocoviz::DType::f32>::store(v9);
-        const float v10 = P.prm_beta2;
         const float v11 = ::cocoviz::CudaDt<cocoviz::DType::f32>::load(ld3.v[j]);
         const float v12 = v10 * v11;
-        const float v13 = v6 - v10;
         const float v14 = v13 * v2;
         const float v15 = v14 * v2;
         const float v16 = v12 + v15;
         st4.v[j] = ::cocoviz::CudaDt<cocoviz::DType::f32>::store(v16);
-        const float v17 = P.prm_t;
-        const float v18 = powf(v3, v17);
-        const float v19 = v6 - v18;
         const float v20 = v9 / v19;
-        const float v21 = powf(v10, v17);
-        const float v22 = v6 - v21;
         const float v23 = v16 / v22;
         const float v25 = ::cocoviz::CudaDt<cocoviz::DType::f32>::load(ld5.v[j]);
-        const float v26 = P.prm_lr;
         const float v27 = v26 * v20;
         const float v28 = sqrtf(v23);
-        const float v29 = P.prm_eps;
         const float v30 = v28 + v29;
         const float v31 = v27 / v30;
         const float v32 = v25 - v31;
@@ -646,35 +640,23 @@ __global__ void k_sch_gf(const Buffers B, const Consts C, const Params P, const 
   for (int64_t i = scalar_from; i < 65536; i += stride) {
     const float v1 = ::cocoviz::CudaDt<cocoviz::DType::f16>::load(COCOVIZ_LD(B.v_sch_g1_rs, i));
     const float v2 = static_cast<float>(v1);
-    const float v3 = P.prm_beta1;
     const float v4 = ::cocoviz::CudaDt<cocoviz::DType::f32>::load(COCOVIZ_LD(B.in_sch_m, i));
     const float v5 = v3 * v4;
-    const float v6 = static_cast<float>(1.0);
-    const float v7 = v6 - v3;
     const float v8 = v7 * v2;
     const float v9 = v5 + v8;
     COCOVIZ_ST(B.v_sch_m1, i) = ::cocoviz::CudaDt<cocoviz::DType::f32>::store(v9);
-    const float v10 = P.prm_beta2;
     const float v11 = ::cocoviz::CudaDt<cocoviz::DType::f32>::load(COCOVIZ_LD(B.in_sch_v, i));
     const float v12 = v10 * v11;
-    const float v13 = v6 - v10;
     const float v14 = v13 * v2;
     const float v15 = v14 * v2;
     const float v16 = v12 + v15;
     COCOVIZ_ST(B.v_sch_v1, i) = ::cocoviz::CudaDt<cocoviz::DType::f32>::store(v16);
-    const float v17 = P.prm_t;
-    const float v18 = powf(v3, v17);
-    const float v19 = v6 - v18;
     const float v20 = v9 / v19;
-    const float v21 = powf(v10, v17);
-    const float v22 = v6 - v21;
     const float v23 = v16 / v22;
     const int64_t v24 = i + (65536) * tp;
     const float v25 = ::cocoviz::CudaDt<cocoviz::DType::f32>::load(COCOVIZ_LD(B.in_sch_w, v24));
-    const float v26 = P.prm_lr;
     const float v27 = v26 * v20;
     const float v28 = sqrtf(v23);
-    const float v29 = P.prm_eps;
     const float v30 = v28 + v29;
     const float v31 = v27 / v30;
     const float v32 = v25 - v31;

@@ -1,0 +1,184 @@
+"""The emitted CPU program against `cocoviz run --mpi`, a hand-written mpi4py + numpy step
+(bench/numpy_steps.py, checked equal to the cocoviz reference first) and the
+memory-traffic bound (the plan's bytes over a measured copy bandwidth), for adam, lamb
+and sgd (schedules fused and ar_c) at N = 2^24 on 2 ranks.
+
+Usage: python bench/bench_emitted.py [--n 16777216] [--ranks 2] [--iters 20] [--rounds 3]
+           [--programs adam,lamb,sgd] [--schedules fused,ar_c] [--baseline DIR]
+
+Each round runs every contender once, interleaved, so they see the same machine load;
+each figure is the median over the rounds of one run's per-iteration time (the emitted
+program's ``time_ms``, `run --mpi`'s makespan, the numpy script's median). With
+``--baseline DIR`` the programs prebuilt in ``DIR/<program>_<schedule>`` (e.g. by an
+older cocoviz) are timed in the same rounds. Ratios are to the emitted program.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+BENCH = Path(__file__).resolve().parent
+sys.path.insert(0, str(BENCH))
+
+from numpy_steps import HAS_V, PARAMS, SCRIPT, update  # noqa: E402
+
+from cocoviz import samples  # noqa: E402
+from cocoviz.emit import plan as pl  # noqa: E402
+from cocoviz.emit.lower import lower_emit  # noqa: E402
+from cocoviz.exec.mpi_run import find_mpiexec  # noqa: E402
+from cocoviz.exec.reference import run_reference  # noqa: E402
+from cocoviz.ir.lower import RanksOverride, load_file  # noqa: E402
+from cocoviz.schedule.steps import apply_block, find_block  # noqa: E402
+
+COPY = """
+import json, sys, time
+import numpy as np
+from mpi4py import MPI
+n = int(sys.argv[1])
+a = np.ones(n, np.float32); b = np.empty_like(a)
+best = float("inf")
+for _ in range(7):
+    MPI.COMM_WORLD.Barrier(); t0 = time.perf_counter(); np.copyto(b, a)
+    best = min(best, time.perf_counter() - t0)
+if MPI.COMM_WORLD.rank == 0:
+    print(json.dumps(2 * a.nbytes / best))
+"""
+
+
+def _program(name: str, schedule: str | None, n: int, ranks: int) -> Any:
+    p0 = load_file(samples.path(name), {"N": n}, RanksOverride.parse(str(ranks)))
+    return apply_block(p0, find_block(p0, schedule)) if schedule else p0
+
+
+def check_numpy_step(name: str, ranks: int, n: int = 4096) -> float:
+    """Max relative difference of the hand-written step from the cocoviz reference."""
+    prog = _program(name, None, n, ranks)
+    res = run_reference(prog)
+    g = res.initial_value("g").astype(np.float32).sum(axis=0, dtype=np.float32)
+    v = res.initial_value("v") if HAS_V[name] else None
+    w1, _, _ = update(name, g, res.initial_value("w"), res.initial_value("m"), v, PARAMS[name])
+    ref = res.global_value("w1").astype(np.float64)
+    err = float(np.max(np.abs(w1 - ref) / np.maximum(np.abs(ref), 1e-30)))
+    if err > 1e-5:
+        raise SystemExit(f"the numpy step of {name} differs from the reference (rel {err:.2e})")
+    return err
+
+
+def plan_bytes(name: str, schedule: str, n: int, ranks: int) -> int:
+    """Bytes one rank moves through memory in one run of the scheduled plan: every
+    distinct load and store of every kernel, and each collective's send + receive."""
+    prog = _program(name, schedule, n, ranks)
+    plan = lower_emit(prog, None).scheduled
+    size = {b.cname: b.dtype.itemsize for b in plan.buffers}
+    total = 0
+
+    def walk(steps: tuple[pl.Step, ...]) -> None:
+        nonlocal total
+        for st in steps:
+            if isinstance(st, pl.Kernel):
+                acc = {(s.kind, s.buffer, s.a) for s in st.body if s.kind in ("load", "store")}
+                total += sum(size[b] for _, b, _ in acc) * st.space.launch_count
+            elif isinstance(st, pl.Collective):
+                per = st.count * st.dtype.itemsize
+                g = ranks
+                total += {"allreduce": 2 * per, "reducescatter": per * (g + 1)}.get(
+                    st.op, per * (g + 1) if st.op == "allgather" else 2 * per
+                )
+            elif isinstance(st, pl.ChunkLoop):
+                for it in st.items:
+                    walk(it.steps * st.chunks)
+
+    walk(plan.steps)
+    return total
+
+
+def _mpi(ranks: int, argv: list[str]) -> str:
+    out = subprocess.run(
+        [find_mpiexec(), "-n", str(ranks), *argv], capture_output=True, text=True, check=True
+    )
+    return out.stdout.strip().splitlines()[-1]
+
+
+def _emitted_ms(d: Path, iters: int) -> float:
+    out = subprocess.run(
+        [str(d / "run.sh"), "--iters", str(iters)], capture_output=True, text=True, check=True
+    )
+    return float(json.loads(out.stdout.strip().splitlines()[-1])["time_ms"])
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--n", type=int, default=1 << 24)
+    ap.add_argument("--ranks", type=int, default=2)
+    ap.add_argument("--iters", type=int, default=20)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--programs", default="adam,lamb,sgd")
+    ap.add_argument("--schedules", default="fused,ar_c")
+    ap.add_argument("--baseline", type=Path, default=None)
+    ap.add_argument("--no-run-mpi", action="store_true", help="skip `cocoviz run --mpi`")
+    args = ap.parse_args()
+    progs = args.programs.split(",")
+    scheds = args.schedules.split(",")
+    env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
+    os.environ.update(env)
+    with tempfile.TemporaryDirectory() as tmp:
+        t = Path(tmp)
+        (t / "step.py").write_text(SCRIPT.format(bench=str(BENCH)))
+        (t / "copy.py").write_text(COPY)
+        bw = float(_mpi(args.ranks, [sys.executable, str(t / "copy.py"), str(args.n)]))
+        print(f"copy bandwidth per rank ({args.ranks} ranks copying at once): {bw / 1e9:.1f} GB/s")
+        for name in progs:
+            print(f"{name}: numpy step vs reference, max rel diff {check_numpy_step(name, 2):.1e}")
+        for name in progs:
+            for sched in scheds:
+                d = t / f"{name}_{sched}"
+                subprocess.run(
+                    [sys.executable, "-m", "cocoviz", "emit", str(samples.path(name)),
+                     "--schedule", sched, "--target", "cpu", "-o", str(d), "-D",
+                     f"N={args.n}", "--ranks", str(args.ranks), "--build"],
+                    check=True, capture_output=True,
+                )  # fmt: skip
+                base = args.baseline / f"{name}_{sched}" if args.baseline else None
+                res: dict[str, list[float]] = {}
+                for _ in range(args.rounds):
+                    res.setdefault("emitted", []).append(_emitted_ms(d, args.iters))
+                    if base is not None:
+                        res.setdefault("baseline", []).append(_emitted_ms(base, args.iters))
+                    if not args.no_run_mpi:
+                        out = subprocess.run(
+                            [sys.executable, "-m", "cocoviz", "run", str(samples.path(name)),
+                             "--schedule", sched, "-D", f"N={args.n}", "--ranks",
+                             str(args.ranks), "--mpi", "--iters", str(args.iters),
+                             "--no-check", "--json"],
+                            capture_output=True, text=True, check=True,
+                        )  # fmt: skip
+                        res.setdefault("run --mpi", []).append(
+                            json.loads(out.stdout)["makespan_s"] * 1e3
+                        )
+                    times = json.loads(
+                        _mpi(args.ranks, [sys.executable, str(t / "step.py"), name, sched,
+                                          str(args.n), str(args.iters)])
+                    )  # fmt: skip
+                    res.setdefault("numpy", []).append(statistics.median(times) * 1e3)
+                bound = plan_bytes(name, sched, args.n, args.ranks) / bw * 1e3
+                em = statistics.median(res["emitted"])
+                print(f"{name} {sched} (N={args.n}, {args.ranks} ranks, median of {args.rounds}):")
+                for k, v in res.items():
+                    m = statistics.median(v)
+                    print(f"  {k:10s} {m:9.2f} ms   ratio to emitted {m / em:6.2f}")
+                print(f"  {'bound':10s} {bound:9.2f} ms   emitted / bound {em / bound:6.2f}")
+                sys.stdout.flush()
+
+
+if __name__ == "__main__":
+    main()
