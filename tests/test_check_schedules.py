@@ -1,4 +1,5 @@
-"""`cocoviz check` applies a prefix shared by schedule blocks once (cli/inspect.py)."""
+"""`cocoviz check` (and `verify`) apply a prefix shared by schedule blocks once
+(cocoviz/schedule/steps.py, `apply_blocks`)."""
 
 from __future__ import annotations
 
@@ -8,9 +9,11 @@ from typing import Any
 import pytest
 
 import cocoviz.schedule as schedule
-from cocoviz.cli.inspect import _check_schedules, _common_prefix
+import cocoviz.schedule.steps as steps_module
+from cocoviz.cli.inspect import _check_schedules
 from cocoviz.errors import CocovizError
 from cocoviz.ir.lower import load_program
+from cocoviz.schedule.steps import common_prefix
 from cocoviz.sim.hardware import default_hardware
 
 SAMPLE = Path(__file__).resolve().parents[1] / "cocoviz" / "samples" / "adam.coco"
@@ -18,13 +21,13 @@ SAMPLE = Path(__file__).resolve().parents[1] / "cocoviz" / "samples" / "adam.coc
 
 def counting(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     calls: list[str] = []
-    real = schedule.apply_step
+    real = steps_module.apply_step
 
     def spy(program: Any, step: Any, hw: Any = None) -> Any:
         calls.append(str(step))
         return real(program, step, hw)
 
-    monkeypatch.setattr(schedule, "apply_step", spy)
+    monkeypatch.setattr(steps_module, "apply_step", spy)
     return calls
 
 
@@ -91,9 +94,9 @@ def test_first_failure_reported_as_before(blocks: str) -> None:
     assert getattr(got.value, "hint", None) == getattr(expected, "hint", None)
 
 
-def test_common_prefix() -> None:
+def testcommon_prefix() -> None:
     p = load_program(SAMPLE.read_text(), str(SAMPLE))
     ar_c, rs, fused = (b.steps for b in p.schedules)
-    assert _common_prefix(rs, fused) == 4
-    assert _common_prefix(ar_c, fused) == 0
-    assert _common_prefix((), fused) == 0
+    assert common_prefix(rs, fused) == 4
+    assert common_prefix(ar_c, fused) == 0
+    assert common_prefix((), fused) == 0

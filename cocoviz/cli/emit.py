@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from cocoviz.cli import add_program_options, args_hardware, load_args_program
-from cocoviz.emit.targets import DEFAULT_TARGET, TARGET_NAMES
+from cocoviz.emit.targets import DEFAULT_TARGET, TARGET_NAMES, target_spec
 from cocoviz.errors import ExitCode, UsageError
 
 
@@ -53,7 +53,6 @@ def register(sub: Any) -> None:
 
 def cmd_emit(args: argparse.Namespace) -> int:
     from cocoviz.emit.emitter import build, check_arch, emit
-    from cocoviz.emit.targets import target_spec
     from cocoviz.emit.writer import MARKER, write_tree
     from cocoviz.ir.nodes import unscheduled
     from cocoviz.schedule import resolve_schedule, schedule_arg_steps

@@ -17,7 +17,7 @@ from cocoviz.cli import (
     load_args_program,
 )
 from cocoviz.errors import ExitCode, UsageError
-from cocoviz.ir.nodes import Program, StepCall
+from cocoviz.ir.nodes import Program
 from cocoviz.ir.summary import Summary, format_bytes, summarize
 from cocoviz.sim.hardware import Hardware
 
@@ -94,49 +94,10 @@ def apply_named_schedule(args: argparse.Namespace, program: Program) -> Program:
 
 
 def _check_schedules(program: Program, hw: Hardware) -> list[str]:
-    """Apply every schedule block; returns the names applied (raises on the first failure).
+    """Apply every schedule block; returns the names applied (raises on the first failure)."""
+    from cocoviz.schedule import apply_blocks
 
-    Blocks often begin with the same steps; a common prefix is applied once. Programs are
-    immutable values and a step's result does not depend on where it is written (its
-    source position only shapes the diagnostics of a refused step, and a step shared with
-    an earlier block was applied there without error). Each block starts from the
-    program after the longest prefix it shares with an earlier block; only those
-    programs are kept. Steps compare by name and arguments, not by position.
-    """
-    from cocoviz.schedule import apply_step
-
-    blocks = [b.steps for b in program.schedules]
-    # for each block, the earliest earlier block sharing the longest prefix with it
-    source: list[tuple[int, int]] = []  # (earlier block, shared steps); (-1, 0): none
-    for k, steps in enumerate(blocks):
-        best = (-1, 0)
-        for j in range(k):
-            n = _common_prefix(blocks[j], steps)
-            if n > best[1]:
-                best = (j, n)
-        source.append(best)
-    # the programs later blocks start from: (block, steps applied) -> program
-    wanted = {(j, n) for j, n in source if j >= 0}
-    saved: dict[tuple[int, int], Program] = {}
-    for k, steps in enumerate(blocks):
-        j, start = source[k]
-        current = saved[(j, start)] if j >= 0 else program
-        for pos in range(start, len(steps) + 1):
-            if (k, pos) in wanted:
-                saved[(k, pos)] = current
-            if pos < len(steps):
-                current, _ = apply_step(current, steps[pos], hw)
-    return [b.name for b in program.schedules]
-
-
-def _common_prefix(a: tuple[StepCall, ...], b: tuple[StepCall, ...]) -> int:
-    """How many first steps `a` and `b` share (steps compare by name and arguments)."""
-    n = 0
-    for x, y in zip(a, b, strict=False):
-        if x != y:
-            break
-        n += 1
-    return n
+    return [name for name, _ in apply_blocks(program, hw)]
 
 
 def summary_line(s: Summary) -> str:

@@ -147,7 +147,7 @@ def parse_bytes(text: str) -> int:
 
 def cmd_verify(args: argparse.Namespace) -> int:
     from cocoviz.exec.verify import verify_programs
-    from cocoviz.schedule import apply_block, apply_schedule_arg
+    from cocoviz.schedule import apply_blocks, apply_schedule_arg
 
     program = load_args_program(args)
     hw = args_hardware(args)
@@ -162,7 +162,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
                 f"{program.name} has no schedule blocks to verify",
                 hint="pass --schedule NAME or --schedule FILE.sched",
             )
-        targets = [(b.name, apply_block(program, b, hw)) for b in program.schedules]
+        targets = apply_blocks(program, hw)
     ok = True
     results = []
     for name, scheduled in targets:

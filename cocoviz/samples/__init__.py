@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from importlib import resources
 from pathlib import Path
 
@@ -42,8 +43,5 @@ def description(name: str) -> str:
             break
         words += line.lstrip("#").split()
     header = " ".join(words)
-    end = next(
-        (i + 1 for i, c in enumerate(header) if c == "." and header[i + 1 : i + 2] in (" ", "")),
-        None,
-    )
-    return header[:end] if end else header
+    end = re.search(r"\.(?= |$)", header)
+    return header[: end.end()] if end else header

@@ -18,6 +18,7 @@ from cocoviz.schedule.palette import PaletteEntry, palette
 from cocoviz.schedule.session import HistoryEntry, Session, StepFailure
 from cocoviz.schedule.steps import (
     apply_block,
+    apply_blocks,
     apply_schedule_arg,
     apply_step,
     apply_steps,
@@ -35,6 +36,7 @@ __all__ = [
     "Session",
     "StepFailure",
     "apply_block",
+    "apply_blocks",
     "apply_schedule_arg",
     "apply_step",
     "apply_steps",

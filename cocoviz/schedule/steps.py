@@ -22,11 +22,13 @@ from cocoviz.sim.hardware import Hardware, default_hardware
 
 __all__ = [
     "apply_block",
+    "apply_blocks",
     "apply_schedule_arg",
     "apply_step",
     "apply_steps",
     "block_steps",
     "chunk_chooser",
+    "common_prefix",
     "find_block",
     "resolve_schedule",
     "schedule_arg_steps",
@@ -70,14 +72,58 @@ def apply_steps(
     program: Program, steps: Iterable[StepLike], hw: Hardware | None = None
 ) -> Program:
     """Apply steps in order; raises at the first refused step."""
-    for step in steps:
-        program, _ = apply_step(program, step, hw)
-    return program
+    return resolve_schedule(program, tuple(steps), hw)[0]
 
 
 def apply_block(program: Program, block: ScheduleBlock, hw: Hardware | None = None) -> Program:
     """Apply a `schedule NAME { … }` block of the program's source."""
     return apply_steps(program, block.steps, hw)
+
+
+def apply_blocks(program: Program, hw: Hardware | None = None) -> list[tuple[str, Program]]:
+    """Every schedule block of `program` applied, in order: (name, scheduled program).
+    Raises at the first refused step, as applying the blocks one by one would.
+
+    Blocks often begin with the same steps; a prefix a block shares with an earlier
+    block is applied once. Programs are values and a step's result does not depend on
+    where it is written (its position only shapes the diagnostic of a refused step, and
+    a shared step was applied without error in the earlier block). Each block starts
+    from the program after the longest prefix it shares with an earlier block; only
+    those programs are kept.
+    """
+    blocks = [b.steps for b in program.schedules]
+    source: list[tuple[int, int]] = []  # (earlier block, shared steps); (-1, 0): none
+    for k, steps in enumerate(blocks):
+        best = (-1, 0)
+        for j in range(k):
+            n = common_prefix(blocks[j], steps)
+            if n > best[1]:
+                best = (j, n)
+        source.append(best)
+    wanted = {(j, n) for j, n in source if j >= 0}  # (block, steps applied)
+    saved: dict[tuple[int, int], Program] = {}
+    done: list[tuple[str, Program]] = []
+    for k, steps in enumerate(blocks):
+        j, start = source[k]
+        current = saved[(j, start)] if j >= 0 else program
+        for pos in range(start, len(steps) + 1):
+            if (k, pos) in wanted:
+                saved[(k, pos)] = current
+            if pos < len(steps):
+                current, _ = apply_step(current, steps[pos], hw)
+        done.append((program.schedules[k].name, current))
+    return done
+
+
+def common_prefix(a: Sequence[StepCall], b: Sequence[StepCall]) -> int:
+    """How many first steps `a` and `b` share (steps compare by name and arguments, not
+    by where they are written)."""
+    n = 0
+    for x, y in zip(a, b, strict=False):
+        if x != y:
+            break
+        n += 1
+    return n
 
 
 def find_block(program: Program, name: str) -> ScheduleBlock:
