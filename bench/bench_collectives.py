@@ -41,8 +41,9 @@ PUBLISHED = [
     ("v100-dgx2", "allreduce", 16, 16, None, 16 * GIB, 122.0, "GTC24 S62129 (NVLink2 node)"),
     ("a100-dgx", "allreduce", 16, 8, None, 16 * GIB, 192.0, "GTC24 S62129 (8x200 Gb)"),
     ("a100-dgx", "allreduce", 64, 8, None, 16 * GIB, 192.0, "GTC24 S62129 (8x200 Gb)"),
-    ("h100-dgx", "allreduce", 16, 8, None, 16 * GIB, 380.0, "GTC24 S62129 (8x400 Gb)"),
-    ("h100-dgx", "allreduce", 64, 8, None, 16 * GIB, 380.0, "GTC24 S62129 (8x400 Gb)"),
+    ("h100-dgx", "allreduce", 16, 8, "ring", 16 * GIB, 380.0, "GTC24 S62129 (8x400 Gb)"),
+    ("h100-dgx", "allreduce", 64, 8, None, 16 * GIB, 380.0, "GTC24 S62129 (NVLS+Tree, 370-380; NVIDIA/nccl#1649)"),
+    ("h100-dgx", "reducescatter", 8, 8, None, 8 * GIB, 362.2, "NVIDIA/nccl#1047 (ring, H100 node)"),
 ]
 
 # AllReduce busBw on H100 clusters of 4-512 nodes (perf-data §2.1, arXiv 2411.13055).

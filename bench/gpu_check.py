@@ -13,7 +13,10 @@ emits different code), at sizes that fit one GPU, on ONE rank (`--ranks 1`):
    computed once per program, within the §2.5 tolerances;
 5. compare the scalar-only builds' outputs and times with the vectorized builds';
 6. time each kernel with Nsight Compute (`ncu`, when present): duration and DRAM bytes
-   read + written, i.e. achieved bandwidth against the H200's ~4.8 TB/s of HBM3e.
+   read + written, i.e. achieved bandwidth against the H200's ~4.8 TB/s of HBM3e; ncu
+   serializes launches, so each kernel is timed alone: those of the fused schedules in
+   both modes (the nccl-device kernel `d_…` with its 16-byte packs and message-sized grid,
+   the packed reduction kernels) and the scalar builds (`profiled`).
 
 On one rank every collective is trivial (NCCL copies or does nothing; the nccl-device
 kernel reduces over one peer), so the times are those of kernels and GEMMs, not of
@@ -78,6 +81,20 @@ SCALAR_CASES = ("megatron_mlp.fused.nccl", "adam.fused.nccl", "transformer_block
 
 NCU_SCHEDULES = ("fused",)
 """Schedules whose kernels Nsight Compute times (mode nccl), with the scalar builds."""
+
+
+def profiled(c: Case) -> bool:
+    """Whether Nsight Compute times the kernels of case `c`: the fused schedules in both
+    modes (under nccl-device the device-API kernel `d_…` — 16-byte packs, CTAs sized to
+    the message — is timed alone like every other kernel; one rank, so its LSA variant)
+    and the scalar builds."""
+    return (
+        c.run is not None
+        and c.name in SIZES
+        and ((c.mode == "nccl" and (c.schedule in NCU_SCHEDULES or c.scalar))
+             or (c.mode == "nccl-device" and c.schedule in NCU_SCHEDULES and c.same_as is None))
+    )  # fmt: skip
+
 
 RUN_TIMEOUT_S = 90
 NCU_METRICS = "gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum"
@@ -318,11 +335,7 @@ class Check:
         ncu = _find_ncu()
         if ncu is None:
             return "Nsight Compute (ncu) not found: no per-kernel times."
-        todo = [
-            c for c in self.cases
-            if c.run is not None and c.mode == "nccl" and (c.schedule in NCU_SCHEDULES or c.scalar)
-            and c.name in SIZES
-        ]  # fmt: skip
+        todo = [c for c in self.cases if profiled(c)]
         done = 0
         for c in todo:
             if self.left() < 45:

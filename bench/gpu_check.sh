@@ -7,8 +7,8 @@
 # --collectives modes where they differ) at sizes that fit one GPU, builds them all
 # (make, trees in parallel), runs each on ONE rank with --check --iters 20 --dump, compares
 # the outputs with the numpy reference, compares packed (vectorized) kernels with an
-# element-wise build, and times every kernel with Nsight Compute against the H200's
-# ~4.8 TB/s of HBM. On one rank the collectives are trivial: the figures are kernels and
+# element-wise build, and times every kernel alone with Nsight Compute against the H200's
+# ~4.8 TB/s of HBM (the fused schedules in both modes: the nccl-device kernel too). On one rank the collectives are trivial: the figures are kernels and
 # GEMMs, not communication. Details: bench/gpu_check.py. --dry-run emits and builds only.
 #
 # Results: $OUT (the device tool's output folder) or ./gpu-check-out: summary.md,

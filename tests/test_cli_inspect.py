@@ -39,8 +39,8 @@ def test_check_summary_of_megatron_mlp() -> None:
     rc, out, _ = run("check", str(ROOT / "samples" / "megatron_mlp.coco"))
     assert rc == 0
     assert out.startswith(
-        "megatron_mlp: ranks 16, 3 stages (1 matmul, 1 collective, 1 compute); allreduce sum; "
-        "each rank sends 90.00 MiB"
+        "megatron_mlp: ranks 8, 3 stages (1 matmul, 1 collective, 1 compute); allreduce sum; "
+        "each rank sends 168.00 MiB"  # 2 (n-1)/n of B*S*H f16 = 2 * 7/8 * 96 MiB
     )
 
 
@@ -50,17 +50,23 @@ def test_check_json() -> None:
     data = json.loads(out)
     assert data["program"] == "megatron_mlp" and data["stages"] == 3
     assert [c["name"] for c in data["communication"]] == ["sum"]
-    # allreduce of B*S*H f16 over 16 ranks: 2 (n-1)/n of the bytes
-    assert data["communication"][0]["bytes"] == 8 * 1024 * 3072 * 2
+    # allreduce of B*S*H f16 over 8 ranks; each rank sends 2 (n-1)/n of the bytes
+    assert data["communication"][0]["bytes"] == 2 * 2048 * 12288 * 2
+    assert data["communication"][0]["sent_per_rank"] == 2 * 2048 * 12288 * 2 * 2 * 7 // 8
 
 
 def test_check_accepts_an_embedded_sample_name() -> None:
     rc, out, _ = run("check", "sgd")
-    assert rc == 0 and out.startswith("sgd: ranks 16")
+    assert rc == 0 and out.startswith("sgd: ranks 32, 3 stages")
 
 
 def test_check_with_defines_and_ranks() -> None:
-    rc, out, _ = run("check", "megatron_mlp", "-D", "H=1024", "--ranks", "8")
+    rc, out, _ = run(
+        "check", "megatron_mlp", "-D", "B=8", "-D", "S=1024", "-D", "H=1024", "--ranks", "16"
+    )
+    assert rc == 0 and out.startswith("megatron_mlp: ranks 16, 3 stages")
+    assert "each rank sends 30.00 MiB" in out  # 2 * 15/16 * 16 MiB
+    rc, out, _ = run("check", "megatron_mlp", "-D", "B=8", "-D", "S=1024", "-D", "H=1024")
     assert rc == 0 and out.startswith("megatron_mlp: ranks 8, 3 stages")
     assert "each rank sends 28.00 MiB" in out
     rc, out, _ = run("check", "pipeline_stage", "--ranks", "tp=4,pp=2")
@@ -96,7 +102,8 @@ def test_show_megatron_mlp_has_layouts_and_shapes() -> None:
 
 
 def test_show_json() -> None:
-    rc, out, _ = run("show", "megatron_mlp", "--format", "json")
+    coconet = ("-D", "B=8", "-D", "S=1024", "-D", "H=3072", "--ranks", "16")
+    rc, out, _ = run("show", "megatron_mlp", "--format", "json", *coconet)
     assert rc == 0
     data = json.loads(out)
     layouts = {s["name"]: (s["layout"], s["shape"], s["sizes"]) for s in data["stages"]}
@@ -106,7 +113,7 @@ def test_show_json() -> None:
         "out": ("replicated", ["B", "S", "H"], [8, 1024, 3072]),
     }
     assert data["outputs"] == ["out"]
-    rc, out2, _ = run("show", "megatron_mlp", "--json")
+    rc, out2, _ = run("show", "megatron_mlp", "--json", *coconet)
     assert rc == 0 and json.loads(out2) == data
 
 

@@ -43,14 +43,18 @@ def test_rows_read_as_the_language_documents_them() -> None:
     assert collective(Op.SEND).result is None and collective(Op.SEND).operand is Operand.ANY
     assert collective(Op.REDUCE).rooted and collective(Op.BROADCAST).rooted
     assert collective_named("sendrecv") is collective(Op.SEND)
-    assert collective_named("alltoall") is None
-    # ring volumes: what one rank sends of a full buffer of 8 bytes over 4 ranks
-    assert [c.sent(8, 2, 4) for c in COLLECTIVE_TABLE] == [12, 6, 6, 8, 8, 2]
+    assert collective_named("alltoall") is collective(Op.ALLTOALL)
+    assert collective_named("scatter") is None
+    a2a = collective(Op.ALLTOALL)
+    assert a2a.reslices and a2a.operand is Operand.SLICED and not a2a.chunkable
+    # ring volumes: what one rank sends of a full buffer of 8 bytes over 4 ranks (an
+    # alltoall keeps a quarter of its 2 and sends 1.5, counted in whole bytes)
+    assert [c.sent(8, 2, 4) for c in COLLECTIVE_TABLE] == [12, 6, 6, 8, 8, 2, 1]
 
 
 def test_a_plan_collective_names_a_row() -> None:
     with pytest.raises(pl.EmitError, match="not a collective"):
-        pl.Collective("c", "s", "alltoall", None, "a", "b", 1, DType.F32)
+        pl.Collective("c", "s", "scatter", None, "a", "b", 1, DType.F32)
 
 
 def test_dtype_facts_are_the_numerics_table() -> None:
@@ -86,8 +90,8 @@ def test_an_unknown_target_is_an_emit_error_not_the_cpu() -> None:
 
 
 def test_an_unknown_tag_is_a_render_error() -> None:
-    with pytest.raises(pl.EmitError, match="cannot render the collective 'alltoall'"):
-        unknown("the collective", "alltoall")
+    with pytest.raises(pl.EmitError, match="cannot render the collective 'scatter'"):
+        unknown("the collective", "scatter")
     stmt = pl.Stmt(kind="unary", dst="v1", a="v0", op="cbrt", dtype=DType.F32)
     renderer = CpuRenderer(None, EmitOptions(target="cpu"))  # type: ignore[arg-type]
     with pytest.raises(pl.EmitError, match="unary operator 'cbrt'"):

@@ -74,14 +74,20 @@ def test_nccl_device_lowering_is_one_kernel_with_lsa_barriers() -> None:
     cu = files["megatron_mlp.cu"]
     assert "ncclDevCommCreate" in cu and "ncclCommWindowRegister" in cu
     assert "ncclMemAlloc" in cu
-    assert "reqs.lsaBarrierCount = kDeviceCtas" in cu
+    assert "reqs.lsaBarrierCount = S->dev_ctas" in cu
+    assert "cudaDevAttrMultiProcessorCount" in cu
     assert "S->dev.lsaSize != S->dev.nRanks" in cu
-    kernel = cu[cu.index("ncclLsaBarrierSession<ncclCoopCta>") :]
+    # the multimem (NVLS) variant where NCCL reports multimem support
+    assert "ncclCommQueryProperties" in cu and "reqs.lsaMultimem = S->multimem" in cu
+    assert "if (S->multimem)" in cu and "ncclGetLsaMultimemPointer(win_src" in cu
+    kernel = cu[cu.index("__global__ void __launch_bounds__(kThreads) d_sch_") :]
     kernel = kernel[: kernel.index("\n}\n")]
-    # barrier, peer reads, compute, peer writes, barrier
+    # LSA pointers hoisted, barrier, peer reads, compute, peer writes, barrier
+    pointers = kernel.index("ncclGetLsaPointer(win_src")
     first = kernel.index("bar.sync")
-    read = kernel.index("ncclGetLsaPointer(win_src")
-    write_ = kernel.index("ncclGetLsaPointer(win_out0")
+    read = kernel.index("load_pack<8>(src_peer[s]")
+    write_ = kernel.index("store_pack<8>(out0_peer[s]")
     last = kernel.rindex("bar.sync")
-    assert first < read < write_ < last
+    assert pointers < first < read < write_ < last
+    assert "(dev.lsaRank + 1 + s) % kPeers" in kernel  # peers from rank + 1 on
     assert "ncclReduceScatter" not in cu.split("namespace sch")[1]

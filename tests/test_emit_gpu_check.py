@@ -49,6 +49,13 @@ def test_cases_cover_every_sample_schedule_on_one_rank(
     for c in chk.cases:
         assert c.program.grid.group == 1
         assert (c.directory / "run.sh").exists() == (c.same_as is None)
+    # Nsight Compute times the nccl-device kernel alone too (issue 15), once run
+    dev = labels["megatron_mlp.fused.nccl-device"]
+    assert not gpu_check.profiled(dev)
+    dev.run = {"time_ms": 1.0}
+    assert gpu_check.profiled(dev)
+    labels["megatron_mlp.fused.nccl"].run = {"time_ms": 1.0}
+    assert gpu_check.profiled(labels["megatron_mlp.fused.nccl"])
 
 
 def load_blocks(name: str) -> list[str]:

@@ -29,6 +29,12 @@ class Mutant:
     replacement: str
     caught_by: str  # what must appear in the output ("a|b": either): a rule, "hazard", ...
     ranks: str = "4"
+    nth: int = 1  # which match of the pattern is mutated (1: the first)
+    env: tuple[tuple[str, str], ...] = ()  # for the run (e.g. the LSA variant, not multimem)
+
+
+LSA_ONLY = (("COCOVIZ_EMU_MULTIMEM", "0"),)
+"""The emulation without multimem: the nccl-device kernels' LSA variants run."""
 
 
 MUTANTS = [
@@ -130,6 +136,7 @@ MUTANTS = [
         r"bar\.sync\(ncclCoopCta\(\), cuda::memory_order_acq_rel\);  // peers finished",
         "// peers finished",
         "hazard",
+        env=LSA_ONLY,
     ),
     Mutant(
         "removed-last-lsa-barrier",
@@ -139,6 +146,55 @@ MUTANTS = [
         r"bar\.sync\(ncclCoopCta\(\), cuda::memory_order_acq_rel\);  // our writes",
         "// our writes",
         "hazard",
+        env=LSA_ONLY,
+    ),
+    Mutant(
+        "removed-first-lsa-barrier-multimem",
+        "sgd",
+        "fused",
+        "nccl-device",
+        r"bar\.sync\(ncclCoopCta\(\), cuda::memory_order_acq_rel\);  // peers finished",
+        "// peers finished",
+        "hazard",
+        nth=2,
+    ),
+    Mutant(
+        "removed-last-lsa-barrier-multimem",
+        "sgd",
+        "fused",
+        "nccl-device",
+        r"bar\.sync\(ncclCoopCta\(\), cuda::memory_order_acq_rel\);  // our writes",
+        "// our writes",
+        "hazard",
+        nth=2,
+    ),
+    Mutant(
+        "lsa-peer-pack-offset",
+        "adam",
+        "fused",
+        "nccl-device",
+        r"load_pack<(\d+)>\(src_peer\[s\] \+ \(i0",
+        r"load_pack<\1>(src_peer[s] + (i0 + \1",
+        "out of bounds|MISMATCH",
+        env=LSA_ONLY,
+    ),
+    Mutant(
+        "multimem-misaligned",
+        "adam",
+        "fused",
+        "nccl-device",
+        r"multimem_ld_reduce_add<(\d+)>\(src_mc \+ \(",
+        r"multimem_ld_reduce_add<\1>(src_mc + 1 + (",
+        "multimem",
+    ),
+    Mutant(
+        "multimem-store-dropped",
+        "adam",
+        "fused",
+        "nccl-device",
+        r"::cocoviz::multimem_st<\d+>\(out0_mc[^;]*;",
+        "",
+        "MISMATCH",
     ),
     Mutant(
         "collective-skipped-on-one-rank",
@@ -174,9 +230,10 @@ MUTANTS = [
 def mutate(cu: str, m: Mutant) -> str:
     start = cu.index("namespace sch {")
     head, sched = cu[:start], cu[start:]
-    new, n = re.subn(m.pattern, m.replacement, sched, count=1)
-    assert n == 1, f"{m.id}: pattern not found in the emitted code: {m.pattern}"
-    return head + new
+    found = list(re.finditer(m.pattern, sched))
+    assert len(found) >= m.nth, f"{m.id}: pattern not found {m.nth} time(s): {m.pattern}"
+    at = found[m.nth - 1]
+    return head + sched[: at.start()] + at.expand(m.replacement) + sched[at.end() :]
 
 
 @pytest.fixture(scope="session")
@@ -196,7 +253,13 @@ def test_emulation_catches_mutant(m: Mutant, emu_cache: Path, tmp_path: Path) ->
     res = make(tree, "emulate", f"EMU_LIB={lib}", EMU_TEST_FLAGS)
     assert res.returncode == 0, res.stdout + res.stderr
     run = run_emulated(
-        tree, "--check", "--iters", "1", "--warmup", "0", env={"COCOVIZ_EMU_TIMEOUT": "10"}
+        tree,
+        "--check",
+        "--iters",
+        "1",
+        "--warmup",
+        "0",
+        env={"COCOVIZ_EMU_TIMEOUT": "10", **dict(m.env)},
     )
     out = run.stdout + run.stderr
     assert run.returncode != 0, f"mutant {m.id} survived:\n{out}"

@@ -421,8 +421,8 @@ def test_matmul_ranks_and_dtypes() -> None:
         "input x : f16[H] replicated\ninput w : f16[H, H] replicated\ny = matmul(x, w)\n"
     ) == ("matmul: the left operand 'x' must have rank ≥ 2, got [H]")
     assert message(
-        "input x : f16[B, H] replicated\ninput w : f16[B, H, H] replicated\ny = matmul(x, w)\n"
-    ) == ("matmul: the right operand 'w' must have rank 2, got [B, H, H]")
+        "input x : f16[B, H] replicated\ninput w : f16[H] replicated\ny = matmul(x, w)\n"
+    ) == ("matmul: the right operand 'w' must have rank ≥ 2, got [H]")
     err = error(
         "input x : f16[B, H] replicated\ninput w : f32[H, H] replicated\ny = matmul(x, w)\n"
     )

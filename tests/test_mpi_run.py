@@ -81,6 +81,8 @@ SMALL = {
     "megatron_attention_out": {"B": 2, "S": 8, "H": 16},
     "transformer_block": {"B": 2, "S": 8, "H": 16},
     "pipeline_stage": {"B": 2, "S": 8, "H": 16},
+    "ulysses_attention": {"S": 64, "NH": 8, "D": 8},
+    "moe_layer": {"R": 8, "T": 16, "E": 8, "C": 4, "H": 16, "F": 32},
 }
 CASES = [
     (name, block.name)

@@ -232,9 +232,9 @@ def test_the_program_shown_is_the_sample() -> None:
     sample = code(samples.path("megatron_mlp").read_text(encoding="utf-8"))
     end = next(i for i, ln in enumerate(sample) if ln.startswith("schedule "))
     assert code(body) == sample[:end]
-    # the README says its CUDA binary needs one GPU per rank: 16
-    assert load_file(samples.path("megatron_mlp")).grid.world == 16
-    assert "16 GPUs" in README.read_text(encoding="utf-8")
+    # the README says its CUDA binary needs one GPU per rank: 8
+    assert load_file(samples.path("megatron_mlp")).grid.world == 8
+    assert "8 GPUs" in README.read_text(encoding="utf-8")
 
 
 def _block_params() -> list[object]:

@@ -64,7 +64,9 @@ def test_streams_run_in_order_and_respect_dependencies(hw_name):
 
 
 def test_every_rank_has_faithful_events():
-    p = load_file(samples.path("megatron_mlp"))
+    # CoCoNet's configuration (16 ranks over two nodes), as the sample's comment gives it
+    coconet = {"B": 8, "S": 1024, "H": 3072}
+    p = load_file(samples.path("megatron_mlp"), coconet, _ranks("16"))
     tl = simulate(p, load_profile("h100-dgx"))
     assert len(tl.lanes) == 1 and tl.lanes[0].ranks == tuple(range(16))
     e0, e15 = tl.events_of(0), tl.events_of(15)

@@ -47,6 +47,13 @@ def register(sub: Any) -> None:
     add_program_options(p, schedule=False)
     _add_collectives(p)
     p.add_argument("--top", type=int, default=10, metavar="K", help="schedules to list")
+    p.add_argument(
+        "--sweep",
+        metavar="NAME=LO..HI",
+        help="tune at every power of two of dimension NAME from LO to HI (e.g. N=2^16..2^30): "
+        "the best schedule and each canonical schedule's time per size, and where the "
+        "winner changes",
+    )
     p.add_argument("-o", "--output", metavar="BEST.sched", help="write the best schedule")
     p.add_argument(
         "--force",
@@ -229,6 +236,8 @@ def cmd_tune(args: argparse.Namespace) -> int:
 
     if args.top < 1:
         raise UsageError("--top needs a positive count")
+    if args.sweep is not None:
+        return _cmd_sweep(args)
     if args.output:
         check_sched_output(Path(args.output), args.force)
     hw = args_hardware(args)
@@ -311,6 +320,164 @@ def cmd_tune(args: argparse.Namespace) -> int:
             Text("; ".join(str(s) for s in c.steps) or "(as written)"),
         )
     console().print(table)
+    return ExitCode.OK
+
+
+_SWEEP_MAX_LOG2 = 40
+"""The largest size a sweep reaches (2^40): past it every tensor is beyond any GPU."""
+
+
+def _sweep_size(text: str, spec: str) -> int:
+    """``2^k`` or a decimal power of two."""
+    t = text.strip()
+    base, caret, exp = t.partition("^")
+    if caret:
+        if base.strip() != "2" or not (exp.strip().isascii() and exp.strip().isdigit()):
+            raise UsageError(
+                f"--sweep: '{text}' is not a size (write 2^k or a power of two such as 65536)"
+            )
+        k = int(exp.strip()[:4])
+        if len(exp.strip()) > 3 or k > _SWEEP_MAX_LOG2:
+            raise UsageError(
+                f"--sweep {spec}: 2^{exp.strip()} is too large",
+                hint=f"sweeps go up to 2^{_SWEEP_MAX_LOG2}",
+            )
+        return 1 << k
+    if not (t.isascii() and t.isdigit()) or int(t[:20]) < 1:
+        raise UsageError(
+            f"--sweep: '{text}' is not a size (write 2^k or a power of two such as 65536)"
+        )
+    if len(t) > 13 or int(t) > 1 << _SWEEP_MAX_LOG2:
+        raise UsageError(
+            f"--sweep {spec}: {t} is too large", hint=f"sweeps go up to 2^{_SWEEP_MAX_LOG2}"
+        )
+    value = int(t)
+    if value & (value - 1):
+        low = 1 << (value.bit_length() - 1)
+        raise UsageError(
+            f"--sweep {spec}: {value} is not a power of two",
+            hint=f"use 2^{low.bit_length() - 1} ({low}) or 2^{low.bit_length()} ({low * 2})",
+        )
+    return value
+
+
+def parse_sweep(text: str) -> tuple[str, list[int]]:
+    """``NAME=LO..HI`` with powers of two: the name and every power of two from LO to HI."""
+    name, eq, span = text.partition("=")
+    lo_text, dots, hi_text = span.partition("..")
+    name = name.strip()
+    if not eq or not dots or not name.isidentifier():
+        raise UsageError(
+            f"--sweep expects NAME=LO..HI, got '{text[:80]}'",
+            hint="for example --sweep N=2^16..2^30 (powers of two)",
+        )
+    lo, hi = _sweep_size(lo_text, text), _sweep_size(hi_text, text)
+    if lo > hi:
+        raise UsageError(
+            f"--sweep {text}: LO is larger than HI", hint=f"write {name}={hi_text}..{lo_text}"
+        )
+    return name, [1 << k for k in range(lo.bit_length() - 1, hi.bit_length())]
+
+
+def _pow2(value: int) -> str:
+    return f"2^{value.bit_length() - 1}" if value & (value - 1) == 0 else str(value)
+
+
+def _cmd_sweep(args: argparse.Namespace) -> int:
+    from cocoviz.cli import resolve_program_path
+    from cocoviz.errors import InputError, did_you_mean
+    from cocoviz.ir.lower import RanksOverride, load_file, parse_defines
+    from cocoviz.ir.nodes import Program
+    from cocoviz.schedule.tune import sweep
+    from cocoviz.timefmt import format_time
+
+    if args.output:
+        raise UsageError("-o writes one schedule; it does not combine with --sweep")
+    dim, values = parse_sweep(args.sweep)
+    defines = parse_defines(getattr(args, "defines", None))
+    if dim in defines:
+        raise UsageError(f"--sweep {dim} and -D {dim} both set {dim}; drop one")
+    program = load_args_program(args)  # the file's own errors first, and its dimensions
+    dims = program.shape_env
+    if dim not in dims:
+        known = ", ".join(dims) or "none"
+        raise InputError(
+            f"--sweep: {program.name} has no dimension '{dim}' (its dimensions: {known})",
+            hint=did_you_mean(dim, dims),
+        )
+    hw = args_hardware(args)
+    ranks = RanksOverride.parse(args.ranks) if args.ranks else None
+    path = resolve_program_path(args.file)
+
+    def load(value: int) -> Program:
+        return load_file(path, {**defines, dim: value}, ranks)
+
+    result = sweep(load, dim, values, hw, collectives=args.collectives)
+    if args.json:
+        print(
+            json.dumps(
+                {
+                    "program": result.program,
+                    "hardware": hw.name,
+                    "collectives": args.collectives,
+                    "dimension": dim,
+                    "points": [
+                        {
+                            "value": pt.value,
+                            "baseline_s": pt.baseline_s,
+                            "best": {
+                                "name": pt.best.name,
+                                "block": pt.best.block,
+                                "time_s": pt.best.time_s,
+                                "steps": list(pt.best.steps),
+                            },
+                            "canonical": [{"name": n, "time_s": t} for n, t in pt.canonical],
+                            "winner": pt.winner,
+                        }
+                        for pt in result.points
+                    ],
+                    "crossovers": [
+                        {"value": c.value, "winner": c.winner, "loser": c.loser}
+                        for c in result.crossovers
+                    ],
+                },
+                indent=2,
+            )
+        )
+        return ExitCode.OK
+    from rich.table import Table
+    from rich.text import Text
+
+    titles = list(dict.fromkeys(n for pt in result.points for n, _ in pt.canonical))
+    table = Table(
+        title=f"{result.program} on {hw.name}, {program.grid.world} ranks: sweep of {dim}",
+        title_justify="left",
+    )
+    table.add_column(dim, justify="right")
+    table.add_column("best (tuned)")
+    for t in titles:
+        table.add_column(Text(t), justify="right")
+    for pt in result.points:
+        times = dict(pt.canonical)
+        cells = []
+        for t in titles:
+            cell = format_time(times[t]) if t in times else "-"
+            cells.append(Text(cell, style="bold") if t == pt.winner else Text(cell))
+        speed = pt.baseline_s / pt.best.time_s if pt.best.time_s else float("nan")
+        table.add_row(
+            _pow2(pt.value),
+            Text(f"{pt.best.title} {format_time(pt.best.time_s)} ({speed:.2f}x)"),
+            *cells,
+        )
+    console().print(table)
+    crossings = result.crossovers
+    if not crossings and result.points:
+        print(
+            f"{result.points[0].winner} is the fastest canonical schedule at every size "
+            f"from {dim} = {_pow2(values[0])} to {_pow2(values[-1])} on {hw.name}"
+        )
+    for c in crossings:
+        print(f"{c.winner} beats {c.loser} from {dim} = {_pow2(c.value)} on {hw.name}")
     return ExitCode.OK
 
 

@@ -224,6 +224,8 @@ class BodyBuilder:
         if op is Op.SLICE:
             v, dt = self.expr(e.args[0])
             return v, dt
+        if op is Op.RESHAPE:
+            return self.reshaped(e.args[0]), e.args[0].type.dtype
         if op is Op.CAST:
             v, dt = self.expr(e.args[0])
             assert e.dtype_arg is not None
@@ -258,6 +260,32 @@ class BodyBuilder:
                 None, kind="binary", op=op.name.lower(), a=a, b=b, dtype=ty.dtype
             ), ty.dtype
         raise AssertionError(f"unlifted {op.value} in a kernel body")
+
+    def reshaped(self, x: Expr) -> str:
+        """The operand of `reshape` at the element's own storage index: each rank's part
+        of a reshaped value is the same row-major array (docs/language.md, reshape)."""
+        if x.op is not Op.REF or x.name is None or x.name in self.lw.param_names:
+            raise EmitError(
+                "the emitter needs the operand of reshape to be a named value",
+                x.span,
+                hint="name it first: t = <the operand>, then reshape(t, …)",
+            )
+        buf = self.lw.buffer_of(x.name)
+        if (
+            buf.addressing == "global"
+            or self.lw.view(x.name).kind == "chunked"
+            or self.space.view.kind == "chunked"
+        ):
+            raise EmitError(
+                f"reshape of '{x.name}': the emitter copies a rank's array as it is stored, "
+                "and this one is stored chunk by chunk or at global positions",
+                x.span,
+                hint="reshape a value outside overlapped groups and in-place updates",
+            )
+        self.lw.note_read(x.name, self.kernel, register=False)
+        return self.emit(
+            ("load", x.name, self.L), kind="load", buffer=buf.cname, a=self.L, dtype=buf.dtype
+        )
 
     def operand(self, e: Expr, dt: DType) -> str:
         if e.op is Op.CONST and e.value is not None:

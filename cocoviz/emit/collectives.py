@@ -14,9 +14,9 @@ from cocoviz.emit.body import BodyBuilder, Unit, _with_chunks
 from cocoviz.emit.names import c_double
 from cocoviz.emit.plan import EmitError
 from cocoviz.emit.storage import Storage
-from cocoviz.ir.collectives import collective
+from cocoviz.ir.collectives import Blocks, alltoall_copies, collective
 from cocoviz.ir.nodes import COLLECTIVES, Op, ReduceOp
-from cocoviz.ir.types import DType
+from cocoviz.ir.types import DType, shape_values
 
 _ROP = {
     ReduceOp.SUM: "sum",
@@ -192,6 +192,26 @@ class CollectiveLowering(Storage):
                     inplace=inplace,
                     **common,
                 )
+        elif op is Op.ALLTOALL:
+            if chunks:
+                raise EmitError(
+                    f"alltoall '{u.stage}' inside an overlapped group is not lowered by the "
+                    "emitter yet; emit the schedule without overlap(…) of it"
+                )
+            pack, unpack = self._alltoall_permutes(e)
+            c = pl.Collective(
+                op="alltoall",
+                rop=None,
+                send=sbuf.cname,
+                recv=dbuf.cname,
+                count=sv.count // self.G,
+                permute=unpack,
+                staging=self._staging(u, "recv", dv.count) if unpack else "",
+                pack=pack,
+                pack_staging=self._staging(u, "send", sv.count) if pack else "",
+                **common,
+            )
+            desc = "alltoall" + (" + pack" if pack else "") + (" + unpack" if unpack else "")
         elif collective(op).rooted:  # the whole buffer, to or from the root
             if sv.count != dv.count:
                 raise EmitError(
@@ -234,6 +254,27 @@ class CollectiveLowering(Storage):
             raise EmitError(f"the emitter has no lowering of {op.value} '{u.stage}'")
         self.stage_colls.setdefault(u.stage, []).append(f"{cname} ({desc})")
         return c
+
+    def _staging(self, u: Unit, what: str, count: int) -> str:
+        name = self.names.fresh(f"{self.ns}_{u.value}_{what}", "s_")
+        self.buffers[name] = pl.Buffer(name, u.value, u.ty.dtype, count, u.ty.pstage, "staging")
+        self.buffer_order.append(name)
+        return name
+
+    def _alltoall_permutes(self, e: Any) -> tuple[pl.View | None, pl.View | None]:
+        """The block views an alltoall's pack and unpack copy along (None: the blocks
+        are contiguous already; `alltoall_copies`, docs/codegen.md)."""
+        G = self.G
+        x = e.args[0]
+        pack, unpack = alltoall_copies(shape_values(x.type.shape), int(e.tag), int(e.value), G)
+
+        def view(b: Blocks | None) -> pl.View | None:
+            if b is None:
+                return None
+            count = b.outer * (b.extent // G) * b.inner
+            return pl.View("block", (b.outer, b.extent, b.inner), count, b.outer, b.extent, b.inner)
+
+        return view(pack), view(unpack)
 
     # ---- nccl-device
     def _device_fallback(self, members: list[str]) -> None:

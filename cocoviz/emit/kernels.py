@@ -13,7 +13,7 @@ from cocoviz.emit.body import BodyBuilder, Unit, _with_chunks, view_of
 from cocoviz.emit.collectives import CollectiveLowering
 from cocoviz.emit.plan import EmitError
 from cocoviz.ir.nodes import COLLECTIVES, REDUCTIONS, ROWWISE, Expr, Op, Stage
-from cocoviz.ir.types import shape_values
+from cocoviz.ir.types import TensorType, block_dim, shape_values
 
 REDUCE_BLOCKS = 1024
 """Per-block partials of a two-phase reduction (CUDA grid size of reduction kernels)."""
@@ -230,6 +230,8 @@ class KernelLowering(CollectiveLowering):
         a, b = e.args
         assert a.name is not None and b.name is not None
         at, bt = a.type, b.type
+        if len(bt.shape) > 2:
+            return self.batched_matmul(u, chunks)
         K = bt.shape[0].value
         N = bt.shape[1].value
         av, bv, cv = self.view(a.name), self.view(b.name), self.view(u.value)
@@ -271,3 +273,102 @@ class KernelLowering(CollectiveLowering):
             c_off,
             u.ty.pstage,
         )
+
+    def batched_matmul(self, u: Unit, chunks: int | None) -> pl.Matmul:
+        """``a[..., M, K] × b[..., K, N]``: one GEMM per index of the rank's broadcast
+        batch, each operand at its own batch strides (0 where it is broadcast); a
+        replicated operand of a result sliced on a batch dimension is read at the
+        rank's block of that dimension (docs/codegen.md, matmul)."""
+        e = u.expr
+        a, b = e.args
+        assert a.name is not None and b.name is not None
+        if chunks:
+            raise EmitError(
+                f"matmul '{u.stage}': a batched matmul cannot be chunked inside an "
+                "overlapped group",
+                e.span,
+            )
+        G = self.G
+        out = _local_shape(u.ty, G)
+        r = len(out)
+        d_out = block_dim(u.ty.layout, u.ty.shape, G)
+        batch_d = d_out if d_out is not None and d_out < r - 2 else None
+        ops = []
+        for x in (a, b):
+            stored = _local_shape(x.type, G)
+            strides = _strides(stored)
+            eff = list(stored)
+            per_rank = 0
+            j = None if batch_d is None else batch_d - r + len(stored)
+            if x.type.layout.is_replicated and j is not None and j >= 0 and stored[j] != 1:
+                eff[j] = stored[j] // G
+                per_rank = eff[j] * strides[j]
+            ops.append((stored, strides, eff, per_rank))
+        (a_st, a_str, a_eff, a_rank), (b_st, b_str, b_eff, b_rank) = ops
+        m, n, k_loc = out[-2], out[-1], a_eff[-1]
+        if b_eff[-2] != k_loc or a_eff[-2] != m or b_eff[-1] != n:
+            raise EmitError(
+                f"matmul '{u.stage}': per-rank shapes do not line up "
+                f"(a {tuple(a_eff)}, b {tuple(b_eff)}, c {tuple(out)})",
+                e.span,
+            )
+        c_str = _strides(out)
+        dims: list[pl.BatchDim] = []
+        for i in range(r - 2):
+            if out[i] == 1:
+                continue
+            ja, jb = i - r + len(a_st), i - r + len(b_st)
+            sa = a_str[ja] if ja >= 0 and a_eff[ja] != 1 else 0
+            sb = b_str[jb] if jb >= 0 and b_eff[jb] != 1 else 0
+            dims.append(pl.BatchDim(out[i], sa, sb, c_str[i]))
+        merged: list[pl.BatchDim] = []
+        for bd in dims:
+            if merged:
+                p = merged[-1]
+                if (
+                    p.a_stride == bd.a_stride * bd.extent
+                    and p.b_stride == bd.b_stride * bd.extent
+                    and p.c_stride == bd.c_stride * bd.extent
+                ):
+                    merged[-1] = pl.BatchDim(
+                        p.extent * bd.extent, bd.a_stride, bd.b_stride, bd.c_stride
+                    )
+                    continue
+            merged.append(bd)
+        self.note_read(a.name, "matmul", False)
+        self.note_read(b.name, "matmul", False)
+        cname = self.names.fresh(f"{self.ns}_{u.value}", "mm_")
+        self.stage_kernels.setdefault(u.stage, []).append(cname + " (cuBLAS batched GEMM)")
+        return pl.Matmul(
+            cname,
+            u.stage,
+            self.buffer_of(a.name).cname,
+            self.buffer_of(b.name).cname,
+            self.buffer_of(u.value).cname,
+            m,
+            n,
+            k_loc,
+            u.ty.dtype,
+            pl.Offset(per_rank=a_rank),
+            pl.ZERO,
+            u.ty.pstage,
+            b_offset=pl.Offset(per_rank=b_rank),
+            batch=tuple(merged) or (pl.BatchDim(1, 0, 0, 0),),
+        )
+
+
+def _local_shape(ty: TensorType, group: int) -> list[int]:
+    """The shape of a rank's array of a value of type `ty` (its block, when sliced)."""
+    shape = list(shape_values(ty.shape))
+    d = block_dim(ty.layout, ty.shape, group)
+    if d is not None:
+        shape[d] //= group
+    return shape
+
+
+def _strides(shape: Sequence[int]) -> list[int]:
+    """Row-major element strides."""
+    out = [1] * len(shape)
+    for j in range(len(shape) - 2, -1, -1):
+        out[j] = out[j + 1] * shape[j + 1]
+    return out

@@ -4,13 +4,54 @@ fusion and overlap really happened (docs/codegen.md)."""
 from __future__ import annotations
 
 import json
+import math
 from typing import Any
 
 from cocoviz.emit import plan as pl
 from cocoviz.emit.targets import TargetSpec
 
+SM_COUNT = {"sm_80": 108, "sm_90": 132, "sm_100": 148}
+"""SMs of the arch's reference GPU (A100, H100/H200, B200): the CTA count the manifest
+states for a device-API kernel; the program caps its grid at the SM count it finds."""
 
-def _steps(steps: tuple[pl.Step, ...]) -> list[dict[str, Any]]:
+
+class _Gpu:
+    """The CUDA facts of each collective step: registered buffers, CUDA graph, CTAs and
+    pack width (docs/codegen.md, reading manifest.json)."""
+
+    def __init__(self, plan: pl.EmitPlan, arch: str) -> None:
+        from cocoviz.emit.render import CudaRenderer, EmitOptions
+
+        self.renderer = CudaRenderer(plan, EmitOptions(target="cuda", arch=arch))
+        self.sms = SM_COUNT.get(arch.split()[0] if arch else "sm_90", 132)
+
+    def facts(self, s: pl.Step) -> dict[str, Any]:
+        if isinstance(s, pl.DeviceCollective):
+            dev = self.renderer.step(s)["dev"]
+            return {
+                "buffers_registered": True,
+                "registration": "ncclMemAlloc + ncclCommWindowRegister (symmetric window)",
+                "cuda_graph": False,
+                "ctas": min(dev["ctas"], self.sms),
+                "ctas_needed": dev["ctas"],
+                "cta_rule": "min(SM count, CTAs the message needs); one LSA barrier per CTA",
+                "threads_per_cta": 256,
+                "pack_width": dev["width"] if dev["vec"] else 1,
+                "pack_bytes": 16 if dev["vec"] else None,
+                "unroll_packs": dev["unroll"],
+                "multimem_variant": dev["multimem"],
+            }
+        return {
+            "buffers_registered": False,
+            "registration": "cudaMalloc (NCCL's host API on unregistered buffers)",
+            "cuda_graph": False,
+            "ctas": None,
+            "cta_rule": "NCCL's choice",
+            "pack_width": None,
+        }
+
+
+def _steps(steps: tuple[pl.Step, ...], gpu: _Gpu | None = None) -> list[dict[str, Any]]:
     out: list[dict[str, Any]] = []
     for s in steps:
         d: dict[str, Any] = {"kind": s.kind, "name": s.cname, "stream": s.stream}
@@ -25,20 +66,29 @@ def _steps(steps: tuple[pl.Step, ...]) -> list[dict[str, Any]]:
             d.update(stages=list(s.stages), op=s.op, rows=s.space.launch_count // s.row_len)
         elif isinstance(s, pl.ReduceFinish):
             d.update(stages=[s.stage], cross_rank=s.cross_rank)
+            if gpu is not None and s.cross_rank:
+                d["allreduce"] = gpu.facts(s)
         elif isinstance(s, pl.Matmul):
             d.update(stages=[s.stage], m=s.m, n=s.n, k=s.k, api="cublasGemmEx")
+            if s.batch:
+                gemms = math.prod(b.extent for b in s.batch)
+                d.update(batch=gemms, api="cublasGemmStridedBatchedEx")
         elif isinstance(s, pl.Collective):
             d.update(stages=[s.stage], op=s.op, count=s.count, in_place=s.inplace)
             if s.rop:
                 d["reduce_op"] = "avg: sum, then a kernel divides by G" if s.avg else s.rop
+            if gpu is not None:
+                d.update(gpu.facts(s))
         elif isinstance(s, pl.DeviceCollective):
             d.update(stages=list(s.stages), api="NCCL device API (LSA)", reduce_op=s.rop)
+            if gpu is not None:
+                d.update(gpu.facts(s))
         elif isinstance(s, pl.ChunkLoop):
             d.update(
                 stages=list(s.stages),
                 chunks=s.chunks,
                 per_chunk=[
-                    {"item": it.label, "stream": it.stream, "steps": _steps(it.steps)}
+                    {"item": it.label, "stream": it.stream, "steps": _steps(it.steps, gpu)}
                     for it in s.items
                 ],
             )
@@ -46,7 +96,9 @@ def _steps(steps: tuple[pl.Step, ...]) -> list[dict[str, Any]]:
     return out
 
 
-def _program(p: pl.ProgramPlan, predicted: dict[str, float] | None) -> dict[str, Any]:
+def _program(
+    p: pl.ProgramPlan, predicted: dict[str, float] | None, gpu: _Gpu | None = None
+) -> dict[str, Any]:
     stages = []
     for s in p.stages:
         d: dict[str, Any] = {
@@ -67,7 +119,7 @@ def _program(p: pl.ProgramPlan, predicted: dict[str, float] | None) -> dict[str,
         stages.append(d)
     return {
         "stages": stages,
-        "steps": _steps(p.steps),
+        "steps": _steps(p.steps, gpu),
         "buffers": [
             {
                 "name": b.cname,
@@ -113,12 +165,17 @@ def manifest(
         "schedule": {"name": plan.schedule_name, "steps": list(plan.schedule_steps)},
         "collectives": plan.collectives if target.gpu else "mpi",
         "files": sorted(files),
-        "scheduled": _program(plan.scheduled, predicted),
     }
+    gpu = _Gpu(plan, arch) if target.gpu else None
+    data["scheduled"] = _program(plan.scheduled, predicted, gpu)
     if target.gpu:
         data["arch"] = arch
+        data["iteration"] = {
+            "cuda_graph": False,
+            "launches": "every kernel and NCCL call is launched from the host each iteration",
+        }
     if plan.reference is not None:
-        data["unscheduled"] = _program(plan.reference, None)
+        data["unscheduled"] = _program(plan.reference, None, gpu)
     if predicted:
         data["predicted_us"] = {k: round(v, 3) for k, v in predicted.items()}
     if predicted_note:

@@ -294,8 +294,21 @@ class ReduceFinish:
 
 
 @dataclass(frozen=True)
+class BatchDim:
+    """One loop of a batched matmul: `extent` GEMMs, the operands `a_stride`,
+    `b_stride` and the result `c_stride` elements apart (0: a broadcast operand)."""
+
+    extent: int
+    a_stride: int
+    b_stride: int
+    c_stride: int
+
+
+@dataclass(frozen=True)
 class Matmul:
-    """C[m, n] = A[m, k] × B[k, n] on per-rank storage, row-major."""
+    """C[m, n] = A[m, k] × B[k, n] on per-rank storage, row-major; with `batch`, one such
+    GEMM per index of the batch loops (outermost first, adjacent loops merged where the
+    strides allow, so a batch that is one strided batch has one loop)."""
 
     cname: str
     stage: str
@@ -310,6 +323,8 @@ class Matmul:
     c_offset: Offset = ZERO
     pstage: int | None = 0
     stream: StreamName = "main"
+    b_offset: Offset = ZERO
+    batch: tuple[BatchDim, ...] = ()
     kind: Literal["matmul"] = "matmul"
 
 
@@ -324,7 +339,8 @@ class Collective:
     recv: str
     count: int
     """NCCL's count: elements sent per rank (allgather), received per rank
-    (reducescatter), or the whole buffer (allreduce, broadcast, reduce, send/recv)."""
+    (reducescatter), sent to each peer (alltoall), or the whole buffer (allreduce,
+    broadcast, reduce, send/recv)."""
     dtype: DType
     send_offset: Offset = ZERO
     recv_offset: Offset = ZERO
@@ -334,8 +350,14 @@ class Collective:
     """send/recv: the pipeline stage of the peer (same tp index)."""
     comm: Literal["group", "world"] = "group"
     permute: View | None = None
-    """allgather of a block-sliced value: gather into ``staging`` then permute."""
+    """allgather of a block-sliced value, alltoall whose source blocks are not whole
+    rows of the result: receive into ``staging``, then block r of ``staging`` goes to
+    block r of the view's dimension."""
     staging: str = ""
+    pack: View | None = None
+    """alltoall whose destination blocks are not contiguous in the operand: block j of
+    the view's dimension is first copied to block j of ``pack_staging``, which is sent."""
+    pack_staging: str = ""
     avg: bool = False
     """The sum of an `avg`: a kernel after it divides by the group size."""
     pstage: int | None = 0

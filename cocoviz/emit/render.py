@@ -8,8 +8,10 @@ when rendering (docs/codegen.md)."""
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
+import math
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -271,6 +273,10 @@ class Renderer:
             d.update(
                 stage=safe_text(st.stage), a=st.a, b=st.b, c=st.c, m=st.m, n=st.n, k=st.k,
                 a_off=self.offset(st.a_offset), c_off=self.offset(st.c_offset),
+                b_off=self.offset(st.b_offset),
+                batch=[dataclasses.asdict(bd) for bd in st.batch],
+                gemms=math.prod(bd.extent for bd in st.batch),
+                outer=math.prod(bd.extent for bd in st.batch[:-1]),
                 st=self.st(st.dtype), ctype=self.compute_ctype(st.dtype),
                 enum=dt_enum(st.dtype), cuda_type=st.dtype.facts.cuda_datatype,
                 gemm=st.dtype.is_float,
@@ -290,6 +296,7 @@ class Renderer:
                 nccl_op=spelled(_NCCL_OP, st.rop, "the reduction") if st.rop else "",
                 nccl_type=st.dtype.facts.nccl,
                 permute=_view(st.permute) if st.permute else None, staging=st.staging,
+                pack=_view(st.pack) if st.pack else None, pack_staging=st.pack_staging,
             )  # fmt: skip
         elif isinstance(st, pl.DeviceCollective):
             d.update(
@@ -516,19 +523,25 @@ def _offset_expr(n1: int, n2: int, n3: int) -> str:
 
 
 def vectorize(
-    body: list[dict[str, Any]], reductions: list[dict[str, Any]], count: int
+    body: list[dict[str, Any]],
+    reductions: list[dict[str, Any]],
+    count: int,
+    width: int | None = None,
 ) -> dict[str, Any] | None:
     """How an elementwise kernel runs `width` consecutive elements per thread: every load
     and store at a unit-stride index (``i + n1·tp + n2·k + n3``: the element's own storage
     or a flat/replicated operand read at its global index) becomes one packed access of
     `width` elements (at most 16 bytes of the narrowest dtype); other reads (broadcast
     operands, block-sliced operands, dropout's generator index) stay per element, with
-    ``i = i0 + j``. None when no access is unit-stride or fewer than two elements fit."""
+    ``i = i0 + j``. None when no access is unit-stride or fewer than two elements fit.
+    `width` overrides the pack width (the nccl-device kernel's, which counts its peer
+    accesses too)."""
     affine = _affine_indices(body)
     access = [s for s in body if s["kind"] in ("load", "store") and s["a"] in affine]
     if not access:
         return None
-    width = min(MAX_VEC, VEC_BYTES // min(s["size"] for s in access))
+    if width is None:
+        width = min(MAX_VEC, VEC_BYTES // min(s["size"] for s in access))
     if width < 2 or count < width:
         return None
     packs: dict[tuple[str, str, str], dict[str, Any]] = {}
@@ -563,6 +576,15 @@ def vectorize(
     }
 
 
+DEVICE_THREADS = 256
+"""Threads per CTA of the nccl-device kernel (the template's kThreads)."""
+DEVICE_LOADS_IN_FLIGHT = 16
+"""Peer packs a thread of the nccl-device kernel loads before it reduces them (packs ×
+peers): 16 loads of 16 bytes in flight per thread, 64 registers."""
+DEVICE_MAX_CTAS = 1024
+"""Cap of the CTA count the emitter computes; the launch caps it again at the SM count."""
+
+
 class CudaRenderer(Renderer):
     """CUDA kernels, NCCL collectives, cuBLAS GEMMs, an MPI launcher."""
 
@@ -593,7 +615,68 @@ class CudaRenderer(Renderer):
             d["vec"] = vec
             if vec is not None:
                 d["threads"] = -(-d["count"] // vec["width"])
+                # a reduction kernel launches the threads its packed path needs
+                d["red_blocks"] = max(1, min(REDUCE_BLOCKS, -(-d["threads"] // 256)))
+        elif isinstance(st, pl.DeviceCollective):
+            d["dev"] = self.device_kernel(d, st)
         return d
 
     def math(self, ctype: str) -> dict[str, str]:
         return _CUDA_MATH[ctype]
+
+    def device_kernel(self, d: dict[str, Any], st: pl.DeviceCollective) -> dict[str, Any]:
+        """How the nccl-device kernel runs (docs/codegen.md, the nccl-device kernel): NCCL's
+        symmetric-kernel pattern. `width` elements per pack (16 bytes of the narrowest
+        dtype it touches, peers included), `unroll` packs per thread whose loads from all
+        `peers` are issued before any is reduced, CTAs sized to the message (`ctas`, capped
+        at the SM count at run time). `vec` is None when the shard's global index is not
+        unit-stride in the launch index (then every element takes the element-wise loop);
+        `multimem` says whether the NVLS variant (switch-side reduction and broadcast
+        stores) exists: sums of f32/f16/bf16, and `avg` of f32 (an f16 average would round
+        twice)."""
+        peers = self.plan.tp
+        sizes = [st.src_dtype.itemsize] + [dt.itemsize for _, _, dt in st.gathers]
+        sizes += [s["size"] for s in d["prologue"] + d["body"] if s["kind"] in ("load", "store")]
+        width = min(MAX_VEC, VEC_BYTES // min(sizes))
+        unroll = max(1, min(4, DEVICE_LOADS_IN_FLIGHT // peers))
+        count = d["count"]
+        extra = []
+        if st.shard:
+            extra.append(
+                self.stmt(
+                    pl.Stmt(
+                        kind="store", buffer=st.shard, a=st.l_var, b="shard", dtype=st.src_dtype
+                    )
+                )
+            )
+        for n, (var, _, dt) in enumerate(st.gathers):
+            extra.append(
+                self.stmt(pl.Stmt(kind="store", buffer=f"@{n}", a=st.e_var, b=var, dtype=dt))
+            )
+        body = [*d["prologue"], *d["body"], *extra]
+        affine = _affine_indices(body)
+        vec = vectorize(body, [], count, width) if st.e_var in affine else None
+        out: dict[str, Any] = {"peers": peers, "width": width, "unroll": unroll, "vec": None}
+        if vec is None or count < width:
+            out["ctas"] = max(1, min(DEVICE_MAX_CTAS, -(-count // DEVICE_THREADS)))
+            out["multimem"] = False
+            return out
+        e_off = _offset_expr(*affine[st.e_var])
+        peer_out = {}
+        local = []
+        for p in vec["packs"]:
+            if p["buffer"].startswith("@"):
+                peer_out[int(p["buffer"][1:])] = p["name"]
+            else:
+                local.append(p)
+        vec["packs"] = local
+        vec["peer_out"] = [peer_out[n] for n in range(len(st.gathers))]
+        vec["e_at"] = "i0" + (f" + {e_off}" if e_off else "")
+        vec["e_first"] = e_off or "0"
+        out["vec"] = vec
+        out["ctas"] = max(1, min(DEVICE_MAX_CTAS, -(-vec["groups"] // (DEVICE_THREADS * unroll))))
+        out["multimem"] = (
+            st.rop == "sum" and st.src_dtype in (DType.F32, DType.F16, DType.BF16)
+        ) or (st.rop == "avg" and st.src_dtype is DType.F32)
+        out["mc_unroll"] = 4
+        return out

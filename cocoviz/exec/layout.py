@@ -29,6 +29,8 @@ import numpy.typing as npt
 from cocoviz.ir.types import TensorType, block_dim, shape_values
 
 __all__ = [
+    "alltoall_pack",
+    "alltoall_unpack",
     "chunk_range",
     "global_flat_index",
     "global_shape",
@@ -108,6 +110,23 @@ def take_rank_part(value: Array, ty: TensorType, group: int, rank: int) -> Array
         return value[sl]
     lo, hi = chunk_range(ty, group, rank)
     return value.reshape(-1)[lo:hi]
+
+
+def alltoall_pack(part: Array, to: int, group: int) -> Array:
+    """One rank's part of an all-to-all operand in destination order: the blocks of
+    dimension `to`, block j (for rank j) after block j-1, flattened (MPI's and NCCL's
+    ``sendbuf`` layout)."""
+    blocks = np.split(np.asarray(part), group, axis=to)
+    return np.concatenate([b.reshape(-1) for b in blocks])
+
+
+def alltoall_unpack(recv: Array, out_shape: tuple[int, ...], frm: int, group: int) -> Array:
+    """A rank's result part from its all-to-all receive buffer: source s's block lands
+    in block s of dimension `frm` (`out_shape` is the rank's result shape)."""
+    block = list(out_shape)
+    block[frm] //= group
+    parts = np.split(np.asarray(recv).reshape(-1), group)
+    return np.concatenate([p.reshape(block) for p in parts], axis=frm)
 
 
 def split_global(value: npt.ArrayLike, ty: TensorType, group: int) -> list[Array]:

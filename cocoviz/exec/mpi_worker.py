@@ -38,6 +38,8 @@ import numpy.typing as npt
 from cocoviz import numerics as nx
 from cocoviz.exec import ops
 from cocoviz.exec.layout import (
+    alltoall_pack,
+    alltoall_unpack,
     chunk_range,
     global_flat_index,
     is_contiguous_chunk,
@@ -250,6 +252,12 @@ class Worker:
             ]
             out = np.ascontiguousarray(join_global(parts, xt, G)).reshape(shape_values(xt.shape))
             return out, send.nbytes * (G - 1)
+        if e.op is Op.ALLTOALL:
+            send = alltoall_pack(data.reshape(rank_shape(xt, G)), int(e.value or 0), G)
+            recv = self.buffer(s.name, send)
+            comm.Alltoall(send, recv)
+            out = alltoall_unpack(recv, rank_shape(s.ty, G), int(e.tag or 0), G)
+            return out, send.nbytes * (G - 1) // G
         if e.op is Op.BROADCAST:
             buf = np.array(data, copy=True)
             comm.Bcast(buf, root=int(e.value or 0))

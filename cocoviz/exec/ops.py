@@ -36,6 +36,7 @@ from cocoviz.exec.layout import (
     join_global,
     rank_shape,
     rank_slices,
+    split_global,
     take_rank_part,
 )
 from cocoviz.ir.nodes import (
@@ -46,7 +47,7 @@ from cocoviz.ir.nodes import (
     Op,
     ReduceOp,
 )
-from cocoviz.ir.types import DType, TensorType, shape_values
+from cocoviz.ir.types import DType, TensorType, block_dim, shape_values
 
 __all__ = [
     "RankContext",
@@ -57,6 +58,8 @@ __all__ = [
     "trunc_div",
     "allgather",
     "allreduce",
+    "batched_matmul",
+    "alltoall",
     "broadcast",
     "broadcast_operand",
     "combine_ranks",
@@ -431,6 +434,15 @@ def send(arrays: Sequence[Array], in_ty: TensorType) -> list[Array]:
     return [np.array(a) for a in arrays]
 
 
+def alltoall(arrays: Sequence[Array], in_ty: TensorType, out_ty: TensorType) -> list[Array]:
+    """Rank r gets the r-th block of the result's slicing dimension from every rank's
+    part: the same global value, re-sliced (what ``MPI_Alltoall`` does once each rank's
+    part is packed in destination order)."""
+    g = len(arrays)
+    whole = join_global(arrays, in_ty, g)
+    return [np.ascontiguousarray(p) for p in split_global(whole, out_ty, g)]
+
+
 def _rop(e: Expr) -> ReduceOp:
     assert e.rop is not None
     return e.rop
@@ -443,6 +455,7 @@ COLLECTIVE_SEMANTICS: dict[Op, Callable[[Sequence[Array], Expr], list[Array]]] =
     Op.BROADCAST: lambda a, e: broadcast(a, int(e.value or 0)),
     Op.REDUCE: lambda a, e: reduce(a, _rop(e), e.args[0].type.dtype, int(e.value or 0)),
     Op.SEND: lambda a, e: send(a, e.args[0].type),
+    Op.ALLTOALL: lambda a, e: alltoall(a, e.args[0].type, e.type),
 }
 """The reference semantics of each collective (docs/language.md, operations and layout inference): every
 rank's operand array → every rank's result array. A new collective's row of
@@ -462,6 +475,43 @@ def matmul(a: Array, b: Array, out_ty: TensorType, group: int) -> Array:
     a2 = a.astype(acc, copy=False).reshape(-1, b2.shape[0])
     out = np.matmul(a2, b2)
     return round_to(out, dtype).reshape(rank_shape(out_ty, group))
+
+
+def batched_matmul(
+    a: Array,
+    b: Array,
+    a_ty: TensorType,
+    b_ty: TensorType,
+    out_ty: TensorType,
+    group: int,
+    rank: int,
+) -> Array:
+    """One rank's ``a[..., M, K] × b[..., K, N]`` (b of rank ≥ 3, numpy's batch
+    broadcasting) on its stored blocks, accumulated like `matmul`.
+
+    A replicated operand whose extent along the result's sliced batch dimension is not 1
+    is read at the rank's block of that dimension (as a broadcast operand of an
+    elementwise op is read at the global index of each element).
+    """
+    dtype = out_ty.dtype
+    acc = np.float64 if dtype is DType.F64 else np.float32
+    d = block_dim(out_ty.layout, out_ty.shape, group)
+    r = len(out_ty.shape)
+    if d is not None and d < r - 2:
+        a = _rank_block(a, a_ty, d - r, group, rank)
+        b = _rank_block(b, b_ty, d - r, group, rank)
+    out = np.matmul(a.astype(acc, copy=False), b.astype(acc, copy=False))
+    return round_to(out, dtype).reshape(rank_shape(out_ty, group))
+
+
+def _rank_block(x: Array, ty: TensorType, from_end: int, group: int, rank: int) -> Array:
+    """`x` viewed at `rank`'s block of its dimension `from_end` (counted from the end) when
+    it is replicated there with an extent that is not broadcast; else `x` as it is."""
+    j = len(ty.shape) + from_end
+    if not ty.layout.is_replicated or j < 0 or ty.shape[j].value == 1:
+        return x
+    n = ty.shape[j].value // group
+    return x[(slice(None),) * j + (slice(rank * n, (rank + 1) * n),)]
 
 
 # ---------------------------------------------------------- expression evaluation
@@ -568,8 +618,15 @@ class _Eval:
         if op is Op.UPDATE:
             return self.eval(e.args[1])
         if op is Op.MATMUL:
-            a, b = (self.eval(x) for x in e.args)
+            a_e, b_e = e.args
+            a, b = self.eval(a_e), self.eval(b_e)
+            if len(b_e.type.shape) > 2:
+                out = batched_matmul(a, b, a_e.type, b_e.type, ty, ctx.group, ctx.rank)
+                return to_compute(out, ty.dtype)
             return to_compute(matmul(a, b, ty, ctx.group), ty.dtype)
+        if op is Op.RESHAPE:
+            # every layout keeps each rank's part as the same row-major array
+            return self.eval(e.args[0]).reshape(rank_shape(ty, ctx.group))
         raise ValueError(
             f"{op.value} cannot be evaluated inside an expression on one rank: "
             "communication is evaluated by the driver over all ranks"

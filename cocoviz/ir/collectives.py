@@ -21,6 +21,7 @@ builds `COLLECTIVES` from it.
 from __future__ import annotations
 
 import enum
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -74,6 +75,9 @@ class Collective:
     fusable: bool
     """A fused group may hold it (as part of a reducescatter → compute → allgather or
     compute → send pattern: docs/schedules.md, `fuse`)."""
+    reslices: bool = False
+    """Takes ``to=`` (and optionally ``from=``): the result is the same global value,
+    sliced along dimension ``to`` instead of the operand's (`result` is then unused)."""
 
 
 def _ring_allreduce(full: int, per_rank: int, g: int) -> int:
@@ -90,6 +94,10 @@ def _whole(full: int, per_rank: int, g: int) -> int:
 
 def _own_part(full: int, per_rank: int, g: int) -> int:
     return per_rank
+
+
+def _all_but_own_block(full: int, per_rank: int, g: int) -> int:
+    return (g - 1) * per_rank // g
 
 
 COLLECTIVE_TABLE: tuple[Collective, ...] = (
@@ -183,8 +191,60 @@ COLLECTIVE_TABLE: tuple[Collective, ...] = (
         chunkable=True,
         fusable=True,
     ),
+    Collective(
+        name="alltoall",
+        reduces=False,
+        rooted=False,
+        operand=Operand.SLICED,
+        result=FLAT,
+        operand_hint="alltoall re-slices a sliced value; slice(x, d) takes a replicated "
+        "value's part",
+        cost_name="alltoall",
+        label="A2A",
+        nccl="ncclAlltoAll",
+        count_per_rank=True,
+        sent=_all_but_own_block,
+        chunkable=False,
+        fusable=False,
+        reslices=True,
+    ),
 )
 """Every collective, in the order the language documents them."""
+
+
+@dataclass(frozen=True)
+class Blocks:
+    """A rank-local row-major array seen as ``[outer, extent, inner]`` cut into G blocks
+    along `extent`: block j is ``[:, j·extent/G : (j+1)·extent/G, :]``."""
+
+    outer: int
+    extent: int
+    inner: int
+
+
+def alltoall_copies(
+    shape: tuple[int, ...], frm: int, to: int, group: int
+) -> tuple[Blocks | None, Blocks | None]:
+    """The copies an alltoall of a value of global `shape` needs around the exchange, as
+    the emitter writes them and the simulator prices them: (pack, unpack).
+
+    MPI's and NCCL's alltoall send block j of the buffer to rank j and put what rank s
+    sent in block s. Block j of dimension `to` of the operand's part is one contiguous
+    block only when the dimensions before `to` hold one element (else: pack); the block
+    from rank s belongs in block s of dimension `from` of the result's part, contiguous
+    only when the dimensions before `from` hold one element (else: unpack). None: no copy.
+    """
+    local_in = list(shape)
+    local_in[frm] //= group
+    local_out = list(shape)
+    local_out[to] //= group
+
+    def blocks(local: list[int], d: int) -> Blocks | None:
+        outer = math.prod(local[:d])
+        return Blocks(outer, local[d], math.prod(local[d + 1 :])) if outer > 1 else None
+
+    return blocks(local_in, to), blocks(local_out, frm)
+
 
 _BY_NAME = {c.name: c for c in COLLECTIVE_TABLE}
 _BY_COST_NAME = {c.cost_name: c for c in COLLECTIVE_TABLE}
@@ -202,6 +262,8 @@ def collective_named(name: str) -> Collective | None:
 
 __all__ = [
     "COLLECTIVE_TABLE",
+    "Blocks",
+    "alltoall_copies",
     "Collective",
     "Operand",
     "collective",

@@ -39,6 +39,7 @@ from cocoviz.ir.types import (
     REPLICATED,
     DType,
     Layout,
+    LayoutKind,
     Shape,
     Size,
     TensorType,
@@ -449,21 +450,24 @@ class Inferencer:
                 f"{format_shape(at.shape)}",
                 a.span or e.span,
             )
-        if len(bt.shape) != 2:
+        if len(bt.shape) < 2:
             raise InputError(
-                f"matmul: the right operand {describe(b)} must have rank 2, got "
+                f"matmul: the right operand {describe(b)} must have rank ≥ 2, got "
                 f"{format_shape(bt.shape)}",
                 b.span or e.span,
             )
-        k1, k2 = at.shape[-1], bt.shape[0]
+        k1, k2 = at.shape[-1], bt.shape[-2]
         if k1.value != k2.value:
             raise InputError(
                 f"matmul: contraction sizes differ: {describe(a)}{format_shape(at.shape)} has "
                 f"K = {k1.text} = {k1.value}, {describe(b)}{format_shape(bt.shape)} has "
                 f"K = {k2.text} = {k2.value}",
                 e.span,
-                hint="matmul(a, b) contracts the last dimension of a with the first of b",
+                hint="matmul(a, b) contracts the last dimension of a with the first of b"
+                if len(bt.shape) == 2
+                else "matmul(a, b) contracts the last dimension of a with the second-to-last of b",
             )
+        batch = _matmul_batch(a, b, e.span) if len(bt.shape) > 2 else None
         if at.dtype != bt.dtype:
             raise InputError(
                 f"matmul: operands have different dtypes: {describe(a)} is {at.dtype.value}, "
@@ -475,6 +479,8 @@ class Inferencer:
             )
         if not at.dtype.is_float:
             raise InputError("matmul needs floating-point operands", e.span)
+        if batch is not None:
+            return self._batched_matmul(e, a, b, batch)
         shape = at.shape[:-1] + (bt.shape[1],)
         G = self.G
         la, lb = at.layout, bt.layout
@@ -505,6 +511,88 @@ class Inferencer:
             check_divisible(shape, layout, G, e.span, "the matmul result")
         pstage = self._pstage((a, b), e.span)
         return _replace(e, args=(a, b), ty=TensorType(at.dtype, shape, layout, pstage))
+
+    def _batched_matmul(self, e: Expr, a: Expr, b: Expr, batch: Shape) -> Expr:
+        """`a[..., M, K] × b[..., K, N]` with b of rank ≥ 3 (docs/language.md, matmul)."""
+        at, bt = a.type, b.type
+        shape = batch + (at.shape[-2], bt.shape[-1])
+        G = self.G
+        la, lb = at.layout, bt.layout
+        ra, rb, r = len(at.shape), len(bt.shape), len(shape)
+        da = block_dim(la, at.shape, G)
+        db = block_dim(lb, bt.shape, G)
+        for x, d in ((a, da), (b, db)):
+            if x.type.layout.is_sliced and d is None:
+                raise InputError(
+                    f"matmul: {describe(x)} is flat-sliced, but its chunks are not blocks of "
+                    f"one dimension of {format_shape(x.type.shape)}",
+                    x.span or e.span,
+                    hint=f"slice {describe(x)} along a dimension (sliced(d))",
+                )
+        # the result dimension each operand's block dimension is aligned with (batch dims)
+        ia = da + r - ra if da is not None and da < ra - 2 else None
+        ib = db + r - rb if db is not None and db < rb - 2 else None
+        layout: Layout
+        if la.is_replicated and lb.is_replicated:
+            layout = REPLICATED
+        elif la.is_local and (lb.is_local or lb.is_replicated):
+            layout = LOCAL
+        elif ia is not None and (lb.is_replicated or ib == ia):
+            layout = sliced(ia, shape)
+        elif ib is not None and la.is_replicated:
+            layout = sliced(ib, shape)
+        elif la.is_sliced and da == ra - 2 and lb.is_replicated:
+            layout = sliced(r - 2, shape)
+        elif la.is_replicated and lb.is_sliced and db == rb - 1:
+            layout = sliced(r - 1, shape)
+        elif la.is_sliced and lb.is_sliced and da == ra - 1 and db == rb - 2:
+            layout = LOCAL
+        else:
+            raise InputError(*_batched_matmul_layout_error(a, b, shape, da, db, e.span))
+        if layout.is_sliced:
+            check_divisible(shape, layout, G, e.span, "the matmul result")
+        pstage = self._pstage((a, b), e.span)
+        return _replace(e, args=(a, b), ty=TensorType(at.dtype, shape, layout, pstage))
+
+    def _reshape(self, e: Expr) -> Expr:
+        """`reshape(x, S1, …)`: the same elements in row-major order; each rank keeps its
+        part as the same row-major array (docs/language.md, reshape)."""
+        (x,) = (self.infer(a, False) for a in e.args)
+        ty = x.type
+        new = e.shape_arg
+        assert new is not None
+        if numel(new) != ty.numel:
+            raise InputError(
+                f"reshape: {describe(x)}{format_shape(ty.shape)} has {ty.numel} elements, "
+                f"the new shape {format_shape(new)} has {numel(new)}",
+                e.span,
+                hint="the sizes must multiply to the same number of elements",
+            )
+        layout = ty.layout
+        G = self.G
+        if layout.is_sliced and layout.dim is not None:
+            d = layout.dim
+            prefix = numel(ty.shape[:d])
+            found = [
+                j
+                for j in range(len(new))
+                if numel(new[:j]) == prefix and new[j].value % G == 0 and new[j].value > 1
+            ]
+            if not found:
+                size = ty.shape[d]
+                raise InputError(
+                    f"reshape: {describe(x)} is sliced({d}) along {size.text} = {size.value}, "
+                    f"but no dimension of {format_shape(new)} starts after the same "
+                    f"{prefix} leading rows and divides by {G}, so the ranks' parts would "
+                    "not stay whole",
+                    e.span,
+                    hint=f"keep the dimensions before {size.text} (their product {prefix}) "
+                    f"as leading dimensions and a dimension that divides by {G} after them, "
+                    "or gather it first (allgather)",
+                )
+            layout = sliced(found[0], new)
+        pstage = self._pstage((x,), e.span)
+        return _replace(e, args=(x,), ty=TensorType(ty.dtype, new, layout, pstage))
 
     def _update(self, e: Expr) -> Expr:
         t, v = (self.infer(x, False) for x in e.args)
@@ -573,6 +661,8 @@ class Inferencer:
                     e.span,
                 )
             return _replace(e, args=(x,), ty=_replace(ty, pstage=p + 1))
+        if row.reslices:
+            return self._reslice(e, x)
         if row.result.is_sliced:
             check_divisible(ty.shape, row.result, G, e.span, f"{op.value} of {describe(x)}")
         if row.rooted:
@@ -582,6 +672,52 @@ class Inferencer:
                     f"{op.value}: root {root} is not a rank of the group (0…{G - 1})", e.span
                 )
         return _replace(e, args=(x,), ty=_replace(ty, layout=row.result))
+
+    def _reslice(self, e: Expr, x: Expr) -> Expr:
+        """`alltoall(x, from=d, to=e)`: the same global value, sliced along e instead of d."""
+        ty = x.type
+        fname = e.op.value
+        rank = len(ty.shape)
+        d = block_dim(ty.layout, ty.shape, self.G)
+        if d is None:
+            raise InputError(
+                f"{fname} needs an operand sliced along a dimension; {describe(x)} is "
+                f"flat-sliced and its first dimension does not split in {self.G} blocks",
+                e.span,
+                hint="declare or produce it sliced(d) for the dimension it is split along",
+            )
+
+        def dim(v: int, key: str) -> int:
+            k = v + rank if v < 0 else v
+            if not 0 <= k < rank:
+                raise InputError(
+                    f"{fname}: {key}={v} is out of range for {describe(x)} of rank {rank}",
+                    e.span,
+                )
+            return k
+
+        if e.tag is not None:
+            f = dim(int(e.tag), "from")
+            if block_dim(sliced(f, ty.shape), ty.shape, self.G) != d:
+                raise InputError(
+                    f"{fname}: from={e.tag}, but {describe(x)} is {ty.layout} (sliced along "
+                    f"dimension {d})",
+                    e.span,
+                    hint=f"write from={d}, or leave from= out",
+                )
+        assert isinstance(e.value, int)
+        to = dim(e.value, "to")
+        if to == d:
+            raise InputError(
+                f"{fname}: {describe(x)} is already sliced along dimension {to}; an all-to-all "
+                "to the same dimension moves nothing",
+                e.span,
+                hint="to= names the dimension the result is sliced along",
+            )
+        layout = sliced(to, ty.shape)
+        along = Layout(LayoutKind.SLICED, to)
+        check_divisible(ty.shape, along, self.G, e.span, f"{fname} of {describe(x)}")
+        return _replace(e, args=(x,), value=to, tag=str(d), ty=_replace(ty, layout=layout))
 
 
 def _update_hint(t: Expr, v: Expr) -> str:
@@ -654,12 +790,108 @@ def _matmul_layout_error(
     )
 
 
+def _matmul_batch(a: Expr, b: Expr, span: Span | None) -> Shape:
+    """The broadcast batch dimensions of `a[..., M, K] × b[..., K, N]` (numpy's rule:
+    right-aligned, equal or 1)."""
+    sa, sb = a.type.shape[:-2], b.type.shape[:-2]
+    n = max(len(sa), len(sb))
+    out: list[Size] = []
+    for i in range(n):
+        x = sa[i - n + len(sa)] if i - n + len(sa) >= 0 else None
+        y = sb[i - n + len(sb)] if i - n + len(sb) >= 0 else None
+        if x is not None and y is not None and 1 not in (x.value, y.value) and x != y:
+            if x.value != y.value:
+                raise InputError(
+                    f"matmul: batch dimensions do not broadcast: {describe(a)}"
+                    f"{format_shape(a.type.shape)} has batch {format_shape(sa)}, {describe(b)}"
+                    f"{format_shape(b.type.shape)} has batch {format_shape(sb)} (batch "
+                    f"dimension {i - n}: {x.text} = {x.value} vs {y.text} = {y.value})",
+                    span,
+                    hint="batch dimensions are right-aligned and must be equal or 1",
+                )
+        if x is None or (x.value == 1 and y is not None):
+            assert y is not None
+            out.append(y)
+        else:
+            out.append(x)
+    return tuple(out)
+
+
+def _batched_matmul_layout_error(
+    a: Expr, b: Expr, shape: Shape, da: int | None, db: int | None, span: Span | None
+) -> tuple[str, Span | None, str]:
+    """Message, span and hint for an illegal layout pair of a batched matmul."""
+    la, lb = a.type.layout, b.type.layout
+    ra, rb, r = len(a.type.shape), len(b.type.shape), len(shape)
+    an, bn = describe(a), describe(b)
+    head = f"matmul: {an} is {la} and {bn} is {lb}, "
+
+    def aligned(x: Expr, i: int) -> str:
+        j = i - r + len(x.type.shape)
+        if j < 0 or x.type.shape[j].value == 1:
+            return f"make {describe(x)} replicated: it is broadcast along that dimension"
+        return f"slice {describe(x)} along its dimension {j} (sliced({j})), or make it replicated"
+
+    if la.is_sliced and da is not None and da < ra - 2:
+        i = da + r - ra
+        return (
+            head + f"but a left operand sliced on batch dimension {shape[i].text} (dimension "
+            f"{i} of the result) needs a right operand sliced on the same batch dimension, or "
+            "replicated",
+            span,
+            aligned(b, i),
+        )
+    if lb.is_sliced and db is not None and db < rb - 2:
+        i = db + r - rb
+        return (
+            head + f"but a right operand sliced on batch dimension {shape[i].text} (dimension "
+            f"{i} of the result) needs a left operand sliced on the same batch dimension, or "
+            "replicated",
+            span,
+            aligned(a, i),
+        )
+    if la.is_sliced and da == ra - 1:
+        return (
+            head + f"but a left operand sliced on the contraction dimension K needs a right "
+            f"operand sliced on K (its dimension {rb - 2}) too",
+            span,
+            f"declare {bn} sliced({rb - 2}) to get local partial sums (then allreduce them), "
+            f"or make {an} replicated",
+        )
+    if la.is_sliced:
+        return (
+            head + "but a left operand sliced on its rows M needs a replicated right operand",
+            span,
+            f"make {bn} replicated (allgather it), or slice both on a batch dimension",
+        )
+    if la.is_local:
+        return (
+            head + "but a local left operand needs a local or replicated right operand",
+            span,
+            f"make {bn} replicated (allgather it), or reduce {an} first (allreduce)",
+        )
+    if lb.is_local:
+        return (
+            head + "but a local right operand needs a local left operand",
+            span,
+            f"reduce {bn} first (allreduce), or make {an} local",
+        )
+    return (
+        head + f"but {bn} is sliced on the contraction dimension K, so {an} must be sliced "
+        "on K too",
+        span,
+        f"slice {an} on its last dimension (sliced({ra - 1})) to get local partial sums, or "
+        f"slice {bn} on its columns (sliced({rb - 1}))",
+    )
+
+
 _RULES: dict[Op, Callable[[Inferencer, Expr], Expr]] = {
     Op.REF: Inferencer._ref,
     Op.CONST: Inferencer._const,
     Op.SLICE: Inferencer._slice,
     Op.DROPOUT: Inferencer._dropout,
     Op.MATMUL: Inferencer._matmul,
+    Op.RESHAPE: Inferencer._reshape,
     Op.UPDATE: Inferencer._update,
     **{op: Inferencer._rowwise for op in ROWWISE},
     **{op: Inferencer._reduction for op in REDUCTIONS},

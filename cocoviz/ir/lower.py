@@ -702,6 +702,8 @@ class _Lowerer:
             a.arity(2, "a, b" if op is Op.MATMUL else "t, e")
             a.no_kw()
             return Expr(op, (a.sub(a.pos[0]), a.sub(a.pos[1])), span=c.span)
+        if op is Op.RESHAPE:
+            return self._reshape_call(a)
         if op is Op.CAST:
             return _cast_call(a)
         if op is Op.DROPOUT:
@@ -736,7 +738,20 @@ class _Lowerer:
             a.arity(1, "x" + (", root=0" if row.rooted else ""))
             x = a.pos[0]
         value: float | int | None = None
-        if row.rooted:
+        tag: str | None = None
+        if row.reslices:
+            a.no_kw(("to", "from"))
+            if "to" not in a.kws:
+                raise InputError(
+                    f"{a.fname} needs the dimension to slice the result along: to=",
+                    a.call.span,
+                    hint=f"for example {a.fname}(x, to=1); from= (optional) names the "
+                    "dimension x is sliced along",
+                )
+            value = self._dim_literal(a, "to")
+            if "from" in a.kws:
+                tag = str(self._dim_literal(a, "from"))
+        elif row.rooted:
             a.no_kw(("root",))
             value = 0
             if "root" in a.kws:
@@ -746,7 +761,78 @@ class _Lowerer:
                 value = rv
         else:
             a.no_kw()
-        return Expr(op, (a.sub(x),), rop=rop, value=value, span=a.call.span)
+        return Expr(op, (a.sub(x),), rop=rop, value=value, tag=tag, span=a.call.span)
+
+    @staticmethod
+    def _dim_literal(a: _CallArgs, key: str) -> int:
+        """An integer dimension keyword (`to=1`, `from=-1`)."""
+        v = a.literal(a.kws[key].value, key)
+        if not isinstance(v, int):
+            raise InputError(f"{a.fname}: {key} must be an integer dimension", a.kws[key].span)
+        return v
+
+    def _reshape_call(self, a: _CallArgs) -> Expr:
+        """`reshape(x, S1, S2, …)`: each size a dimension name, an integer literal or a
+        product of them, kept with its source text like an input's shape."""
+        a.no_kw()
+        if len(a.pos) < 2:
+            raise InputError(
+                f"reshape takes the value and its new sizes (reshape(x, S1, S2, …)), "
+                f"got {len(a.pos)} argument{'s' if len(a.pos) != 1 else ''}",
+                a.call.span,
+            )
+        sizes = tuple(self._size_arg(node) for node in a.pos[1:])
+        return Expr(a.op, (a.sub(a.pos[0]),), shape_arg=sizes, span=a.call.span)
+
+    def _size_arg(self, node: Any) -> Size:
+        """A size written as a call argument: `H`, `8`, `E*C` (a product of names and
+        integer literals), checked like a size of an input's shape."""
+        factors: list[Expr] = []
+
+        def flatten(n: Any) -> None:
+            if isinstance(n, Expr) and n.op is Op.MUL:
+                flatten(n.args[0])
+                flatten(n.args[1])
+            elif isinstance(n, Expr) and n.op is Op.REF:
+                factors.append(n)
+            elif isinstance(n, Expr) and n.op is Op.CONST and isinstance(n.value, int):
+                if n.value < 1:
+                    raise InputError(f"a size must be positive, got {n.value}", n.span)
+                factors.append(n)
+            else:
+                raise InputError(
+                    "reshape: a size must be a dimension name, an integer literal or a "
+                    "product of them",
+                    getattr(n, "span", None),
+                    hint="for example reshape(x, E*C, H)",
+                )
+
+        flatten(node)
+        value = 1
+        texts: list[str] = []
+        for f in factors:
+            if f.op is Op.CONST:
+                assert isinstance(f.value, int)
+                value *= f.value
+                texts.append(str(f.value))
+                continue
+            name = str(f.name)
+            if name in self.bad_dims:
+                raise _AlreadyReported()
+            if name not in self.dims:
+                raise InputError(
+                    f"unknown dimension '{name}'",
+                    f.span,
+                    hint=did_you_mean(name, self.dims) or "declare it: dim NAME = SIZE",
+                )
+            value *= self.dims[name]
+            texts.append(name)
+        if value > _MAX_SIZE:
+            raise InputError(
+                f"size {'*'.join(texts)} = {value} is too large (at most 2^62 elements)",
+                getattr(node, "span", None),
+            )
+        return Size("*".join(texts), value)
 
     def _reduce_op(self, node: Any, fname: str) -> ReduceOp:
         if isinstance(node, syn.RedTok):

@@ -65,6 +65,7 @@ class Op(enum.Enum):
     # whole right-hand side only
     MATMUL = "matmul"
     UPDATE = "update"
+    RESHAPE = "reshape"
     # collectives: one row each in cocoviz.ir.collectives.COLLECTIVE_TABLE
     ALLREDUCE = "allreduce"
     REDUCESCATTER = "reducescatter"
@@ -72,6 +73,7 @@ class Op(enum.Enum):
     BROADCAST = "broadcast"
     REDUCE = "reduce"
     SEND = "send"
+    ALLTOALL = "alltoall"
 
 
 BINARY_INFIX = {Op.ADD, Op.SUB, Op.MUL, Op.DIV}
@@ -92,7 +94,7 @@ ROWWISE = {Op.LAYERNORM, Op.RMSNORM, Op.SOFTMAX}
 REDUCTIONS = {Op.SUM, Op.NORM, Op.AMAX}
 COLLECTIVES = frozenset(Op(c.name) for c in COLLECTIVE_TABLE)
 """The collective operators: the rows of the collectives table (each needs its member)."""
-WHOLE_RHS = COLLECTIVES | {Op.MATMUL}
+WHOLE_RHS = COLLECTIVES | {Op.MATMUL, Op.RESHAPE}
 ELEMENTWISE = (
     BINARY_INFIX
     | BINARY_CALLS
@@ -133,7 +135,9 @@ class Expr:
 
     Attributes by op: REF `name`; CONST `value`; CAST `dtype_arg`; DROPOUT `value` = p and
     `tag` = stable id; LAYERNORM/RMSNORM `value` = eps; SLICE `value` = dim or None;
-    BROADCAST/REDUCE `value` = root; collectives with a reduction `rop`.
+    BROADCAST/REDUCE `value` = root; ALLTOALL `value` = the `to` dimension and `tag` = the
+    `from` dimension as text (both normal, non-negative, after inference; `tag` None
+    before inference when the source omits `from=`); collectives with a reduction `rop`.
     """
 
     op: Op
@@ -143,6 +147,7 @@ class Expr:
     rop: ReduceOp | None = None
     dtype_arg: DType | None = None
     tag: str | None = None
+    shape_arg: Shape | None = None
     ty: TensorType | None = None
     span: Span | None = field(default=None, compare=False, hash=False, repr=False)
 

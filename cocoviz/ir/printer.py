@@ -67,9 +67,16 @@ class _ExprPrinter:
             args.insert(0, e.rop.value)
         if row is not None and row.rooted and e.value:
             args.append(f"root={e.value}")
+        if row is not None and row.reslices:
+            if e.tag is not None:
+                args.append(f"from={e.tag}")
+            args.append(f"to={e.value}")
         if op is Op.CAST:
             assert e.dtype_arg is not None
             args.insert(0, e.dtype_arg.value)
+        if op is Op.RESHAPE:
+            assert e.shape_arg is not None
+            args += [size.text for size in e.shape_arg]
         if op is Op.SLICE and e.value is not None:
             args.append(str(e.value))
         if op is Op.DROPOUT:

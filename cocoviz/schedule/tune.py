@@ -24,6 +24,7 @@ picks on ``hw`` here as in ``apply``, ``emit`` and the TUI.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -50,8 +51,14 @@ from cocoviz.sim.timeline import makespan
 __all__ = [
     "CHUNK_CHOICES",
     "Candidate",
+    "Crossover",
+    "SweepPoint",
+    "SweepResult",
     "TuneResult",
+    "main_dimension",
     "schedule_label",
+    "sweep",
+    "sweep_values",
     "tune",
     "write_schedule",
 ]
@@ -413,3 +420,138 @@ def write_schedule(candidate: Candidate, path: Path, header: str | None = None) 
     line), atomically; an OutputError when the system refuses."""
     comment = f"{header or candidate.name}: predicted {candidate.time_s * 1e6:.1f} us"
     save_sched(path, candidate.steps, f"{comment}, written by cocoviz tune")
+
+
+# ---------------------------------------------------------------------------------------
+# Sweeps: when does a schedule pay?
+
+
+@dataclass(frozen=True)
+class SweepPoint:
+    """One size of a sweep: the tuner's best schedule and each canonical schedule's time
+    (the program as written, then its ``schedule`` blocks, by title)."""
+
+    value: int
+    baseline_s: float
+    best: Candidate
+    canonical: tuple[tuple[str, float], ...]
+
+    @property
+    def winner(self) -> str:
+        """The fastest canonical schedule (the first listed on a tie)."""
+        return min(self.canonical, key=lambda item: item[1])[0]
+
+    def time_of(self, title: str) -> float:
+        return dict(self.canonical)[title]
+
+
+@dataclass(frozen=True)
+class Crossover:
+    """From ``value`` on, ``winner`` is the fastest canonical schedule, where ``loser``
+    was at the size before."""
+
+    value: int
+    winner: str
+    loser: str
+
+
+@dataclass
+class SweepResult:
+    program: str
+    hardware: str
+    dim: str
+    points: list[SweepPoint] = field(default_factory=list)
+
+    @property
+    def crossovers(self) -> list[Crossover]:
+        out: list[Crossover] = []
+        for before, after in zip(self.points, self.points[1:], strict=False):
+            if after.winner != before.winner:
+                out.append(Crossover(after.value, after.winner, before.winner))
+        return out
+
+
+def canonical_schedules(
+    program: Program, hw: Hardware, collectives: str = "nccl"
+) -> tuple[tuple[str, float], ...]:
+    """The program as written and each of its schedule blocks that applies, with the
+    model's time; a block that gives the program as written shares its row."""
+    rows: dict[Program, tuple[str, float]] = {
+        program: (schedule_label(program), makespan(program, hw, collectives))
+    }
+    for sched in program.schedules:
+        p = _apply(program, tuple(str(st) for st in sched.steps), hw)
+        if p is None:
+            continue
+        title = f"{schedule_label(p)} [{sched.name}]"
+        rows[p] = (title, rows[p][1] if p in rows else makespan(p, hw, collectives))
+    return tuple(rows.values())
+
+
+_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+def _dims_of(shape_texts: Sequence[str], dims: dict[str, int]) -> set[str]:
+    return {n for text in shape_texts for n in _NAME.findall(text) if n in dims}
+
+
+def main_dimension(program: Program) -> str | None:
+    """The dimension a crossover sweep varies: among the dimensions of the program's
+    largest collective (by bytes), the one the fewest inputs use, so a token or element
+    count rather than a model width that every weight has; the larger one on a tie.
+    None when no collective's shape names a dimension."""
+    dims = program.shape_env
+    colls = [s for s in program.stages if s.is_collective]
+    if not colls:
+        return None
+    largest = max(colls, key=lambda s: s.ty.numel * s.ty.dtype.itemsize)
+    named = _dims_of([size.text for size in largest.ty.shape], dims)
+    if not named:
+        return None
+    uses = {
+        d: sum(d in _dims_of([size.text for size in i.ty.shape], dims) for i in program.inputs)
+        for d in named
+    }
+    return min(sorted(named), key=lambda d: (uses[d], -dims[d]))
+
+
+def sweep_values(value: int, below: int = 8, above: int = 2) -> tuple[int, ...]:
+    """The sizes a crossover sweep around ``value`` takes: ``value`` times 2^k for k
+    from -``below`` (as far as ``value`` divides) to +``above``."""
+    if value < 1:
+        return ()
+    down = 0
+    while down < below and value % (1 << (down + 1)) == 0:
+        down += 1
+    return tuple(value >> k for k in range(down, 0, -1)) + tuple(
+        value << k for k in range(above + 1)
+    )
+
+
+def sweep(
+    load: Callable[[int], Program],
+    dim: str,
+    values: Sequence[int],
+    hw: Hardware,
+    *,
+    collectives: str = "nccl",
+    progress: Callable[[int], None] | None = None,
+) -> SweepResult:
+    """Tune the program at each size of ``dim`` (``load(value)`` gives the program with
+    that size) and predict its canonical schedules there."""
+    first = load(values[0]) if values else None
+    result = SweepResult(first.name if first else "", hw.name, dim)
+    for i, value in enumerate(values):
+        program = first if i == 0 and first is not None else load(value)
+        tuned = tune(program, hw, collectives=collectives)
+        result.points.append(
+            SweepPoint(
+                value,
+                tuned.baseline_s,
+                tuned.best,
+                canonical_schedules(program, hw, collectives),
+            )
+        )
+        if progress is not None:
+            progress(i + 1)
+    return result

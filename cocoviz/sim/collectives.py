@@ -55,6 +55,7 @@ __all__ = [
     "collective_candidates",
     "collective_time",
     "device_kernel_time",
+    "emitted_buffers_registered",
     "p2p_time",
     "scalar_allreduce",
 ]
@@ -77,6 +78,7 @@ class Coll(StrEnum):
     BROADCAST = "broadcast"
     REDUCE = "reduce"
     SENDRECV = "sendrecv"
+    ALLTOALL = "alltoall"
 
     @classmethod
     def of(cls, op: Op) -> Coll:
@@ -131,7 +133,7 @@ def bus_factor(coll: Coll | str, nranks: int) -> float:
         return 1.0
     if c is Coll.ALLREDUCE:
         return 2.0 * (nranks - 1) / nranks
-    if c in (Coll.REDUCESCATTER, Coll.ALLGATHER):
+    if c in (Coll.REDUCESCATTER, Coll.ALLGATHER, Coll.ALLTOALL):
         return (nranks - 1) / nranks
     return 1.0
 
@@ -224,44 +226,129 @@ def _nsteps(coll: Coll, nranks: int) -> int:
     return nranks
 
 
-def _available(hw: Hardware, coll: Coll, topo: _Topo) -> list[tuple[Algo, Proto]]:
-    if coll is Coll.SENDRECV:
+def _available(
+    hw: Hardware, coll: Coll, topo: _Topo, symmetric: bool = False
+) -> list[tuple[Algo, Proto]]:
+    """NCCL's enabled (algorithm, protocol) pairs for this call, after its enable rules
+    (``ncclTopoTuneModel`` and the NVLS/PAT model init in ``src/graph/tuning.cc``)."""
+    if coll in (Coll.SENDRECV, Coll.ALLTOALL):
         return [(Algo.P2P, Proto.LL), (Algo.P2P, Proto.SIMPLE)]
     pairs = [(Algo.RING, p) for p in Proto]
     if coll is Coll.ALLREDUCE:
         pairs += [(Algo.TREE, p) for p in Proto]
-        if _nvls_ok(hw, topo):
-            pairs.append((Algo.NVLS, Proto.SIMPLE))
+    if _nvls_ok(hw, coll, topo):
+        pairs.append((Algo.NVLS, Proto.SIMPLE))
+    if _nvls_tree_ok(hw, coll, topo):
+        pairs.append((Algo.NVLS_TREE, Proto.SIMPLE))
+    if _pat_ok(hw, coll, topo):
+        pairs.append((Algo.PAT, Proto.SIMPLE))
+    if symmetric and _symmetric_ok(hw, coll, topo):
+        pairs.append((Algo.SYMMETRIC, Proto.SIMPLE))
     return pairs
 
 
-def _nvls_ok(hw: Hardware, topo: _Topo) -> bool:
-    # Single-node NVLS only: multi-node NVLS needs CollNet/SHARP, which cocoviz does not model.
-    return hw.nccl.nvls and topo.nnodes == 1 and topo.nranks >= hw.nccl.nvls_min_ranks
+_NVLS_COLLS = (Coll.ALLREDUCE, Coll.REDUCESCATTER, Coll.ALLGATHER)
+
+
+def _nvls_hw_ok(hw: Hardware, topo: _Topo) -> bool:
+    """NVLink SHARP on this machine for a communicator with this many ranks per node
+    (NCCL needs at least two NVLS channels; below ``nvls_min_ranks`` per node NVLS does
+    not beat the ring and NCCL does not choose it)."""
+    c = hw.nccl
+    return c.nvls and c.nvls_channels >= 2 and topo.ranks_per_node >= c.nvls_min_ranks
+
+
+def _nvls_ok(hw: Hardware, coll: Coll, topo: _Topo) -> bool:
+    # NVLS serves allreduce, reducescatter and allgather; across nodes NCCL runs NVLS only
+    # with CollNet (network SHARP) underneath.
+    if coll not in _NVLS_COLLS or not _nvls_hw_ok(hw, topo):
+        return False
+    return topo.nnodes == 1 or hw.nccl.collnet
+
+
+def _nvls_tree_ok(hw: Hardware, coll: Coll, topo: _Topo) -> bool:
+    # NVLS_TREE: allreduce only, more than one node (NCCL disables it on one node).
+    return coll is Coll.ALLREDUCE and topo.nnodes > 1 and _nvls_hw_ok(hw, topo)
+
+
+def _pat_ok(hw: Hardware, coll: Coll, topo: _Topo) -> bool:
+    # NCCL's ncclPatEnable: reducescatter/allgather, one GPU per node (nNodes == nRanks).
+    return (
+        hw.nccl.pat
+        and coll in (Coll.REDUCESCATTER, Coll.ALLGATHER)
+        and topo.ranks_per_node == 1
+        and topo.nranks > 1
+    )
+
+
+def _symmetric_ok(hw: Hardware, coll: Coll, topo: _Topo) -> bool:
+    # NCCL >= 2.27 symmetric kernels: registered windows, all ranks in one NVLink domain.
+    return (
+        hw.nccl.symmetric
+        and coll in _NVLS_COLLS
+        and topo.nnodes == 1
+        and hw.node.intra_link is Link.NVLINK
+    )
 
 
 def _why_unavailable(hw: Hardware, coll: Coll, topo: _Topo, algo: Algo, proto: Proto | None) -> str:
-    if algo is Algo.P2P or coll is Coll.SENDRECV:
-        return f"{coll.value} runs only as p2p (LL or Simple), and p2p only serves sendrecv"
+    if algo is Algo.P2P or coll in (Coll.SENDRECV, Coll.ALLTOALL):
+        return (
+            f"{coll.value} runs only as p2p (LL or Simple), and p2p only serves sendrecv "
+            "and alltoall"
+        )
     if algo is Algo.TREE:
         return "tree serves only allreduce"
-    if algo is Algo.NVLS:
-        if coll is not Coll.ALLREDUCE:
-            return "nvls serves only allreduce in this model"
+    if algo in (Algo.NVLS, Algo.NVLS_TREE):
+        if coll not in _NVLS_COLLS:
+            return f"{algo.value} serves only allreduce, reducescatter and allgather"
+        if algo is Algo.NVLS_TREE and coll is not Coll.ALLREDUCE:
+            return "nvls_tree serves only allreduce (reducescatter/allgather use nvls)"
         if not hw.nccl.nvls:
             return f"{hw.name} has no NVLink SHARP (NVLS)"
-        if topo.nnodes > 1:
-            return "nvls across nodes needs CollNet/SHARP, which is not modelled"
-        if topo.nranks < hw.nccl.nvls_min_ranks:
-            return f"nvls is used only with at least {hw.nccl.nvls_min_ranks} ranks on {hw.name}"
+        if algo is Algo.NVLS_TREE and topo.nnodes == 1:
+            return "nvls_tree spans nodes; on one node NCCL runs nvls"
+        if algo is Algo.NVLS and topo.nnodes > 1 and not hw.nccl.collnet:
+            what = "nvls_tree" if coll is Coll.ALLREDUCE else "ring or pat"
+            return (
+                f"nvls across nodes needs CollNet (network SHARP), which {hw.name} does not "
+                f"have (collnet = false); across nodes NCCL runs {what}"
+            )
+        if topo.ranks_per_node < hw.nccl.nvls_min_ranks:
+            return (
+                f"{algo.value} is used only with at least {hw.nccl.nvls_min_ranks} ranks "
+                f"per node on {hw.name}"
+            )
         if proto is not Proto.SIMPLE:
-            return "nvls runs only the Simple protocol"
+            return f"{algo.value} runs only the Simple protocol"
+    if algo is Algo.PAT:
+        if coll not in (Coll.REDUCESCATTER, Coll.ALLGATHER):
+            return "pat serves only reducescatter and allgather"
+        if not hw.nccl.pat:
+            return f"{hw.name}'s NCCL has no PAT (pat = false)"
+        if topo.ranks_per_node != 1:
+            return "pat runs only with one GPU per node (NCCL's ncclPatEnable)"
+        if proto is not Proto.SIMPLE:
+            return "pat runs only the Simple protocol"
+    if algo is Algo.SYMMETRIC:
+        if coll not in _NVLS_COLLS:
+            return "symmetric kernels serve only allreduce, reducescatter and allgather"
+        if not hw.nccl.symmetric:
+            return f"{hw.name}'s NCCL has no symmetric-memory kernels (symmetric = false)"
+        if topo.nnodes > 1 or hw.node.intra_link is not Link.NVLINK:
+            return "symmetric kernels need all ranks in one NVLink domain"
+        if proto is not None and proto is not Proto.SIMPLE:
+            return "symmetric kernels are modelled with the Simple protocol only"
+        return "symmetric kernels run only on registered buffers (pass symmetric=True)"
     return f"{algo.value}/{proto.value if proto else '*'} is not available for {coll.value}"
+
+
+_NVLS_CHANNEL_ALGOS = (Algo.NVLS, Algo.NVLS_TREE, Algo.SYMMETRIC)
 
 
 def _channels(hw: Hardware, algo: Algo, proto: Proto, nbytes: int, nranks: int) -> int:
     """NCCL trims channels while ``nBytes < nc × nThreads × threadThreshold``."""
-    most = hw.nccl.nvls_channels if algo is Algo.NVLS else hw.nccl.channels
+    most = hw.nccl.nvls_channels if algo in _NVLS_CHANNEL_ALGOS else hw.nccl.channels
     threshold = _THREAD_THRESHOLD[proto] * (
         nranks if algo is Algo.RING and proto is Proto.LL else 1
     )
@@ -291,18 +378,51 @@ def _bus_bw(hw: Hardware, coll: Coll, topo: _Topo, algo: Algo, proto: Proto) -> 
         if topo.nnodes > 1:
             bw = hw.nic_effective_gbps  # one GPU, its own NIC
         return min(caps.ll_max_bw.at(nodes), bw * 0.5) if proto is Proto.LL else bw
+    if algo is Algo.PAT:
+        return bw * 0.75  # NCCL: PAT busBw × 0.75
+    if algo is Algo.NVLS_TREE:
+        # NCCL: min(intra NVLS, inter × 2 on ≤ 2 nodes, perChMaxNVLSTreeBw × nCh). The intra
+        # term is the single-node NVLS allreduce bus bandwidth of this many ranks per node.
+        g = topo.ranks_per_node
+        intra = _nvls_allreduce_alg_bw(hw, g) * bus_factor(Coll.ALLREDUCE, g)
+        inter = hw.net_gbps(g) * (2.0 if nodes <= 2 else 1.0)
+        return min(intra, inter, caps.nvls_channels * caps.per_ch_max_nvls_tree_bw.at(nodes))
+    if algo is Algo.NVLS:
+        # reducescatter/allgather (allreduce has its own rule in _alg_bw): NCCL's
+        # intra × (ppn−1)/ppn, and across nodes (CollNet) the node's NICs.
+        g = topo.ranks_per_node
+        intra = hw.nvlink_gbps * caps.nvls_efficiency * (g - 1) / g
+        return intra if nodes == 1 else min(intra, hw.net_gbps(g))
     raise AssertionError(f"no bus bandwidth rule for {algo}")
+
+
+def _nvls_allreduce_alg_bw(hw: Hardware, n: int) -> float:
+    """NVLS AllReduce on n GPUs of one node: each GPU pushes its whole buffer into the
+    switch (multimem.ld_reduce reads every GPU's copy of a shard) and takes its reduced
+    shard back, then multicasts the shard (multimem.st). Per GPU that is S + S/n each way,
+    so algBw = B·n/(n+1), with B the NVLink rate derated by NCCL's nvlsEfficiency. [D]
+    (sjeaugey, NVIDIA/nccl-tests#212: algbw = busbw·n/(n+1)); matches the 8x H200
+    GPU-count sweep within 4%."""
+    return hw.nvlink_gbps * hw.nccl.nvls_efficiency * n / (n + 1)
+
+
+def _symmetric_alg_bw(hw: Hardware, coll: Coll, n: int) -> float:
+    """NCCL's symmetric kernels (registered windows, one NVLink domain): an allreduce on
+    an NVLS machine uses multimem like NVLS; otherwise each rank loads (reducescatter) or
+    stores (allgather) its (n−1)/n over the peer links at the ``nccl-device`` kernel's
+    peer bandwidth, an allreduce doing both. [D]"""
+    if coll is Coll.ALLREDUCE and hw.nccl.nvls:
+        return _nvls_allreduce_alg_bw(hw, n)
+    per_phase = hw.device.peer_gbps * n / (n - 1)
+    return per_phase / 2 if coll is Coll.ALLREDUCE else per_phase
 
 
 def _alg_bw(hw: Hardware, coll: Coll, topo: _Topo, algo: Algo, proto: Proto, nbytes: int) -> float:
     n = topo.nranks
-    if algo is Algo.NVLS:
-        # NVLS AllReduce: each GPU pushes its whole buffer into the switch (multimem.ld_reduce
-        # reads every GPU's copy of a shard) and takes its reduced shard back, then multicasts
-        # the shard (multimem.st). Per GPU that is S + S/n each way, so algBw = B·n/(n+1),
-        # with B the NVLink rate derated by NCCL's nvlsEfficiency. [D] Matches the 8x H200
-        # GPU-count sweep of perf-data §2.1 within 4%.
-        return hw.nvlink_gbps * hw.nccl.nvls_efficiency * n / (n + 1)
+    if algo is Algo.NVLS and coll is Coll.ALLREDUCE:
+        return _nvls_allreduce_alg_bw(hw, n)
+    if algo is Algo.SYMMETRIC:
+        return _symmetric_alg_bw(hw, coll, n)
     bus = _bus_bw(hw, coll, topo, algo, proto)
     if algo is Algo.TREE:
         alg = bus * 0.5
@@ -310,9 +430,39 @@ def _alg_bw(hw: Hardware, coll: Coll, topo: _Topo, algo: Algo, proto: Proto, nby
         if 0 <= index < len(_TREE_CORRECTION[proto]):
             alg *= _TREE_CORRECTION[proto][index]
         return alg
+    if coll is Coll.ALLTOALL:
+        return _alltoall_alg_bw(hw, topo, proto)
     if algo is Algo.P2P:
         return bus
     return bus * n / _nsteps(coll, n)
+
+
+_P2P_NVLINK_EFFICIENCY = 0.9
+"""[D] NCCL's grouped p2p over NVLink against its ring rate: 335 GB/s alltoall busBw on
+4 H100s at 500 MB (NVIDIA/nccl#2169, NCCL 2.30) against the ring's 370."""
+
+
+def _alltoall_alg_bw(hw: Hardware, topo: _Topo, proto: Proto) -> float:
+    """NCCL's AlltoAll is one grouped send/recv to every peer, all in flight at once
+    (``ncclAlltoAll`` since 2.28; the grouped ncclSend/ncclRecv loop before). A rank
+    keeps 1/n of its buffer, sends (ppn−1)/n over NVLink and (n−ppn)/n over the network,
+    and the slower part decides: algBw = 1 / max(intra share / NVLink rate, network
+    share / the rank's NIC rate). An alltoall cannot spread one GPU's traffic over
+    several NICs (sjeaugey, NVIDIA/nccl-tests#267), so a rank gets its nearest NIC, or
+    its share of one NIC where GPUs outnumber NICs. Over NVLink, p2p runs at
+    `_P2P_NVLINK_EFFICIENCY` of the ring's rate. Two nodes give busBw ≈ 2 × the per-GPU network rate, n
+    nodes n/(n−1) × (sjeaugey, NVIDIA/nccl-tests#130)."""
+    n, ppn = topo.nranks, topo.ranks_per_node
+    intra = hw.intra_gbps * _P2P_NVLINK_EFFICIENCY
+    if proto is Proto.LL:
+        intra = min(hw.nccl.ll_max_bw.at(topo.nnodes), intra * 0.5)
+    per_gpu_net = min(hw.nic_effective_gbps, hw.net_gbps(ppn) / ppn)
+    if proto is Proto.LL:  # LL carries 8 bytes of data in 16 on every link
+        per_gpu_net *= 0.5
+    slowest = (ppn - 1) / n / intra
+    if topo.nnodes > 1:
+        slowest = max(slowest, (n - ppn) / n / per_gpu_net)
+    return 1.0 / slowest if slowest > 0 else intra
 
 
 def _latency_us(
@@ -328,10 +478,25 @@ def _latency_us(
     if proto is Proto.SIMPLE:
         inter += c.net_latency_us  # flush
     nodes = topo.nnodes
+    if algo is Algo.P2P and coll is Coll.ALLTOALL:
+        # [D] one p2p handshake, then a hop of latency per further peer (NCCL schedules
+        # the peers of a grouped send/recv in rounds over its p2p channels).
+        hops = (topo.ranks_per_node - 1) * intra + (topo.nranks - topo.ranks_per_node) * (
+            inter if nodes > 1 else 0.0
+        ) / max(1, topo.ranks_per_node)
+        return base + hops
     if algo is Algo.P2P:
         return base + (intra if nodes == 1 else inter)
     if algo is Algo.NVLS:
         return intra + (inter if nodes > 1 else 0.0)
+    if algo is Algo.NVLS_TREE:
+        return base + intra + 2 * int(math.log2(nodes)) * inter
+    if algo is Algo.PAT:
+        inter = c.hw_latency(Link.NET)[Algo.PAT][proto] + 2 * c.net_latency_us
+        return base + int(math.log2(nodes)) * inter / 3.5 + 2.8 * topo.nranks
+    if algo is Algo.SYMMETRIC:
+        # [D] the nccl-device kernel's fixed cost: a launch and two LSA barriers.
+        return hw.gpu.launch_overhead_us + 2 * hw.device.barrier_us
     if algo is Algo.TREE:
         return base + 2 * ((topo.ranks_per_node - 1) * intra + int(math.log2(nodes)) * inter)
     # Ring
@@ -384,16 +549,20 @@ def collective_candidates(
     algo: Algo | str | None = None,
     proto: Proto | str | None = None,
     ranks_per_node: int | None = None,
+    symmetric: bool = False,
 ) -> list[CollCost]:
     """Every enabled algorithm/protocol for this call, cheapest first.
 
     ``algo``/``proto`` restrict the choice the way ``NCCL_ALGO``/``NCCL_PROTO`` do; a
-    restriction that leaves nothing raises ``CostModelError`` saying why.
+    restriction that leaves nothing raises ``CostModelError`` saying why. ``symmetric``:
+    the buffers are registered symmetric windows, which adds NCCL's symmetric kernels.
     """
     c = Coll.parse(coll)
     want_algo = _parse_algo(algo) if algo is not None else None
     want_proto = _parse_proto(proto) if proto is not None else None
-    return list(_candidates(hw, c, nbytes, nranks, want_algo, want_proto, ranks_per_node))
+    return list(
+        _candidates(hw, c, nbytes, nranks, want_algo, want_proto, ranks_per_node, symmetric)
+    )
 
 
 @lru_cache(maxsize=1 << 16)
@@ -405,6 +574,7 @@ def _candidates(
     want_algo: Algo | None,
     want_proto: Proto | None,
     ranks_per_node: int | None,
+    symmetric: bool = False,
 ) -> tuple[CollCost, ...]:
     """``collective_candidates`` on parsed arguments, memoized: simulators ask again and again."""
     if nbytes < 0:
@@ -412,7 +582,7 @@ def _candidates(
     topo = _topology(hw, 2 if c is Coll.SENDRECV else nranks, ranks_per_node)
     pairs = [
         (a, p)
-        for a, p in _available(hw, c, topo)
+        for a, p in _available(hw, c, topo, symmetric)
         if (want_algo is None or a is want_algo) and (want_proto is None or p is want_proto)
     ]
     if not pairs:
@@ -447,17 +617,42 @@ def collective_time(
     algo: Algo | str | None = None,
     proto: Proto | str | None = None,
     ranks_per_node: int | None = None,
+    symmetric: bool = False,
 ) -> CollCost:
     """The cost of one collective as NCCL would run it: its cheapest allowed choice.
 
     ``nbytes`` is the full logical buffer (see the module docstring); ``ranks_per_node``
     defaults to filling nodes (``min(nranks, gpus_per_node)``). For ``sendrecv`` the call
     is one pair of ranks and ``nranks`` is ignored; pass ``ranks_per_node=1`` for a pair
-    on two nodes (or use ``p2p_time``).
+    on two nodes (or use ``p2p_time``). ``symmetric=True`` prices a call on registered
+    symmetric windows (NCCL ≥ 2.27 adds its symmetric kernels to the choice); the
+    simulator passes ``emitted_buffers_registered(collectives)``.
     """
     return collective_candidates(
-        hw, coll, nbytes, nranks, algo=algo, proto=proto, ranks_per_node=ranks_per_node
+        hw,
+        coll,
+        nbytes,
+        nranks,
+        algo=algo,
+        proto=proto,
+        ranks_per_node=ranks_per_node,
+        symmetric=symmetric,
     )[0]
+
+
+def emitted_buffers_registered(collectives: str) -> bool:
+    """Whether the code ``cocoviz emit`` writes for this lowering passes registered
+    (symmetric-window) buffers to its NCCL collective calls, so NCCL may pick its
+    symmetric kernels.
+
+    Neither lowering does: ``nccl`` allocates every buffer with ``cudaMalloc``, and
+    ``nccl-device`` registers windows only for the buffers its own fused kernels read and
+    write (``symmetric_window`` in the manifest), never for an ``ncclAllReduce``-style
+    call. ``tests/test_sim_collectives.py`` checks this against emitted manifests.
+    """
+    if collectives not in ("nccl", "nccl-device"):
+        raise CostModelError(f"unknown collectives lowering {collectives!r}")
+    return False
 
 
 def p2p_time(hw: Hardware, nbytes: int, *, same_node: bool = True) -> CollCost:

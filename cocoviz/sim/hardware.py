@@ -47,11 +47,15 @@ class ProfileError(InputError):
 
 
 class Algo(StrEnum):
-    """NCCL algorithms the model knows (``p2p`` is NCCL's send/recv path)."""
+    """NCCL algorithms the model knows (``p2p`` is NCCL's send/recv path;
+    ``symmetric`` the NCCL ≥ 2.27 kernels for buffers registered as symmetric windows)."""
 
     TREE = "tree"
     RING = "ring"
     NVLS = "nvls"
+    NVLS_TREE = "nvls_tree"
+    PAT = "pat"
+    SYMMETRIC = "symmetric"
     P2P = "p2p"
 
 
@@ -110,11 +114,19 @@ class PerAlgo:
     tree: PerProto
     ring: PerProto
     nvls: PerProto
+    nvls_tree: PerProto
+    pat: PerProto
 
     def __getitem__(self, algo: Algo) -> PerProto:
         if algo is Algo.RING or algo is Algo.P2P:
             return self.ring  # NCCL's p2p runs the ring primitives on one peer
-        return self.tree if algo is Algo.TREE else self.nvls
+        if algo is Algo.TREE:
+            return self.tree
+        if algo is Algo.NVLS_TREE:
+            return self.nvls_tree
+        if algo is Algo.PAT:
+            return self.pat
+        return self.nvls
 
 
 @dataclass(frozen=True)
@@ -169,12 +181,19 @@ class NcclSpec:
     nvls_efficiency: float
     nvls_channels: int
     nvls_min_ranks: int
+    collnet: bool
+    """CollNet (network SHARP) is available: NCCL needs it for multi-node NVLS."""
+    pat: bool
+    """NCCL's PAT algorithm (2.23+) for reducescatter/allgather, one GPU per node."""
+    symmetric: bool
+    """NCCL's symmetric-memory kernels (2.27+) for registered buffers, one NVLink domain."""
     base_latency_us: PerAlgo
     hw_latency_us: tuple[PerAlgo, PerAlgo, PerAlgo]  # indexed by Link order
     ll_max_bw: PerScale
     per_ch_max_ring_ll128_bw: PerScale
     per_ch_max_tree_ll128_bw: PerScale
     per_ch_max_tree_bw: PerScale
+    per_ch_max_nvls_tree_bw: PerScale
 
     def hw_latency(self, link: Link) -> PerAlgo:
         nvlink, pci, net = self.hw_latency_us
@@ -433,7 +452,11 @@ def _per_proto(t: _Table, key: str) -> PerProto:
 
 def _per_algo(t: _Table) -> PerAlgo:
     result = PerAlgo(
-        tree=_per_proto(t, "tree"), ring=_per_proto(t, "ring"), nvls=_per_proto(t, "nvls")
+        tree=_per_proto(t, "tree"),
+        ring=_per_proto(t, "ring"),
+        nvls=_per_proto(t, "nvls"),
+        nvls_tree=_per_proto(t, "nvls_tree"),
+        pat=_per_proto(t, "pat"),
     )
     t.done()
     return result
@@ -441,6 +464,12 @@ def _per_algo(t: _Table) -> PerAlgo:
 
 def _per_scale(t: _Table, key: str) -> PerScale:
     n1, n2, n4 = t.numbers(key, 3, zero=False)
+    return PerScale(n1, n2, n4)
+
+
+def _per_scale_zero(t: _Table, key: str) -> PerScale:
+    """A per-scale table where 0 means "unused" (NCCL's perChMaxNVLSTreeBws at 1 node)."""
+    n1, n2, n4 = t.numbers(key, 3, zero=True)
     return PerScale(n1, n2, n4)
 
 
@@ -512,6 +541,9 @@ def _build(raw: dict[str, Any], where: str) -> Hardware:
         nvls_efficiency=c.number("nvls_efficiency", high=1.0, zero=True),
         nvls_channels=c.integer("nvls_channels", minimum=0),
         nvls_min_ranks=c.integer("nvls_min_ranks", minimum=2),
+        collnet=c.boolean("collnet"),
+        pat=c.boolean("pat"),
+        symmetric=c.boolean("symmetric"),
         base_latency_us=_per_algo(c.table("base_latency_us")),
         hw_latency_us=(
             _per_algo(lat.table("nvlink")),
@@ -522,6 +554,7 @@ def _build(raw: dict[str, Any], where: str) -> Hardware:
         per_ch_max_ring_ll128_bw=_per_scale(caps, "per_ch_max_ring_ll128_bw"),
         per_ch_max_tree_ll128_bw=_per_scale(caps, "per_ch_max_tree_ll128_bw"),
         per_ch_max_tree_bw=_per_scale(caps, "per_ch_max_tree_bw"),
+        per_ch_max_nvls_tree_bw=_per_scale_zero(caps, "per_ch_max_nvls_tree_bw"),
     )
     if nccl.nvls and node.intra_link is not Link.NVLINK:
         raise c.error("nvls", 'NVLS needs intra_link = "nvlink"')

@@ -28,12 +28,15 @@ so identical layers of a deep stack cost one evaluation.
 
 from __future__ import annotations
 
+import dataclasses
+import math
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from functools import lru_cache
 
 from cocoviz.errors import UsageError
+from cocoviz.ir.collectives import Blocks, alltoall_copies
 from cocoviz.ir.graph import deps, implicit_reductions, reduce_name, users
 from cocoviz.ir.nodes import (
     COLLECTIVES,
@@ -47,7 +50,7 @@ from cocoviz.ir.nodes import (
     Stage,
 )
 from cocoviz.ir.summary import per_rank_numel
-from cocoviz.ir.types import DType, TensorType, block_dim, numel
+from cocoviz.ir.types import DType, TensorType, block_dim, numel, shape_values
 from cocoviz.sim.collectives import (
     Coll,
     CollCost,
@@ -150,18 +153,27 @@ class MatmulSpec:
     n: int
     k: int
     dtype: str
+    batch: int = 1
+    """GEMMs of a batched matmul (the rank's broadcast batch extent); modelled as one
+    GEMM of ``batch·m`` rows (its CTA tiles fill the SMs the same way)."""
 
     @property
     def flops(self) -> float:
-        return 2.0 * self.m * self.n * self.k
+        return 2.0 * self.batch * self.m * self.n * self.k
 
     @property
     def nbytes(self) -> float:
         size = DType(self.dtype).itemsize
-        return float((self.m * self.k + self.k * self.n + self.m * self.n) * size)
+        per = self.m * self.k + self.k * self.n + self.m * self.n
+        return float(self.batch * per * size)
+
+    @property
+    def shape_text(self) -> str:
+        gemm = f"[{self.m}, {self.k}] x [{self.k}, {self.n}] {self.dtype}"
+        return gemm if self.batch == 1 else f"{self.batch} x {gemm}"
 
     def time(self, hw: Hardware, c: Contention) -> float:
-        return _matmul(hw, self.m, self.n, self.k, self.dtype, c)
+        return _matmul(hw, self.batch * self.m, self.n, self.k, self.dtype, c)
 
 
 @dataclass(frozen=True)
@@ -369,6 +381,20 @@ def matmul_dims(ctx: Context, stage: Stage) -> MatmulSpec:
     a, b = stage.expr.args
     ta, tb = a.type, b.type
     g = ctx.group
+    if len(tb.shape) > 2:
+        # batched: the rank's part of the result is batch × [m, n]; K is split only
+        # for local partial sums (a sliced on K)
+        out = [x.value for x in stage.ty.shape]
+        d = block_dim(stage.ty.layout, stage.ty.shape, g)
+        if d is not None:
+            out[d] //= g
+        k = ta.shape[-1].value
+        if block_dim(ta.layout, ta.shape, g) == len(ta.shape) - 1:
+            k //= g
+        return MatmulSpec(
+            max(out[-2], 1), max(out[-1], 1), max(k, 1), stage.ty.dtype.value,
+            batch=max(math.prod(out[:-2]), 1),
+        )  # fmt: skip
     m = numel(ta.shape[:-1])
     k = ta.shape[-1].value
     n = tb.shape[-1].value
@@ -435,7 +461,9 @@ def _coll_op(ctx: Context, name: str, chunks: int, needs: Iterable[str]) -> list
             )
         ]
     coll = Coll.of(s.expr.op)
-    nbytes = _chunk_bytes(x.numel * x.dtype.itemsize, chunks)
+    full = x.numel * x.dtype.itemsize
+    # nccl-tests' size of an alltoall is one rank's send buffer, not the global value.
+    nbytes = _chunk_bytes(full // ctx.group if coll is Coll.ALLTOALL else full, chunks)
     spec = CollSpec(coll, nbytes, ctx.group, ctx.ranks_per_node(pstage))
     cost = spec.cost(ctx.hw)
     ops = [
@@ -454,9 +482,34 @@ def _coll_op(ctx: Context, name: str, chunks: int, needs: Iterable[str]) -> list
             sync=True,
         )
     ]
+    if s.expr.op is Op.ALLTOALL and _alltoall_copies(ctx, s)[0] is not None:
+        # The operand's blocks for each rank are packed in rank order first (docs/codegen.md).
+        part = x.numel * x.dtype.itemsize // ctx.group
+        k = _scaled(KernelSpec(0.0, 2.0 * part, x.dtype.value), chunks)
+        packed = f"{name}#packed"
+        ops.insert(
+            0,
+            Operation(
+                name=f"{name}.pack",
+                stage=name,
+                members=(name,),
+                needs=frozenset(needs),
+                makes=(packed,),
+                stream=COMM,
+                kind=Kind.COMPUTE,
+                pstage=pstage,
+                spec=k,
+                nbytes=k.nbytes,
+                detail="pack the alltoall's blocks in rank order",
+            ),
+        )
+        ops[1] = dataclasses.replace(ops[1], needs=frozenset({packed}))
     if _needs_permute(ctx, s):
-        # A sliced(d) gather lands in a staging buffer and is permuted (docs/language.md, layout inference).
+        # A sliced(d) gather (an alltoall's blocks) lands in a staging buffer and is permuted
+        # into place (docs/codegen.md).
         out_bytes = s.ty.numel * s.ty.dtype.itemsize
+        if s.expr.op is Op.ALLTOALL:
+            out_bytes //= ctx.group
         k = _scaled(KernelSpec(0.0, 2.0 * out_bytes, s.ty.dtype.value), chunks)
         ops.append(
             Operation(
@@ -470,17 +523,28 @@ def _coll_op(ctx: Context, name: str, chunks: int, needs: Iterable[str]) -> list
                 pstage=pstage,
                 spec=k,
                 nbytes=k.nbytes,
-                detail="permute the gathered sliced(d) value",
+                detail="unpack the alltoall's blocks"
+                if s.expr.op is Op.ALLTOALL
+                else "permute the gathered sliced(d) value",
             )
         )
     return ops
 
 
 def _needs_permute(ctx: Context, s: Stage) -> bool:
+    if s.expr.op is Op.ALLTOALL:
+        return _alltoall_copies(ctx, s)[1] is not None
     if s.expr.op is not Op.ALLGATHER:
         return False
     lay = s.expr.args[0].type.layout
     return lay.is_sliced and lay.dim is not None
+
+
+def _alltoall_copies(ctx: Context, s: Stage) -> tuple[Blocks | None, Blocks | None]:
+    x = s.expr.args[0].type
+    return alltoall_copies(
+        shape_values(x.shape), int(s.expr.tag or 0), int(s.expr.value or 0), ctx.group
+    )
 
 
 def _stage_needs(ctx: Context, name: str) -> set[str]:
@@ -497,7 +561,7 @@ def lower_stage(ctx: Context, name: str, chunks: int = 1, chunk: int = 0) -> lis
     if s.expr.op is Op.MATMUL:
         mm = matmul_dims(ctx, s)
         rows = _chunk_rows(mm.m, chunks)[chunk]
-        spec = MatmulSpec(rows, mm.n, mm.k, mm.dtype)
+        spec = MatmulSpec(rows, mm.n, mm.k, mm.dtype, mm.batch)
         return [
             Operation(
                 name=name,
@@ -511,7 +575,7 @@ def lower_stage(ctx: Context, name: str, chunks: int = 1, chunk: int = 0) -> lis
                 spec=spec,
                 flops=spec.flops,
                 nbytes=spec.nbytes,
-                detail=f"[{spec.m}, {spec.k}] x [{spec.k}, {spec.n}] {spec.dtype}",
+                detail=spec.shape_text,
             )
         ]
     return _compute_ops(ctx, (name,), pstage, COMPUTE, chunks, kind=Kind.COMPUTE)

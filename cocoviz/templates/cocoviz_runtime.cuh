@@ -174,20 +174,174 @@ __device__ inline bool pack_aligned(const T* p) {
 #endif
 }
 
+#ifndef COCOVIZ_EMULATION
+// The bits of one element (for assembling 32-bit words of a pack).
+__device__ inline uint32_t elem_bits(__half a) { return __half_as_ushort(a); }
+__device__ inline uint32_t elem_bits(__nv_bfloat16 a) { return __bfloat16_as_ushort(a); }
+__device__ inline uint32_t elem_bits(float a) { return __float_as_uint(a); }
+__device__ inline uint32_t elem_bits(int32_t a) { return static_cast<uint32_t>(a); }
+__device__ inline uint64_t elem_bits(double a) { return static_cast<uint64_t>(__double_as_longlong(a)); }
+__device__ inline uint64_t elem_bits(int64_t a) { return static_cast<uint64_t>(a); }
+
+// Part c (16 bytes) of a pack as four 32-bit words built from the elements' bits: stored
+// as one uint4, it is one st.v4 (a copy of the struct would be split per element).
+template <int N, class T>
+__device__ inline uint4 pack_part(const Pack<T, N>& x, int c) {
+  constexpr int E = 16 / static_cast<int>(sizeof(T));
+  uint32_t w[4];
+#pragma unroll
+  for (int q = 0; q < 4; ++q) {
+    if constexpr (sizeof(T) == 2) {
+      w[q] = elem_bits(x.v[c * E + 2 * q]) | (elem_bits(x.v[c * E + 2 * q + 1]) << 16);
+    } else if constexpr (sizeof(T) == 4) {
+      w[q] = elem_bits(x.v[c * E + q]);
+    } else {
+      const uint64_t b = elem_bits(x.v[c * E + q / 2]);
+      w[q] = static_cast<uint32_t>(q % 2 == 0 ? b : b >> 32);
+    }
+  }
+  return make_uint4(w[0], w[1], w[2], w[3]);
+}
+#endif
+
+// Whole 16-byte parts move as uint4 / st.global.v4, so every part is one 128-bit load or
+// store whatever the element type (a copy of the struct would be split per element, and
+// the compiler does not always prove a peer pointer's alignment).
 template <int N, class T>
 __device__ inline Pack<T, N> load_pack(const T* p) {
 #ifdef COCOVIZ_EMULATION
   ::cocoviz_emu::access(p, sizeof(Pack<T, N>), false);
-#endif
   return *reinterpret_cast<const Pack<T, N>*>(p);
+#else
+  if constexpr (sizeof(Pack<T, N>) % 16 == 0) {
+    Pack<T, N> x;
+    const uint4* src = reinterpret_cast<const uint4*>(p);
+    uint4* dst = reinterpret_cast<uint4*>(&x);
+#pragma unroll
+    for (int c = 0; c < static_cast<int>(sizeof x / 16); ++c) dst[c] = src[c];
+    return x;
+  } else {
+    return *reinterpret_cast<const Pack<T, N>*>(p);
+  }
+#endif
 }
 
 template <int N, class T>
 __device__ inline void store_pack(T* p, const Pack<T, N>& x) {
 #ifdef COCOVIZ_EMULATION
   ::cocoviz_emu::access(p, sizeof(Pack<T, N>), true);
-#endif
   *reinterpret_cast<Pack<T, N>*>(p) = x;
+#else
+  if constexpr (sizeof(Pack<T, N>) % 16 == 0) {
+    // one st.global.v4 per part: device memory, local or a peer's (LSA) window
+#pragma unroll
+    for (int c = 0; c < static_cast<int>(sizeof x / 16); ++c) {
+      const uint4 w = pack_part<N>(x, c);
+      asm volatile("st.global.v4.b32 [%0], {%1, %2, %3, %4};"
+                   :
+                   : "l"(__cvta_generic_to_global(p + c * (16 / sizeof(T)))), "r"(w.x), "r"(w.y), "r"(w.z), "r"(w.w)
+                   : "memory");
+    }
+  } else {
+    *reinterpret_cast<Pack<T, N>*>(p) = x;
+  }
+#endif
+}
+
+// N-element packs of every peer's window: all of `peer[s] + offset` aligned to the pack.
+template <int N, int G, class T>
+__device__ inline bool peers_aligned(T* const (&peer)[G], int64_t offset) {
+  bool ok = true;
+#pragma unroll
+  for (int s = 0; s < G; ++s) ok = ok && pack_aligned<N>(peer[s] + offset);
+  return ok;
+}
+
+// ------------------------------------------------------- multimem (NVLS)
+
+// multimem.ld_reduce.add: the sum over every LSA peer of the pack at a multimem address
+// (ncclGetLsaMultimemPointer), reduced by the NVSwitch: f32 in f32, f16/bf16 accumulated in
+// f32 (.acc::f32) and rounded once. multimem.st: one store that reaches every peer's window.
+// Both move 16 bytes per instruction; a wider pack is several. sm_90 and later only: the
+// host runs the multimem variants only where NCCL reports multimem support.
+template <class T>
+struct MultimemAdd;
+template <>
+struct MultimemAdd<float> {
+  static constexpr int kind = 0;
+};
+template <>
+struct MultimemAdd<__half> {
+  static constexpr int kind = 1;
+};
+template <>
+struct MultimemAdd<__nv_bfloat16> {
+  static constexpr int kind = 2;
+};
+
+template <int N, class T>
+__device__ inline Pack<T, N> multimem_ld_reduce_add(const T* mc) {
+  static_assert(sizeof(Pack<T, N>) % 16 == 0, "multimem accesses move 16 bytes");
+  Pack<T, N> r;
+#ifdef COCOVIZ_EMULATION
+  ::cocoviz_emu::multimem_ld_reduce_add(mc, sizeof r, MultimemAdd<T>::kind, &r);
+#else
+  uint32_t* out = reinterpret_cast<uint32_t*>(&r);
+#pragma unroll
+  for (int c = 0; c < static_cast<int>(sizeof r / 16); ++c) {
+    const char* a = reinterpret_cast<const char*>(mc) + 16 * c;
+    uint32_t* o = out + 4 * c;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    if constexpr (MultimemAdd<T>::kind == 0) {
+      float* f = reinterpret_cast<float*>(o);
+      asm volatile("multimem.ld_reduce.relaxed.sys.global.add.v4.f32 {%0, %1, %2, %3}, [%4];"
+                   : "=f"(f[0]), "=f"(f[1]), "=f"(f[2]), "=f"(f[3])
+                   : "l"(__cvta_generic_to_global(a))
+                   : "memory");
+    } else if constexpr (MultimemAdd<T>::kind == 1) {
+      asm volatile("multimem.ld_reduce.relaxed.sys.global.add.acc::f32.v4.f16x2 {%0, %1, %2, %3}, [%4];"
+                   : "=r"(o[0]), "=r"(o[1]), "=r"(o[2]), "=r"(o[3])
+                   : "l"(__cvta_generic_to_global(a))
+                   : "memory");
+    } else {
+      asm volatile("multimem.ld_reduce.relaxed.sys.global.add.acc::f32.v4.bf16x2 {%0, %1, %2, %3}, [%4];"
+                   : "=r"(o[0]), "=r"(o[1]), "=r"(o[2]), "=r"(o[3])
+                   : "l"(__cvta_generic_to_global(a))
+                   : "memory");
+    }
+#else
+    (void)a;
+    (void)o;
+    __trap();
+#endif
+  }
+#endif
+  return r;
+}
+
+template <int N, class T>
+__device__ inline void multimem_st(T* mc, const Pack<T, N>& x) {
+  static_assert(sizeof(Pack<T, N>) % 16 == 0, "multimem accesses move 16 bytes");
+#ifdef COCOVIZ_EMULATION
+  ::cocoviz_emu::multimem_st(mc, &x, sizeof x);
+#else
+  const uint32_t* in = reinterpret_cast<const uint32_t*>(&x);
+#pragma unroll
+  for (int c = 0; c < static_cast<int>(sizeof x / 16); ++c) {
+    char* a = reinterpret_cast<char*>(mc) + 16 * c;
+    const float* v = reinterpret_cast<const float*>(in + 4 * c);  // bits move unchanged
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("multimem.st.relaxed.sys.global.v4.f32 [%0], {%1, %2, %3, %4};"
+                 :
+                 : "l"(__cvta_generic_to_global(a)), "f"(v[0]), "f"(v[1]), "f"(v[2]), "f"(v[3])
+                 : "memory");
+#else
+    (void)a;
+    (void)v;
+    __trap();
+#endif
+  }
+#endif
 }
 
 // ------------------------------------------------------------- error checks

@@ -12,9 +12,10 @@ WHY = {
     "split": (
         "An allreduce is really two halves: a reduce-scatter (every rank ends up with the "
         "sum of one 1/G slice) followed by an all-gather (every rank collects all the "
-        "slices). Splitting it costs nothing by itself — the bytes moved are the same — "
-        "but it opens a gap between the halves where work can be done on a slice instead "
-        "of on the whole tensor."
+        "slices). A ring moves the same bytes either way, but the two calls each pay "
+        "NCCL's latency, and an allreduce may have a faster algorithm than its halves "
+        "(NVLink SHARP on Hopper). What the split buys is a gap between the halves where "
+        "work can be done on a slice instead of on the whole tensor."
     ),
     "reorder": (
         "The computation after the all-gather is elementwise, so each rank can do it on "
@@ -28,13 +29,14 @@ WHY = {
     "dce": "Stages whose values nobody reads any more are removed.",
     "fuse": (
         "The reduce-scatter, the computation on the slice and the all-gather now run as one "
-        "fused collective: one launch instead of three, and the slice stays in fast memory "
-        "between the phases instead of being written out and read back."
+        "fused collective: fewer launches, and the slice stays in fast memory between the "
+        "phases instead of being written out and read back."
     ),
     "overlap": (
         "The producer is cut into chunks. As soon as the first chunk is computed, its "
         "communication starts while the next chunk computes, so the network and the GPU "
-        "work at the same time instead of taking turns."
+        "can work at the same time. Each chunk pays its own collective latency and runs a "
+        "smaller kernel, which is what overlap has to win back."
     ),
 }
 
@@ -64,14 +66,92 @@ def _graph_change(before: Program, after: Program) -> list[str]:
     return out or ["the graph's shape is unchanged"]
 
 
-def _timeline_change(tb: Summary | None, ta: Summary | None) -> str:
-    if tb is None or ta is None:
-        return "The timeline is not available, so there is no predicted time to compare."
+STEADY = 0.005
+"""A relative change below this is reported as no change."""
+
+
+def direction(tb: Summary, ta: Summary) -> str:
+    """What the model predicts for one step: "faster", "slower" or "same"."""
     delta = tb.makespan_s - ta.makespan_s
     pct = delta / tb.makespan_s if tb.makespan_s else 0.0
-    if abs(pct) < 0.005:
+    if abs(pct) < STEADY:
+        return "same"
+    return "faster" if delta > 0 else "slower"
+
+
+def _collectives(s: Summary) -> str:
+    """The algorithms the communication of a timeline ran as (from the stage table)."""
+    algos = {r.detail.split(",")[0] for r in s.stages if r.stream == "comm" and "/" in r.detail}
+    return ", ".join(sorted(algos))
+
+
+WIN_WHERE = {
+    "split": (
+        "A split alone never pays in this model (two calls where there was one); it sets "
+        "up the steps after it, which move work onto the slices."
+    ),
+    "reorder": (
+        "Computing on slices pays once the inputs it reads are slices too (asslice) and "
+        "when that computation is large next to the collectives."
+    ),
+    "asslice": "Keeping inputs as slices pays when they are large next to the collectives.",
+    "fuse": (
+        "Fusing pays when the launches and memory round trips it saves are a visible part "
+        "of the time: small tensors, or many kernels."
+    ),
+    "overlap": (
+        "Overlap pays when each chunk's computation outlasts its collective's latency: "
+        "larger matrices, fewer chunks, or in-kernel collectives (--collectives "
+        "nccl-device)."
+    ),
+}
+"""Where a step that loses here would win, by step."""
+
+
+def _why_slower(step: str, tb: Summary, ta: Summary, hardware: str) -> str:
+    """Why a step loses here, from the two summaries, and where it would win."""
+    comm = ta.comm_s - tb.comm_s
+    comp = ta.compute_s - tb.compute_s
+    exposed = ta.exposed_comm_s - tb.exposed_comm_s
+    parts = []
+    if comm > 0:
+        parts.append(
+            f"communication takes {format_time(comm)} longer "
+            f"({format_time(tb.comm_s)} → {format_time(ta.comm_s)})"
+        )
+    if comp > 0:
+        parts.append(
+            f"computation takes {format_time(comp)} longer "
+            f"({format_time(tb.compute_s)} → {format_time(ta.compute_s)})"
+        )
+    if not parts and exposed > 0:
+        parts.append(f"more communication is left exposed (+{format_time(exposed)})")
+    reason = "; ".join(parts) or "the operations line up worse on the timeline"
+    text = f" Why it loses on {hardware} at this size: {reason}."
+    before, after = _collectives(tb), _collectives(ta)
+    if comm > 0 and before != after and "nvls" in before and "nvls" not in after:
+        text += (
+            f" The collectives ran as {before} and now run as {after}: NVLink SHARP "
+            "speeds up the allreduce but not its halves, so on a machine without it "
+            "(a100-dgx, v100-dgx2) the halves cost what the allreduce costs."
+        )
+    where = WIN_WHERE.get(step)
+    if where:
+        text += " " + where
+    return text + " `cocoviz tune FILE --sweep DIM=LO..HI` shows from which size a schedule wins."
+
+
+def _timeline_change(
+    tb: Summary | None, ta: Summary | None, hardware: str = "", step: str = ""
+) -> str:
+    if tb is None or ta is None:
+        return "The timeline is not available, so there is no predicted time to compare."
+    way = direction(tb, ta)
+    delta = tb.makespan_s - ta.makespan_s
+    pct = delta / tb.makespan_s if tb.makespan_s else 0.0
+    if way == "same":
         head = f"Predicted time stays at {format_time(ta.makespan_s)}."
-    elif delta > 0:
+    elif way == "faster":
         head = (
             f"Predicted time falls from {format_time(tb.makespan_s)} to "
             f"{format_time(ta.makespan_s)} ({pct:.0%} faster)."
@@ -79,9 +159,8 @@ def _timeline_change(tb: Summary | None, ta: Summary | None) -> str:
     else:
         head = (
             f"Predicted time rises from {format_time(tb.makespan_s)} to "
-            f"{format_time(ta.makespan_s)} ({-pct:.0%} slower) — a step can lose, and the "
-            "model says so."
-        )
+            f"{format_time(ta.makespan_s)} ({-pct:.0%} slower)."
+        ) + _why_slower(step, tb, ta, hardware or "this machine")
     return head + (
         f" Communication nobody waits behind: exposed time "
         f"{format_time(tb.exposed_comm_s)} → {format_time(ta.exposed_comm_s)}."
@@ -94,12 +173,14 @@ def explain(
     after: Program,
     tb: Summary | None,
     ta: Summary | None,
+    hardware: str = "",
 ) -> str:
-    """A few sentences for one teach-mode step."""
+    """A few sentences for one teach-mode step: what it does (no claim about its speed),
+    what it changed in the graph, and what the model predicts for it on ``hardware``."""
     name = step.split("(", 1)[0].strip()
     why = WHY.get(name, "")
     graph = "; ".join(_graph_change(before, after))
-    return f"{why}\n\nIn the graph — {graph}.\n\n{_timeline_change(tb, ta)}"
+    return f"{why}\n\nIn the graph — {graph}.\n\n{_timeline_change(tb, ta, hardware, name)}"
 
 
 INTRO = (

@@ -720,7 +720,9 @@ class Workbench(Generic[V]):
             return TeachNote(0, len(taught), text=teach.INTRO, next_step=taught[0])
         step = self.recorded_steps[i - 1]
         before, after = self.session.program_at(i - 1), self.session.program_at(i)
-        text = teach.explain(step, before, after, self.summary(i - 1), self.summary(i))
+        text = teach.explain(
+            step, before, after, self.summary(i - 1), self.summary(i), self.hw.name
+        )
         return TeachNote(
             i, len(taught), step=step, text=text, next_step=taught[i] if i < len(taught) else None
         )

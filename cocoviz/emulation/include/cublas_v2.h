@@ -4,7 +4,8 @@
 //
 // Emulated: handles (cublasCreate, cublasDestroy — which synchronizes the device, as cuBLAS
 // documents — cublasSetStream/GetStream, cublasSetPointerMode/GetPointerMode),
-// cublasGetStatusString/Name (cuBLAS 13's texts), and cublasGemmEx with cuBLAS's
+// cublasGetStatusString/Name (cuBLAS 13's texts), cublasGemmStridedBatchedEx (as
+// batchCount cublasGemmEx calls) and cublasGemmEx with cuBLAS's
 // column-major semantics and argument checks. A GEMM is one operation on the handle's
 // stream: it reads A and B (only the rows of each column that it uses), C when beta != 0,
 // alpha and beta in device pointer mode, and writes C; each access is checked for bounds and
@@ -147,5 +148,16 @@ cublasStatus_t cublasGemmEx(cublasHandle_t handle, cublasOperation_t transa,
                             cudaDataType Btype, int ldb, const void* beta, void* C,
                             cudaDataType Ctype, int ldc, cublasComputeType_t computeType,
                             cublasGemmAlgo_t algo);
+
+// batchCount GEMMs as cublasGemmEx, the i-th on A + i*strideA, B + i*strideB and
+// C + i*strideC (strides in elements; 0 reuses one matrix for every GEMM, as cuBLAS
+// allows for A and B); each GEMM is checked and run as one cublasGemmEx on the handle's
+// stream. A negative batchCount or stride is CUBLAS_STATUS_INVALID_VALUE.
+cublasStatus_t cublasGemmStridedBatchedEx(
+    cublasHandle_t handle, cublasOperation_t transa, cublasOperation_t transb, int m, int n,
+    int k, const void* alpha, const void* A, cudaDataType Atype, int lda, long long int strideA,
+    const void* B, cudaDataType Btype, int ldb, long long int strideB, const void* beta, void* C,
+    cudaDataType Ctype, int ldc, long long int strideC, int batchCount,
+    cublasComputeType_t computeType, cublasGemmAlgo_t algo);
 
 #endif  // COCOVIZ_EMU_CUBLAS_V2_H_

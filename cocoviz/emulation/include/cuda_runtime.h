@@ -124,6 +124,11 @@ cudaError_t cudaSetDevice(int device);
 cudaError_t cudaGetDevice(int* device);
 cudaError_t cudaDeviceSynchronize();
 cudaError_t cudaDeviceGetStreamPriorityRange(int* least, int* greatest);
+enum cudaDeviceAttr {
+  cudaDevAttrMultiProcessorCount = 16,
+};
+// cudaDevAttrMultiProcessorCount: COCOVIZ_EMU_SM_COUNT (default 132, an H100/H200).
+cudaError_t cudaDeviceGetAttribute(int* value, cudaDeviceAttr attr, int device);
 
 cudaError_t cudaMalloc(void** p, size_t bytes);
 template <class T>

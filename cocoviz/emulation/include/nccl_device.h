@@ -9,6 +9,10 @@
 //     thread of the block takes part (it is a CTA-wide barrier); a release order
 //     publishes this rank's clock, an acquire order joins the LSA peers' clocks
 //     (memory_order_relaxed orders execution only, as on the GPU).
+//   - multimem (ncclGetLsaMultimemPointer, multimem_ld_reduce_add, multimem_st): a device
+//     communicator made with lsaMultimem, a live window of its communicator, 16-byte
+//     aligned accesses inside every peer's window; each peer's bytes are checked and
+//     recorded like a load (ld_reduce) or store (st) of that peer's memory.
 // COCOVIZ_EMU_LSA_SIZE=n limits an LSA team to n consecutive ranks (default: all).
 #ifndef COCOVIZ_EMU_NCCL_DEVICE_H_
 #define COCOVIZ_EMU_NCCL_DEVICE_H_
@@ -87,7 +91,27 @@ typedef struct ncclDevCommRequirements {
         false, 0, 0, 0, 0, 0, false, 4, 0, 0                                                \
   }
 
-// Collective over the communicator's ranks.
+// What the communicator supports (ncclCommQueryProperties). The emulation reports the
+// device API, and multimem (NVLS) unless COCOVIZ_EMU_MULTIMEM=0.
+typedef struct ncclCommProperties {
+  size_t size;
+  unsigned int magic;
+  unsigned int version;
+  int rank;
+  int nRanks;
+  int cudaDev;
+  int nvmlDev;
+  bool deviceApiSupport;
+  bool multimemSupport;
+} ncclCommProperties_t;
+
+#define NCCL_COMM_PROPERTIES_INITIALIZER \
+  { sizeof(ncclCommProperties_t), NCCL_API_MAGIC, NCCL_VERSION_CODE, 0, 0, 0, 0, false, false }
+
+ncclResult_t ncclCommQueryProperties(ncclComm_t comm, ncclCommProperties_t* props);
+
+// Collective over the communicator's ranks. lsaMultimem (where multimem is supported) makes
+// ncclGetLsaMultimemPointer usable with the device communicator.
 ncclResult_t ncclDevCommCreate(ncclComm_t comm, ncclDevCommRequirements_t const* reqs,
                                ncclDevComm_t* outDevComm);
 ncclResult_t ncclDevCommDestroy(ncclComm_t comm, ncclDevComm_t const* devComm);
@@ -100,6 +124,13 @@ ncclResult_t ncclGetLsaDevicePointer(ncclWindow_t window, size_t offset, int lsa
 // for ncclGetLocalPointer).
 void* ncclGetLsaPointer(ncclWindow_t w, size_t offset, int peer);
 void* ncclGetLocalPointer(ncclWindow_t w, size_t offset);
+
+// Device side: the multimem (NVLS multicast) address of byte `offset` of window `w` on the
+// LSA team of a device communicator created with lsaMultimem. Plain loads and stores
+// through it fault (the range is mapped without access); multimem_ld_reduce_add and
+// multimem_st of cocoviz_emu (cocoviz_runtime.cuh's multimem helpers) act on every LSA
+// peer's window at that offset.
+void* ncclGetLsaMultimemPointer(ncclWindow_t w, size_t offset, ncclDevComm const& comm);
 
 namespace cocoviz_emu {
 // Validates a session's device communicator and barrier index (fails otherwise).

@@ -492,3 +492,32 @@ cublasStatus_t cublasGemmEx(cublasHandle_t handle, cublasOperation_t transa,
   }
   return CUBLAS_STATUS_SUCCESS;
 }
+
+cublasStatus_t cublasGemmStridedBatchedEx(
+    cublasHandle_t handle, cublasOperation_t transa, cublasOperation_t transb, int m, int n,
+    int k, const void* alpha, const void* A, cudaDataType Atype, int lda, long long int strideA,
+    const void* B, cudaDataType Btype, int ldb, long long int strideB, const void* beta, void* C,
+    cudaDataType Ctype, int ldc, long long int strideC, int batchCount,
+    cublasComputeType_t computeType, cublasGemmAlgo_t algo) {
+  cublasContext* h = live_handle(handle, "cublasGemmStridedBatchedEx");
+  if (h == nullptr) return CUBLAS_STATUS_NOT_INITIALIZED;
+  if (batchCount < 0 || strideA < 0 || strideB < 0 || strideC < 0) {
+    return invalid(CUBLAS_STATUS_INVALID_VALUE,
+                   "cublasGemmStridedBatchedEx: negative batchCount=" +
+                       std::to_string(batchCount) + " or stride (strideA=" +
+                       std::to_string(strideA) + ", strideB=" + std::to_string(strideB) +
+                       ", strideC=" + std::to_string(strideC) + ")");
+  }
+  const size_t es = type_size(Atype), bs = type_size(Btype), cs = type_size(Ctype);
+  for (int i = 0; i < batchCount; ++i) {
+    const size_t bi = static_cast<size_t>(i);
+    const cublasStatus_t st = cublasGemmEx(
+        handle, transa, transb, m, n, k, alpha,
+        static_cast<const char*>(A) + bi * static_cast<size_t>(strideA) * es, Atype, lda,
+        static_cast<const char*>(B) + bi * static_cast<size_t>(strideB) * bs, Btype, ldb, beta,
+        static_cast<char*>(C) + bi * static_cast<size_t>(strideC) * cs, Ctype, ldc, computeType,
+        algo);
+    if (st != CUBLAS_STATUS_SUCCESS) return st;
+  }
+  return CUBLAS_STATUS_SUCCESS;
+}

@@ -4,6 +4,7 @@
 // the emulation adds a note saying what was wrong. See include/cocoviz_emu/core.h.
 #include <cuda_runtime.h>
 
+#include <cstdlib>
 #include <cstring>
 #include <string>
 
@@ -103,6 +104,16 @@ cudaError_t cudaDeviceSynchronize() {
 cudaError_t cudaDeviceGetStreamPriorityRange(int* least, int* greatest) {
   if (least != nullptr) *least = 0;
   if (greatest != nullptr) *greatest = -5;
+  return cudaSuccess;
+}
+
+cudaError_t cudaDeviceGetAttribute(int* value, cudaDeviceAttr attr, int device) {
+  if (value == nullptr) return cudaErrorInvalidValue;
+  if (device < 0 || device >= device_count()) return cudaErrorInvalidDevice;
+  if (attr != cudaDevAttrMultiProcessorCount) return cudaErrorInvalidValue;
+  const char* v = std::getenv("COCOVIZ_EMU_SM_COUNT");
+  const int n = v != nullptr ? std::atoi(v) : 0;
+  *value = n > 0 ? n : 132;
   return cudaSuccess;
 }
 

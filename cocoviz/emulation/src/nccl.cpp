@@ -33,6 +33,7 @@
 #include <nccl.h>
 #include <nccl_device.h>
 #include <fcntl.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -73,6 +74,8 @@ struct ncclWindow_vidmem {
   std::vector<std::string> mapped;  // peer files this window holds a mapping of
   const void* user = nullptr;  // this rank's buffer
   std::string where;           // registration site
+  char* mc = nullptr;          // multimem range (no access), made by ncclGetLsaMultimemPointer
+  size_t mc_bytes = 0;
 };
 
 namespace cocoviz_emu {
@@ -81,6 +84,7 @@ struct NcclDevState {
   int64_t seq = 0;  // creation order on the comm
   bool live = true;
   int lsa_rank = 0, lsa_size = 1, barriers = 0;
+  bool multimem = false;           // created with lsaMultimem
   size_t stride = 0;               // bytes per barrier slot in a rank's barrier file
   char* mine = nullptr;            // this rank's barrier file (shared_alloc)
   std::vector<char*> peer;         // per LSA peer: its barrier file, mapped
@@ -388,14 +392,14 @@ MPI_Comm emu_world() {
 
 enum Kind : int32_t {
   kAllReduce, kReduceScatter, kAllGather, kBroadcast, kReduce,
-  kSplit, kWindowRegister, kWindowDeregister, kDevCommCreate, kDevCommDestroy
+  kSplit, kWindowRegister, kWindowDeregister, kDevCommCreate, kDevCommDestroy, kAlltoAll
 };
 const char* kind_name(int k) {
   static const char* n[] = {"ncclAllReduce", "ncclReduceScatter", "ncclAllGather",
                             "ncclBroadcast", "ncclReduce", "ncclCommSplit",
                             "ncclCommWindowRegister", "ncclCommWindowDeregister",
-                            "ncclDevCommCreate", "ncclDevCommDestroy"};
-  return k >= 0 && k <= kDevCommDestroy ? n[k] : "?";
+                            "ncclDevCommCreate", "ncclDevCommDestroy", "ncclAlltoAll"};
+  return k >= 0 && k <= kAlltoAll ? n[k] : "?";
 }
 
 // What a rank called, exchanged before a collective call touches anything.
@@ -710,7 +714,7 @@ void run_collective(const Task& t) {
   Call mine = make_call(t.kind);
   mine.count = t.count;
   mine.type = t.type;
-  mine.op = (t.kind == kAllGather || t.kind == kBroadcast) ? -1 : t.op;
+  mine.op = (t.kind == kAllGather || t.kind == kBroadcast || t.kind == kAlltoAll) ? -1 : t.op;
   mine.root = (t.kind == kBroadcast || t.kind == kReduce) ? t.root : -1;
   agree(c, mine, text);
 
@@ -721,6 +725,7 @@ void run_collective(const Task& t) {
   switch (t.kind) {
     case kReduceScatter: sb = P * cb; send_at_recv = false; in_place_off = me * cb; break;
     case kAllGather: rb = P * cb; in_place_off = me * cb; break;
+    case kAlltoAll: sb = P * cb; rb = P * cb; break;  // count is per peer
     case kBroadcast: if (!is_root) sb = 0; break;
     case kReduce: if (!is_root) rb = 0; break;
     default: break;
@@ -731,11 +736,12 @@ void run_collective(const Task& t) {
   if (sb > 0 && rb > 0) {
     const uintptr_t s = reinterpret_cast<uintptr_t>(t.send), r = reinterpret_cast<uintptr_t>(t.recv);
     const uintptr_t ip = send_at_recv ? r + in_place_off : s + in_place_off;
-    const bool in_place = send_at_recv ? s == ip : r == ip;
+    const bool in_place = t.kind != kAlltoAll && (send_at_recv ? s == ip : r == ip);
     if (!in_place && s < r + rb && r < s + sb) {
       const std::string rule =
           t.kind == kAllGather ? "in place means sendbuff == recvbuff + rank * sendcount * elemsize"
           : t.kind == kReduceScatter ? "in place means recvbuff == sendbuff + rank * recvcount * elemsize"
+          : t.kind == kAlltoAll      ? "ncclAlltoAll has no in-place form: sendbuff and recvbuff must not overlap"
                                      : "in place means sendbuff == recvbuff";
       emu::fail("in-place rule",
                 name + " on " + c.name + " at " + where(t.site) +
@@ -751,9 +757,10 @@ void run_collective(const Task& t) {
   if (sb > 0) emu::access(t.send, sb, false);
   const size_t vb = vc_bytes(), blk = (cb + 15) / 16 * 16, pk = vb + blk;
   const emu::VC released = op.release();
-  std::vector<char> out(P * pk), in(t.kind == kReduceScatter ? P * pk : pk);
+  const bool blocks = t.kind == kReduceScatter || t.kind == kAlltoAll;
+  std::vector<char> out(P * pk), in(blocks ? P * pk : pk);
   MPI_Request req;
-  if (t.kind == kReduceScatter) {
+  if (blocks) {
     for (size_t j = 0; j < P; ++j) {
       put_vc(in.data() + j * pk, released);
       std::memcpy(in.data() + j * pk + vb, static_cast<const char*>(t.send) + j * cb, cb);
@@ -775,6 +782,7 @@ void run_collective(const Task& t) {
   char* dst = static_cast<char*>(t.recv);
   switch (t.kind) {
     case kAllGather:
+    case kAlltoAll:  // block r: what rank r sent here (its block `me`)
       for (size_t r = 0; r < P; ++r) std::memcpy(dst + r * cb, src[r], cb);
       break;
     case kBroadcast:
@@ -958,6 +966,11 @@ void unmap_all(const std::vector<std::string>& paths) {
   }
 }
 
+bool multimem_supported() {
+  const char* v = std::getenv("COCOVIZ_EMU_MULTIMEM");
+  return v == nullptr || v[0] == '\0' || std::strcmp(v, "0") != 0;
+}
+
 void collective_barrier(const ncclComm& c, const std::string& what) {
   MPI_Request b;
   MPI_Ibarrier(c.mpi, &b);
@@ -976,6 +989,8 @@ ncclWindow_vidmem* live_window(ncclWindow_t w, const char* fn) {
 
 void release_window(ncclWindow_vidmem* w) {
   unmap_all(w->mapped);
+  if (w->mc != nullptr) munmap(w->mc, w->mc_bytes);
+  w->mc = nullptr;
   w->live = false;
   g_live_windows.erase(w);
 }
@@ -1157,6 +1172,11 @@ ncclResult_t ncclAllGather(const void* sendbuff, void* recvbuff, size_t sendcoun
   return collective("ncclAllGather", kAllGather, sendbuff, recvbuff, sendcount, datatype, -1, -1, comm, stream);
 }
 
+ncclResult_t ncclAlltoAll(const void* sendbuff, void* recvbuff, size_t count, ncclDataType_t datatype,
+                          ncclComm_t comm, cudaStream_t stream) {
+  return collective("ncclAlltoAll", kAlltoAll, sendbuff, recvbuff, count, datatype, -1, -1, comm, stream);
+}
+
 ncclResult_t ncclBroadcast(const void* sendbuff, void* recvbuff, size_t count, ncclDataType_t datatype, int root,
                            ncclComm_t comm, cudaStream_t stream) {
   return collective("ncclBroadcast", kBroadcast, sendbuff, recvbuff, count, datatype, -1, root, comm, stream);
@@ -1299,17 +1319,33 @@ ncclResult_t ncclCommWindowDeregister(ncclComm_t comm, ncclWindow_t win) {
 
 // ============================================================== device API
 
+ncclResult_t ncclCommQueryProperties(ncclComm_t comm, ncclCommProperties_t* props) {
+  ncclComm* c = live_comm(comm, "ncclCommQueryProperties");
+  if (c == nullptr || props == nullptr) return error(ncclInvalidArgument, "ncclCommQueryProperties: NULL argument");
+  props->rank = c->rank;
+  props->nRanks = c->size;
+  props->cudaDev = 0;
+  props->nvmlDev = 0;
+  props->deviceApiSupport = true;
+  props->multimemSupport = multimem_supported();
+  return ncclSuccess;
+}
+
 ncclResult_t ncclDevCommCreate(ncclComm_t comm, ncclDevCommRequirements_t const* reqs, ncclDevComm_t* out) {
   progress_all();
   ncclComm* c = live_comm(comm, "ncclDevCommCreate");
   if (c == nullptr || reqs == nullptr || out == nullptr) return error(ncclInvalidArgument, "ncclDevCommCreate: NULL argument");
   if (reqs->lsaBarrierCount < 0) return error(ncclInvalidArgument, "ncclDevCommCreate: negative lsaBarrierCount");
-  if (reqs->resourceRequirementsList != nullptr || reqs->teamRequirementsList != nullptr || reqs->lsaMultimem ||
+  if (reqs->lsaMultimem && !multimem_supported()) {
+    return error(ncclInvalidArgument, "ncclDevCommCreate: lsaMultimem requested but multimem is not supported "
+                                      "(COCOVIZ_EMU_MULTIMEM=0; ncclCommQueryProperties says so)");
+  }
+  if (reqs->resourceRequirementsList != nullptr || reqs->teamRequirementsList != nullptr ||
       reqs->barrierCount != 0 || reqs->railGinBarrierCount != 0 || reqs->lsaLLA2ABlockCount != 0 ||
       reqs->lsaLLA2ASlotCount != 0 || reqs->ginForceEnable || reqs->ginSignalCount != 0 || reqs->ginCounterCount != 0) {
     return error(ncclInvalidArgument,
-                 "ncclDevCommCreate: the cocoviz emulation provides LSA barriers only (no resource or team lists, "
-                 "multimem, world/rail/GIN barriers, LL all-to-all, GIN signals or counters)");
+                 "ncclDevCommCreate: the cocoviz emulation provides LSA barriers and LSA multimem only (no resource or "
+                 "team lists, world/rail/GIN barriers, LL all-to-all, GIN signals or counters)");
   }
   const std::string what = std::string("ncclDevCommCreate on ") + c->name;
   Call mine = make_call(kDevCommCreate);
@@ -1322,6 +1358,7 @@ ncclResult_t ncclDevCommCreate(ncclComm_t comm, ncclDevCommRequirements_t const*
   d->comm = c;
   d->seq = c->devs++;
   d->barriers = reqs->lsaBarrierCount;
+  d->multimem = reqs->lsaMultimem;
   d->stride = 64 + 2 * vc_bytes();
   d->arrived.assign(static_cast<size_t>(d->barriers), 0);
   d->waited.assign(static_cast<size_t>(d->barriers), 0);
@@ -1401,7 +1438,105 @@ void* ncclGetLocalPointer(ncclWindow_t win, size_t offset) {
   return ncclGetLsaPointer(win, offset, w->lsa_rank);
 }
 
+void* ncclGetLsaMultimemPointer(ncclWindow_t win, size_t offset, ncclDevComm const& comm) {
+  ncclWindow_vidmem* w = live_window(win, "ncclGetLsaMultimemPointer");
+  emu::NcclDevState* d = nullptr;
+  for (const auto& x : g_devs) d = x.get() == comm.emu ? x.get() : d;
+  if (d == nullptr || !d->live) {
+    emu::fail("multimem", "ncclGetLsaMultimemPointer with a device communicator not made by ncclDevCommCreate or destroyed");
+  }
+  if (!d->multimem) {
+    emu::fail("multimem", "ncclGetLsaMultimemPointer: the device communicator was created without lsaMultimem",
+              {"set ncclDevCommRequirements.lsaMultimem where ncclCommQueryProperties reports multimemSupport"});
+  }
+  if (d->comm != w->comm) {
+    emu::fail("multimem", "ncclGetLsaMultimemPointer: the window belongs to " + w->comm->name +
+                              ", the device communicator to " + d->comm->name);
+  }
+  const size_t n = w->size[static_cast<size_t>(w->lsa_rank)];
+  if (offset >= n) {
+    emu::fail("multimem", "ncclGetLsaMultimemPointer(win, " + std::to_string(offset) + "): outside the " +
+                              std::to_string(n) + "-byte window", {"window registered at " + w->where});
+  }
+  if (w->mc == nullptr) {
+    void* m = mmap(nullptr, n, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (m == MAP_FAILED) emu::fail("emulation", "cannot reserve a multimem address range");
+    w->mc = static_cast<char*>(m);
+    w->mc_bytes = n;
+  }
+  return w->mc + offset;
+}
+
 namespace cocoviz_emu {
+
+namespace {
+// The live window whose multimem range holds [mc, mc + bytes), with the offset in it.
+ncclWindow_vidmem* multimem_window(const void* mc, size_t bytes, const char* op, size_t* offset) {
+  const char* p = static_cast<const char*>(mc);
+  for (const auto& x : g_windows) {
+    ncclWindow_vidmem* w = x.get();
+    if (w->live && w->mc != nullptr && p >= w->mc && p < w->mc + w->mc_bytes) {
+      *offset = static_cast<size_t>(p - w->mc);
+      if (*offset % 16 != 0 || bytes % 16 != 0) {
+        fail("multimem", std::string(op) + " of " + std::to_string(bytes) + " bytes at window offset " +
+                             std::to_string(*offset) + ": multimem accesses are 16-byte aligned vectors");
+      }
+      for (int q = 0; q < w->lsa_size; ++q) {
+        if (*offset + bytes > w->size[static_cast<size_t>(q)]) {
+          fail("multimem", std::string(op) + ": bytes [" + std::to_string(*offset) + ", " +
+                               std::to_string(*offset + bytes) + ") outside LSA rank " + std::to_string(q) +
+                               "'s " + std::to_string(w->size[static_cast<size_t>(q)]) + "-byte window",
+               {"window registered at " + w->where});
+        }
+      }
+      return w;
+    }
+  }
+  fail("multimem", std::string(op) + " at " + hex(mc) + ", which is not an address from ncclGetLsaMultimemPointer "
+                   "of a registered window");
+}
+}  // namespace
+
+void multimem_ld_reduce_add(const void* mc, size_t bytes, int kind, void* out) {
+  size_t off = 0;
+  ncclWindow_vidmem* w = multimem_window(mc, bytes, "multimem.ld_reduce", &off);
+  const size_t n = kind == 0 ? bytes / 4 : bytes / 2;
+  std::vector<float> acc(n, 0.0f);
+  for (int q = 0; q < w->lsa_size; ++q) {
+    const char* src = w->base[static_cast<size_t>(q)] + off;
+    access(src, bytes, false);
+    for (size_t j = 0; j < n; ++j) {
+      float v = 0.0f;
+      if (kind == 0) {
+        std::memcpy(&v, src + 4 * j, 4);
+      } else {
+        uint16_t h = 0;
+        std::memcpy(&h, src + 2 * j, 2);
+        v = kind == 1 ? half_to_float(h) : bf16_to_float(h);
+      }
+      acc[j] = q == 0 ? v : acc[j] + v;
+    }
+  }
+  char* dst = static_cast<char*>(out);
+  for (size_t j = 0; j < n; ++j) {
+    if (kind == 0) {
+      std::memcpy(dst + 4 * j, &acc[j], 4);
+    } else {
+      const uint16_t h = kind == 1 ? float_to_half(acc[j]) : float_to_bf16(acc[j]);
+      std::memcpy(dst + 2 * j, &h, 2);
+    }
+  }
+}
+
+void multimem_st(void* mc, const void* src, size_t bytes) {
+  size_t off = 0;
+  ncclWindow_vidmem* w = multimem_window(mc, bytes, "multimem.st", &off);
+  for (int q = 0; q < w->lsa_size; ++q) {
+    char* dst = w->base[static_cast<size_t>(q)] + off;
+    access(dst, bytes, true);
+    std::memcpy(dst, src, bytes);
+  }
+}
 
 NcclDevState* nccl_lsa_barrier_open(const ncclDevComm& comm, uint32_t index, bool multimem) {
   NcclDevState* d = nullptr;

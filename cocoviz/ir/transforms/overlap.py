@@ -67,7 +67,8 @@ class Overlap(Transformation):
     item does not read its predecessor; K < 2 or K does not divide the rows; a chunked
     reducescatter's numel/K, or rows/K with a row-wise op on slices, does not divide by G;
     a stage cannot run chunk by chunk (a whole-tensor reduction, broadcast or reduce, a
-    matmul reading the chunked value as its right operand, a value with other rows); a
+    matmul reading the chunked value as its right operand, a batched matmul, a reshape,
+    a value with other rows); a
     sliced value made inside is read outside, is an output or an update; a value sliced
     by rows outside is read inside; a stage outside lies between items; it would close a
     cycle through a fused group.
@@ -188,6 +189,14 @@ class Overlap(Transformation):
 
         if op in COLLECTIVES and op not in CHUNKABLE_COLLECTIVES:
             refuse(f"overlap chunks only {', '.join(o.value for o in CHUNKABLE_COLLECTIVES)}")
+        if op is Op.MATMUL and len(s.expr.args[1].type.shape) > 2:
+            refuse(
+                "it is a batched matmul (its right operand has rank "
+                f"{len(s.expr.args[1].type.shape)}); overlap chunks a matmul by rows of a "
+                "right operand of rank 2 only"
+            )
+        if op is Op.RESHAPE:
+            refuse("reshape regroups the elements, so its chunks are not the rows being chunked")
         if any(e.op in REDUCTIONS for e in s.expr.walk()):
             refuse("it reduces a whole tensor to a scalar, which needs every chunk")
         if not s.ty.shape or rows_of(s) != rows:

@@ -1,4 +1,5 @@
-"""`reorder(ag[, c1, …])`: move computation from after an allgather to before it."""
+"""`reorder(ag[, c1, …])`: move computation from after an allgather (or an alltoall) to
+before it."""
 
 from __future__ import annotations
 
@@ -69,6 +70,13 @@ class Reorder(Transformation):
     of a replicated input (it writes the input's storage). A `send` in the region sends
     the slice, and the gather runs on the next pipeline stage.
 
+    Across an alltoall (`qh = alltoall(q, from=0, to=1)`) the same rewrite moves the
+    region onto the operand's slicing: members read `q` instead of `qh` (replicated
+    operands become `slice(x, 0)`), and a sliced live-out `c` is computed as `c_s` and
+    re-sliced by `c = alltoall(c_s, from=0, to=1)`. The global values do not change, so
+    neither do the bits; what changes is what travels (a `cast(f16, …)` moved ahead of
+    the alltoall halves its bytes) and which kernels can fuse.
+
     Default region (`reorder(ag)`): the movable stages reachable from `ag` whose every
     predecessor downstream of `ag` is in the region, stopping at values that have to be
     gathered anyway (a stage reading a region value that is also read outside the region
@@ -80,12 +88,13 @@ class Reorder(Transformation):
     region is taken as given and may include stages not downstream of `ag` whose
     outside operands are replicated or scalar (LAMB's `wn = norm(w)`).
 
-    fails when: `ag` is not an allgather; the region is empty, not closed (a stage lies
+    fails when: `ag` is not an allgather or alltoall; the region is empty, not closed (a stage lies
     between two of its members, or between `ag` and a member, but is not in it), not
     connected to `ag`, or holds a stage that cannot move (a collective other than send,
     a matmul whose left operand is not in the region, a grouped stage, a stage after the
     update of an input that `ag`'s operand reads: on slices it would read the input
-    after the update); a member reads a local value; a member is not legal on its new
+    after the update; across an alltoall, a matmul or a send); a member reads a local
+    value; a member is not legal on its new
     layout (docs/language.md, layout inference).
     """
 
@@ -101,11 +110,13 @@ class Reorder(Transformation):
     def rewrite(self, program: Program) -> Edit:
         idx = index(program)
         ag = self.lookup_stage(program, self.gather, 0)
-        if ag.expr.op is not Op.ALLGATHER:
-            hint = f"reorder moves computation across an allgather{_gathers(program)}"
+        if ag.expr.op not in (Op.ALLGATHER, Op.ALLTOALL):
+            hint = f"reorder moves computation across an allgather or alltoall{_gathers(program)}"
             if ag.expr.op is Op.ALLREDUCE:
                 hint = f"split it first: split({ag.name}), then reorder({ag.name})"
-            raise self.error(f"{describe_stage(ag)} is not an allgather", stage=ag, hint=hint)
+            raise self.error(
+                f"{describe_stage(ag)} is not an allgather or alltoall", stage=ag, hint=hint
+            )
         if idx.group_of(ag.name) is not None:
             raise self.error(
                 f"'{ag.name}' is in a {idx.group_of(ag.name).kind.value} group; "  # type: ignore[union-attr]
@@ -120,6 +131,11 @@ class Reorder(Transformation):
     def _movable(self, idx: Index, s: Stage, listed: bool) -> str | None:
         """Why `s` cannot move (None when it can)."""
         op = s.expr.op
+        if self._alltoall(idx) and op in (Op.SEND, Op.MATMUL):
+            return (
+                f"{describe_stage(s)} does not move across an alltoall (computation that "
+                "is elementwise or row-wise on both layouts does)"
+            )
         if op in COLLECTIVES and op is not Op.SEND:
             return f"{describe_stage(s)} is a collective; movable: {MOVABLE}"
         if op is Op.MATMUL and not listed:
@@ -229,13 +245,18 @@ class Reorder(Transformation):
                 if not self._closed_under(idx, m, ag.name, region, down):
                     region.discard(m)
 
-    @staticmethod
-    def _gather_removable(idx: Index, m: str, region: set[str], vetoed: set[str]) -> bool:
+    def _alltoall(self, idx: Index) -> bool:
+        """Whether the step moves computation across an alltoall: the result's slicing
+        moves from `to` back to the operand's `from`, and the live-outs are re-sliced by
+        an alltoall instead of gathered."""
+        return idx.stage(self.gather).expr.op is Op.ALLTOALL
+
+    def _gather_removable(self, idx: Index, m: str, region: set[str], vetoed: set[str]) -> bool:
         """Whether region member `m` is the update of a replicated input `t` that only
         region members read, so that after the reorder `asslice(t)` may delete m's
         gather (docs/schedules.md, reorder: the updated-state pattern)."""
         t = idx.update_target.get(m)
-        if t is None or t in vetoed or t not in idx.inputs:
+        if t is None or t in vetoed or t not in idx.inputs or self._alltoall(idx):
             return False
         return idx.inputs[t].ty.layout.is_replicated and all(u in region for u in idx.users(t))
 
@@ -412,9 +433,13 @@ class Reorder(Transformation):
             e = substitute(exprs[m], new_refs) if new_refs else exprs[m]
             if m in renames:
                 c_s = Stage(renames[m], e, s.span)
-                gather = Stage(
-                    m, Expr(Op.ALLGATHER, (ref(renames[m], s.span),), span=s.expr.span), s.span
+                moved = ref(renames[m], s.span)
+                back = (
+                    dataclasses.replace(ag.expr, args=(moved,), ty=None, span=s.expr.span)
+                    if ag.expr.op is Op.ALLTOALL
+                    else Expr(Op.ALLGATHER, (moved,), span=s.expr.span)
                 )
+                gather = Stage(m, back, s.span)
                 replaced[m] = [c_s, gather]
             else:
                 replaced[m] = [dataclasses.replace(s, expr=e)]

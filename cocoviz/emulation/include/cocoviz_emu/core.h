@@ -259,6 +259,13 @@ struct ThreadPos {
 };
 extern ThreadPos g_pos;
 
+// NVLS multimem operations on an address from ncclGetLsaMultimemPointer (src/nccl.cpp):
+// ld_reduce sums `bytes` at that offset over every LSA peer's window into `out` (kind 0:
+// f32 in f32; 1: f16 and 2: bf16 accumulated in f32 and rounded once, like .acc::f32);
+// st writes `bytes` from `src` into every LSA peer's window.
+void multimem_ld_reduce_add(const void* mc, size_t bytes, int kind, void* out);
+void multimem_st(void* mc, const void* src, size_t bytes);
+
 // The sticky "last error" of the runtime API (cudaGetLastError), as an int.
 void set_last_error(int code);
 int take_last_error();

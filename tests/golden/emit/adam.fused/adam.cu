@@ -4,6 +4,7 @@
 #include "adam.h"
 
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <vector>
 
@@ -98,6 +99,7 @@ bool set_param(Params& P, const char* name, double value) {
 
 
 
+
 // ============================================================ unscheduled program
 namespace ref {
 
@@ -139,7 +141,7 @@ __global__ void k_ref_gf(const Buffers B, const Consts C, const Params P, const 
   // 8 consecutive elements per thread through packed (up to 16-byte) accesses
   // when every packed pointer is aligned; the rest, or everything otherwise, element-wise
   if (::cocoviz::pack_aligned<8>(B.v_ref_g1) && ::cocoviz::pack_aligned<8>(B.v_ref_gf)) {
-    for (int64_t q = first; q < 131072; q += stride) {
+    for (int64_t q = first; q < 33554432; q += stride) {
       const int64_t i0 = q * 8;
       const ::cocoviz::Pack<__half, 8> ld0 = ::cocoviz::load_pack<8>(B.v_ref_g1 + (i0));
       ::cocoviz::Pack<float, 8> st1;
@@ -152,9 +154,9 @@ __global__ void k_ref_gf(const Buffers B, const Consts C, const Params P, const 
       }
       ::cocoviz::store_pack<8>(B.v_ref_gf + (i0), st1);
     }
-    scalar_from = 1048576 + first;
+    scalar_from = 268435456 + first;
   }
-  for (int64_t i = scalar_from; i < 1048576; i += stride) {
+  for (int64_t i = scalar_from; i < 268435456; i += stride) {
     const float v1 = ::cocoviz::CudaDt<cocoviz::DType::f16>::load(COCOVIZ_LD(B.v_ref_g1, i));
     const float v2 = static_cast<float>(v1);
     COCOVIZ_ST(B.v_ref_gf, i) = ::cocoviz::CudaDt<cocoviz::DType::f32>::store(v2);
@@ -175,7 +177,7 @@ __global__ void k_ref_m1(const Buffers B, const Consts C, const Params P, const 
   // 4 consecutive elements per thread through packed (up to 16-byte) accesses
   // when every packed pointer is aligned; the rest, or everything otherwise, element-wise
   if (::cocoviz::pack_aligned<4>(B.in_ref_m) && ::cocoviz::pack_aligned<4>(B.v_ref_gf) && ::cocoviz::pack_aligned<4>(B.v_ref_m1)) {
-    for (int64_t q = first; q < 262144; q += stride) {
+    for (int64_t q = first; q < 67108864; q += stride) {
       const int64_t i0 = q * 4;
       const ::cocoviz::Pack<float, 4> ld0 = ::cocoviz::load_pack<4>(B.in_ref_m + (i0));
       const ::cocoviz::Pack<float, 4> ld1 = ::cocoviz::load_pack<4>(B.v_ref_gf + (i0));
@@ -192,9 +194,9 @@ __global__ void k_ref_m1(const Buffers B, const Consts C, const Params P, const 
       }
       ::cocoviz::store_pack<4>(B.v_ref_m1 + (i0), st2);
     }
-    scalar_from = 1048576 + first;
+    scalar_from = 268435456 + first;
   }
-  for (int64_t i = scalar_from; i < 1048576; i += stride) {
+  for (int64_t i = scalar_from; i < 268435456; i += stride) {
     const float v2 = ::cocoviz::CudaDt<cocoviz::DType::f32>::load(COCOVIZ_LD(B.in_ref_m, i));
     const float v3 = v1 * v2;
     const float v6 = ::cocoviz::CudaDt<cocoviz::DType::f32>::load(COCOVIZ_LD(B.v_ref_gf, i));
@@ -218,7 +220,7 @@ __global__ void k_ref_v1(const Buffers B, const Consts C, const Params P, const 
   // 4 consecutive elements per thread through packed (up to 16-byte) accesses
   // when every packed pointer is aligned; the rest, or everything otherwise, element-wise
   if (::cocoviz::pack_aligned<4>(B.in_ref_v) && ::cocoviz::pack_aligned<4>(B.v_ref_gf) && ::cocoviz::pack_aligned<4>(B.v_ref_v1)) {
-    for (int64_t q = first; q < 262144; q += stride) {
+    for (int64_t q = first; q < 67108864; q += stride) {
       const int64_t i0 = q * 4;
       const ::cocoviz::Pack<float, 4> ld0 = ::cocoviz::load_pack<4>(B.in_ref_v + (i0));
       const ::cocoviz::Pack<float, 4> ld1 = ::cocoviz::load_pack<4>(B.v_ref_gf + (i0));
@@ -236,9 +238,9 @@ __global__ void k_ref_v1(const Buffers B, const Consts C, const Params P, const 
       }
       ::cocoviz::store_pack<4>(B.v_ref_v1 + (i0), st2);
     }
-    scalar_from = 1048576 + first;
+    scalar_from = 268435456 + first;
   }
-  for (int64_t i = scalar_from; i < 1048576; i += stride) {
+  for (int64_t i = scalar_from; i < 268435456; i += stride) {
     const float v2 = ::cocoviz::CudaDt<cocoviz::DType::f32>::load(COCOVIZ_LD(B.in_ref_v, i));
     const float v3 = v1 * v2;
     const float v6 = ::cocoviz::CudaDt<cocoviz::DType::f32>::load(COCOVIZ_LD(B.v_ref_gf, i));
@@ -265,7 +267,7 @@ __global__ void k_ref_mh(const Buffers B, const Consts C, const Params P, const 
   // 4 consecutive elements per thread through packed (up to 16-byte) accesses
   // when every packed pointer is aligned; the rest, or everything otherwise, element-wise
   if (::cocoviz::pack_aligned<4>(B.v_ref_m1) && ::cocoviz::pack_aligned<4>(B.v_ref_mh)) {
-    for (int64_t q = first; q < 262144; q += stride) {
+    for (int64_t q = first; q < 67108864; q += stride) {
       const int64_t i0 = q * 4;
       const ::cocoviz::Pack<float, 4> ld0 = ::cocoviz::load_pack<4>(B.v_ref_m1 + (i0));
       ::cocoviz::Pack<float, 4> st1;
@@ -278,9 +280,9 @@ __global__ void k_ref_mh(const Buffers B, const Consts C, const Params P, const 
       }
       ::cocoviz::store_pack<4>(B.v_ref_mh + (i0), st1);
     }
-    scalar_from = 1048576 + first;
+    scalar_from = 268435456 + first;
   }
-  for (int64_t i = scalar_from; i < 1048576; i += stride) {
+  for (int64_t i = scalar_from; i < 268435456; i += stride) {
     const float v1 = ::cocoviz::CudaDt<cocoviz::DType::f32>::load(COCOVIZ_LD(B.v_ref_m1, i));
     const float v7 = v1 / v6;
     COCOVIZ_ST(B.v_ref_mh, i) = ::cocoviz::CudaDt<cocoviz::DType::f32>::store(v7);
@@ -303,7 +305,7 @@ __global__ void k_ref_vh(const Buffers B, const Consts C, const Params P, const 
   // 4 consecutive elements per thread through packed (up to 16-byte) accesses
   // when every packed pointer is aligned; the rest, or everything otherwise, element-wise
   if (::cocoviz::pack_aligned<4>(B.v_ref_v1) && ::cocoviz::pack_aligned<4>(B.v_ref_vh)) {
-    for (int64_t q = first; q < 262144; q += stride) {
+    for (int64_t q = first; q < 67108864; q += stride) {
       const int64_t i0 = q * 4;
       const ::cocoviz::Pack<float, 4> ld0 = ::cocoviz::load_pack<4>(B.v_ref_v1 + (i0));
       ::cocoviz::Pack<float, 4> st1;
@@ -316,9 +318,9 @@ __global__ void k_ref_vh(const Buffers B, const Consts C, const Params P, const 
       }
       ::cocoviz::store_pack<4>(B.v_ref_vh + (i0), st1);
     }
-    scalar_from = 1048576 + first;
+    scalar_from = 268435456 + first;
   }
-  for (int64_t i = scalar_from; i < 1048576; i += stride) {
+  for (int64_t i = scalar_from; i < 268435456; i += stride) {
     const float v1 = ::cocoviz::CudaDt<cocoviz::DType::f32>::load(COCOVIZ_LD(B.v_ref_v1, i));
     const float v7 = v1 / v6;
     COCOVIZ_ST(B.v_ref_vh, i) = ::cocoviz::CudaDt<cocoviz::DType::f32>::store(v7);
@@ -338,7 +340,7 @@ __global__ void k_ref_w1(const Buffers B, const Consts C, const Params P, const 
   // 4 consecutive elements per thread through packed (up to 16-byte) accesses
   // when every packed pointer is aligned; the rest, or everything otherwise, element-wise
   if (::cocoviz::pack_aligned<4>(B.in_ref_w) && ::cocoviz::pack_aligned<4>(B.v_ref_mh) && ::cocoviz::pack_aligned<4>(B.v_ref_vh) && ::cocoviz::pack_aligned<4>(B.v_ref_w1)) {
-    for (int64_t q = first; q < 262144; q += stride) {
+    for (int64_t q = first; q < 67108864; q += stride) {
       const int64_t i0 = q * 4;
       const ::cocoviz::Pack<float, 4> ld0 = ::cocoviz::load_pack<4>(B.in_ref_w + (i0));
       const ::cocoviz::Pack<float, 4> ld1 = ::cocoviz::load_pack<4>(B.v_ref_mh + (i0));
@@ -359,9 +361,9 @@ __global__ void k_ref_w1(const Buffers B, const Consts C, const Params P, const 
       }
       ::cocoviz::store_pack<4>(B.v_ref_w1 + (i0), st3);
     }
-    scalar_from = 1048576 + first;
+    scalar_from = 268435456 + first;
   }
-  for (int64_t i = scalar_from; i < 1048576; i += stride) {
+  for (int64_t i = scalar_from; i < 268435456; i += stride) {
     const float v1 = ::cocoviz::CudaDt<cocoviz::DType::f32>::load(COCOVIZ_LD(B.in_ref_w, i));
     const float v3 = ::cocoviz::CudaDt<cocoviz::DType::f32>::load(COCOVIZ_LD(B.v_ref_mh, i));
     const float v4 = v2 * v3;
@@ -388,58 +390,58 @@ State* create(const Ctx& ctx) {
   CHECK_CUDA("setup", cudaStreamCreateWithPriority(&S->comm, cudaStreamNonBlocking, greatest));
   if (on_stage(ctx, 0)) {
     void* mem = nullptr;
-    CHECK_CUDA("allocation of in_ref_g", cudaMalloc(&mem, sizeof(__half) * 1048576));
+    CHECK_CUDA("allocation of in_ref_g", cudaMalloc(&mem, sizeof(__half) * 268435456));
     S->owned.push_back(mem);
-    CHECK_CUDA("allocation", cudaMemsetAsync(mem, 0, sizeof(__half) * 1048576, S->main));
+    CHECK_CUDA("allocation", cudaMemsetAsync(mem, 0, sizeof(__half) * 268435456, S->main));
     B.in_ref_g = static_cast<__half*>(mem);
   }
   if (on_stage(ctx, 0)) {
     void* mem = nullptr;
-    CHECK_CUDA("allocation of in_ref_w", cudaMalloc(&mem, sizeof(float) * 1048576));
+    CHECK_CUDA("allocation of in_ref_w", cudaMalloc(&mem, sizeof(float) * 268435456));
     S->owned.push_back(mem);
-    CHECK_CUDA("allocation", cudaMemsetAsync(mem, 0, sizeof(float) * 1048576, S->main));
+    CHECK_CUDA("allocation", cudaMemsetAsync(mem, 0, sizeof(float) * 268435456, S->main));
     B.in_ref_w = static_cast<float*>(mem);
   }
   if (on_stage(ctx, 0)) {
     void* mem = nullptr;
-    CHECK_CUDA("allocation of in_ref_m", cudaMalloc(&mem, sizeof(float) * 1048576));
+    CHECK_CUDA("allocation of in_ref_m", cudaMalloc(&mem, sizeof(float) * 268435456));
     S->owned.push_back(mem);
-    CHECK_CUDA("allocation", cudaMemsetAsync(mem, 0, sizeof(float) * 1048576, S->main));
+    CHECK_CUDA("allocation", cudaMemsetAsync(mem, 0, sizeof(float) * 268435456, S->main));
     B.in_ref_m = static_cast<float*>(mem);
   }
   if (on_stage(ctx, 0)) {
     void* mem = nullptr;
-    CHECK_CUDA("allocation of in_ref_v", cudaMalloc(&mem, sizeof(float) * 1048576));
+    CHECK_CUDA("allocation of in_ref_v", cudaMalloc(&mem, sizeof(float) * 268435456));
     S->owned.push_back(mem);
-    CHECK_CUDA("allocation", cudaMemsetAsync(mem, 0, sizeof(float) * 1048576, S->main));
+    CHECK_CUDA("allocation", cudaMemsetAsync(mem, 0, sizeof(float) * 268435456, S->main));
     B.in_ref_v = static_cast<float*>(mem);
   }
   if (on_stage(ctx, 0)) {
     void* mem = nullptr;
-    CHECK_CUDA("allocation of v_ref_g1", cudaMalloc(&mem, sizeof(__half) * 1048576));
+    CHECK_CUDA("allocation of v_ref_g1", cudaMalloc(&mem, sizeof(__half) * 268435456));
     S->owned.push_back(mem);
-    CHECK_CUDA("allocation", cudaMemsetAsync(mem, 0, sizeof(__half) * 1048576, S->main));
+    CHECK_CUDA("allocation", cudaMemsetAsync(mem, 0, sizeof(__half) * 268435456, S->main));
     B.v_ref_g1 = static_cast<__half*>(mem);
   }
   if (on_stage(ctx, 0)) {
     void* mem = nullptr;
-    CHECK_CUDA("allocation of v_ref_gf", cudaMalloc(&mem, sizeof(float) * 1048576));
+    CHECK_CUDA("allocation of v_ref_gf", cudaMalloc(&mem, sizeof(float) * 268435456));
     S->owned.push_back(mem);
-    CHECK_CUDA("allocation", cudaMemsetAsync(mem, 0, sizeof(float) * 1048576, S->main));
+    CHECK_CUDA("allocation", cudaMemsetAsync(mem, 0, sizeof(float) * 268435456, S->main));
     B.v_ref_gf = static_cast<float*>(mem);
   }
   if (on_stage(ctx, 0)) {
     void* mem = nullptr;
-    CHECK_CUDA("allocation of v_ref_mh", cudaMalloc(&mem, sizeof(float) * 1048576));
+    CHECK_CUDA("allocation of v_ref_mh", cudaMalloc(&mem, sizeof(float) * 268435456));
     S->owned.push_back(mem);
-    CHECK_CUDA("allocation", cudaMemsetAsync(mem, 0, sizeof(float) * 1048576, S->main));
+    CHECK_CUDA("allocation", cudaMemsetAsync(mem, 0, sizeof(float) * 268435456, S->main));
     B.v_ref_mh = static_cast<float*>(mem);
   }
   if (on_stage(ctx, 0)) {
     void* mem = nullptr;
-    CHECK_CUDA("allocation of v_ref_vh", cudaMalloc(&mem, sizeof(float) * 1048576));
+    CHECK_CUDA("allocation of v_ref_vh", cudaMalloc(&mem, sizeof(float) * 268435456));
     S->owned.push_back(mem);
-    CHECK_CUDA("allocation", cudaMemsetAsync(mem, 0, sizeof(float) * 1048576, S->main));
+    CHECK_CUDA("allocation", cudaMemsetAsync(mem, 0, sizeof(float) * 268435456, S->main));
     B.v_ref_vh = static_cast<float*>(mem);
   }
   if (B.in_ref_m != nullptr) B.v_ref_m1 = B.in_ref_m + (0);
@@ -465,16 +467,16 @@ void init(State* S, const Ctx& ctx, uint64_t seed) {
   Consts& C = S->C;
   const int64_t tp = ctx.tp;
   if (B.in_ref_g != nullptr) {
-    ::cocoviz::fill_input_async<cocoviz::DType::f16>(B.in_ref_g, "g", seed, static_cast<uint64_t>(tp * 1048576), 1048576, S->main, "inputs");
+    ::cocoviz::fill_input_async<cocoviz::DType::f16>(B.in_ref_g, "g", seed, static_cast<uint64_t>(tp * 268435456), 268435456, S->main, "inputs");
   }
   if (B.in_ref_w != nullptr) {
-    ::cocoviz::fill_input_async<cocoviz::DType::f32>(B.in_ref_w, "w", seed, static_cast<uint64_t>(0), 1048576, S->main, "inputs");
+    ::cocoviz::fill_input_async<cocoviz::DType::f32>(B.in_ref_w, "w", seed, static_cast<uint64_t>(0), 268435456, S->main, "inputs");
   }
   if (B.in_ref_m != nullptr) {
-    ::cocoviz::fill_input_async<cocoviz::DType::f32>(B.in_ref_m, "m", seed, static_cast<uint64_t>(0), 1048576, S->main, "inputs");
+    ::cocoviz::fill_input_async<cocoviz::DType::f32>(B.in_ref_m, "m", seed, static_cast<uint64_t>(0), 268435456, S->main, "inputs");
   }
   if (B.in_ref_v != nullptr) {
-    ::cocoviz::fill_input_async<cocoviz::DType::f32>(B.in_ref_v, "v", seed, static_cast<uint64_t>(0), 1048576, S->main, "inputs");
+    ::cocoviz::fill_input_async<cocoviz::DType::f32>(B.in_ref_v, "v", seed, static_cast<uint64_t>(0), 268435456, S->main, "inputs");
   }
   CHECK_CUDA("inputs", cudaStreamSynchronize(S->main));
   (void)B;
@@ -487,42 +489,42 @@ void run(State* S, const Ctx& ctx, const Params& P) {
   const Consts& C = S->C;
   const int64_t tp = ctx.tp;
   if (ctx.pp == 0) {
-    CHECK_NCCL("g1", ncclAllReduce(B.in_ref_g + (0), B.v_ref_g1 + (0), 1048576, ncclFloat16, ncclSum, ctx.nccl_group, S->main));
+    CHECK_NCCL("g1", ncclAllReduce(B.in_ref_g + (0), B.v_ref_g1 + (0), 268435456, ncclFloat16, ncclSum, ctx.nccl_group, S->main));
 
   }
 
   if (ctx.pp == 0) {
-    COCOVIZ_LAUNCH(k_ref_gf, 512, kThreads, 0, S->main)(B, C, P, tp, 0);
+    COCOVIZ_LAUNCH(k_ref_gf, 65536, kThreads, 0, S->main)(B, C, P, tp, 0);
     CHECK_LAUNCH("gf", "k_ref_gf");
 
   }
 
   if (ctx.pp == 0) {
-    COCOVIZ_LAUNCH(k_ref_m1, 1024, kThreads, 0, S->main)(B, C, P, tp, 0);
+    COCOVIZ_LAUNCH(k_ref_m1, 65536, kThreads, 0, S->main)(B, C, P, tp, 0);
     CHECK_LAUNCH("m1", "k_ref_m1");
 
   }
 
   if (ctx.pp == 0) {
-    COCOVIZ_LAUNCH(k_ref_v1, 1024, kThreads, 0, S->main)(B, C, P, tp, 0);
+    COCOVIZ_LAUNCH(k_ref_v1, 65536, kThreads, 0, S->main)(B, C, P, tp, 0);
     CHECK_LAUNCH("v1", "k_ref_v1");
 
   }
 
   if (ctx.pp == 0) {
-    COCOVIZ_LAUNCH(k_ref_mh, 1024, kThreads, 0, S->main)(B, C, P, tp, 0);
+    COCOVIZ_LAUNCH(k_ref_mh, 65536, kThreads, 0, S->main)(B, C, P, tp, 0);
     CHECK_LAUNCH("mh", "k_ref_mh");
 
   }
 
   if (ctx.pp == 0) {
-    COCOVIZ_LAUNCH(k_ref_vh, 1024, kThreads, 0, S->main)(B, C, P, tp, 0);
+    COCOVIZ_LAUNCH(k_ref_vh, 65536, kThreads, 0, S->main)(B, C, P, tp, 0);
     CHECK_LAUNCH("vh", "k_ref_vh");
 
   }
 
   if (ctx.pp == 0) {
-    COCOVIZ_LAUNCH(k_ref_w1, 1024, kThreads, 0, S->main)(B, C, P, tp, 0);
+    COCOVIZ_LAUNCH(k_ref_w1, 65536, kThreads, 0, S->main)(B, C, P, tp, 0);
     CHECK_LAUNCH("w1", "k_ref_w1");
 
   }
@@ -595,15 +597,15 @@ __global__ void k_sch_gf(const Buffers B, const Consts C, const Params P, const 
   int64_t scalar_from = first;
   // 8 consecutive elements per thread through packed (up to 16-byte) accesses
   // when every packed pointer is aligned; the rest, or everything otherwise, element-wise
-  if (::cocoviz::pack_aligned<8>(B.v_sch_g1_rs) && ::cocoviz::pack_aligned<8>(B.in_sch_m) && ::cocoviz::pack_aligned<8>(B.v_sch_m1) && ::cocoviz::pack_aligned<8>(B.in_sch_v) && ::cocoviz::pack_aligned<8>(B.v_sch_v1) && ::cocoviz::pack_aligned<8>(B.in_sch_w + ((65536) * tp)) && ::cocoviz::pack_aligned<8>(B.v_sch_w1_s + ((65536) * tp))) {
-    for (int64_t q = first; q < 8192; q += stride) {
+  if (::cocoviz::pack_aligned<8>(B.v_sch_g1_rs) && ::cocoviz::pack_aligned<8>(B.in_sch_m) && ::cocoviz::pack_aligned<8>(B.v_sch_m1) && ::cocoviz::pack_aligned<8>(B.in_sch_v) && ::cocoviz::pack_aligned<8>(B.v_sch_v1) && ::cocoviz::pack_aligned<8>(B.in_sch_w + ((8388608) * tp)) && ::cocoviz::pack_aligned<8>(B.v_sch_w1_s + ((8388608) * tp))) {
+    for (int64_t q = first; q < 1048576; q += stride) {
       const int64_t i0 = q * 8;
       const ::cocoviz::Pack<__half, 8> ld0 = ::cocoviz::load_pack<8>(B.v_sch_g1_rs + (i0));
       const ::cocoviz::Pack<float, 8> ld1 = ::cocoviz::load_pack<8>(B.in_sch_m + (i0));
       ::cocoviz::Pack<float, 8> st2;
       const ::cocoviz::Pack<float, 8> ld3 = ::cocoviz::load_pack<8>(B.in_sch_v + (i0));
       ::cocoviz::Pack<float, 8> st4;
-      const ::cocoviz::Pack<float, 8> ld5 = ::cocoviz::load_pack<8>(B.in_sch_w + (i0 + (65536) * tp));
+      const ::cocoviz::Pack<float, 8> ld5 = ::cocoviz::load_pack<8>(B.in_sch_w + (i0 + (8388608) * tp));
       ::cocoviz::Pack<float, 8> st6;
 #pragma unroll
       for (int j = 0; j < 8; ++j) {
@@ -633,11 +635,11 @@ __global__ void k_sch_gf(const Buffers B, const Consts C, const Params P, const 
       }
       ::cocoviz::store_pack<8>(B.v_sch_m1 + (i0), st2);
       ::cocoviz::store_pack<8>(B.v_sch_v1 + (i0), st4);
-      ::cocoviz::store_pack<8>(B.v_sch_w1_s + (i0 + (65536) * tp), st6);
+      ::cocoviz::store_pack<8>(B.v_sch_w1_s + (i0 + (8388608) * tp), st6);
     }
-    scalar_from = 65536 + first;
+    scalar_from = 8388608 + first;
   }
-  for (int64_t i = scalar_from; i < 65536; i += stride) {
+  for (int64_t i = scalar_from; i < 8388608; i += stride) {
     const float v1 = ::cocoviz::CudaDt<cocoviz::DType::f16>::load(COCOVIZ_LD(B.v_sch_g1_rs, i));
     const float v2 = static_cast<float>(v1);
     const float v4 = ::cocoviz::CudaDt<cocoviz::DType::f32>::load(COCOVIZ_LD(B.in_sch_m, i));
@@ -653,7 +655,7 @@ __global__ void k_sch_gf(const Buffers B, const Consts C, const Params P, const 
     COCOVIZ_ST(B.v_sch_v1, i) = ::cocoviz::CudaDt<cocoviz::DType::f32>::store(v16);
     const float v20 = v9 / v19;
     const float v23 = v16 / v22;
-    const int64_t v24 = i + (65536) * tp;
+    const int64_t v24 = i + (8388608) * tp;
     const float v25 = ::cocoviz::CudaDt<cocoviz::DType::f32>::load(COCOVIZ_LD(B.in_sch_w, v24));
     const float v27 = v26 * v20;
     const float v28 = sqrtf(v23);
@@ -678,37 +680,37 @@ State* create(const Ctx& ctx) {
   CHECK_CUDA("setup", cudaStreamCreateWithPriority(&S->comm, cudaStreamNonBlocking, greatest));
   if (on_stage(ctx, 0)) {
     void* mem = nullptr;
-    CHECK_CUDA("allocation of in_sch_g", cudaMalloc(&mem, sizeof(__half) * 1048576));
+    CHECK_CUDA("allocation of in_sch_g", cudaMalloc(&mem, sizeof(__half) * 268435456));
     S->owned.push_back(mem);
-    CHECK_CUDA("allocation", cudaMemsetAsync(mem, 0, sizeof(__half) * 1048576, S->main));
+    CHECK_CUDA("allocation", cudaMemsetAsync(mem, 0, sizeof(__half) * 268435456, S->main));
     B.in_sch_g = static_cast<__half*>(mem);
   }
   if (on_stage(ctx, 0)) {
     void* mem = nullptr;
-    CHECK_CUDA("allocation of in_sch_w", cudaMalloc(&mem, sizeof(float) * 1048576));
+    CHECK_CUDA("allocation of in_sch_w", cudaMalloc(&mem, sizeof(float) * 268435456));
     S->owned.push_back(mem);
-    CHECK_CUDA("allocation", cudaMemsetAsync(mem, 0, sizeof(float) * 1048576, S->main));
+    CHECK_CUDA("allocation", cudaMemsetAsync(mem, 0, sizeof(float) * 268435456, S->main));
     B.in_sch_w = static_cast<float*>(mem);
   }
   if (on_stage(ctx, 0)) {
     void* mem = nullptr;
-    CHECK_CUDA("allocation of in_sch_m", cudaMalloc(&mem, sizeof(float) * 65536));
+    CHECK_CUDA("allocation of in_sch_m", cudaMalloc(&mem, sizeof(float) * 8388608));
     S->owned.push_back(mem);
-    CHECK_CUDA("allocation", cudaMemsetAsync(mem, 0, sizeof(float) * 65536, S->main));
+    CHECK_CUDA("allocation", cudaMemsetAsync(mem, 0, sizeof(float) * 8388608, S->main));
     B.in_sch_m = static_cast<float*>(mem);
   }
   if (on_stage(ctx, 0)) {
     void* mem = nullptr;
-    CHECK_CUDA("allocation of in_sch_v", cudaMalloc(&mem, sizeof(float) * 65536));
+    CHECK_CUDA("allocation of in_sch_v", cudaMalloc(&mem, sizeof(float) * 8388608));
     S->owned.push_back(mem);
-    CHECK_CUDA("allocation", cudaMemsetAsync(mem, 0, sizeof(float) * 65536, S->main));
+    CHECK_CUDA("allocation", cudaMemsetAsync(mem, 0, sizeof(float) * 8388608, S->main));
     B.in_sch_v = static_cast<float*>(mem);
   }
   if (on_stage(ctx, 0)) {
     void* mem = nullptr;
-    CHECK_CUDA("allocation of v_sch_g1_rs", cudaMalloc(&mem, sizeof(__half) * 65536));
+    CHECK_CUDA("allocation of v_sch_g1_rs", cudaMalloc(&mem, sizeof(__half) * 8388608));
     S->owned.push_back(mem);
-    CHECK_CUDA("allocation", cudaMemsetAsync(mem, 0, sizeof(__half) * 65536, S->main));
+    CHECK_CUDA("allocation", cudaMemsetAsync(mem, 0, sizeof(__half) * 8388608, S->main));
     B.v_sch_g1_rs = static_cast<__half*>(mem);
   }
   if (B.in_sch_m != nullptr) B.v_sch_m1 = B.in_sch_m + (0);
@@ -735,16 +737,16 @@ void init(State* S, const Ctx& ctx, uint64_t seed) {
   Consts& C = S->C;
   const int64_t tp = ctx.tp;
   if (B.in_sch_g != nullptr) {
-    ::cocoviz::fill_input_async<cocoviz::DType::f16>(B.in_sch_g, "g", seed, static_cast<uint64_t>(tp * 1048576), 1048576, S->main, "inputs");
+    ::cocoviz::fill_input_async<cocoviz::DType::f16>(B.in_sch_g, "g", seed, static_cast<uint64_t>(tp * 268435456), 268435456, S->main, "inputs");
   }
   if (B.in_sch_w != nullptr) {
-    ::cocoviz::fill_input_async<cocoviz::DType::f32>(B.in_sch_w, "w", seed, static_cast<uint64_t>(0), 1048576, S->main, "inputs");
+    ::cocoviz::fill_input_async<cocoviz::DType::f32>(B.in_sch_w, "w", seed, static_cast<uint64_t>(0), 268435456, S->main, "inputs");
   }
   if (B.in_sch_m != nullptr) {
-    ::cocoviz::fill_input_async<cocoviz::DType::f32>(B.in_sch_m, "m", seed, static_cast<uint64_t>(tp * 65536), 65536, S->main, "inputs");
+    ::cocoviz::fill_input_async<cocoviz::DType::f32>(B.in_sch_m, "m", seed, static_cast<uint64_t>(tp * 8388608), 8388608, S->main, "inputs");
   }
   if (B.in_sch_v != nullptr) {
-    ::cocoviz::fill_input_async<cocoviz::DType::f32>(B.in_sch_v, "v", seed, static_cast<uint64_t>(tp * 65536), 65536, S->main, "inputs");
+    ::cocoviz::fill_input_async<cocoviz::DType::f32>(B.in_sch_v, "v", seed, static_cast<uint64_t>(tp * 8388608), 8388608, S->main, "inputs");
   }
   CHECK_CUDA("inputs", cudaStreamSynchronize(S->main));
   (void)B;
@@ -757,12 +759,12 @@ void run(State* S, const Ctx& ctx, const Params& P) {
   const Consts& C = S->C;
   const int64_t tp = ctx.tp;
   if (ctx.pp == 0) {
-    CHECK_NCCL("g1_rs", ncclReduceScatter(B.in_sch_g + (0), B.v_sch_g1_rs + (0), 65536, ncclFloat16, ncclSum, ctx.nccl_group, S->main));
+    CHECK_NCCL("g1_rs", ncclReduceScatter(B.in_sch_g + (0), B.v_sch_g1_rs + (0), 8388608, ncclFloat16, ncclSum, ctx.nccl_group, S->main));
 
   }
 
   if (ctx.pp == 0) {
-    COCOVIZ_LAUNCH(k_sch_gf, 32, kThreads, 0, S->main)(B, C, P, tp, 0);
+    COCOVIZ_LAUNCH(k_sch_gf, 4096, kThreads, 0, S->main)(B, C, P, tp, 0);
     CHECK_LAUNCH("gf, m1, v1, mh, vh, w1_s", "k_sch_gf");
 
   }
@@ -770,7 +772,7 @@ void run(State* S, const Ctx& ctx, const Params& P) {
   if (ctx.pp == 0) {
     // in place (NCCL: sendbuff == recvbuff + rank * sendcount): this rank's part already
     // sits at recv + tp * count
-    CHECK_NCCL("w1", ncclAllGather(B.v_sch_w1 + (0) + tp * 65536, B.v_sch_w1 + (0), 65536, ncclFloat32, ctx.nccl_group, S->main));
+    CHECK_NCCL("w1", ncclAllGather(B.v_sch_w1 + (0) + tp * 8388608, B.v_sch_w1 + (0), 8388608, ncclFloat32, ctx.nccl_group, S->main));
 
   }
 

@@ -4,6 +4,7 @@
 #include "megatron_mlp.h"
 
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <vector>
 
@@ -73,6 +74,7 @@ bool set_param(Params& P, const char* name, double value) {
 
 
 
+
 // ============================================================ unscheduled program
 namespace ref {
 
@@ -113,7 +115,7 @@ __global__ void k_ref_out(const Buffers B, const Consts C, const Params P, const
   // 8 consecutive elements per thread through packed (up to 16-byte) accesses
   // when every packed pointer is aligned; the rest, or everything otherwise, element-wise
   if (::cocoviz::pack_aligned<8>(B.v_ref_sum) && ::cocoviz::pack_aligned<8>(B.in_ref_r) && ::cocoviz::pack_aligned<8>(B.v_ref_out)) {
-    for (int64_t q = first; q < 3145728; q += stride) {
+    for (int64_t q = first; q < 6291456; q += stride) {
       const int64_t i0 = q * 8;
       const ::cocoviz::Pack<__half, 8> ld0 = ::cocoviz::load_pack<8>(B.v_ref_sum + (i0));
       const ::cocoviz::Pack<__half, 8> ld1 = ::cocoviz::load_pack<8>(B.in_ref_r + (i0));
@@ -122,7 +124,7 @@ __global__ void k_ref_out(const Buffers B, const Consts C, const Params P, const
       for (int j = 0; j < 8; ++j) {
         const int64_t i = i0 + j;
         const float v1 = ::cocoviz::CudaDt<cocoviz::DType::f16>::load(ld0.v[j]);
-        const int64_t v2 = 0 + (((i) / 1) % 3072) * 1;
+        const int64_t v2 = 0 + (((i) / 1) % 12288) * 1;
         const float v3 = ::cocoviz::CudaDt<cocoviz::DType::f16>::load(COCOVIZ_LD(B.in_ref_b, v2));
         const float v4 = v1 + v3;
         const float v5 = ::cocoviz::dropout_keep(C.key_ref_out_0, static_cast<uint64_t>(i), C.drop_ref_p0_f16_thr) ? ::cocoviz::CudaDt<cocoviz::DType::f16>::load(::cocoviz::CudaDt<cocoviz::DType::f16>::store(v4 * C.drop_ref_p0_f16_scale)) : float(0);
@@ -134,11 +136,11 @@ __global__ void k_ref_out(const Buffers B, const Consts C, const Params P, const
       }
       ::cocoviz::store_pack<8>(B.v_ref_out + (i0), st2);
     }
-    scalar_from = 25165824 + first;
+    scalar_from = 50331648 + first;
   }
-  for (int64_t i = scalar_from; i < 25165824; i += stride) {
+  for (int64_t i = scalar_from; i < 50331648; i += stride) {
     const float v1 = ::cocoviz::CudaDt<cocoviz::DType::f16>::load(COCOVIZ_LD(B.v_ref_sum, i));
-    const int64_t v2 = 0 + (((i) / 1) % 3072) * 1;
+    const int64_t v2 = 0 + (((i) / 1) % 12288) * 1;
     const float v3 = ::cocoviz::CudaDt<cocoviz::DType::f16>::load(COCOVIZ_LD(B.in_ref_b, v2));
     const float v4 = v1 + v3;
     const float v5 = ::cocoviz::dropout_keep(C.key_ref_out_0, static_cast<uint64_t>(i), C.drop_ref_p0_f16_thr) ? ::cocoviz::CudaDt<cocoviz::DType::f16>::load(::cocoviz::CudaDt<cocoviz::DType::f16>::store(v4 * C.drop_ref_p0_f16_scale)) : float(0);
@@ -163,44 +165,44 @@ State* create(const Ctx& ctx) {
   CHECK_CUDA("setup", cudaStreamCreateWithPriority(&S->comm, cudaStreamNonBlocking, greatest));
   if (on_stage(ctx, 0)) {
     void* mem = nullptr;
-    CHECK_CUDA("allocation of in_ref_w", cudaMalloc(&mem, sizeof(__half) * 589824));
+    CHECK_CUDA("allocation of in_ref_w", cudaMalloc(&mem, sizeof(__half) * 18874368));
     S->owned.push_back(mem);
-    CHECK_CUDA("allocation", cudaMemsetAsync(mem, 0, sizeof(__half) * 589824, S->main));
+    CHECK_CUDA("allocation", cudaMemsetAsync(mem, 0, sizeof(__half) * 18874368, S->main));
     B.in_ref_w = static_cast<__half*>(mem);
   }
   if (on_stage(ctx, 0)) {
     void* mem = nullptr;
-    CHECK_CUDA("allocation of in_ref_b", cudaMalloc(&mem, sizeof(__half) * 3072));
+    CHECK_CUDA("allocation of in_ref_b", cudaMalloc(&mem, sizeof(__half) * 12288));
     S->owned.push_back(mem);
-    CHECK_CUDA("allocation", cudaMemsetAsync(mem, 0, sizeof(__half) * 3072, S->main));
+    CHECK_CUDA("allocation", cudaMemsetAsync(mem, 0, sizeof(__half) * 12288, S->main));
     B.in_ref_b = static_cast<__half*>(mem);
   }
   if (on_stage(ctx, 0)) {
     void* mem = nullptr;
-    CHECK_CUDA("allocation of in_ref_x", cudaMalloc(&mem, sizeof(__half) * 1572864));
+    CHECK_CUDA("allocation of in_ref_x", cudaMalloc(&mem, sizeof(__half) * 6291456));
     S->owned.push_back(mem);
-    CHECK_CUDA("allocation", cudaMemsetAsync(mem, 0, sizeof(__half) * 1572864, S->main));
+    CHECK_CUDA("allocation", cudaMemsetAsync(mem, 0, sizeof(__half) * 6291456, S->main));
     B.in_ref_x = static_cast<__half*>(mem);
   }
   if (on_stage(ctx, 0)) {
     void* mem = nullptr;
-    CHECK_CUDA("allocation of in_ref_r", cudaMalloc(&mem, sizeof(__half) * 25165824));
+    CHECK_CUDA("allocation of in_ref_r", cudaMalloc(&mem, sizeof(__half) * 50331648));
     S->owned.push_back(mem);
-    CHECK_CUDA("allocation", cudaMemsetAsync(mem, 0, sizeof(__half) * 25165824, S->main));
+    CHECK_CUDA("allocation", cudaMemsetAsync(mem, 0, sizeof(__half) * 50331648, S->main));
     B.in_ref_r = static_cast<__half*>(mem);
   }
   if (on_stage(ctx, 0)) {
     void* mem = nullptr;
-    CHECK_CUDA("allocation of v_ref_layer", cudaMalloc(&mem, sizeof(__half) * 25165824));
+    CHECK_CUDA("allocation of v_ref_layer", cudaMalloc(&mem, sizeof(__half) * 50331648));
     S->owned.push_back(mem);
-    CHECK_CUDA("allocation", cudaMemsetAsync(mem, 0, sizeof(__half) * 25165824, S->main));
+    CHECK_CUDA("allocation", cudaMemsetAsync(mem, 0, sizeof(__half) * 50331648, S->main));
     B.v_ref_layer = static_cast<__half*>(mem);
   }
   if (on_stage(ctx, 0)) {
     void* mem = nullptr;
-    CHECK_CUDA("allocation of v_ref_out", cudaMalloc(&mem, sizeof(__half) * 25165824));
+    CHECK_CUDA("allocation of v_ref_out", cudaMalloc(&mem, sizeof(__half) * 50331648));
     S->owned.push_back(mem);
-    CHECK_CUDA("allocation", cudaMemsetAsync(mem, 0, sizeof(__half) * 25165824, S->main));
+    CHECK_CUDA("allocation", cudaMemsetAsync(mem, 0, sizeof(__half) * 50331648, S->main));
     B.v_ref_out = static_cast<__half*>(mem);
   }
   if (B.v_ref_layer != nullptr) B.v_ref_sum = B.v_ref_layer + (0);
@@ -227,17 +229,17 @@ void init(State* S, const Ctx& ctx, uint64_t seed) {
   C.drop_ref_p0_f16_thr = ::cocoviz::dropout_threshold(0.1);
   C.drop_ref_p0_f16_scale = ::cocoviz::dropout_scale<cocoviz::DType::f16>(0.1);
   if (B.in_ref_w != nullptr) {
-    ::cocoviz::fill_input_async<cocoviz::DType::f16>(B.in_ref_w, "w", seed, static_cast<uint64_t>(tp * 589824), 589824, S->main, "inputs");
+    ::cocoviz::fill_input_async<cocoviz::DType::f16>(B.in_ref_w, "w", seed, static_cast<uint64_t>(tp * 18874368), 18874368, S->main, "inputs");
   }
   if (B.in_ref_b != nullptr) {
-    ::cocoviz::fill_input_async<cocoviz::DType::f16>(B.in_ref_b, "b", seed, static_cast<uint64_t>(0), 3072, S->main, "inputs");
+    ::cocoviz::fill_input_async<cocoviz::DType::f16>(B.in_ref_b, "b", seed, static_cast<uint64_t>(0), 12288, S->main, "inputs");
   }
   if (B.in_ref_x != nullptr) {
-    COCOVIZ_LAUNCH(fill_block_kernel<cocoviz::DType::f16>, 6144, kThreads, 0, S->main)(B.in_ref_x, ::cocoviz::key_for("x", seed), 8192, 192, 3072, tp);
+    COCOVIZ_LAUNCH(fill_block_kernel<cocoviz::DType::f16>, 24576, kThreads, 0, S->main)(B.in_ref_x, ::cocoviz::key_for("x", seed), 4096, 1536, 12288, tp);
     CHECK_LAUNCH("inputs", "fill_block_kernel");
   }
   if (B.in_ref_r != nullptr) {
-    ::cocoviz::fill_input_async<cocoviz::DType::f16>(B.in_ref_r, "r", seed, static_cast<uint64_t>(0), 25165824, S->main, "inputs");
+    ::cocoviz::fill_input_async<cocoviz::DType::f16>(B.in_ref_r, "r", seed, static_cast<uint64_t>(0), 50331648, S->main, "inputs");
   }
   CHECK_CUDA("inputs", cudaStreamSynchronize(S->main));
   (void)B;
@@ -251,21 +253,21 @@ void run(State* S, const Ctx& ctx, const Params& P) {
   const int64_t tp = ctx.tp;
   if (ctx.pp == 0) {
     {
-      // row-major C[8192x3072] = A[8192x192] B[192x3072] is column-major C^T = B^T A^T
+      // row-major C[4096x12288] = A[4096x1536] B[1536x12288] is column-major C^T = B^T A^T
       const float alpha = 1, beta = 0;
       CHECK_CUBLAS("layer", cublasSetStream(ctx.blas, S->main));
-      CHECK_CUBLAS("layer", cublasGemmEx(ctx.blas, CUBLAS_OP_N, CUBLAS_OP_N, 3072, 8192, 192, &alpha, B.in_ref_w, CUDA_R_16F, 3072, B.in_ref_x + (0), CUDA_R_16F, 192, &beta, B.v_ref_layer + (0), CUDA_R_16F, 3072, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+      CHECK_CUBLAS("layer", cublasGemmEx(ctx.blas, CUBLAS_OP_N, CUBLAS_OP_N, 12288, 4096, 1536, &alpha, B.in_ref_w, CUDA_R_16F, 12288, B.in_ref_x + (0), CUDA_R_16F, 1536, &beta, B.v_ref_layer + (0), CUDA_R_16F, 12288, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
     }
 
   }
 
   if (ctx.pp == 0) {
-    CHECK_NCCL("sum", ncclAllReduce(B.v_ref_layer + (0), B.v_ref_sum + (0), 25165824, ncclFloat16, ncclSum, ctx.nccl_group, S->main));
+    CHECK_NCCL("sum", ncclAllReduce(B.v_ref_layer + (0), B.v_ref_sum + (0), 50331648, ncclFloat16, ncclSum, ctx.nccl_group, S->main));
 
   }
 
   if (ctx.pp == 0) {
-    COCOVIZ_LAUNCH(k_ref_out, 12288, kThreads, 0, S->main)(B, C, P, tp, 0);
+    COCOVIZ_LAUNCH(k_ref_out, 24576, kThreads, 0, S->main)(B, C, P, tp, 0);
     CHECK_LAUNCH("out", "k_ref_out");
 
   }
@@ -330,18 +332,18 @@ __global__ void k_sch_out_s(const Buffers B, const Consts C, const Params P, con
   int64_t scalar_from = first;
   // 8 consecutive elements per thread through packed (up to 16-byte) accesses
   // when every packed pointer is aligned; the rest, or everything otherwise, element-wise
-  if (::cocoviz::pack_aligned<8>(B.v_sch_sum_rs + ((393216) * k)) && ::cocoviz::pack_aligned<8>(B.in_sch_r + ((393216) * tp + (6291456) * k)) && ::cocoviz::pack_aligned<8>(B.v_sch_out_s + ((393216) * k))) {
-    for (int64_t q = first; q < 49152; q += stride) {
+  if (::cocoviz::pack_aligned<8>(B.v_sch_sum_rs + ((1572864) * k)) && ::cocoviz::pack_aligned<8>(B.in_sch_r + ((1572864) * tp + (12582912) * k)) && ::cocoviz::pack_aligned<8>(B.v_sch_out_s + ((1572864) * k))) {
+    for (int64_t q = first; q < 196608; q += stride) {
       const int64_t i0 = q * 8;
-      const ::cocoviz::Pack<__half, 8> ld0 = ::cocoviz::load_pack<8>(B.v_sch_sum_rs + (i0 + (393216) * k));
-      const ::cocoviz::Pack<__half, 8> ld1 = ::cocoviz::load_pack<8>(B.in_sch_r + (i0 + (393216) * tp + (6291456) * k));
+      const ::cocoviz::Pack<__half, 8> ld0 = ::cocoviz::load_pack<8>(B.v_sch_sum_rs + (i0 + (1572864) * k));
+      const ::cocoviz::Pack<__half, 8> ld1 = ::cocoviz::load_pack<8>(B.in_sch_r + (i0 + (1572864) * tp + (12582912) * k));
       ::cocoviz::Pack<__half, 8> st2;
 #pragma unroll
       for (int j = 0; j < 8; ++j) {
         const int64_t i = i0 + j;
         const float v2 = ::cocoviz::CudaDt<cocoviz::DType::f16>::load(ld0.v[j]);
-        const int64_t v3 = i + (393216) * tp + (6291456) * k;
-        const int64_t v4 = 0 + (((v3) / 1) % 3072) * 1;
+        const int64_t v3 = i + (1572864) * tp + (12582912) * k;
+        const int64_t v4 = 0 + (((v3) / 1) % 12288) * 1;
         const float v5 = ::cocoviz::CudaDt<cocoviz::DType::f16>::load(COCOVIZ_LD(B.in_sch_b, v4));
         const float v6 = v2 + v5;
         const float v7 = ::cocoviz::dropout_keep(C.key_sch_out_0, static_cast<uint64_t>(v3), C.drop_sch_p0_f16_thr) ? ::cocoviz::CudaDt<cocoviz::DType::f16>::load(::cocoviz::CudaDt<cocoviz::DType::f16>::store(v6 * C.drop_sch_p0_f16_scale)) : float(0);
@@ -351,15 +353,15 @@ __global__ void k_sch_out_s(const Buffers B, const Consts C, const Params P, con
         st2.v[j] = ::cocoviz::CudaDt<cocoviz::DType::f16>::store(v10);
 
       }
-      ::cocoviz::store_pack<8>(B.v_sch_out_s + (i0 + (393216) * k), st2);
+      ::cocoviz::store_pack<8>(B.v_sch_out_s + (i0 + (1572864) * k), st2);
     }
-    scalar_from = 393216 + first;
+    scalar_from = 1572864 + first;
   }
-  for (int64_t i = scalar_from; i < 393216; i += stride) {
-    const int64_t v1 = i + (393216) * k;
+  for (int64_t i = scalar_from; i < 1572864; i += stride) {
+    const int64_t v1 = i + (1572864) * k;
     const float v2 = ::cocoviz::CudaDt<cocoviz::DType::f16>::load(COCOVIZ_LD(B.v_sch_sum_rs, v1));
-    const int64_t v3 = i + (393216) * tp + (6291456) * k;
-    const int64_t v4 = 0 + (((v3) / 1) % 3072) * 1;
+    const int64_t v3 = i + (1572864) * tp + (12582912) * k;
+    const int64_t v4 = 0 + (((v3) / 1) % 12288) * 1;
     const float v5 = ::cocoviz::CudaDt<cocoviz::DType::f16>::load(COCOVIZ_LD(B.in_sch_b, v4));
     const float v6 = v2 + v5;
     const float v7 = ::cocoviz::dropout_keep(C.key_sch_out_0, static_cast<uint64_t>(v3), C.drop_sch_p0_f16_thr) ? ::cocoviz::CudaDt<cocoviz::DType::f16>::load(::cocoviz::CudaDt<cocoviz::DType::f16>::store(v6 * C.drop_sch_p0_f16_scale)) : float(0);
@@ -389,58 +391,58 @@ State* create(const Ctx& ctx) {
     for (auto& ev : per_item) CHECK_CUDA("setup", cudaEventCreateWithFlags(&ev, cudaEventDisableTiming));
   if (on_stage(ctx, 0)) {
     void* mem = nullptr;
-    CHECK_CUDA("allocation of in_sch_w", cudaMalloc(&mem, sizeof(__half) * 589824));
+    CHECK_CUDA("allocation of in_sch_w", cudaMalloc(&mem, sizeof(__half) * 18874368));
     S->owned.push_back(mem);
-    CHECK_CUDA("allocation", cudaMemsetAsync(mem, 0, sizeof(__half) * 589824, S->main));
+    CHECK_CUDA("allocation", cudaMemsetAsync(mem, 0, sizeof(__half) * 18874368, S->main));
     B.in_sch_w = static_cast<__half*>(mem);
   }
   if (on_stage(ctx, 0)) {
     void* mem = nullptr;
-    CHECK_CUDA("allocation of in_sch_b", cudaMalloc(&mem, sizeof(__half) * 3072));
+    CHECK_CUDA("allocation of in_sch_b", cudaMalloc(&mem, sizeof(__half) * 12288));
     S->owned.push_back(mem);
-    CHECK_CUDA("allocation", cudaMemsetAsync(mem, 0, sizeof(__half) * 3072, S->main));
+    CHECK_CUDA("allocation", cudaMemsetAsync(mem, 0, sizeof(__half) * 12288, S->main));
     B.in_sch_b = static_cast<__half*>(mem);
   }
   if (on_stage(ctx, 0)) {
     void* mem = nullptr;
-    CHECK_CUDA("allocation of in_sch_x", cudaMalloc(&mem, sizeof(__half) * 1572864));
+    CHECK_CUDA("allocation of in_sch_x", cudaMalloc(&mem, sizeof(__half) * 6291456));
     S->owned.push_back(mem);
-    CHECK_CUDA("allocation", cudaMemsetAsync(mem, 0, sizeof(__half) * 1572864, S->main));
+    CHECK_CUDA("allocation", cudaMemsetAsync(mem, 0, sizeof(__half) * 6291456, S->main));
     B.in_sch_x = static_cast<__half*>(mem);
   }
   if (on_stage(ctx, 0)) {
     void* mem = nullptr;
-    CHECK_CUDA("allocation of in_sch_r", cudaMalloc(&mem, sizeof(__half) * 25165824));
+    CHECK_CUDA("allocation of in_sch_r", cudaMalloc(&mem, sizeof(__half) * 50331648));
     S->owned.push_back(mem);
-    CHECK_CUDA("allocation", cudaMemsetAsync(mem, 0, sizeof(__half) * 25165824, S->main));
+    CHECK_CUDA("allocation", cudaMemsetAsync(mem, 0, sizeof(__half) * 50331648, S->main));
     B.in_sch_r = static_cast<__half*>(mem);
   }
   if (on_stage(ctx, 0)) {
     void* mem = nullptr;
-    CHECK_CUDA("allocation of v_sch_layer", cudaMalloc(&mem, sizeof(__half) * 25165824));
+    CHECK_CUDA("allocation of v_sch_layer", cudaMalloc(&mem, sizeof(__half) * 50331648));
     S->owned.push_back(mem);
-    CHECK_CUDA("allocation", cudaMemsetAsync(mem, 0, sizeof(__half) * 25165824, S->main));
+    CHECK_CUDA("allocation", cudaMemsetAsync(mem, 0, sizeof(__half) * 50331648, S->main));
     B.v_sch_layer = static_cast<__half*>(mem);
   }
   if (on_stage(ctx, 0)) {
     void* mem = nullptr;
-    CHECK_CUDA("allocation of v_sch_sum_rs", cudaMalloc(&mem, sizeof(__half) * 1572864));
+    CHECK_CUDA("allocation of v_sch_sum_rs", cudaMalloc(&mem, sizeof(__half) * 6291456));
     S->owned.push_back(mem);
-    CHECK_CUDA("allocation", cudaMemsetAsync(mem, 0, sizeof(__half) * 1572864, S->main));
+    CHECK_CUDA("allocation", cudaMemsetAsync(mem, 0, sizeof(__half) * 6291456, S->main));
     B.v_sch_sum_rs = static_cast<__half*>(mem);
   }
   if (on_stage(ctx, 0)) {
     void* mem = nullptr;
-    CHECK_CUDA("allocation of v_sch_out_s", cudaMalloc(&mem, sizeof(__half) * 1572864));
+    CHECK_CUDA("allocation of v_sch_out_s", cudaMalloc(&mem, sizeof(__half) * 6291456));
     S->owned.push_back(mem);
-    CHECK_CUDA("allocation", cudaMemsetAsync(mem, 0, sizeof(__half) * 1572864, S->main));
+    CHECK_CUDA("allocation", cudaMemsetAsync(mem, 0, sizeof(__half) * 6291456, S->main));
     B.v_sch_out_s = static_cast<__half*>(mem);
   }
   if (on_stage(ctx, 0)) {
     void* mem = nullptr;
-    CHECK_CUDA("allocation of v_sch_out", cudaMalloc(&mem, sizeof(__half) * 25165824));
+    CHECK_CUDA("allocation of v_sch_out", cudaMalloc(&mem, sizeof(__half) * 50331648));
     S->owned.push_back(mem);
-    CHECK_CUDA("allocation", cudaMemsetAsync(mem, 0, sizeof(__half) * 25165824, S->main));
+    CHECK_CUDA("allocation", cudaMemsetAsync(mem, 0, sizeof(__half) * 50331648, S->main));
     B.v_sch_out = static_cast<__half*>(mem);
   }
   (void)tp;
@@ -471,17 +473,17 @@ void init(State* S, const Ctx& ctx, uint64_t seed) {
   C.drop_sch_p0_f16_thr = ::cocoviz::dropout_threshold(0.1);
   C.drop_sch_p0_f16_scale = ::cocoviz::dropout_scale<cocoviz::DType::f16>(0.1);
   if (B.in_sch_w != nullptr) {
-    ::cocoviz::fill_input_async<cocoviz::DType::f16>(B.in_sch_w, "w", seed, static_cast<uint64_t>(tp * 589824), 589824, S->main, "inputs");
+    ::cocoviz::fill_input_async<cocoviz::DType::f16>(B.in_sch_w, "w", seed, static_cast<uint64_t>(tp * 18874368), 18874368, S->main, "inputs");
   }
   if (B.in_sch_b != nullptr) {
-    ::cocoviz::fill_input_async<cocoviz::DType::f16>(B.in_sch_b, "b", seed, static_cast<uint64_t>(0), 3072, S->main, "inputs");
+    ::cocoviz::fill_input_async<cocoviz::DType::f16>(B.in_sch_b, "b", seed, static_cast<uint64_t>(0), 12288, S->main, "inputs");
   }
   if (B.in_sch_x != nullptr) {
-    COCOVIZ_LAUNCH(fill_block_kernel<cocoviz::DType::f16>, 6144, kThreads, 0, S->main)(B.in_sch_x, ::cocoviz::key_for("x", seed), 8192, 192, 3072, tp);
+    COCOVIZ_LAUNCH(fill_block_kernel<cocoviz::DType::f16>, 24576, kThreads, 0, S->main)(B.in_sch_x, ::cocoviz::key_for("x", seed), 4096, 1536, 12288, tp);
     CHECK_LAUNCH("inputs", "fill_block_kernel");
   }
   if (B.in_sch_r != nullptr) {
-    ::cocoviz::fill_input_async<cocoviz::DType::f16>(B.in_sch_r, "r", seed, static_cast<uint64_t>(0), 25165824, S->main, "inputs");
+    ::cocoviz::fill_input_async<cocoviz::DType::f16>(B.in_sch_r, "r", seed, static_cast<uint64_t>(0), 50331648, S->main, "inputs");
   }
   CHECK_CUDA("inputs", cudaStreamSynchronize(S->main));
   (void)B;
@@ -502,10 +504,10 @@ void run(State* S, const Ctx& ctx, const Params& P) {
     // chunk k of layer on the compute stream
     if (ctx.pp == 0) {
       {
-        // row-major C[2048x3072] = A[2048x192] B[192x3072] is column-major C^T = B^T A^T
+        // row-major C[1024x12288] = A[1024x1536] B[1536x12288] is column-major C^T = B^T A^T
         const float alpha = 1, beta = 0;
         CHECK_CUBLAS("layer", cublasSetStream(ctx.blas, S->compute));
-        CHECK_CUBLAS("layer", cublasGemmEx(ctx.blas, CUBLAS_OP_N, CUBLAS_OP_N, 3072, 2048, 192, &alpha, B.in_sch_w, CUDA_R_16F, 3072, B.in_sch_x + (393216 * k), CUDA_R_16F, 192, &beta, B.v_sch_layer + (6291456 * k), CUDA_R_16F, 3072, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+        CHECK_CUBLAS("layer", cublasGemmEx(ctx.blas, CUBLAS_OP_N, CUBLAS_OP_N, 12288, 1024, 1536, &alpha, B.in_sch_w, CUDA_R_16F, 12288, B.in_sch_x + (1572864 * k), CUDA_R_16F, 1536, &beta, B.v_sch_layer + (12582912 * k), CUDA_R_16F, 12288, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
       }
 
     }
@@ -513,16 +515,16 @@ void run(State* S, const Ctx& ctx, const Params& P) {
     CHECK_CUDA("layer", cudaStreamWaitEvent(S->comm, S->ev_ol_sch_overlap_layer[0][k], 0));
     // chunk k of fused(sum_rs, out_s, out) on the comm stream
     if (ctx.pp == 0) {
-      CHECK_NCCL("sum_rs", ncclReduceScatter(B.v_sch_layer + (6291456 * k), B.v_sch_sum_rs + (393216 * k), 393216, ncclFloat16, ncclSum, ctx.nccl_group, S->comm));
+      CHECK_NCCL("sum_rs", ncclReduceScatter(B.v_sch_layer + (12582912 * k), B.v_sch_sum_rs + (1572864 * k), 1572864, ncclFloat16, ncclSum, ctx.nccl_group, S->comm));
 
     }
     if (ctx.pp == 0) {
-      COCOVIZ_LAUNCH(k_sch_out_s, 192, kThreads, 0, S->comm)(B, C, P, tp, k);
+      COCOVIZ_LAUNCH(k_sch_out_s, 768, kThreads, 0, S->comm)(B, C, P, tp, k);
       CHECK_LAUNCH("out_s", "k_sch_out_s");
 
     }
     if (ctx.pp == 0) {
-      CHECK_NCCL("out", ncclAllGather(B.v_sch_out_s + (393216 * k), B.v_sch_out + (6291456 * k), 393216, ncclFloat16, ctx.nccl_group, S->comm));
+      CHECK_NCCL("out", ncclAllGather(B.v_sch_out_s + (1572864 * k), B.v_sch_out + (12582912 * k), 1572864, ncclFloat16, ctx.nccl_group, S->comm));
 
     }
   }
