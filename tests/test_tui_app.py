@@ -3,6 +3,7 @@ autosave and robustness."""
 
 from __future__ import annotations
 
+import io
 import random
 
 import pytest
@@ -632,3 +633,43 @@ async def test_the_layout_shows_whole_lines_and_a_wide_timeline(tmp_path, size, 
         await pilot.press("s")
         await pilot.pause()
         assert app.query_one("#side").display
+
+
+def _pane_text(widget, width: int = 32) -> str:  # type: ignore[no-untyped-def]
+    from rich.console import Console
+
+    console = Console(width=width, record=True, file=io.StringIO())
+    console.print(widget.content)
+    return console.export_text()
+
+
+@run_async
+async def test_w_shows_the_crossover_sweep_in_the_cost_pane(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    from cocoviz.schedule.tune import SweepResult
+    from cocoviz.tui.widgets.cost import CostSummary
+
+    app = make_app(tmp_path, "megatron_mlp")
+    async with app.run_test(size=(140, 42)) as pilot:
+        await settle(pilot)
+        cost = app.query_one(CostSummary)
+        assert "makespan" in _pane_text(cost) and app.wb.crossover() is None  # only on demand
+        await pilot.press("w")
+        await settle(pilot)
+        result = app.wb.crossover()
+        assert isinstance(result, SweepResult) and result.dim == "S"
+        text = _pane_text(cost)
+        assert cost.border_title == "crossover on h100-dgx"
+        assert "▶2^11" in text  # the sample's own size, marked
+        # the pane's sentence is the sweep's crossover, by block name
+        (c,) = result.crossovers
+        assert (c.winner, c.loser) == ("ol(MM, AR, K=4)-C [ol_mm_ar_c]", "MM-AR-C [mm_ar_c]")
+        assert f"ol_mm_ar_c beats mm_ar_c from S = 2^{c.value.bit_length() - 1}" in " ".join(
+            text.split()
+        )
+        # A step does not run it again; `w` goes back to the figures.
+        await pilot.press("1")
+        await settle(pilot)
+        assert app.wb.crossover() is result
+        await pilot.press("w")
+        await settle(pilot)
+        assert "makespan" in _pane_text(cost) and cost.border_title == "cost"

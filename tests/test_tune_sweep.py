@@ -90,3 +90,26 @@ def test_sweep_refuses_a_conflicting_define_and_output(capsys, tmp_path) -> None
     out = str(tmp_path / "best.sched")
     assert main(["tune", "adam", "--sweep", "N=2^4..2^5", "-o", out]) == 2
     assert "does not combine with --sweep" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("name", "dim"),
+    [("adam", "N"), ("lamb", "N"), ("megatron_mlp", "S"), ("transformer_block", "S")],
+)
+def test_the_main_dimension_is_the_token_or_element_count(name: str, dim: str) -> None:
+    from cocoviz.schedule.tune import main_dimension
+
+    # megatron: B, S and H shape the allreduce; every weight has H, and S > B
+    assert main_dimension(load_file(samples.path(name))) == dim
+
+
+def test_no_collective_no_main_dimension_and_the_sizes_around_a_value() -> None:
+    from cocoviz.ir.lower import load_program
+    from cocoviz.schedule.tune import block_of, main_dimension, sweep_values
+
+    p = load_program("ranks 2\ndim N = 8\ninput x : f32[N] local\ny = x + x\noutput y\n", "p")
+    assert main_dimension(p) is None
+    assert sweep_values(2048) == tuple(1 << k for k in range(5, 14))
+    assert sweep_values(12) == (3, 6, 12, 24, 48)  # down as far as 12 divides
+    assert sweep_values(0) == ()
+    assert block_of("fuse(RS-C-AG) [fused]") == "fused" and block_of("AR-C×6") is None

@@ -298,3 +298,48 @@ def test_the_workbench_imports_neither_textual_nor_rich() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == ""
+
+
+def test_the_crossover_sweep_of_the_main_dimension() -> None:
+    from cocoviz.schedule.tune import SweepResult, main_dimension, sweep_values
+
+    wb = _opened(open_source("adam"))
+    assert wb.crossover() is None
+    job = wb.crossover_job()
+    assert job is not None and job.dim == "N" == main_dimension(wb.base)  # type: ignore[arg-type]
+    assert job.values == sweep_values(1 << 28) and (1 << 28) in job.values
+    assert wb.crossover_job() is None  # a worker runs it now: not asked for twice
+    with ThreadPoolExecutor(1) as pool:
+        result = pool.submit(wb.run_crossover, job).result()
+    wb.store_crossover(job, result)
+    assert isinstance(result, SweepResult) and wb.crossover() is result
+    assert [p.value for p in result.points] == list(job.values)
+    # the same crossover `cocoviz tune adam --sweep` reports: fused takes over from ar_c
+    assert [(c.winner, c.loser) for c in result.crossovers] == [
+        ("fuse(RS-C-AG) [fused]", "AR-C [ar_c]")
+    ]
+    assert wb.crossover_job() is None  # done
+
+    # A new program drops it; a sweep finished for the old one is not kept.
+    _edit(wb, "# edited\n" + wb.text)
+    assert wb.crossover() is None
+    wb.store_crossover(job, result)
+    assert wb.crossover() is None
+    assert wb.crossover_job() is not None
+
+
+def test_a_size_the_program_refuses_is_left_out_of_the_sweep() -> None:
+    text = "ranks 8\ndim N = 64\ninput x : f32[N] local\ny = allreduce(+, x)\noutput y\n"
+    wb = _opened(Source(text, "p.coco", "p", "p.coco"))
+    job = wb.crossover_job()
+    assert job is not None and job.values == (1, 2, 4, 8, 16, 32, 64, 128, 256)
+    result = wb.run_crossover(job)
+    assert not isinstance(result, str)
+    assert [p.value for p in result.points] == list(job.values)  # local: every size divides
+    sliced = text.replace("local", "sliced(0)").replace("allreduce(+, x)", "allgather(x)")
+    wb = _opened(Source(sliced, "p.coco", "p", "p.coco"))
+    job = wb.crossover_job()
+    assert job is not None
+    result = wb.run_crossover(job)
+    assert not isinstance(result, str)
+    assert [p.value for p in result.points] == [8, 16, 32, 64, 128, 256]  # N % 8 == 0

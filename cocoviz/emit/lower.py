@@ -26,6 +26,7 @@ import dataclasses
 from collections.abc import Sequence
 
 from cocoviz.emit import plan as pl
+from cocoviz.emit.batch import batch_finishes
 from cocoviz.emit.names import NameTable, file_stem
 from cocoviz.emit.overlap import GroupLowering
 from cocoviz.emit.plan import Collectives, EmitError
@@ -62,6 +63,7 @@ class _ProgramLowerer(GroupLowering):
                 steps.extend(self.lower_group(item))
             else:
                 steps.extend(self.lower_units([item], None, f"stage {item}"))
+        steps = batch_finishes(steps, self._root_buffer, self._new_batch)
         outputs = []
         for o in p.outputs:
             ty = self.type_of(o)
@@ -104,6 +106,33 @@ class _ProgramLowerer(GroupLowering):
             uses_device_api=self._uses_device,
             chunk_loops=self._chunk_loops,
         )
+
+
+    def _root_buffer(self, cname: str) -> str:
+        b = self.buffers.get(cname)
+        while b is not None and b.alias is not None and b.alias != b.cname:
+            cname = b.alias
+            b = self.buffers.get(cname)
+        return cname
+
+    def _new_batch(self, fs: tuple[pl.ReduceFinish, ...]) -> tuple[str, str]:
+        """Names a `FinishBatch` of ``fs`` and allocates its pack (one value per finish)."""
+        stages = [f.stage for f in fs]
+        cname = self.names.fresh(f"{self.ns}_{'_'.join(stages)}_finish", "f_")
+        pack = self.names.fresh(f"{self.ns}_{'_'.join(stages)}", "p_")
+        acc = fs[0].reduction.acc_dtype
+        self.buffers[pack] = pl.Buffer(pack, stages[0], acc, len(fs), fs[0].pstage, "partial")
+        self.buffer_order.append(pack)
+        note = f"allreduce of {len(fs)} values: {', '.join(stages)}, batched"
+        for f in fs:
+            colls = self.stage_colls.get(f.stage, [])
+            self.stage_colls[f.stage] = [
+                f"{f.stage}.reduce ({note})" if c == f"{f.stage}.reduce (allreduce of 1 value)" else c
+                for c in colls
+            ]
+            kernels = self.stage_kernels.setdefault(f.stage, [])
+            self.stage_kernels[f.stage] = [cname if k == f.cname else k for k in kernels]
+        return cname, pack
 
 
 def _hoisted(step: pl.Step) -> pl.Step:

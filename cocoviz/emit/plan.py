@@ -294,6 +294,22 @@ class ReduceFinish:
 
 
 @dataclass(frozen=True)
+class FinishBatch:
+    """Consecutive cross-rank finishes whose partials are ready at the same point
+    (`cocoviz.emit.batch`): each finish's partials → slot j of ``pack``, one allreduce
+    of the ``len(finishes)`` values, then each final scalar from its slot."""
+
+    cname: str
+    finishes: tuple[ReduceFinish, ...]
+    pack: str
+    """Buffer of one value per finish, in ``acc_dtype``."""
+    acc_dtype: DType
+    pstage: int | None = 0
+    stream: StreamName = "main"
+    kind: Literal["finishes"] = "finishes"
+
+
+@dataclass(frozen=True)
 class BatchDim:
     """One loop of a batched matmul: `extent` GEMMs, the operands `a_stride`,
     `b_stride` and the result `c_stride` elements apart (0: a broadcast operand)."""
@@ -399,7 +415,9 @@ class DeviceCollective:
     """Loop-invariant statements of `body` (`hoist`), evaluated once per launch."""
 
 
-Step = Union[Kernel, RowKernel, ReduceFinish, Matmul, Collective, DeviceCollective, "ChunkLoop"]
+Step = Union[
+    Kernel, RowKernel, ReduceFinish, FinishBatch, Matmul, Collective, DeviceCollective, "ChunkLoop"
+]
 
 
 @dataclass(frozen=True)

@@ -55,6 +55,7 @@ __all__ = [
     "SweepPoint",
     "SweepResult",
     "TuneResult",
+    "block_of",
     "main_dimension",
     "schedule_label",
     "sweep",
@@ -515,7 +516,7 @@ def main_dimension(program: Program) -> str | None:
     return min(sorted(named), key=lambda d: (uses[d], -dims[d]))
 
 
-def sweep_values(value: int, below: int = 8, above: int = 2) -> tuple[int, ...]:
+def sweep_values(value: int, below: int = 6, above: int = 2) -> tuple[int, ...]:
     """The sizes a crossover sweep around ``value`` takes: ``value`` times 2^k for k
     from -``below`` (as far as ``value`` divides) to +``above``."""
     if value < 1:
@@ -526,6 +527,13 @@ def sweep_values(value: int, below: int = 8, above: int = 2) -> tuple[int, ...]:
     return tuple(value >> k for k in range(down, 0, -1)) + tuple(
         value << k for k in range(above + 1)
     )
+
+
+def block_of(title: str) -> str | None:
+    """The schedule block a canonical schedule's title names (``fused`` of
+    ``fuse(RS-C-AG) [fused]``); None for the program as written."""
+    m = re.search(r" \[(\w+)\]$", title)
+    return m.group(1) if m else None
 
 
 def sweep(

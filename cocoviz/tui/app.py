@@ -32,6 +32,7 @@ from cocoviz.errors import CocovizError
 from cocoviz.ir.nodes import Program
 from cocoviz.ir.summary import summarize
 from cocoviz.schedule import StepFailure
+from cocoviz.schedule.tune import SweepResult
 from cocoviz.sim.hardware import DEFAULT_PROFILE, Hardware, load_profile
 from cocoviz.timefmt import format_time
 from cocoviz.tui import pane_layout
@@ -55,6 +56,7 @@ from cocoviz.workbench import (
     Parsed,
     Refused,
     Simulated,
+    SweepJob,
     Workbench,
     Written,
     open_source,
@@ -117,6 +119,9 @@ class CocovizApp(App[None]):
         Binding("g", "focus_graph", "Focus graph", show=False),
         Binding("z", "zoom_pane", "Zoom pane", show=False),
         Binding("s", "toggle_side", "Side column (cost, steps, history)", show=False),
+        Binding(
+            "w", "crossover", "Crossover sweep in the cost pane (when does it pay)", show=False
+        ),
         Binding("ctrl+o", "view('code')", "Code view", show=False),
         Binding("ctrl+l", "view('timeline')", "Timeline view", show=False),
         Binding("f12", "screenshot", "Save screenshot", show=False),
@@ -138,6 +143,8 @@ class CocovizApp(App[None]):
         """What the emit dialog last wrote (the tree and the writer's report)."""
         self.timeline_drawn_at = 0.0  # perf_counter() when a new timeline reached the screen
         self.side_shown = True
+        self.crossover_shown = False
+        """The cost pane shows the crossover sweep (`w`) instead of the figures."""
         self._timeline_title = "timeline"
         """The side column (cost, steps, history) is shown (`s` collapses it)."""
         self.layout_plan: PaneLayout | None = None
@@ -319,14 +326,36 @@ class CocovizApp(App[None]):
 
     def _refresh_cost(self) -> None:
         program = self.wb.program
+        cost = self.query_one(CostSummary)
+        if self.crossover_shown:
+            job = self.wb.crossover_job()
+            if job is not None:
+                self._sweep(job)
+            base, result = self.wb.base, self.wb.crossover()
+            if base is None:
+                cost.show_crossover(NO_PROGRAM, None)
+            elif result is None or isinstance(result, str):
+                cost.show_crossover(result, None)
+            else:
+                cost.show_crossover(result, base.shape_env.get(result.dim))
+            return
         cur, base = self.wb.timeline(self.wb.position), self.wb.timeline(0)
-        self.query_one(CostSummary).show(
+        cost.show(
             summarize(program) if program is not None else None,
             cur.figures if cur else None,
             base.figures if base else None,
             self.wb.sim_note or ("simulating…" if program is not None else ""),
             self.wb.hw.name,
         )
+
+    @work(thread=True, exclusive=True, group="sweep", exit_on_error=False, description="sweep")
+    def _sweep(self, job: SweepJob) -> None:
+        result = self.wb.run_crossover(job)
+        self.call_from_thread(self._swept, job, result)
+
+    def _swept(self, job: SweepJob, result: SweepResult | str) -> None:
+        self.wb.store_crossover(job, result)
+        self._refresh_cost()
 
     def _start_sim(self) -> None:
         todo = self.wb.timelines_to_simulate()
@@ -416,7 +445,7 @@ class CocovizApp(App[None]):
             return
         note = self.wb.teach_note()
         if not note.total:
-            panel.update("This program has no schedule block to teach. Press t to leave.")
+            panel.update("This program has no schedule steps to teach. Press t to leave.")
             return
         head = f"[b]Teach mode[/b] — step {note.position} of {note.total}"
         if not note.program:
@@ -540,6 +569,12 @@ class CocovizApp(App[None]):
         # title says what is compared once there is.
         self.wb.cycle_compare()
         self._start_sim()
+
+    def action_crossover(self) -> None:
+        self.crossover_shown = not self.crossover_shown
+        title = f"crossover on {self.wb.hw.name}" if self.crossover_shown else "cost"
+        self.query_one("#cost").border_title = title
+        self._refresh_cost()
 
     def action_teach(self) -> None:
         self._set_teaching(not self.wb.teaching)

@@ -3,9 +3,10 @@
 A `Workbench` holds a program being edited and scheduled: the source and its parse
 generation, the step history (a `cocoviz.schedule.Session`, docs/schedules.md), the
 timeline and the emitted code of each step, the timeline comparison, teach mode
-(`teach`) and the autosave (`state`). It sits above the schedule layer, the simulator
-and the emitter, and below `cocoviz.tui`, which lays it out and draws it; nothing here
-imports Textual or rich, so it is driven and tested without a terminal.
+(`teach`), the crossover sweep and the autosave (`state`). It sits above the schedule
+layer, the simulator and the emitter, and below `cocoviz.tui`, which lays it out and
+draws it; nothing here imports Textual or rich, so it is driven and tested without a
+terminal.
 """
 
 from cocoviz.workbench.source import Source, open_source
@@ -21,6 +22,7 @@ from cocoviz.workbench.workbench import (
     Parsed,
     Refused,
     Simulated,
+    SweepJob,
     TeachNote,
     Workbench,
     Written,
@@ -40,6 +42,7 @@ __all__ = [
     "Refused",
     "Simulated",
     "Source",
+    "SweepJob",
     "TeachNote",
     "Workbench",
     "Written",

@@ -4,7 +4,7 @@ two predicted timelines, so the numbers are the model's, never made up. No Textu
 
 from __future__ import annotations
 
-from cocoviz.ir.nodes import Program
+from cocoviz.ir.nodes import Op, Program
 from cocoviz.sim.timeline import Summary
 from cocoviz.timefmt import format_time
 
@@ -21,6 +21,13 @@ WHY = {
         "The computation after the all-gather is elementwise, so each rank can do it on "
         "its own slice before gathering. Every rank now computes on 1/G of the data, and "
         "the all-gather moves the finished result instead of the raw sum."
+    ),
+    "reorder-alltoall": (
+        "An all-to-all only re-slices a value: the same global tensor, sliced along another "
+        "dimension afterwards. Elementwise work after it can run before it instead, on the "
+        "old slicing, with the same result bit for bit. What changes is what travels (a "
+        "cast to a narrower dtype moved ahead of the all-to-all halves its bytes) and "
+        "which kernels can fuse."
     ),
     "asslice": (
         "This input is only ever read one slice at a time, so each rank can store just its "
@@ -93,6 +100,11 @@ WIN_WHERE = {
     "reorder": (
         "Computing on slices pays once the inputs it reads are slices too (asslice) and "
         "when that computation is large next to the collectives."
+    ),
+    "reorder-alltoall": (
+        "Moving work ahead of an all-to-all pays when it makes what is sent smaller (a "
+        "cast to bf16 or f16) or fuses with the work before it; otherwise the work is the "
+        "same on either side."
     ),
     "asslice": "Keeping inputs as slices pays when they are large next to the collectives.",
     "fuse": (
@@ -177,10 +189,22 @@ def explain(
 ) -> str:
     """A few sentences for one teach-mode step: what it does (no claim about its speed),
     what it changed in the graph, and what the model predicts for it on ``hardware``."""
-    name = step.split("(", 1)[0].strip()
+    name = _kind(step, before)
     why = WHY.get(name, "")
     graph = "; ".join(_graph_change(before, after))
     return f"{why}\n\nIn the graph — {graph}.\n\n{_timeline_change(tb, ta, hardware, name)}"
+
+
+def _kind(step: str, before: Program) -> str:
+    """The step's name, or ``reorder-alltoall`` for a reorder across an alltoall (its
+    story differs from the allgather's)."""
+    name, _, rest = step.partition("(")
+    name = name.strip()
+    first = rest.split(",", 1)[0].split(")", 1)[0].strip()
+    if name == "reorder" and before.has_stage(first):
+        if before.stage(first).expr.op is Op.ALLTOALL:
+            return "reorder-alltoall"
+    return name
 
 
 INTRO = (

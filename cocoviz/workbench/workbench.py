@@ -37,6 +37,7 @@ from cocoviz.errors import CocovizError, UsageError
 from cocoviz.ir.lower import load_program
 from cocoviz.ir.nodes import Program, unscheduled
 from cocoviz.schedule import PaletteEntry, Session, StepFailure, block_steps, palette
+from cocoviz.schedule.tune import SweepResult, main_dimension, sweep, sweep_values
 from cocoviz.sim.hardware import Hardware
 from cocoviz.sim.timeline import Summary, Timeline
 from cocoviz.sim.timeline import simulate as simulate_timeline
@@ -55,6 +56,7 @@ __all__ = [
     "Parsed",
     "Refused",
     "Simulated",
+    "SweepJob",
     "TeachNote",
     "Workbench",
     "Written",
@@ -229,6 +231,17 @@ class CodePair:
 
 
 @dataclass(frozen=True)
+class SweepJob:
+    """A crossover sweep to run: the program as parsed, its text, the dimension varied
+    (`cocoviz.schedule.tune.main_dimension`) and its sizes."""
+
+    base: Program
+    text: str
+    dim: str
+    values: tuple[int, ...]
+
+
+@dataclass(frozen=True)
 class TeachNote:
     """Teach mode's explanation of the current step.
 
@@ -333,6 +346,10 @@ class Workbench(Generic[V]):
         ] = {}
         """By (identity of the program, steps, code options)."""
         self._palette: tuple[Program, dict[str, list[PaletteEntry] | str]] | None = None
+        self._crossover: tuple[Program, SweepResult | str] | None = None
+        """The crossover sweep of `base` (or why there is none)."""
+        self._crossover_running: Program | None = None
+        """The program whose sweep a worker runs now."""
 
     # --- parsing --------------------------------------------------------------------------
     def begin_parse(self, text: str, steps: Sequence[str] | None = None) -> int:
@@ -577,6 +594,51 @@ class Workbench(Generic[V]):
             if id(program) in live:
                 self._timelines[id(program)] = (program, tl, view)
         self.sim_note = simulated.note
+
+    # --- the crossover sweep --------------------------------------------------------------
+    def crossover(self) -> SweepResult | str | None:
+        """The crossover sweep of the program as parsed over its main dimension (`tune
+        --sweep`: per size the tuned best and each schedule block's time), why there is
+        none, or None while it has not been run."""
+        hit = self._crossover
+        return hit[1] if hit is not None and hit[0] is self.base else None
+
+    def crossover_job(self) -> SweepJob | None:
+        """The sweep to run for the program as parsed (None: no program, done, or being
+        run); it counts as being run until `store_crossover` gets its result."""
+        base = self.base
+        if base is None or self.crossover() is not None or self._crossover_running is base:
+            return None
+        dim = main_dimension(base)
+        if dim is None:
+            self._crossover = (base, "no collective names a dimension to sweep")
+            return None
+        self._crossover_running = base
+        return SweepJob(base, self.text, dim, sweep_values(base.shape_env[dim]))
+
+    def run_crossover(self, job: SweepJob) -> SweepResult | str:
+        """Tune the program at each size of the job (worker-safe); a size the program
+        does not accept (a slice that does not divide) is left out."""
+        programs: dict[int, Program] = {}
+        reason = ""
+        for value in job.values:
+            try:
+                programs[value] = load_program(job.text, self.source.label, {job.dim: value})
+            except CocovizError as err:
+                reason = reason or f"{job.dim} = {value}: {err.message}"
+        if len(programs) < 2:
+            return f"cannot sweep {job.dim}: {reason or 'fewer than two sizes'}"
+        try:
+            return sweep(programs.__getitem__, job.dim, list(programs), self.hw)
+        except CocovizError as err:
+            return f"cannot sweep {job.dim}: {err.message}"
+
+    def store_crossover(self, job: SweepJob, result: SweepResult | str) -> None:
+        """Keep the sweep while its program is the one parsed."""
+        if self._crossover_running is job.base:
+            self._crossover_running = None
+        if job.base is self.base:
+            self._crossover = (job.base, result)
 
     # --- code -----------------------------------------------------------------------------
     def code_jobs(self, options: Target | CodeOptions) -> list[CodeJob]:

@@ -1,13 +1,17 @@
 """The cost summary: predicted makespan, speedup over the unscheduled program, exposed
-communication, overlap and the model's warnings; plus what each rank sends."""
+communication, overlap and the model's warnings; plus what each rank sends. Or (`w`) the
+crossover sweep of the program's main dimension: per size the fastest schedule block and
+its time, and where the winner changes (`cocoviz tune FILE --sweep`)."""
 
 from __future__ import annotations
 
+from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 from textual.widgets import Static
 
 from cocoviz.ir.summary import Summary, format_bytes
+from cocoviz.schedule.tune import SweepResult, block_of
 from cocoviz.timefmt import format_time
 from cocoviz.tui.timeline_rows import CostFigures
 
@@ -61,6 +65,40 @@ class CostSummary(Static):
             t.add_row("hardware", hw)
         self.update(t)
 
+    def show_crossover(self, result: SweepResult | str | None, current: int | None) -> None:
+        """The sweep (`current`: the program's own size, marked), why there is none, or
+        that it is running (None)."""
+        if result is None or isinstance(result, str):
+            self.update(Text(result or "sweeping sizes…", style="italic"))
+            return
+        lines = [
+            f"{_name(c.winner)} beats {_name(c.loser)} "
+            f"from {result.dim} = {_size(c.value)}"
+            for c in result.crossovers
+        ]
+        if not lines and result.points:
+            lines = [f"{_name(result.points[0].winner)} is fastest at every size"]
+        if self.compact:
+            self.update(Text("\n".join(lines[:3])))
+            return
+        t = Table.grid(padding=(0, 1))
+        t.add_column(justify="right", no_wrap=True)
+        t.add_column(no_wrap=True, overflow="ellipsis", max_width=14)
+        t.add_column(justify="right", no_wrap=True)
+        t.add_column(justify="right", no_wrap=True)
+        t.add_row(*(Text(h, style="dim") for h in (result.dim, "fastest", "time", "tuned")))
+        for pt in result.points:
+            mark = "▶" if pt.value == current else ""
+            style = "bold" if pt.value == current else ""
+            speed = pt.baseline_s / pt.best.time_s if pt.best.time_s > 0 else 0.0
+            t.add_row(
+                Text(f"{mark}{_size(pt.value)}", style=style),
+                Text(_name(pt.winner), style=style),
+                Text(format_time(pt.time_of(pt.winner)), style=style),
+                Text(f"{speed:.2f}×", style="green" if speed > 1.0001 else "dim"),
+            )
+        self.update(Group(t, Text("\n".join(lines), style="bold")))
+
     @staticmethod
     def _compact(
         summary: Summary | None, figures: CostFigures | None, base: CostFigures | None, note: str
@@ -81,3 +119,12 @@ class CostSummary(Static):
             if figures.warnings:
                 out.append(f"\n⚠ {figures.warnings[0]}", style="yellow")
         return out
+
+
+def _size(value: int) -> str:
+    return f"2^{value.bit_length() - 1}" if value & (value - 1) == 0 else str(value)
+
+
+def _name(title: str) -> str:
+    """A canonical schedule by its block's name; the program as written by that."""
+    return block_of(title) or "as written"

@@ -28,6 +28,11 @@ the cursor, or under the mouse, is described under the axis.
 dimmed with the reason. An `overlap` is applied without `chunks=`: the cost model
 picks the chunk count K for the hardware (`model: K=2`), and the history shows it.
 
+**cost** — the predicted makespan of the current step and its speedup over the
+unscheduled program; `w` shows instead the crossover sweep of the program's main
+dimension (its token or element count): per size the fastest schedule block, its time
+and the tuner's best speedup (`tuned`), and the size from which the winner changes.
+
 **code** — the files `cocoviz emit` writes for the current step, for the target, the
 collectives mode and the CUDA architecture in the pane's title; `e` writes them to a
 directory of your choice.
