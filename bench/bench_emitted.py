@@ -5,12 +5,16 @@ and sgd (schedules fused and ar_c) at N = 2^24 on 2 ranks.
 
 Usage: python bench/bench_emitted.py [--n 16777216] [--ranks 2] [--iters 20] [--rounds 3]
            [--programs adam,lamb,sgd] [--schedules fused,ar_c] [--baseline DIR]
+           [--mpi-baseline SRC] [--no-emitted] [--no-run-mpi]
 
 Each round runs every contender once, interleaved, so they see the same machine load;
 each figure is the median over the rounds of one run's per-iteration time (the emitted
 program's ``time_ms``, `run --mpi`'s makespan, the numpy script's median). With
 ``--baseline DIR`` the programs prebuilt in ``DIR/<program>_<schedule>`` (e.g. by an
-older cocoviz) are timed in the same rounds. Ratios are to the emitted program.
+older cocoviz) are timed in the same rounds; with ``--mpi-baseline SRC`` so is `cocoviz
+run --mpi` of the cocoviz package in the source tree SRC (e.g. ``git archive`` of an older
+commit), as "run --mpi (SRC)". Ratios are to the emitted program (to the numpy step with
+``--no-emitted``); "run --mpi / numpy" is the ratio of issue 18's item 5 (goal ≤ 1.3).
 """
 
 from __future__ import annotations
@@ -116,6 +120,16 @@ def _emitted_ms(d: Path, iters: int) -> float:
     return float(json.loads(out.stdout.strip().splitlines()[-1])["time_ms"])
 
 
+def _run_mpi_ms(argv: list[str], src: Path | None = None) -> float:
+    """`cocoviz run --mpi`'s makespan in ms; with `src`, of the cocoviz in that tree."""
+    env = None
+    if src is not None:
+        old = os.environ.get("PYTHONPATH")
+        env = {**os.environ, "PYTHONPATH": str(src) + (os.pathsep + old if old else "")}
+    out = subprocess.run(argv, capture_output=True, text=True, check=True, env=env)
+    return float(json.loads(out.stdout)["makespan_s"]) * 1e3
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--n", type=int, default=1 << 24)
@@ -126,6 +140,14 @@ def main() -> None:
     ap.add_argument("--schedules", default="fused,ar_c")
     ap.add_argument("--baseline", type=Path, default=None)
     ap.add_argument("--no-run-mpi", action="store_true", help="skip `cocoviz run --mpi`")
+    ap.add_argument("--no-emitted", action="store_true", help="skip the emitted program")
+    ap.add_argument(
+        "--mpi-baseline",
+        type=Path,
+        default=None,
+        metavar="SRC",
+        help="also time `cocoviz run --mpi` of the cocoviz package in source tree SRC",
+    )
     args = ap.parse_args()
     progs = args.programs.split(",")
     scheds = args.schedules.split(",")
@@ -142,28 +164,29 @@ def main() -> None:
         for name in progs:
             for sched in scheds:
                 d = t / f"{name}_{sched}"
-                subprocess.run(
-                    [sys.executable, "-m", "cocoviz", "emit", str(samples.path(name)),
-                     "--schedule", sched, "--target", "cpu", "-o", str(d), "-D",
-                     f"N={args.n}", "--ranks", str(args.ranks), "--build"],
-                    check=True, capture_output=True,
-                )  # fmt: skip
+                if not args.no_emitted:
+                    subprocess.run(
+                        [sys.executable, "-m", "cocoviz", "emit", str(samples.path(name)),
+                         "--schedule", sched, "--target", "cpu", "-o", str(d), "-D",
+                         f"N={args.n}", "--ranks", str(args.ranks), "--build"],
+                        check=True, capture_output=True,
+                    )  # fmt: skip
                 base = args.baseline / f"{name}_{sched}" if args.baseline else None
                 res: dict[str, list[float]] = {}
+                run_argv = [sys.executable, "-m", "cocoviz", "run", str(samples.path(name)),
+                            "--schedule", sched, "-D", f"N={args.n}", "--ranks",
+                            str(args.ranks), "--mpi", "--iters", str(args.iters),
+                            "--no-check", "--json"]  # fmt: skip
                 for _ in range(args.rounds):
-                    res.setdefault("emitted", []).append(_emitted_ms(d, args.iters))
+                    if not args.no_emitted:
+                        res.setdefault("emitted", []).append(_emitted_ms(d, args.iters))
                     if base is not None:
                         res.setdefault("baseline", []).append(_emitted_ms(base, args.iters))
                     if not args.no_run_mpi:
-                        out = subprocess.run(
-                            [sys.executable, "-m", "cocoviz", "run", str(samples.path(name)),
-                             "--schedule", sched, "-D", f"N={args.n}", "--ranks",
-                             str(args.ranks), "--mpi", "--iters", str(args.iters),
-                             "--no-check", "--json"],
-                            capture_output=True, text=True, check=True,
-                        )  # fmt: skip
-                        res.setdefault("run --mpi", []).append(
-                            json.loads(out.stdout)["makespan_s"] * 1e3
+                        res.setdefault("run --mpi", []).append(_run_mpi_ms(run_argv))
+                    if args.mpi_baseline is not None:
+                        res.setdefault("run --mpi (SRC)", []).append(
+                            _run_mpi_ms(run_argv, args.mpi_baseline)
                         )
                     times = json.loads(
                         _mpi(args.ranks, [sys.executable, str(t / "step.py"), name, sched,
@@ -171,12 +194,19 @@ def main() -> None:
                     )  # fmt: skip
                     res.setdefault("numpy", []).append(statistics.median(times) * 1e3)
                 bound = plan_bytes(name, sched, args.n, args.ranks) / bw * 1e3
-                em = statistics.median(res["emitted"])
+                ref = "numpy" if args.no_emitted else "emitted"
+                em = statistics.median(res[ref])
                 print(f"{name} {sched} (N={args.n}, {args.ranks} ranks, median of {args.rounds}):")
                 for k, v in res.items():
                     m = statistics.median(v)
-                    print(f"  {k:10s} {m:9.2f} ms   ratio to emitted {m / em:6.2f}")
-                print(f"  {'bound':10s} {bound:9.2f} ms   emitted / bound {em / bound:6.2f}")
+                    print(f"  {k:15s} {m:9.2f} ms   ratio to {ref} {m / em:6.2f}")
+                print(f"  {'bound':15s} {bound:9.2f} ms   {ref} / bound {em / bound:6.2f}")
+                npy = statistics.median(res["numpy"])
+                for k in ("run --mpi", "run --mpi (SRC)"):
+                    if k in res:
+                        r = statistics.median(res[k]) / npy
+                        met = "met" if r <= 1.3 else "NOT met"
+                        print(f"  {k} / numpy {r:5.2f}  (goal <= 1.3: {met})")
                 sys.stdout.flush()
 
 

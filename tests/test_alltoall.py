@@ -31,6 +31,7 @@ from cocoviz.exec.layout import join_global
 from cocoviz.exec.reference import run_reference
 from cocoviz.ir.lower import load_program
 from cocoviz.ir.printer import format_program
+from cocoviz.ir.syntax import parse_steps
 from cocoviz.sim.collectives import Coll, collective_time
 from cocoviz.sim.hardware import load_profile
 
@@ -242,8 +243,124 @@ def test_cuda_program_runs_in_the_emulation(tmp_path_factory: pytest.TempPathFac
     files = emit_text(text, None, "cuda")
     cu = files[next(n for n in files if n.endswith(".cu"))]
     assert "ncclAlltoAll(" in cu and "ncclSend(" in cu  # the pre-2.28 fallback is there too
-    assert "_pack(const Buffers B)" in cu and "_permute(const Buffers B)" in cu
+    assert "_pack(const Buffers B, int64_t k)" in cu and "_unpack(const Buffers B, int64_t k)" in cu
     tree = build_emulated(files, tmp_path_factory.getbasetemp().parent / "emulation")
     run = _run(tree, "--emulate", "--check", "--dump", str(tree / "dump"))
     assert run.returncode == 0, run.stdout + run.stderr
     compare_dumps(text_programs(text, None)[0], tree / "dump")
+
+
+# ---- overlap: a group with an alltoall chunks dimension 0
+
+PIPE = """input x : f32[P, R, E, C, H] sliced(1)
+input w : f32[E, H, H] sliced
+y = alltoall(x, to=2)
+h = matmul(y, w)
+a = gelu(h)
+back = alltoall(a, from=2, to=1)
+output back
+"""
+PIPE_DIMS = "P = 4, R = 8, E = 8, C = 2, H = 8"
+
+
+def test_overlap_chunks_dimension_0_and_values_keep_their_layouts() -> None:
+    from cocoviz.schedule import apply_steps
+
+    p = load_program(program(4, PIPE, dims=PIPE_DIMS), "<t>")
+    q = apply_steps(p, parse_steps("overlap(y, h, a, back, chunks=2)"))
+    (g,) = q.groups
+    assert g.chunks == 2 and set(g.stages()) == {"y", "h", "a", "back"}
+    # sliced values leave the group: `back` is an output
+    assert str(q.type_of("back").layout) == "sliced(1)"
+
+
+OVERLAP_BAD = [
+    ("overlap(y, h, chunks=3)", "chunks=3 does not divide"),
+    ("overlap(y, h, a, back, chunks=8)", "does not divide dimension 0"),
+]
+
+
+@pytest.mark.parametrize(("step", "message"), OVERLAP_BAD)
+def test_overlap_refusals(step: str, message: str) -> None:
+    from cocoviz.errors import ScheduleError
+    from cocoviz.schedule import apply_steps
+
+    p = load_program(program(4, PIPE, dims=PIPE_DIMS), "<t>")
+    with pytest.raises(ScheduleError) as err:
+        apply_steps(p, parse_steps(step))
+    assert message in str(err.value)
+
+
+@pytest.mark.parametrize(
+    ("body", "step", "message"),
+    [
+        # re-slicing dimension 0, the one being cut
+        ("input x : f32[P, R, H] sliced(1)\ny = alltoall(x, to=0)\nz = y * 2\noutput z\n",
+         "overlap(y, z, chunks=2)", "sliced along the dimension being chunked"),
+        # dropout reads elements by global position
+        ("input x : f32[P, R, H] sliced(1)\ny = alltoall(x, to=2)\nz = dropout(y, 0.1)\n"
+         "output z\n", "overlap(y, z, chunks=2)", "dropout reads elements by global position"),
+        # a reduction to a scalar needs every chunk
+        ("input x : f32[P, R, H] sliced(1)\ny = alltoall(x, to=2)\nz = y * sum(y)\noutput z\n",
+         "overlap(y, z, chunks=2)", "reduces a whole tensor"),
+    ],
+)  # fmt: skip
+def test_overlap_refuses_what_cannot_run_by_dimension_0_chunks(body, step, message) -> None:
+    from cocoviz.errors import ScheduleError
+    from cocoviz.schedule import apply_steps
+
+    p = load_program(program(4, body, dims="P = 4, R = 8, H = 8"), "<t>")
+    with pytest.raises(ScheduleError) as err:
+        apply_steps(p, parse_steps(step))
+    assert message in str(err.value)
+
+
+def test_simulator_pipelines_the_chunks(capsys: pytest.CaptureFixture[str]) -> None:
+    """Chunk k+1's alltoall is issued before chunk k's return alltoall (the emitted
+    software pipeline), so it overlaps chunk k's expert GEMMs."""
+    assert main(["simulate", "moe_layer", "--schedule", "overlapped", "--json"]) == 0
+    summary = json.loads(capsys.readouterr().out)["summary"]
+    assert summary["overlap_fraction"] > 0.5
+    assert summary["exposed_comm_s"] < summary["comm_s"] / 2
+    assert summary["makespan_s"] < summary["baseline_s"]
+    assert main(["tune", "moe_layer", "--json"]) == 0
+    ranked = json.loads(capsys.readouterr().out)["schedules"]
+    assert ranked[0]["block"] == "overlapped"
+    assert ranked[0]["time_s"] == pytest.approx(summary["makespan_s"])
+
+
+@pytest.mark.build
+def test_mpi_run_pipelines_alltoall_chunks() -> None:
+    from cocoviz.exec.mpi_run import run_mpi
+    from cocoviz.schedule import apply_steps
+
+    p = load_program(program(4, PIPE, dims=PIPE_DIMS), "<t>")
+    q = apply_steps(p, parse_steps("overlap(y, h, a, back, chunks=2)"))
+    run = run_mpi(q, ["back", "y"])
+    ref = run_reference(p, 0)
+    for name in ("back", "y"):
+        np.testing.assert_array_equal(run.outputs[name], ref.global_value(name))
+    chunks = {(e.stage, e.chunk) for e in run.events if e.rank == 0}
+    assert {("y", 0), ("y", 1), ("back", 0), ("back", 1)} <= chunks
+
+
+def test_tune_says_from_which_capacity_overlapping_the_experts_pays(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert main(["tune", "moe_layer", "--sweep", "C=2^2..2^9", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    (cross,) = data["crossovers"]
+    assert "[overlapped]" in cross["winner"] and "[as_written]" in cross["loser"]
+
+    def times(point: dict) -> dict[str, float]:
+        return {c["name"].rsplit("[", 1)[1]: c["time_s"] for c in point["canonical"]}
+
+    for p in data["points"]:
+        t = times(p)
+        if p["value"] < cross["value"]:
+            assert t["as_written]"] <= t["overlapped]"], p["value"]
+        else:
+            assert t["overlapped]"] < t["as_written]"], p["value"]
+    assert main(["tune", "moe_layer", "--sweep", "C=2^2..2^9"]) == 0
+    out = capsys.readouterr().out
+    assert f"from C = 2^{cross['value'].bit_length() - 1} on h100-dgx" in out

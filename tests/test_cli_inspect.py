@@ -244,3 +244,27 @@ def test_unknown_command_and_option_are_usage_errors() -> None:
     assert run("frobnicate")[0] == 2
     rc, _, err = run("check", "sgd", "--nope")
     assert rc == 2 and "unrecognized arguments: --nope" in err
+
+
+COCONET_SAMPLES = (
+    "adam",
+    "lamb",
+    "sgd",
+    "megatron_mlp",
+    "megatron_attention_out",
+    "pipeline_stage",
+    "transformer_block",
+)
+
+
+@pytest.mark.parametrize("name", COCONET_SAMPLES)
+def test_coconets_configuration_in_the_comments_is_reachable(name: str) -> None:
+    defines, ranks, hw = samples.coconet_config(name)
+    assert defines and hw == "v100-dgx2"
+    argv = [f"-D{k}={v}" for k, v in defines.items()] + ["--hw", hw]
+    argv += ["--ranks", ranks] if ranks else []
+    rc, out, err = run("check", name, *argv)
+    assert (rc, err) == (0, ""), err
+    p = load_program(samples.text(name), f"{name}.coco", defines)
+    assert all(p.shape_env[k] == v for k, v in defines.items())
+    assert out.startswith(f"{name}: ranks {ranks or p.grid}, ")

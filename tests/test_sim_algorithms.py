@@ -107,22 +107,53 @@ def test_every_candidate_is_cheapest_first_and_the_choice_is_the_minimum() -> No
                 assert collective_time(H100, coll, size, n, ranks_per_node=rpn) == cands[0]
 
 
-def test_emitted_nccl_calls_never_use_registered_windows() -> None:
-    """The simulator prices NCCL calls on unregistered buffers because the emitted code
-    registers windows only for its own nccl-device kernels: check it on the manifests."""
-    from emit_support import emit_files
-
-    assert emitted_buffers_registered("nccl") is False
-    assert emitted_buffers_registered("nccl-device") is False
+def test_emitted_nccl_calls_use_registered_windows() -> None:
+    """The simulator prices NCCL calls on registered windows (NCCL's symmetric kernels
+    are candidates) because the emitted code registers the buffers of every allreduce,
+    reducescatter and allgather and of every scalar reduction: check it on the manifests
+    (every such collective says `buffers_registered`, and its buffers are windows)."""
     import json
 
-    for collectives in ("nccl", "nccl-device"):
-        files = emit_files("adam", "fused", "cuda", collectives=collectives)
-        windows = _windows(json.loads(files["manifest.json"]))
-        if collectives == "nccl":
-            assert windows == set()
-        else:
-            assert windows  # the fused kernel's own windows, no NCCL collective call's
+    from emit_support import emit_files
+
+    assert emitted_buffers_registered("nccl") is True
+    assert emitted_buffers_registered("nccl-device") is True
+    for name, schedule in (("adam", "fused"), ("lamb", "rs_c_ag"), ("megatron_mlp", "ol_mm_ar_c")):
+        for collectives in ("nccl", "nccl-device"):
+            files = emit_files(name, schedule, "cuda", collectives=collectives)
+            man = json.loads(files["manifest.json"])
+            windows = _windows(man) | _registered_windows(man)
+            calls = _host_calls(man["scheduled"]["steps"])
+            assert calls or collectives == "nccl-device", name  # adam: all in the device kernel
+            for step in calls:
+                facts = step.get("allreduce", step)
+                assert facts["buffers_registered"] is emitted_buffers_registered(collectives), step
+            assert windows
+            cu = next(t for n, t in files.items() if n.endswith(".cu") and n != "main.cu")
+            assert cu.count("NCCL_WIN_COLL_SYMMETRIC") >= len(windows)
+
+
+def _host_calls(steps: list[dict[str, object]]) -> list[dict[str, object]]:
+    """Host-API NCCL calls among manifest steps that NCCL's symmetric kernels serve."""
+    out: list[dict[str, object]] = []
+    for s in steps:
+        if s["kind"] == "chunks":
+            for it in s["per_chunk"]:  # type: ignore[attr-defined]
+                out += _host_calls(it["steps"])
+        elif s["kind"] == "collective" and s.get("op") in ("allreduce", "reducescatter", "allgather"):
+            out.append(s)
+        elif s["kind"] in ("finish", "finishes") and s.get("cross_rank"):
+            out.append(s)
+    return out
+
+
+def _registered_windows(value: object) -> set[str]:
+    if isinstance(value, dict):
+        found = {str(value.get("name"))} if value.get("registered_window") else set()
+        return found.union(*(_registered_windows(v) for v in value.values()))
+    if isinstance(value, list):
+        return set().union(*(_registered_windows(v) for v in value))
+    return set()
 
 
 def _windows(value: object) -> set[str]:

@@ -46,7 +46,7 @@ def test_split_of_a_non_allreduce() -> None:
     assert err.message == "split: 'layer' (matmul, f16[B, S, H] local) is not an allreduce"
     assert err.hint == "split applies to an allreduce; the allreduces here are sum"
     assert where(err) == (last_line(text), 3)
-    assert note_lines(err) == [("'layer' is defined here", 13)]
+    assert note_lines(err) == [("'layer' is defined here", 16)]
 
 
 def test_reorder_with_a_local_operand() -> None:
@@ -83,12 +83,12 @@ def test_reorder_of_a_non_closed_region() -> None:
     )
     assert err.hint == "list it too: reorder(attn, h, out)"
     assert where(err) == (last_line(text), 3)
-    assert note_lines(err) == [("'h' is defined here", 19)]
+    assert note_lines(err) == [("'h' is defined here", 22)]
 
 
 def test_reorder_of_a_non_allgather_says_split_first() -> None:
     err = refused(with_schedule("sgd", "reorder(g1)"))
-    assert err.message == "reorder: 'g1' (allreduce, f32[N] replicated) is not an allgather"
+    assert err.message == "reorder: 'g1' (allreduce, f32[N] replicated) is not an allgather or alltoall"
     assert err.hint == "split it first: split(g1), then reorder(g1)"
 
 
@@ -129,7 +129,7 @@ def test_two_collectives_in_one_fused_group() -> None:
     )
     assert err.hint == "fuse them separately; overlap(…) pipelines consecutive collectives"
     assert where(err) == (last_line(text), 3)
-    assert note_lines(err) == [("'recv' is defined here", 17)]
+    assert note_lines(err) == [("'recv' is defined here", 20)]
 
 
 def test_fuse_refuses_matmul_and_unsplit_allreduce_with_hints() -> None:
@@ -254,7 +254,7 @@ def test_steps_without_location_point_at_the_stage() -> None:
     program = load_program((ROOT / "samples" / "sgd.coco").read_text(), "sgd.coco")
     with pytest.raises(ScheduleError) as info:
         Split(stage="m1").apply(program)
-    assert where(info.value) == (14, 1)
+    assert where(info.value) == (17, 1)
     assert info.value.diagnostics[0].notes == ()
 
 

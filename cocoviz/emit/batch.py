@@ -16,6 +16,7 @@ allreduces and launches drops.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Sequence
 
 from cocoviz.emit import plan as pl
@@ -62,7 +63,7 @@ def batch_finishes(
                 pl.ChunkItem(it.label, it.stream, tuple(batch_finishes(it.steps, root, new_batch)))
                 for it in s.items
             )
-            out.append(pl.ChunkLoop(s.cname, s.stages, s.chunks, items, s.pstage, s.stream))
+            out.append(dataclasses.replace(s, items=items))
             i += 1
             continue
         if not (isinstance(s, pl.ReduceFinish) and s.cross_rank):

@@ -40,9 +40,9 @@ def view_of(ty: TensorType, group: int, chunks: int | None = None) -> pl.View:
         return pl.View("replicated", shape, n)
     if lay.is_local:
         return pl.View("local", shape, n)
-    if chunks:
-        return pl.View("chunked", shape, n // group, chunks=chunks)
     d = block_dim(lay, ty.shape, group) if lay.dim is not None else None
+    if chunks and not d:
+        return pl.View("chunked", shape, n // group, chunks=chunks)
     if d is None:
         return pl.View("flat", shape, n // group)
     outer = 1
@@ -51,7 +51,11 @@ def view_of(ty: TensorType, group: int, chunks: int | None = None) -> pl.View:
     inner = 1
     for s in shape[d + 1 :]:
         inner *= s
-    return pl.View("block", shape, n // group, outer=outer, extent=shape[d], inner=inner)
+    # Inside a group that chunks dimension 0 a value sliced along another dimension keeps
+    # its layout: chunk k is block k of the rank's array (docs/codegen.md).
+    return pl.View(
+        "block", shape, n // group, outer=outer, extent=shape[d], inner=inner, chunks=chunks or 1
+    )
 
 
 def _with_chunks(v: pl.View, chunks: int) -> pl.View:

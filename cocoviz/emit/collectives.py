@@ -193,18 +193,16 @@ class CollectiveLowering(Storage):
                     **common,
                 )
         elif op is Op.ALLTOALL:
-            if chunks:
-                raise EmitError(
-                    f"alltoall '{u.stage}' inside an overlapped group is not lowered by the "
-                    "emitter yet; emit the schedule without overlap(…) of it"
-                )
-            pack, unpack = self._alltoall_permutes(e)
+            # in a group that chunks dimension 0, chunk k is block k of both rank arrays
+            pack, unpack = self._alltoall_permutes(e, K)
             c = pl.Collective(
                 op="alltoall",
                 rop=None,
                 send=sbuf.cname,
                 recv=dbuf.cname,
-                count=sv.count // self.G,
+                count=sv.count // (K * self.G),
+                send_offset=pl.Offset(per_chunk=sv.count // K) if chunks else pl.ZERO,
+                recv_offset=pl.Offset(per_chunk=dv.count // K) if chunks else pl.ZERO,
                 permute=unpack,
                 staging=self._staging(u, "recv", dv.count) if unpack else "",
                 pack=pack,
@@ -261,12 +259,15 @@ class CollectiveLowering(Storage):
         self.buffer_order.append(name)
         return name
 
-    def _alltoall_permutes(self, e: Any) -> tuple[pl.View | None, pl.View | None]:
-        """The block views an alltoall's pack and unpack copy along (None: the blocks
-        are contiguous already; `alltoall_copies`, docs/codegen.md)."""
+    def _alltoall_permutes(self, e: Any, chunks: int) -> tuple[pl.View | None, pl.View | None]:
+        """The block views an alltoall's pack and unpack copy along, for one of `chunks`
+        blocks of dimension 0 (None: the blocks are contiguous already;
+        `alltoall_copies`, docs/codegen.md)."""
         G = self.G
         x = e.args[0]
-        pack, unpack = alltoall_copies(shape_values(x.type.shape), int(e.tag), int(e.value), G)
+        shape = list(shape_values(x.type.shape))
+        shape[0] //= chunks
+        pack, unpack = alltoall_copies(tuple(shape), int(e.tag), int(e.value), G)
 
         def view(b: Blocks | None) -> pl.View | None:
             if b is None:

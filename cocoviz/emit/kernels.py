@@ -282,15 +282,16 @@ class KernelLowering(CollectiveLowering):
         e = u.expr
         a, b = e.args
         assert a.name is not None and b.name is not None
-        if chunks:
-            raise EmitError(
-                f"matmul '{u.stage}': a batched matmul cannot be chunked inside an "
-                "overlapped group",
-                e.span,
-            )
         G = self.G
         out = _local_shape(u.ty, G)
         r = len(out)
+        K = chunks or 1
+        if chunks and (r < 3 or out[0] % K or len(_local_shape(a.type, G)) != r):
+            raise EmitError(
+                f"matmul '{u.stage}': a batched matmul is chunked along its first batch "
+                f"dimension, which its left operand must have and {K} must divide",
+                e.span,
+            )
         d_out = block_dim(u.ty.layout, u.ty.shape, G)
         batch_d = d_out if d_out is not None and d_out < r - 2 else None
         ops = []
@@ -315,12 +316,20 @@ class KernelLowering(CollectiveLowering):
         c_str = _strides(out)
         dims: list[pl.BatchDim] = []
         for i in range(r - 2):
-            if out[i] == 1:
+            # chunk k of a group that chunks dimension 0: block k of the first batch dimension
+            extent = out[i] // K if i == 0 else out[i]
+            if extent == 1:
                 continue
             ja, jb = i - r + len(a_st), i - r + len(b_st)
             sa = a_str[ja] if ja >= 0 and a_eff[ja] != 1 else 0
             sb = b_str[jb] if jb >= 0 and b_eff[jb] != 1 else 0
-            dims.append(pl.BatchDim(out[i], sa, sb, c_str[i]))
+            if chunks and i == 0 and sb:
+                raise EmitError(
+                    f"matmul '{u.stage}': its right operand has the chunked first batch "
+                    "dimension; only its left operand may be chunked",
+                    e.span,
+                )
+            dims.append(pl.BatchDim(extent, sa, sb, c_str[i]))
         merged: list[pl.BatchDim] = []
         for bd in dims:
             if merged:
@@ -349,8 +358,8 @@ class KernelLowering(CollectiveLowering):
             n,
             k_loc,
             u.ty.dtype,
-            pl.Offset(per_rank=a_rank),
-            pl.ZERO,
+            pl.Offset(per_rank=a_rank, per_chunk=out[0] // K * a_str[0] if chunks else 0),
+            pl.Offset(per_chunk=out[0] // K * c_str[0]) if chunks else pl.ZERO,
             u.ty.pstage,
             b_offset=pl.Offset(per_rank=b_rank),
             batch=tuple(merged) or (pl.BatchDim(1, 0, 0, 0),),

@@ -92,6 +92,8 @@ class _ProgramLowerer(GroupLowering):
         bufs = [
             dataclasses.replace(b, symmetric=True) if b.cname in self.symmetric else b for b in bufs
         ]
+        reg = {self._root_buffer(c) for c in registered_buffers(steps)}
+        bufs = [dataclasses.replace(b, registered=True) if b.cname in reg else b for b in bufs]
         return pl.ProgramPlan(
             cname=self.ns,
             title=self.title,
@@ -133,6 +135,31 @@ class _ProgramLowerer(GroupLowering):
             kernels = self.stage_kernels.setdefault(f.stage, [])
             self.stage_kernels[f.stage] = [cname if k == f.cname else k for k in kernels]
         return cname, pack
+
+
+REGISTERED_OPS = frozenset({"allreduce", "reducescatter", "allgather"})
+"""Collectives NCCL's symmetric kernels serve (NCCL >= 2.27, registered windows)."""
+
+
+def registered_buffers(steps: Sequence[pl.Step]) -> list[str]:
+    """Buffers (before alias resolution) that host-API NCCL collectives of ``steps``
+    read or write within the tp group: the send, receive and staging buffers of an
+    allreduce, reducescatter or allgather, and the partials or pack of a cross-rank scalar
+    reduction. They are allocated with ncclMemAlloc and registered as symmetric windows.
+    Send/recv between pipeline stages, broadcast, reduce and alltoall are not (NCCL's
+    symmetric kernels do not serve them)."""
+    out: list[str] = []
+    for s in steps:
+        if isinstance(s, pl.ChunkLoop):
+            for it in s.items:
+                out += registered_buffers(it.steps)
+        elif isinstance(s, pl.Collective) and s.op in REGISTERED_OPS and s.comm == "group":
+            out += [b for b in (s.send, s.recv, s.staging) if b]
+        elif isinstance(s, pl.ReduceFinish) and s.cross_rank:
+            out.append(s.reduction.partial)
+        elif isinstance(s, pl.FinishBatch):
+            out.append(s.pack)
+    return out
 
 
 def _hoisted(step: pl.Step) -> pl.Step:

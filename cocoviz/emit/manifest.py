@@ -24,6 +24,17 @@ class _Gpu:
 
         self.renderer = CudaRenderer(plan, EmitOptions(target="cuda", arch=arch))
         self.sms = SM_COUNT.get(arch.split()[0] if arch else "sm_90", 132)
+        bufs = [b for prog in plan.plans for b in prog.buffers]
+        self.alias = {b.cname: b.alias for b in bufs if b.alias}
+        self.registered = {b.cname for b in bufs if b.registered or b.symmetric}
+
+    def _registered(self, names: list[str]) -> bool:
+        roots = []
+        for n in names:
+            while n in self.alias and self.alias[n] != n:
+                n = self.alias[n] or n
+            roots.append(n)
+        return bool(roots) and all(r in self.registered for r in roots)
 
     def facts(self, s: pl.Step) -> dict[str, Any]:
         if isinstance(s, pl.DeviceCollective):
@@ -40,6 +51,24 @@ class _Gpu:
                 "pack_bytes": 16 if dev["vec"] else None,
                 "unroll_packs": dev["unroll"],
                 "multimem_variant": dev["multimem"],
+            }
+        if isinstance(s, pl.Collective):
+            names = [b for b in (s.send, s.recv, s.staging) if b]
+        elif isinstance(s, pl.ReduceFinish):
+            names = [s.reduction.partial]
+        elif isinstance(s, pl.FinishBatch):
+            names = [s.pack]
+        else:
+            names = []
+        if self._registered(names):
+            return {
+                "buffers_registered": True,
+                "registration": "ncclMemAlloc + ncclCommWindowRegister (NCCL_WIN_COLL_SYMMETRIC,"
+                " NCCL >= 2.27): NCCL may choose its symmetric kernels",
+                "cuda_graph": False,
+                "ctas": None,
+                "cta_rule": "NCCL's choice",
+                "pack_width": None,
             }
         return {
             "buffers_registered": False,
@@ -67,6 +96,14 @@ def _steps(steps: tuple[pl.Step, ...], gpu: _Gpu | None = None) -> list[dict[str
         elif isinstance(s, pl.ReduceFinish):
             d.update(stages=[s.stage], cross_rank=s.cross_rank)
             if gpu is not None and s.cross_rank:
+                d["allreduce"] = gpu.facts(s)
+        elif isinstance(s, pl.FinishBatch):
+            d.update(
+                stages=[f.stage for f in s.finishes],
+                cross_rank=True,
+                batched_values=len(s.finishes),
+            )
+            if gpu is not None:
                 d["allreduce"] = gpu.facts(s)
         elif isinstance(s, pl.Matmul):
             d.update(stages=[s.stage], m=s.m, n=s.n, k=s.k, api="cublasGemmEx")
@@ -129,6 +166,7 @@ def _program(
                 "role": b.role,
                 **({"alias_of": b.alias} if b.alias else {}),
                 **({"symmetric_window": True} if b.symmetric else {}),
+                **({"registered_window": True} if b.registered and not b.symmetric else {}),
             }
             for b in p.buffers
         ],

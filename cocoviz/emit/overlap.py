@@ -11,6 +11,7 @@ from collections.abc import Iterable
 from cocoviz.emit import plan as pl
 from cocoviz.emit.kernels import KernelLowering
 from cocoviz.ir.nodes import COLLECTIVES, Group, GroupKind, Op
+from cocoviz.ir.transforms.overlap import leading_chunks
 
 
 class GroupLowering(KernelLowering):
@@ -65,6 +66,7 @@ class GroupLowering(KernelLowering):
                 g.chunks,
                 tuple(items),
                 pst if not self._spans_stages(all_stages) else None,
+                skewed=leading_chunks(self.p, tuple(all_stages)),
             )
         ]
 

@@ -106,6 +106,11 @@ class Buffer:
     addressing: Literal["local", "global"] = "local"
     symmetric: bool = False
     """Allocated with ncclMemAlloc and registered as a window (nccl-device lowering)."""
+    registered: bool = False
+    """Passed to a host-API NCCL collective (allreduce, reducescatter, allgather, a
+    scalar reduction): allocated with ncclMemAlloc and registered as a symmetric window
+    (ncclCommWindowRegister, NCCL_WIN_COLL_SYMMETRIC) so that NCCL >= 2.27 may choose
+    its symmetric kernels (`cocoviz.emit.lower.registered_buffers`)."""
 
 
 @dataclass(frozen=True)
@@ -441,6 +446,9 @@ class ChunkLoop:
     pstage: int | None = 0
     stream: StreamName = "main"
     kind: Literal["chunks"] = "chunks"
+    skewed: bool = False
+    """Issued as a software pipeline (tick t: chunk k issues item t − k), for a group that
+    chunks dimension 0 (`leading_chunks`); otherwise chunk by chunk."""
 
 
 @dataclass(frozen=True)

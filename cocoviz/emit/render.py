@@ -267,8 +267,22 @@ class Renderer:
                 result_st=self.st(st.result_dtype), result_ctype=self.compute_ctype(st.result_dtype),
                 acc_enum=dt_enum(r.acc_dtype), mpi_op="max" if r.kind == "absmax" else "sum",
                 nccl_op="ncclMax" if r.kind == "absmax" else "ncclSum",
-                nccl_type=r.acc_dtype.facts.nccl,
+                nccl_type=r.acc_dtype.facts.nccl, batched=False,
             )  # fmt: skip
+        elif isinstance(st, pl.FinishBatch):
+            f0 = st.finishes[0]
+            d.update(
+                stage=safe_text(", ".join(f.stage for f in st.finishes)),
+                finishes=[self.step(f) for f in st.finishes], pack=st.pack,
+                n=len(st.finishes), acc_ctype=self.compute_ctype(st.acc_dtype),
+                acc_enum=dt_enum(st.acc_dtype), is_max=f0.reduction.kind == "absmax",
+                nccl_op="ncclMax" if f0.reduction.kind == "absmax" else "ncclSum",
+                nccl_type=st.acc_dtype.facts.nccl,
+            )  # fmt: skip
+            d["stage_lit"] = c_string(", ".join(f.stage for f in st.finishes))
+            d["reduce_lit"] = c_string(", ".join(f"{f.stage}.reduce" for f in st.finishes))
+            for f in d["finishes"]:
+                f["batched"] = True
         elif isinstance(st, pl.Matmul):
             d.update(
                 stage=safe_text(st.stage), a=st.a, b=st.b, c=st.c, m=st.m, n=st.n, k=st.k,
@@ -315,7 +329,7 @@ class Renderer:
             )  # fmt: skip
         elif isinstance(st, pl.ChunkLoop):
             d.update(
-                stages=safe_text(", ".join(st.stages)), chunks=st.chunks,
+                stages=safe_text(", ".join(st.stages)), chunks=st.chunks, skewed=st.skewed,
                 chunk_items=[
                     {"label": safe_text(it.label), "label_lit": c_string(it.label), "stream": it.stream, "steps": [self.step(s) for s in it.steps]}
                     for it in st.items
@@ -345,16 +359,21 @@ class Renderer:
         steps = [self.step(s) for s in p.steps]
         flat = self.flat_kernels(steps)
         finish = {f["red"]["partial"]: f for f in flat if f["kind"] == "finish"}
+        for fb in flat:
+            if fb["kind"] == "finishes":
+                finish.update({f["red"]["partial"]: f for f in fb["finishes"]})
         for k in flat:
             if k["kind"] == "kernel":
                 k["finishes"] = [finish[r["partial"]] for r in k["reductions"]]
+                for f in k["finishes"]:
+                    f["red_blocks"] = k["red_blocks"]
         buffers = []
         for b in p.buffers:
             buffers.append(
                 {
                     "cname": b.cname, "source": safe_text(b.source), "count": b.count, "role": b.role,
                     "ctype": self.storage_ctype(b.dtype), "alias": b.alias,
-                    "offset": self.offset(b.offset), "pstage": b.pstage, "symmetric": b.symmetric,
+                    "offset": self.offset(b.offset), "pstage": b.pstage, "symmetric": b.symmetric, "registered": b.registered,
                     "enum": dt_enum(b.dtype),
                 }
             )  # fmt: skip

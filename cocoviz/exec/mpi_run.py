@@ -197,8 +197,14 @@ class MpiRun:
     world: int
     wall_s: float
     makespan_s: float
+    """The reported iteration's makespan (the median one; slowest rank, barrier to
+    barrier)."""
     events: list[RankEvent]
+    """The reported iteration's events, every rank's."""
     outputs: dict[str, np.ndarray]
+    iteration: int = 0
+    """Which timed iteration `makespan_s` and `events` are from (0-based, after the
+    warm-up)."""
 
     def timeline(self, program: Program) -> Any:
         """The measured events as a `cocoviz.sim.timeline.Timeline` (one lane per rank),
@@ -578,7 +584,8 @@ def run_mpi(
     measured events and the global values of `collect` (outputs, updated inputs).
 
     With `iters` > 1 the program runs once to warm up, then `iters` times from the same
-    inputs; the makespan is the median and the events are the last iteration's. Raises
+    inputs; the makespan and the events are those of one iteration, the one whose
+    makespan is the median (`measured_iteration`). Raises
     `Terminated` on SIGTERM/SIGHUP (KeyboardInterrupt on SIGINT) after cleaning up."""
     check_world(program, oversubscribe)
     if not timeout_s > 0:  # NaN too: a deadline that never passes
@@ -647,16 +654,18 @@ def run_mpi(
         return _results(program, collect, job, world, wall)
 
 
-def _results(program: Program, collect: list[str], job: MpiJob, world: int, wall: float) -> MpiRun:
+def measured_iteration(results: list[dict[str, Any]]) -> tuple[float, list[RankEvent], int]:
+    """The makespan, events and index of the one timed iteration the ranks report (each
+    rank's ``result.<rank>.json``, in rank order): the iteration whose makespan is the
+    median, chosen alike on every rank, so that every figure of the summary (makespan,
+    communication, exposed, overlap, the per-stage table) comes from the same iteration.
+    Its makespan is the slowest rank's."""
+    its = {int(res.get("iteration", 0)) for res in results}
+    if len(its) > 1:
+        raise BuildError(f"the ranks reported different iterations ({sorted(its)})")
     events: list[RankEvent] = []
     makespan = 0.0
-    for r in range(world):
-        path = job.dir / f"result.{r}.json"
-        if not path.exists():
-            raise BuildError(
-                f"rank {r} ended without writing its result", hint=_tail(job.output("err"))
-            )
-        res = json.loads(path.read_text())
+    for r, res in enumerate(results):
         makespan = max(makespan, float(res["makespan"]))
         for ev in res["events"]:
             events.append(
@@ -671,11 +680,24 @@ def _results(program: Program, collect: list[str], job: MpiJob, world: int, wall
                     ev["chunk"],
                 )
             )
+    return makespan, events, its.pop() if its else 0
+
+
+def _results(program: Program, collect: list[str], job: MpiJob, world: int, wall: float) -> MpiRun:
+    results = []
+    for r in range(world):
+        path = job.dir / f"result.{r}.json"
+        if not path.exists():
+            raise BuildError(
+                f"rank {r} ended without writing its result", hint=_tail(job.output("err"))
+            )
+        results.append(json.loads(path.read_text()))
+    makespan, events, iteration = measured_iteration(results)
     outputs = {}
     for name in collect:
         ty = program.type_of(name)
         outputs[name] = nx.load_npy(job.dir / "out" / f"{name}.npy", ty.dtype.value)
-    return MpiRun(world, wall, makespan, events, outputs)
+    return MpiRun(world, wall, makespan, events, outputs, iteration)
 
 
 def _statuses(job: Path, world: int) -> dict[int, str]:

@@ -24,6 +24,7 @@ Any exception is reported with the rank and ends the job with MPI_Abort.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import sys
@@ -49,7 +50,8 @@ from cocoviz.exec.layout import (
 )
 from cocoviz.ir.graph import ordered_items
 from cocoviz.ir.nodes import COLLECTIVES, Expr, Group, GroupKind, Op, Program, ReduceOp, Stage
-from cocoviz.ir.types import TensorType, shape_values
+from cocoviz.ir.transforms.overlap import leading_chunks
+from cocoviz.ir.types import Size, TensorType, shape_values
 
 Array = npt.NDArray[Any]
 
@@ -137,6 +139,11 @@ class Worker:
         self.seed = int(spec.get("seed", 0))
         self.values: dict[str, Array] = {}
         self.buffers: dict[str, Array] = {}
+        # temporaries recycled across stages and iterations; `stage_bufs` are the pooled
+        # buffers holding this iteration's stage values, given back when the next begins
+        self.pool = ops.BufferPool()
+        self.stage_bufs: list[Array] = []
+        self.items = ordered_items(program)
         self.events: list[Event] = []
         self.t0 = 0.0
 
@@ -190,12 +197,28 @@ class Worker:
             ReduceOp.MIN: M.MIN,
         }[rop]
 
-    def finish(self, acc: Array, rop: ReduceOp, dtype: Any, group: int) -> Array:
+    def finish(
+        self, acc: Array, rop: ReduceOp, dtype: Any, group: int, name: str | None = None
+    ) -> Array:
+        """The reduced values `acc` (in the compute type, a buffer this rank may
+        overwrite) as stored values of `dtype`; with `name`, rounded into that stage's
+        persistent buffer."""
         if rop is ReduceOp.AVG:
             n = acc.dtype.type(group)
-            acc = acc / n if acc.dtype.kind == "f" else ops.trunc_div(acc, np.asarray(n))
-        if acc.dtype == ops.storage_dtype(dtype):
+            if acc.dtype.kind == "f":
+                np.divide(acc, n, out=acc)
+            else:
+                acc = ops.trunc_div(acc, np.asarray(n))
+        store = ops.storage_dtype(dtype)
+        if acc.dtype == store:
             return acc  # computed in the stored type already (f32, f64): nothing to round
+        if name is not None and store.kind == "f" and acc.dtype.kind == "f" and store != acc.dtype:
+            if dtype.value != "bf16":  # f16: one rounding cast, as `ops.round_to`
+                out = self.buffer(name + "/stored", np.empty(0, store), acc.size)
+                out = out.reshape(acc.shape)
+                with np.errstate(over="ignore", invalid="ignore"):
+                    np.copyto(out, acc, casting="unsafe")
+                return out
         return ops.round_to(acc, dtype)
 
     def buffer(self, name: str, like: Array, size: int | None = None) -> Array:
@@ -208,8 +231,15 @@ class Worker:
             self.buffers[name] = buf
         return buf
 
-    def compute_buffer(self, x: Array, dtype: Any) -> Array:
-        return np.ascontiguousarray(ops.to_compute(x, dtype))
+    def compute_buffer(self, x: Array, dtype: Any, name: str | None = None) -> Array:
+        """`x` widened to the compute type of `dtype` (a contiguous array); with `name`,
+        widened into that stage's persistent send buffer."""
+        ct = ops.accumulation_dtype(dtype)
+        if name is None or x.dtype == ct or x.ndim == 0:
+            return np.ascontiguousarray(ops.to_compute(x, dtype))
+        buf = self.buffer(name + "/send", np.empty(0, ct), x.size).reshape(x.shape)
+        np.copyto(buf, x, casting="unsafe")  # widening: exact, as `astype`
+        return buf
 
     # --- stages -----------------------------------------------------------------------
     def operand(self, x: Expr) -> Array:
@@ -231,7 +261,10 @@ class Worker:
             self.values[s.name] = out
             self.record(s.name, "comm", e.op.value, start, nbytes)
             return
-        self.values[s.name] = ops.stage_value(e, self.ctx())
+        value, base = ops.stage_value_pooled(e, self.ctx(), self.pool)
+        self.values[s.name] = value
+        if base is not None:
+            self.stage_bufs.append(base)
         kind = "matmul" if e.op is Op.MATMUL else "compute"
         self.record(s.name, "compute", kind, start)
 
@@ -247,6 +280,10 @@ class Worker:
             send = np.ascontiguousarray(data).reshape(-1)
             recv = self.buffer(s.name, send, send.size * G)
             comm.Allgather(send, recv)
+            if xt.layout.is_sliced and is_contiguous_chunk(xt, G):
+                # rank r's elements are the r-th run of global flat indices: the
+                # receive buffer in rank order is the global value (reused next iteration)
+                return recv.reshape(shape_values(xt.shape)), send.nbytes * (G - 1)
             parts = [
                 recv[r * send.size : (r + 1) * send.size].reshape(data.shape) for r in range(G)
             ]
@@ -263,27 +300,26 @@ class Worker:
             comm.Bcast(buf, root=int(e.value or 0))
             return buf, buf.nbytes
         assert e.rop is not None
-        c = self.compute_buffer(data, dtype)
+        c = self.compute_buffer(data, dtype, s.name)
         op = self.mpi_op(e.rop)
         if e.op is Op.ALLREDUCE:
             acc = self.buffer(s.name, c).reshape(c.shape)
             comm.Allreduce(c, acc, op=op)
-            return self.finish(acc, e.rop, dtype, G).reshape(rank_shape(s.ty, G)), 2 * c.nbytes * (
-                G - 1
-            ) // G
+            out = self.finish(acc, e.rop, dtype, G, s.name)
+            return out.reshape(rank_shape(s.ty, G)), 2 * c.nbytes * (G - 1) // G
         if e.op is Op.REDUCESCATTER:
             flat = c.reshape(-1)
             acc = self.buffer(s.name, flat, flat.size // G)
             comm.Reduce_scatter_block(flat, acc, op=op)
-            return self.finish(acc, e.rop, dtype, G).reshape(rank_shape(s.ty, G)), c.nbytes * (
-                G - 1
-            ) // G
+            out = self.finish(acc, e.rop, dtype, G, s.name)
+            return out.reshape(rank_shape(s.ty, G)), c.nbytes * (G - 1) // G
         assert e.op is Op.REDUCE
         root = int(e.value or 0)
-        acc = np.empty_like(c)
+        acc = self.buffer(s.name, c).reshape(c.shape)
         comm.Reduce(c, acc if self.tp == root else None, op=op, root=root)
         if self.tp == root:
-            return self.finish(acc, e.rop, dtype, G).reshape(rank_shape(s.ty, G)), c.nbytes
+            out = self.finish(acc, e.rop, dtype, G, s.name)
+            return out.reshape(rank_shape(s.ty, G)), c.nbytes
         return np.zeros(rank_shape(s.ty, G), dtype=ops.storage_dtype(dtype)), c.nbytes
 
     def run_send(self, s: Stage) -> None:
@@ -302,22 +338,35 @@ class Worker:
 
     # --- overlapped groups ------------------------------------------------------------
     def run_overlapped(self, g: Group) -> None:
-        ChunkPipeline(self, g).run()
+        if leading_chunks(self.program, tuple(g.stages())):
+            LeadingChunkPipeline(self, g).run()
+        else:
+            ChunkPipeline(self, g).run()
 
     def run(self, iters: int = 1, warmup: int = 0) -> None:
-        """Run the program `warmup + iters` times from the same inputs; the events are
-        the last iteration's, `makespans` every timed iteration's."""
+        """Run the program `warmup + iters` times from the same inputs, keeping every
+        timed iteration's makespan (`makespans`) and events (`iteration_events`)."""
         self.makespans: list[float] = []
+        self.iteration_events: list[list[Event]] = []
         for it in range(warmup + iters):
             self.events = []
             self.run_once()
             if it >= warmup:
                 self.makespans.append(self.makespan)
+                self.iteration_events.append(self.events)
+
+    def reported_iteration(self) -> int:
+        """The timed iteration the summary reports, the same on every rank: the one whose
+        makespan (slowest rank's) is the median (`median_iteration`). Collective."""
+        return median_iteration(self.world.allgather(self.makespans))
 
     def run_once(self) -> None:
+        for buf in self.stage_bufs:  # last iteration's stage values: all recomputed
+            self.pool.give(buf)
+        self.stage_bufs = []
         self.world.Barrier()
         self.t0 = time.perf_counter()
-        for item in ordered_items(self.program):
+        for item in self.items:
             if isinstance(item, Group) and item.kind is GroupKind.OVERLAPPED:
                 self.run_overlapped(item)
             elif isinstance(item, Group):
@@ -345,6 +394,17 @@ class Worker:
 
     def type_of(self, name: str) -> TensorType:
         return self.program.type_of(name)
+
+
+def median_iteration(makespans: list[list[float]]) -> int:
+    """Of iterations timed on every rank (``makespans[rank][i]``), the index whose
+    makespan, the slowest rank's, is the median (the upper one of an even count, as
+    ``sorted(x)[len(x) // 2]``; the earliest of equal ones)."""
+    per_iter = [max(col) for col in zip(*makespans, strict=True)]
+    if not per_iter:
+        raise ValueError("no timed iteration")
+    order = sorted(range(len(per_iter)), key=lambda i: (per_iter[i], i))
+    return order[len(order) // 2]
 
 
 class ChunkPipeline:
@@ -498,6 +558,102 @@ class ChunkPipeline:
         )
 
 
+class LeadingChunkPipeline(ChunkPipeline):
+    """A group that chunks dimension 0 (one with an alltoall; docs/schedules.md,
+    overlap): chunk k of every value in it is block k of the rank's array along dimension
+    0, each sliced value keeping its layout. Each stage runs on its chunk as the same
+    expression with dimension 0 cut to 1/K (`Ialltoall` for an alltoall), in the same
+    pipelined order; the chunks are joined at the end, so the values may leave the
+    group."""
+
+    def __init__(self, w: Worker, g: Group) -> None:
+        super().__init__(w, g)
+        first = self.stages[0].ty
+        self.lead = first.shape[0].value
+        self.rank_of_values = {len(s.ty.shape) for s in self.stages}
+        self.params = {q.name for q in w.program.params}
+
+    def run(self) -> None:
+        n = len(self.stages)
+        for t in range(self.K + n - 1):
+            for k in range(self.K):
+                if 0 <= t - k < n:
+                    self.step(k, self.stages[t - k])
+        for k in range(self.K):
+            for name in list(self.pending[k]):
+                self.complete(k, name)
+        for s in self.stages:
+            if all(s.name in p for p in self.pieces):
+                blocks = [p[s.name] for p in self.pieces]
+                self.w.values[s.name] = np.concatenate(blocks, axis=0)
+
+    def chunked(self, ty: TensorType | None) -> bool:
+        """Whether a value of type `ty` is cut along dimension 0 in this group."""
+        return (
+            ty is not None
+            and len(ty.shape) in self.rank_of_values
+            and len(ty.shape) >= 2
+            and ty.shape[0].value == self.lead
+        )
+
+    def chunk_type(self, ty: TensorType) -> TensorType:
+        s0 = ty.shape[0]
+        first = Size(f"({s0.text})/{self.K}", s0.value // self.K)
+        return dataclasses.replace(ty, shape=(first, *ty.shape[1:]))
+
+    def chunk_expr(self, e: Expr) -> Expr:
+        args = tuple(self.chunk_expr(a) for a in e.args)
+        ty = self.chunk_type(e.ty) if e.ty is not None and self.chunked(e.ty) else e.ty
+        return dataclasses.replace(e, args=args, ty=ty)
+
+    def block(self, k: int, name: str) -> Array:
+        """Chunk k of a value made outside the group: block k of dimension 0."""
+        ty = self.w.type_of(name)
+        whole = self.w.values[name].reshape(rank_shape(ty, self.w.T))
+        return np.split(whole, self.K, axis=0)[k]
+
+    def input(self, k: int, x: Expr) -> Array:
+        if x.op is Op.REF and x.name in self.names:
+            return self.value(k, x.name)
+        if x.op is Op.REF and x.name is not None:
+            return self.block(k, x.name) if self.chunked(x.type) else self.w.values[x.name]
+        raise RuntimeError("an overlapped stage must read named values")
+
+    def step(self, k: int, s: Stage) -> None:
+        w = self.w
+        e = s.expr
+        if e.op is Op.ALLTOALL:
+            self.collective(k, s)
+            return
+        extra = {
+            r.name: self.input(k, r)
+            for r in e.walk()
+            if r.op is Op.REF and r.name is not None and r.name not in self.params
+        }
+        ctx = _Ctx(w.values, w.tp, w.T, w.seed, w.comm, w.T, extra)
+        start = w.now()
+        self.pieces[k][s.name] = ops.stage_value(self.chunk_expr(e), ctx)
+        w.record(s.name, "compute", "matmul" if e.op is Op.MATMUL else "compute", start, chunk=k)
+
+    def collective(self, k: int, s: Stage) -> None:
+        w = self.w
+        e = s.expr
+        (src,) = e.args
+        G = w.T
+        part = self.input(k, src)
+        start = w.now()
+        send = alltoall_pack(part, int(e.value or 0), G)
+        recv = np.empty_like(send)
+        req = w.comm.Ialltoall(send, recv)
+        shape = rank_shape(self.chunk_type(s.ty), G)
+        frm = int(e.tag or 0)
+        self.pending[k][s.name] = (
+            req,
+            lambda r=recv, b=send: alltoall_unpack(r, shape, frm, G),
+            start,
+        )
+
+
 def _status(job: Path, rank: int, text: str) -> None:
     (job / f"status.{rank}").write_text(text)
 
@@ -518,6 +674,7 @@ def main(argv: list[str]) -> int:
         w.load_inputs()
         iters = int(spec.get("iters", 1))
         w.run(iters, warmup=1 if iters > 1 else 0)
+        it = w.reported_iteration()
         names = list(spec["collect"])
         values = w.gather_globals(names)
         if rank == 0:
@@ -528,9 +685,10 @@ def main(argv: list[str]) -> int:
             "rank": rank,
             "pp": w.pp,
             "tp": w.tp,
-            "makespan": sorted(w.makespans)[len(w.makespans) // 2],
+            "iteration": it,
+            "makespan": w.makespans[it],
             "makespans": w.makespans,
-            "events": [ev.__dict__ for ev in w.events],
+            "events": [ev.__dict__ for ev in w.iteration_events[it]],
         }
         (job / f"result.{rank}.json").write_text(json.dumps(result))
         _status(job, rank, "done")

@@ -659,3 +659,154 @@ class _Eval:
             if e.op is Op.RMSNORM:
                 return rmsnorm(x, params[0], eps)
             return softmax(x, n)
+
+
+# ------------------------------------------------------- reusing buffers (mpi4py)
+
+
+class BufferPool:
+    """Arrays recycled by (shape, dtype), so that a process evaluating the same program
+    over and over reuses its temporaries instead of paying fresh memory (page faults and
+    zeroing) on every iteration. Holds only arrays that own their memory."""
+
+    def __init__(self) -> None:
+        self.free: dict[tuple[tuple[int, ...], np.dtype[Any]], list[Array]] = {}
+
+    def take(self, shape: tuple[int, ...], dtype: np.dtype[Any]) -> Array:
+        got = self.free.get((shape, dtype))
+        if got:
+            return got.pop()
+        return np.empty(shape, dtype=dtype)
+
+    def give(self, a: Array) -> None:
+        if a.base is None and a.flags.c_contiguous and a.flags.writeable:
+            self.free.setdefault((a.shape, a.dtype), []).append(a)
+
+
+_BINARY_UFUNC: dict[Op, Any] = {
+    Op.ADD: np.add,
+    Op.SUB: np.subtract,
+    Op.MUL: np.multiply,
+    Op.DIV: np.divide,
+    Op.MAX: np.maximum,
+    Op.MIN: np.minimum,
+    Op.POW: np.power,
+}
+
+_UNARY_UFUNC: dict[Op, Any] = {
+    Op.NEG: np.negative,
+    Op.SQRT: np.sqrt,
+    Op.EXP: np.exp,
+    Op.LOG: np.log,
+    Op.TANH: np.tanh,
+    Op.ABS: np.abs,
+}
+
+
+class _PooledEval(_Eval):
+    """`_Eval` with the same values, bit for bit: float elementwise tensor operations
+    write into recycled buffers (`out=`, in place on a temporary operand) instead of
+    allocating a new array per operation. Only temporaries this evaluation made are ever
+    written to or recycled (`owned`); values read from the context are never touched."""
+
+    def __init__(self, ctx: RankContext, pool: BufferPool) -> None:
+        super().__init__(ctx)
+        self.pool = pool
+        self.owned: dict[int, Array] = {}
+
+    def _new(self, shape: tuple[int, ...], dtype: np.dtype[Any]) -> Array:
+        a = self.pool.take(shape, dtype)
+        self.owned[id(a)] = a
+        return a
+
+    def _is_owned(self, a: Array) -> bool:
+        return self.owned.get(id(a)) is a
+
+    def _release(self, a: Array) -> None:
+        if self._is_owned(a):
+            del self.owned[id(a)]
+            self.pool.give(a)
+
+    def _out(self, shape: tuple[int, ...], dtype: np.dtype[Any], *args: Array) -> Array:
+        """A temporary operand of the result's shape and type, else a recycled buffer."""
+        for a in args:
+            if a.shape == shape and a.dtype == dtype and self._is_owned(a):
+                return a
+        return self._new(shape, dtype)
+
+    def eval(self, e: Expr) -> Array:
+        op = e.op
+        ty = e.type
+        if op is Op.REF:
+            assert e.name is not None
+            v = self.ctx.lookup(e.name)
+            ct = nx.dtype_info(ty.dtype).compute
+            if v.dtype == ct or v.ndim == 0 or v.dtype.kind != "f" or ct.kind != "f":
+                return to_compute(v, ty.dtype)
+            out = self._new(v.shape, ct)
+            np.copyto(out, v, casting="unsafe")  # as `astype`: widening, exact
+            return out
+        if op in _BINARY_UFUNC and ty.dtype.is_float:
+            a, b = (self._operand(x, ty, ty.dtype) for x in e.args)
+            if a.ndim == 0 and b.ndim == 0:
+                with np.errstate(all="ignore"):
+                    return _binary(op, a, b, True)
+            dt = np.result_type(a, b)
+            out = self._out(np.broadcast_shapes(a.shape, b.shape), dt, a, b)
+            with np.errstate(all="ignore"):
+                _BINARY_UFUNC[op](a, b, out=out)
+            for x in (a, b):
+                if x is not out:
+                    self._release(x)
+            return out
+        if op in _UNARY_UFUNC or op in (Op.RSQRT, Op.SIGMOID, Op.RELU):
+            (x,) = e.args
+            v = self._operand(x, ty, ty.dtype)
+            if v.ndim == 0 or v.dtype.kind != "f":
+                with np.errstate(all="ignore"):
+                    return _UNARY[op](v)
+            out = self._out(v.shape, v.dtype, v)
+            one = v.dtype.type(1.0)
+            with np.errstate(all="ignore"):
+                if op is Op.RSQRT:  # 1/sqrt(x)
+                    np.sqrt(v, out=out)
+                    np.divide(one, out, out=out)
+                elif op is Op.SIGMOID:  # 1/(1 + exp(-x))
+                    np.negative(v, out=out)
+                    np.exp(out, out=out)
+                    np.add(one, out, out=out)
+                    np.divide(one, out, out=out)
+                elif op is Op.RELU:
+                    np.maximum(v, v.dtype.type(0), out=out)
+                else:
+                    _UNARY_UFUNC[op](v, out=out)
+            if v is not out:
+                self._release(v)
+            return out
+        return super().eval(e)
+
+
+def stage_value_pooled(e: Expr, ctx: RankContext, pool: BufferPool) -> tuple[Array, Array | None]:
+    """`stage_value`, bit for bit, with temporaries from `pool`: the value, and the pooled
+    buffer holding it (None when the value is not one: an operand itself, a view), which
+    the caller gives back to the pool once the value is dead."""
+    ev = _PooledEval(ctx, pool)
+    v = ev.eval(e)
+    ty = e.type
+    store = storage_dtype(ty.dtype)
+    if (
+        v.dtype != store
+        and v.ndim > 0
+        and v.dtype.kind == "f"
+        and store.kind == "f"
+        and ty.dtype is not DType.BF16
+    ):
+        out = ev._new(v.shape, store)
+        with np.errstate(over="ignore", invalid="ignore"):
+            np.copyto(out, v, casting="unsafe")  # as `round_to`: one rounding cast
+        ev._release(v)
+        v = out
+    else:
+        v = np.asarray(round_to(v, ty.dtype))
+    base = v if ev._is_owned(v) else None
+    return v.reshape(rank_shape(ty, ctx.group)), base

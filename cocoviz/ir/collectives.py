@@ -204,7 +204,7 @@ COLLECTIVE_TABLE: tuple[Collective, ...] = (
         nccl="ncclAlltoAll",
         count_per_rank=True,
         sent=_all_but_own_block,
-        chunkable=False,
+        chunkable=True,
         fusable=False,
         reslices=True,
     ),

@@ -45,3 +45,23 @@ def description(name: str) -> str:
     header = " ".join(words)
     end = re.search(r"\.(?= |$)", header)
     return header[: end.end()] if end else header
+
+
+def coconet_config(name: str) -> tuple[dict[str, int], str | None, str | None]:
+    """CoCoNet's own configuration of a sample, as its header comment gives it (the
+    samples are sized for the default hardware; this is the paper's): the `-D`
+    overrides, the `--ranks` value and the `--hw` profile (None where not given).
+    Raises KeyError when the comment gives none."""
+    words: list[str] = []
+    for line in text(name).splitlines():
+        if line.startswith("#"):
+            words += line.lstrip("#").split()
+    header = " ".join(words)
+    at = header.find("CoCoNet's own configuration")
+    if at < 0:
+        raise KeyError(f"{name}: no CoCoNet configuration in its comments")
+    tail = header[at:]
+    defines = {m[1]: int(m[2]) for m in re.finditer(r"-D (\w+)=(\d+)", tail)}
+    ranks = re.search(r"--ranks (\S+)", tail)
+    hw = re.search(r"--hw (\S+)", tail)
+    return defines, ranks[1] if ranks else None, hw[1] if hw else None

@@ -645,14 +645,18 @@ def emitted_buffers_registered(collectives: str) -> bool:
     (symmetric-window) buffers to its NCCL collective calls, so NCCL may pick its
     symmetric kernels.
 
-    Neither lowering does: ``nccl`` allocates every buffer with ``cudaMalloc``, and
-    ``nccl-device`` registers windows only for the buffers its own fused kernels read and
-    write (``symmetric_window`` in the manifest), never for an ``ncclAllReduce``-style
-    call. ``tests/test_sim_collectives.py`` checks this against emitted manifests.
+    Both do (issue 15): the send, receive and staging buffers of every allreduce,
+    reducescatter and allgather on the tp group, and the values of every cross-rank
+    scalar reduction, are allocated with ``ncclMemAlloc`` and registered with
+    ``ncclCommWindowRegister(..., NCCL_WIN_COLL_SYMMETRIC)`` (``registered_window`` in
+    the manifest, ``buffers_registered`` per collective); ``nccl-device``'s fused kernels
+    use windows of their own. ``collective_time`` still offers the symmetric kernels only
+    where NCCL has them (>= 2.27, one NVLink domain, the three collectives).
+    ``tests/test_sim_algorithms.py`` checks this against emitted manifests.
     """
     if collectives not in ("nccl", "nccl-device"):
         raise CostModelError(f"unknown collectives lowering {collectives!r}")
-    return False
+    return True
 
 
 def p2p_time(hw: Hardware, nbytes: int, *, same_node: bool = True) -> CollCost:

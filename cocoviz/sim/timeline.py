@@ -49,11 +49,12 @@ from cocoviz.sim.workload import (
     Context,
     Kind,
     Operation,
+    batch_reductions,
     comm_contention_of,
     duration,
     is_compute,
     lower_item,
-    lower_overlap,
+    overlap_order,
     p2p_duration,
 )
 
@@ -67,6 +68,7 @@ __all__ = [
     "Summary",
     "Timeline",
     "simulate",
+    "simulate_group",
     "simulate_ops",
     "summarize",
     "unscheduled",
@@ -432,29 +434,34 @@ class _Engine:
 
     def run_item(self, item: str | Group) -> None:
         if isinstance(item, Group) and item.kind is GroupKind.OVERLAPPED:
-            per_chunk = lower_overlap(self.ctx, item)
-            self.run_chunks(per_chunk)
+            self.run_ordered(overlap_order(self.ctx, item), item.chunks or 1)
             return
         for op in lower_item(self.ctx, item):
             self.place(op)
 
     def run_chunks(self, per_chunk: Sequence[Sequence[Operation]]) -> None:
-        k = len(per_chunk)
+        self.run_ordered([(c, op) for c, ops in enumerate(per_chunk) for op in ops], len(per_chunk))
+
+    def run_ordered(self, ordered: Sequence[tuple[int, Operation]], k: int) -> None:
+        """Operations of a chunked group, each with its chunk, in issue order."""
         made: set[str] = set()
-        for c, ops in enumerate(per_chunk):
-            for op in ops:
-                self.place(op, c if k > 1 else -1, k)
-                made.update(op.makes)
+        for c, op in ordered:
+            self.place(op, c if k > 1 else -1, k)
+            made.update(op.makes)
         if k > 1:
-            for lane in self.lanes:
-                for key in made:
-                    best: tuple[float, int] | None = None
-                    for c in range(k):
-                        hit = lane.ready.get((key, c))
-                        if hit is not None and (best is None or hit[0] >= best[0]):
-                            best = hit
-                    if best is not None:
-                        lane.ready[(key, -1)] = best
+            self._merge_chunks(made, k)
+
+    def _merge_chunks(self, made: set[str], k: int) -> None:
+        """After a chunked group: a value is ready when its last chunk is."""
+        for lane in self.lanes:
+            for key in made:
+                best: tuple[float, int] | None = None
+                for c in range(k):
+                    hit = lane.ready.get((key, c))
+                    if hit is not None and (best is None or hit[0] >= best[0]):
+                        best = hit
+                if best is not None:
+                    lane.ready[(key, -1)] = best
 
     def lanes_out(self) -> tuple[Lane, ...]:
         return tuple(
@@ -465,6 +472,14 @@ class _Engine:
     @property
     def end(self) -> float:
         return max((e.end for ls in self.lanes for e in ls.events), default=0.0)
+
+
+def simulate_group(ctx: Context, g: Group, chunks: int) -> float:
+    """Makespan of an overlapped group alone in `chunks` chunks, issued as the emitted
+    program issues it (`overlap_order`), on fresh streams."""
+    engine = _Engine(ctx)
+    engine.run_ordered(overlap_order(ctx, g, chunks), chunks)
+    return engine.end
 
 
 def simulate_ops(ctx: Context, per_chunk: Sequence[Sequence[Operation]]) -> float:
@@ -591,8 +606,22 @@ class _Run:
             from cocoviz.errors import InternalError
 
             raise InternalError(f"{self.ctx.program.name}: the grouped graph has a cycle")
+        # Consecutive items are lowered together so that their scalar reductions batch
+        # as the emitter batches them (`batch_reductions`); an overlapped group places
+        # its chunks itself.
+        pending: list[Operation] = []
         for item in order:
-            self.engine.run_item(item)
+            if isinstance(item, Group) and item.kind is GroupKind.OVERLAPPED:
+                self._place(pending)
+                pending = []
+                self.engine.run_item(item)
+            else:
+                pending += lower_item(self.ctx, item)
+        self._place(pending)
+
+    def _place(self, ops: list[Operation]) -> None:
+        for op in batch_reductions(self.ctx, ops):
+            self.engine.place(op)
 
 
 def makespan(program: Program, hw: Hardware, collectives: str = "nccl") -> float:

@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from cocoviz.ir.nodes import COLLECTIVES, Group, GroupKind, Op
 from cocoviz.sim.collectives import Coll
 from cocoviz.sim.compute import NO_CONTENTION
-from cocoviz.sim.timeline import SimWarning, Summary, simulate_ops
+from cocoviz.sim.timeline import SimWarning, Summary, simulate_group, simulate_ops
 from cocoviz.sim.workload import (
     CollSpec,
     Context,
@@ -53,7 +53,7 @@ def chunk_times(
     out: dict[int, float] = {}
     for k in sorted(set(candidates)):
         if chunks_legal(ctx, g, k):
-            out[k] = simulate_ops(ctx, lower_overlap(ctx, g, k))
+            out[k] = simulate_group(ctx, g, k)
     return out
 
 

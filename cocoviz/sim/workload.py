@@ -50,6 +50,7 @@ from cocoviz.ir.nodes import (
     Stage,
 )
 from cocoviz.ir.summary import per_rank_numel
+from cocoviz.ir.transforms.overlap import leading_chunks
 from cocoviz.ir.types import DType, TensorType, block_dim, numel, shape_values
 from cocoviz.sim.collectives import (
     Coll,
@@ -57,6 +58,7 @@ from cocoviz.sim.collectives import (
     CostModelError,
     collective_time,
     device_kernel_time,
+    emitted_buffers_registered,
     p2p_time,
 )
 from cocoviz.sim.compute import (
@@ -118,8 +120,10 @@ def _matmul(hw: Hardware, m: int, n: int, k: int, dtype: str, c: Contention) -> 
 
 
 @lru_cache(maxsize=65536)
-def _collective(hw: Hardware, coll: Coll, nbytes: int, nranks: int, rpn: int) -> CollCost:
-    return collective_time(hw, coll, nbytes, nranks, ranks_per_node=rpn)
+def _collective(
+    hw: Hardware, coll: Coll, nbytes: int, nranks: int, rpn: int, symmetric: bool = False
+) -> CollCost:
+    return collective_time(hw, coll, nbytes, nranks, ranks_per_node=rpn, symmetric=symmetric)
 
 
 @lru_cache(maxsize=4096)
@@ -184,9 +188,14 @@ class CollSpec:
     nbytes: int
     nranks: int
     ranks_per_node: int
+    symmetric: bool = False
+    """On registered windows (`emitted_buffers_registered`): NCCL's symmetric kernels
+    are candidates where they serve the call."""
 
     def cost(self, hw: Hardware) -> CollCost:
-        return _collective(hw, self.coll, self.nbytes, self.nranks, self.ranks_per_node)
+        return _collective(
+            hw, self.coll, self.nbytes, self.nranks, self.ranks_per_node, self.symmetric
+        )
 
 
 @dataclass(frozen=True)
@@ -244,6 +253,9 @@ class Operation:
     detail: str = ""
     sync: bool = False
     dest: int | None = None
+    batch_key: str = ""
+    """Scalar reductions (``Kind.REDUCE``) with the same key can share one allreduce
+    (`batch_reductions`): the accumulator's size and the reduction (sum or max)."""
 
 
 # ---------------------------------------------------------------------------------------
@@ -464,7 +476,7 @@ def _coll_op(ctx: Context, name: str, chunks: int, needs: Iterable[str]) -> list
     full = x.numel * x.dtype.itemsize
     # nccl-tests' size of an alltoall is one rank's send buffer, not the global value.
     nbytes = _chunk_bytes(full // ctx.group if coll is Coll.ALLTOALL else full, chunks)
-    spec = CollSpec(coll, nbytes, ctx.group, ctx.ranks_per_node(pstage))
+    spec = CollSpec(coll, nbytes, ctx.group, ctx.ranks_per_node(pstage), _registered(ctx, coll))
     cost = spec.cost(ctx.hw)
     ops = [
         Operation(
@@ -609,6 +621,14 @@ def _phases(ctx: Context, members: Sequence[str]) -> list[list[str]]:
     return out
 
 
+_REGISTERED_COLLS = frozenset({Coll.ALLREDUCE, Coll.REDUCESCATTER, Coll.ALLGATHER})
+"""The collectives whose buffers the emitter registers (`cocoviz.emit.lower.REGISTERED_OPS`)."""
+
+
+def _registered(ctx: Context, coll: Coll) -> bool:
+    return coll in _REGISTERED_COLLS and emitted_buffers_registered(ctx.collectives)
+
+
 def _compute_ops(
     ctx: Context,
     members: Sequence[str],
@@ -676,7 +696,13 @@ def _compute_ops(
             for k, e in enumerate(ctx.reductions[m]):
                 rname = reduce_name(m, k)
                 itemsize = e.type.dtype.itemsize
-                spec_r = CollSpec(Coll.ALLREDUCE, itemsize, ctx.group, ctx.ranks_per_node(pstage))
+                spec_r = CollSpec(
+                    Coll.ALLREDUCE,
+                    itemsize,
+                    ctx.group,
+                    ctx.ranks_per_node(pstage),
+                    _registered(ctx, Coll.ALLREDUCE),
+                )
                 cost = spec_r.cost(ctx.hw)
                 ops.append(
                     Operation(
@@ -692,10 +718,66 @@ def _compute_ops(
                         nbytes=itemsize,
                         detail=f"scalar {e.op.value} allreduce {cost.label}",
                         sync=True,
+                        batch_key=f"{itemsize}:{'max' if e.op is Op.AMAX else 'sum'}",
                     )
                 )
         launch = bool(reducing)
     return ops
+
+
+def batch_reductions(ctx: Context, ops: Sequence[Operation]) -> list[Operation]:
+    """What the emitter does with cross-rank scalar reductions (`cocoviz.emit.batch`): a
+    ``.reduce`` waits past the compute ops after it on its pipeline stage that do not
+    need what it makes, up to the next ``.reduce`` with the same key, and the run of them
+    is one allreduce of their values together (one launch latency instead of several)."""
+    out: list[Operation] = []
+    i = 0
+    while i < len(ops):
+        r = ops[i]
+        if r.kind is not Kind.REDUCE or not r.batch_key:
+            out.append(r)
+            i += 1
+            continue
+        group = [r]
+        made = set(r.makes)
+        moved: list[Operation] = []
+        pending: list[Operation] = []
+        j = i + 1
+        while j < len(ops):
+            t = ops[j]
+            if t.kind is Kind.REDUCE and t.batch_key == r.batch_key and t.pstage == r.pstage:
+                moved += pending
+                pending = []
+                group.append(t)
+                made |= set(t.makes)
+                j += 1
+            elif t.kind in (Kind.COMPUTE, Kind.FUSED) and t.pstage == r.pstage and not (
+                t.needs & made
+            ):
+                pending.append(t)
+                j += 1
+            else:
+                break
+        out += moved
+        if len(group) == 1:
+            out.append(r)
+        else:
+            assert isinstance(r.spec, CollSpec)
+            spec = dataclasses.replace(r.spec, nbytes=sum(int(g.nbytes) for g in group))
+            out.append(
+                dataclasses.replace(
+                    r,
+                    name=" + ".join(g.name for g in group),
+                    members=tuple(m for g in group for m in g.members),
+                    needs=frozenset().union(*(g.needs for g in group)),
+                    makes=tuple(m for g in group for m in g.makes),
+                    spec=spec,
+                    nbytes=float(spec.nbytes),
+                    detail=f"{len(group)} scalar reductions, one allreduce {spec.cost(ctx.hw).label}",
+                )
+            )
+        i = j - len(pending)
+    return out
 
 
 def _group_lower(
@@ -820,16 +902,39 @@ def lower_overlap(ctx: Context, g: Group, chunks: int | None = None) -> list[lis
     return out
 
 
+def overlap_order(ctx: Context, g: Group, chunks: int | None = None) -> list[tuple[int, Operation]]:
+    """Every operation of an overlapped group with its chunk, in the order the emitted
+    program issues them: chunk by chunk, or, for a group that chunks dimension 0 (one
+    with an alltoall), as a software pipeline in which chunk k issues item t − k at tick t,
+    so chunk k+1's alltoall is queued before chunk k's return one (docs/schedules.md,
+    overlap)."""
+    k = chunks if chunks is not None else (g.chunks or 1)
+    items = [[lower_item(ctx, it, k, c) for c in range(k)] for it in g.items]
+    if not leading_chunks(ctx.program, tuple(g.stages())):
+        return [(c, op) for c in range(k) for per in items for op in per[c]]
+    out: list[tuple[int, Operation]] = []
+    for t in range(k + len(items) - 1):
+        for c in range(k):
+            if 0 <= t - c < len(items):
+                out.extend((c, op) for op in items[t - c][c])
+    return out
+
+
+def item_name_of(item: str | Group) -> str:
+    return item if isinstance(item, str) else next(iter(item.stages()))
+
+
 def overlap_rows(ctx: Context, g: Group) -> int:
-    first = g.items[0]
-    name = first if isinstance(first, str) else next(iter(first.stages()))
-    return output_rows(ctx, name)
+    return output_rows(ctx, item_name_of(g.items[0]))
 
 
 def chunks_legal(ctx: Context, g: Group, k: int) -> bool:
     """Whether K chunks are legal for an overlapped group (docs/schedules.md, overlap)."""
     if k < 1:
         return False
+    if leading_chunks(ctx.program, tuple(g.stages())):
+        lead = ctx.stage(item_name_of(g.items[0])).ty.shape
+        return bool(lead) and lead[0].value % k == 0
     if overlap_rows(ctx, g) % k:
         return False
     rowwise = False
@@ -906,6 +1011,7 @@ __all__ = [
     "duration",
     "lower_item",
     "lower_overlap",
+    "overlap_order",
     "make_context",
     "matmul_dims",
     "p2p_duration",

@@ -28,7 +28,7 @@ from cocoviz.ir.transforms.base import (
     index,
 )
 from cocoviz.ir.transforms.grouping import cycle_through_groups, hull, regroup, render_cycle
-from cocoviz.ir.types import block_dim, format_shape
+from cocoviz.ir.types import TensorType, block_dim, format_shape
 
 DEFAULT_CHUNKS = 4
 """K when `chunks=` is omitted and no chooser is given, or the chooser (the cost model,
@@ -38,6 +38,13 @@ schedules, so a schedule never depends on the default (docs/schedules.md, `overl
 
 
 CHUNKABLE_COLLECTIVES = tuple(Op(c.name) for c in COLLECTIVE_TABLE if c.chunkable)
+
+
+def leading_chunks(program: Program, members: set[str] | tuple[str, ...]) -> bool:
+    """Whether an overlapped group chunks dimension 0 of its values, each sliced value
+    keeping its layout (a group with an alltoall), rather than rows with its sliced values
+    laid out chunk by chunk (docs/schedules.md, overlap)."""
+    return any(program.stage(n).expr.op is Op.ALLTOALL for n in members)
 
 
 def rows_of(stage: Stage) -> int:
@@ -63,6 +70,10 @@ class Overlap(Transformation):
     (all dimensions but the last, flattened) of s1's output; in chunk k, rank r holds
     global elements from `k·numel/K + r·numel/(K·G)` on.
 
+    A group with an alltoall chunks dimension 0 instead (`leading_chunks`): chunk k is
+    block k of dimension 0 of every value, sliced values keep their layouts (and may
+    leave the group), and the group is issued as a software pipeline.
+
     fails when: fewer than two items; an item is already overlapped, or named twice; an
     item does not read its predecessor; K < 2 or K does not divide the rows; a chunked
     reducescatter's numel/K, or rows/K with a row-wise op on slices, does not divide by G;
@@ -71,7 +82,11 @@ class Overlap(Transformation):
     a value with other rows); a
     sliced value made inside is read outside, is an output or an update; a value sliced
     by rows outside is read inside; a stage outside lies between items; it would close a
-    cycle through a fused group.
+    cycle through a fused group. With an alltoall: K does not divide dimension 0; a
+    member's value lacks that dimension or is sliced along it (an alltoall from or to
+    dimension 0); a member is another collective, a reshape, reduces to a scalar or reads
+    elements by global position (dropout, slice); a matmul's right operand has the
+    chunked dimension; a member reads a value sliced along dimension 0.
     """
 
     name: ClassVar[str] = "overlap"
@@ -129,10 +144,13 @@ class Overlap(Transformation):
                 hint=legal or "its output has too few rows to chunk",
             )
         order = sorted(members, key=idx.pos.__getitem__)
-        for n in order:
-            self._chunkable(idx, idx.stage(n), members, rows, n in sets[0])
-        self._sliced_escapes(idx, order, members)
-        self._divisible(idx, order, rows)
+        if leading_chunks(idx.program, members):
+            self._leading(idx, order, members, first)
+        else:
+            for n in order:
+                self._chunkable(idx, idx.stage(n), members, rows, n in sets[0])
+            self._sliced_escapes(idx, order, members)
+            self._divisible(idx, order, rows)
         h = hull(idx, members)
         if h != members:
             between = min(h - members, key=idx.pos.__getitem__)
@@ -224,6 +242,66 @@ class Overlap(Transformation):
                     f"it reads '{e.name}', sliced by rows outside the group ({t.layout}); "
                     "inside an overlapped group each rank holds a part of every chunk instead"
                 )
+
+    def _leading(self, idx: Index, order: list[str], members: set[str], first: Stage) -> None:
+        """A group with an alltoall chunks its first dimension: chunk k is block k of
+        dimension 0 of every value in it, and every sliced value keeps its layout (it is
+        sliced along another dimension, so chunk k of a rank's part is block k of the
+        rank's array). Such values may leave the group."""
+        K = self.k
+        lead = first.ty.shape[0].value if first.ty.shape else 0
+        G = idx.program.grid.group
+
+        def refuse(s: Stage, why: str) -> None:
+            raise self.error(
+                f"{describe_stage(s)} cannot run chunk by chunk in a group with an alltoall, "
+                f"which chunks dimension 0: {why}",
+                stage=s,
+                hint="leave it out of the overlapped group",
+            )
+
+        if lead % K:
+            divisors = [d for d in range(2, min(lead, 64) + 1) if lead % d == 0][:8]
+            raise self.error(
+                f"chunks={K} does not divide dimension 0 of '{first.name}' "
+                f"({format_shape(first.ty.shape)}): a group with an alltoall chunks dimension 0",
+                stage=first,
+                hint=f"legal: chunks={', '.join(map(str, divisors))}" if divisors else None,
+            )
+
+        def chunked(t: TensorType) -> bool:
+            return len(t.shape) >= 2 and t.shape[0].value == lead
+
+        for n in order:
+            s = idx.stage(n)
+            op = s.expr.op
+            t = s.ty
+            if not chunked(t):
+                refuse(s, f"its value {format_shape(t.shape)} does not have dimension 0 = {lead}")
+            if t.layout.is_sliced and block_dim(t.layout, t.shape, G) in (None, 0):
+                refuse(s, f"it is {t.layout}, sliced along the dimension being chunked")
+            if op in COLLECTIVES and op is not Op.ALLTOALL:
+                refuse(s, "only alltoall runs chunk by chunk along dimension 0")
+            if op is Op.ALLTOALL and 0 in (int(s.expr.tag or 0), int(s.expr.value or 0)):
+                refuse(s, "it re-slices dimension 0, the one being chunked")
+            if op is Op.RESHAPE:
+                refuse(s, "reshape regroups the elements")
+            if op is Op.MATMUL:
+                a, b = s.expr.args
+                if not chunked(a.type):
+                    refuse(s, "its left operand does not have the chunked dimension 0")
+                if len(b.type.shape) == len(t.shape) and b.type.shape[0].value != 1:
+                    refuse(s, "its right operand has the chunked dimension 0 too")
+            for e in s.expr.walk():
+                if e.op in REDUCTIONS:
+                    refuse(s, "it reduces a whole tensor to a scalar, which needs every chunk")
+                if e.op in (Op.DROPOUT, Op.SLICE):
+                    refuse(s, f"{e.op.value} reads elements by global position")
+                if e.op is Op.REF and e.name not in members and e.name not in idx.params:
+                    rt = e.type
+                    full = len(rt.shape) == len(t.shape) and rt.shape and rt.shape[0].value != 1
+                    if full and rt.layout.is_sliced and block_dim(rt.layout, rt.shape, G) in (None, 0):
+                        refuse(s, f"it reads '{e.name}', sliced along the chunked dimension 0")
 
     def _sliced_escapes(self, idx: Index, order: list[str], members: set[str]) -> None:
         for n in order:

@@ -100,15 +100,16 @@ bool set_param(Params& P, const char* name, double value) {
 
 
 
+
 // ============================================================ unscheduled program
 namespace ref {
 
 struct Buffers {
-  __half* in_ref_g = nullptr;  // input g
+  __half* in_ref_g = nullptr;  // input g (registered window)
   float* in_ref_w = nullptr;  // input w
   float* in_ref_m = nullptr;  // input m
   float* in_ref_v = nullptr;  // input v
-  __half* v_ref_g1 = nullptr;  // stage g1
+  __half* v_ref_g1 = nullptr;  // stage g1 (registered window)
   float* v_ref_gf = nullptr;  // stage gf
   float* v_ref_m1 = nullptr;  // stage m1 (in in_ref_m)
   float* v_ref_v1 = nullptr;  // stage v1 (in in_ref_v)
@@ -129,6 +130,11 @@ struct State {
   cudaStream_t main = nullptr;
   cudaStream_t compute = nullptr;
   cudaStream_t comm = nullptr;  // created with the highest priority
+#if NCCL_VERSION_CODE >= NCCL_VERSION(2, 27, 0)
+  // windows of the buffers host-API collectives use (NCCL's symmetric kernels)
+  ncclWindow_t win_in_ref_g = nullptr;
+  ncclWindow_t win_v_ref_g1 = nullptr;
+#endif
 };
 
 namespace {
@@ -390,8 +396,9 @@ State* create(const Ctx& ctx) {
   CHECK_CUDA("setup", cudaStreamCreateWithPriority(&S->comm, cudaStreamNonBlocking, greatest));
   if (on_stage(ctx, 0)) {
     void* mem = nullptr;
-    CHECK_CUDA("allocation of in_ref_g", cudaMalloc(&mem, sizeof(__half) * 268435456));
-    S->owned.push_back(mem);
+    // a host-API collective's buffer: symmetric memory, registered as a window below
+    CHECK_NCCL("allocation of in_ref_g", ncclMemAlloc(&mem, sizeof(__half) * 268435456));
+    S->owned_symmetric.push_back(mem);
     CHECK_CUDA("allocation", cudaMemsetAsync(mem, 0, sizeof(__half) * 268435456, S->main));
     B.in_ref_g = static_cast<__half*>(mem);
   }
@@ -418,8 +425,9 @@ State* create(const Ctx& ctx) {
   }
   if (on_stage(ctx, 0)) {
     void* mem = nullptr;
-    CHECK_CUDA("allocation of v_ref_g1", cudaMalloc(&mem, sizeof(__half) * 268435456));
-    S->owned.push_back(mem);
+    // a host-API collective's buffer: symmetric memory, registered as a window below
+    CHECK_NCCL("allocation of v_ref_g1", ncclMemAlloc(&mem, sizeof(__half) * 268435456));
+    S->owned_symmetric.push_back(mem);
     CHECK_CUDA("allocation", cudaMemsetAsync(mem, 0, sizeof(__half) * 268435456, S->main));
     B.v_ref_g1 = static_cast<__half*>(mem);
   }
@@ -447,12 +455,23 @@ State* create(const Ctx& ctx) {
   if (B.in_ref_m != nullptr) B.v_ref_m1 = B.in_ref_m + (0);
   if (B.in_ref_v != nullptr) B.v_ref_v1 = B.in_ref_v + (0);
   if (B.in_ref_w != nullptr) B.v_ref_w1 = B.in_ref_w + (0);
+#if NCCL_VERSION_CODE >= NCCL_VERSION(2, 27, 0)
+  // buffers of host-API collectives as symmetric windows, so NCCL may choose its
+  // symmetric kernels: collective calls on the tp group, the same order on every rank of
+  // a pipeline stage (a stage's buffers exist on its ranks only)
+  if (on_stage(ctx, 0)) CHECK_NCCL("window", ncclCommWindowRegister(ctx.nccl_group, B.in_ref_g, sizeof(__half) * 268435456, &S->win_in_ref_g, NCCL_WIN_COLL_SYMMETRIC));
+  if (on_stage(ctx, 0)) CHECK_NCCL("window", ncclCommWindowRegister(ctx.nccl_group, B.v_ref_g1, sizeof(__half) * 268435456, &S->win_v_ref_g1, NCCL_WIN_COLL_SYMMETRIC));
+#endif
   (void)tp;
   return S;
 }
 
 void destroy(State* S, const Ctx& ctx) {
   CHECK_CUDA("teardown", cudaDeviceSynchronize());
+#if NCCL_VERSION_CODE >= NCCL_VERSION(2, 27, 0)
+  if (S->win_in_ref_g != nullptr) CHECK_NCCL("teardown", ncclCommWindowDeregister(ctx.nccl_group, S->win_in_ref_g));
+  if (S->win_v_ref_g1 != nullptr) CHECK_NCCL("teardown", ncclCommWindowDeregister(ctx.nccl_group, S->win_v_ref_g1));
+#endif
   for (void* p : S->owned) CHECK_CUDA("teardown", cudaFree(p));
   for (void* p : S->owned_symmetric) CHECK_NCCL("teardown", ncclMemFree(p));
   cudaStreamDestroy(S->main);
@@ -549,11 +568,11 @@ const void* output(const State* S, int k) {
 namespace sch {
 
 struct Buffers {
-  __half* in_sch_g = nullptr;  // input g
-  float* in_sch_w = nullptr;  // input w
+  __half* in_sch_g = nullptr;  // input g (registered window)
+  float* in_sch_w = nullptr;  // input w (registered window)
   float* in_sch_m = nullptr;  // input m
   float* in_sch_v = nullptr;  // input v
-  __half* v_sch_g1_rs = nullptr;  // stage g1_rs
+  __half* v_sch_g1_rs = nullptr;  // stage g1_rs (registered window)
   float* v_sch_m1 = nullptr;  // stage m1 (in in_sch_m)
   float* v_sch_v1 = nullptr;  // stage v1 (in in_sch_v)
   float* v_sch_w1_s = nullptr;  // stage w1_s (in in_sch_w)
@@ -572,6 +591,12 @@ struct State {
   cudaStream_t main = nullptr;
   cudaStream_t compute = nullptr;
   cudaStream_t comm = nullptr;  // created with the highest priority
+#if NCCL_VERSION_CODE >= NCCL_VERSION(2, 27, 0)
+  // windows of the buffers host-API collectives use (NCCL's symmetric kernels)
+  ncclWindow_t win_in_sch_g = nullptr;
+  ncclWindow_t win_in_sch_w = nullptr;
+  ncclWindow_t win_v_sch_g1_rs = nullptr;
+#endif
 };
 
 namespace {
@@ -680,15 +705,17 @@ State* create(const Ctx& ctx) {
   CHECK_CUDA("setup", cudaStreamCreateWithPriority(&S->comm, cudaStreamNonBlocking, greatest));
   if (on_stage(ctx, 0)) {
     void* mem = nullptr;
-    CHECK_CUDA("allocation of in_sch_g", cudaMalloc(&mem, sizeof(__half) * 268435456));
-    S->owned.push_back(mem);
+    // a host-API collective's buffer: symmetric memory, registered as a window below
+    CHECK_NCCL("allocation of in_sch_g", ncclMemAlloc(&mem, sizeof(__half) * 268435456));
+    S->owned_symmetric.push_back(mem);
     CHECK_CUDA("allocation", cudaMemsetAsync(mem, 0, sizeof(__half) * 268435456, S->main));
     B.in_sch_g = static_cast<__half*>(mem);
   }
   if (on_stage(ctx, 0)) {
     void* mem = nullptr;
-    CHECK_CUDA("allocation of in_sch_w", cudaMalloc(&mem, sizeof(float) * 268435456));
-    S->owned.push_back(mem);
+    // a host-API collective's buffer: symmetric memory, registered as a window below
+    CHECK_NCCL("allocation of in_sch_w", ncclMemAlloc(&mem, sizeof(float) * 268435456));
+    S->owned_symmetric.push_back(mem);
     CHECK_CUDA("allocation", cudaMemsetAsync(mem, 0, sizeof(float) * 268435456, S->main));
     B.in_sch_w = static_cast<float*>(mem);
   }
@@ -708,8 +735,9 @@ State* create(const Ctx& ctx) {
   }
   if (on_stage(ctx, 0)) {
     void* mem = nullptr;
-    CHECK_CUDA("allocation of v_sch_g1_rs", cudaMalloc(&mem, sizeof(__half) * 8388608));
-    S->owned.push_back(mem);
+    // a host-API collective's buffer: symmetric memory, registered as a window below
+    CHECK_NCCL("allocation of v_sch_g1_rs", ncclMemAlloc(&mem, sizeof(__half) * 8388608));
+    S->owned_symmetric.push_back(mem);
     CHECK_CUDA("allocation", cudaMemsetAsync(mem, 0, sizeof(__half) * 8388608, S->main));
     B.v_sch_g1_rs = static_cast<__half*>(mem);
   }
@@ -717,12 +745,25 @@ State* create(const Ctx& ctx) {
   if (B.in_sch_v != nullptr) B.v_sch_v1 = B.in_sch_v + (0);
   if (B.in_sch_w != nullptr) B.v_sch_w1_s = B.in_sch_w + (0);
   if (B.in_sch_w != nullptr) B.v_sch_w1 = B.in_sch_w + (0);
+#if NCCL_VERSION_CODE >= NCCL_VERSION(2, 27, 0)
+  // buffers of host-API collectives as symmetric windows, so NCCL may choose its
+  // symmetric kernels: collective calls on the tp group, the same order on every rank of
+  // a pipeline stage (a stage's buffers exist on its ranks only)
+  if (on_stage(ctx, 0)) CHECK_NCCL("window", ncclCommWindowRegister(ctx.nccl_group, B.in_sch_g, sizeof(__half) * 268435456, &S->win_in_sch_g, NCCL_WIN_COLL_SYMMETRIC));
+  if (on_stage(ctx, 0)) CHECK_NCCL("window", ncclCommWindowRegister(ctx.nccl_group, B.in_sch_w, sizeof(float) * 268435456, &S->win_in_sch_w, NCCL_WIN_COLL_SYMMETRIC));
+  if (on_stage(ctx, 0)) CHECK_NCCL("window", ncclCommWindowRegister(ctx.nccl_group, B.v_sch_g1_rs, sizeof(__half) * 8388608, &S->win_v_sch_g1_rs, NCCL_WIN_COLL_SYMMETRIC));
+#endif
   (void)tp;
   return S;
 }
 
 void destroy(State* S, const Ctx& ctx) {
   CHECK_CUDA("teardown", cudaDeviceSynchronize());
+#if NCCL_VERSION_CODE >= NCCL_VERSION(2, 27, 0)
+  if (S->win_in_sch_g != nullptr) CHECK_NCCL("teardown", ncclCommWindowDeregister(ctx.nccl_group, S->win_in_sch_g));
+  if (S->win_in_sch_w != nullptr) CHECK_NCCL("teardown", ncclCommWindowDeregister(ctx.nccl_group, S->win_in_sch_w));
+  if (S->win_v_sch_g1_rs != nullptr) CHECK_NCCL("teardown", ncclCommWindowDeregister(ctx.nccl_group, S->win_v_sch_g1_rs));
+#endif
   for (void* p : S->owned) CHECK_CUDA("teardown", cudaFree(p));
   for (void* p : S->owned_symmetric) CHECK_NCCL("teardown", ncclMemFree(p));
   cudaStreamDestroy(S->main);

@@ -75,6 +75,7 @@ bool set_param(Params& P, const char* name, double value) {
 
 
 
+
 // ============================================================ unscheduled program
 namespace ref {
 
@@ -83,7 +84,7 @@ struct Buffers {
   __half* in_ref_b = nullptr;  // input b
   __half* in_ref_x = nullptr;  // input x
   __half* in_ref_r = nullptr;  // input r
-  __half* v_ref_layer = nullptr;  // stage layer
+  __half* v_ref_layer = nullptr;  // stage layer (registered window)
   __half* v_ref_sum = nullptr;  // stage sum (in v_ref_layer)
   __half* v_ref_out = nullptr;  // stage out
 };
@@ -103,6 +104,10 @@ struct State {
   cudaStream_t main = nullptr;
   cudaStream_t compute = nullptr;
   cudaStream_t comm = nullptr;  // created with the highest priority
+#if NCCL_VERSION_CODE >= NCCL_VERSION(2, 27, 0)
+  // windows of the buffers host-API collectives use (NCCL's symmetric kernels)
+  ncclWindow_t win_v_ref_layer = nullptr;
+#endif
 };
 
 namespace {
@@ -193,8 +198,9 @@ State* create(const Ctx& ctx) {
   }
   if (on_stage(ctx, 0)) {
     void* mem = nullptr;
-    CHECK_CUDA("allocation of v_ref_layer", cudaMalloc(&mem, sizeof(__half) * 50331648));
-    S->owned.push_back(mem);
+    // a host-API collective's buffer: symmetric memory, registered as a window below
+    CHECK_NCCL("allocation of v_ref_layer", ncclMemAlloc(&mem, sizeof(__half) * 50331648));
+    S->owned_symmetric.push_back(mem);
     CHECK_CUDA("allocation", cudaMemsetAsync(mem, 0, sizeof(__half) * 50331648, S->main));
     B.v_ref_layer = static_cast<__half*>(mem);
   }
@@ -206,12 +212,21 @@ State* create(const Ctx& ctx) {
     B.v_ref_out = static_cast<__half*>(mem);
   }
   if (B.v_ref_layer != nullptr) B.v_ref_sum = B.v_ref_layer + (0);
+#if NCCL_VERSION_CODE >= NCCL_VERSION(2, 27, 0)
+  // buffers of host-API collectives as symmetric windows, so NCCL may choose its
+  // symmetric kernels: collective calls on the tp group, the same order on every rank of
+  // a pipeline stage (a stage's buffers exist on its ranks only)
+  if (on_stage(ctx, 0)) CHECK_NCCL("window", ncclCommWindowRegister(ctx.nccl_group, B.v_ref_layer, sizeof(__half) * 50331648, &S->win_v_ref_layer, NCCL_WIN_COLL_SYMMETRIC));
+#endif
   (void)tp;
   return S;
 }
 
 void destroy(State* S, const Ctx& ctx) {
   CHECK_CUDA("teardown", cudaDeviceSynchronize());
+#if NCCL_VERSION_CODE >= NCCL_VERSION(2, 27, 0)
+  if (S->win_v_ref_layer != nullptr) CHECK_NCCL("teardown", ncclCommWindowDeregister(ctx.nccl_group, S->win_v_ref_layer));
+#endif
   for (void* p : S->owned) CHECK_CUDA("teardown", cudaFree(p));
   for (void* p : S->owned_symmetric) CHECK_NCCL("teardown", ncclMemFree(p));
   cudaStreamDestroy(S->main);
@@ -296,10 +311,10 @@ struct Buffers {
   __half* in_sch_b = nullptr;  // input b
   __half* in_sch_x = nullptr;  // input x
   __half* in_sch_r = nullptr;  // input r
-  __half* v_sch_layer = nullptr;  // stage layer
-  __half* v_sch_sum_rs = nullptr;  // stage sum_rs
-  __half* v_sch_out_s = nullptr;  // stage out_s
-  __half* v_sch_out = nullptr;  // stage out
+  __half* v_sch_layer = nullptr;  // stage layer (registered window)
+  __half* v_sch_sum_rs = nullptr;  // stage sum_rs (registered window)
+  __half* v_sch_out_s = nullptr;  // stage out_s (registered window)
+  __half* v_sch_out = nullptr;  // stage out (registered window)
 };
 
 struct Consts {
@@ -321,6 +336,13 @@ struct State {
   cudaEvent_t ev_ol_sch_overlap_layer_compute_done = nullptr;
   cudaEvent_t ev_ol_sch_overlap_layer_comm_done = nullptr;
   cudaEvent_t ev_ol_sch_overlap_layer[2][4] = {};
+#if NCCL_VERSION_CODE >= NCCL_VERSION(2, 27, 0)
+  // windows of the buffers host-API collectives use (NCCL's symmetric kernels)
+  ncclWindow_t win_v_sch_layer = nullptr;
+  ncclWindow_t win_v_sch_sum_rs = nullptr;
+  ncclWindow_t win_v_sch_out_s = nullptr;
+  ncclWindow_t win_v_sch_out = nullptr;
+#endif
 };
 
 namespace {
@@ -419,38 +441,57 @@ State* create(const Ctx& ctx) {
   }
   if (on_stage(ctx, 0)) {
     void* mem = nullptr;
-    CHECK_CUDA("allocation of v_sch_layer", cudaMalloc(&mem, sizeof(__half) * 50331648));
-    S->owned.push_back(mem);
+    // a host-API collective's buffer: symmetric memory, registered as a window below
+    CHECK_NCCL("allocation of v_sch_layer", ncclMemAlloc(&mem, sizeof(__half) * 50331648));
+    S->owned_symmetric.push_back(mem);
     CHECK_CUDA("allocation", cudaMemsetAsync(mem, 0, sizeof(__half) * 50331648, S->main));
     B.v_sch_layer = static_cast<__half*>(mem);
   }
   if (on_stage(ctx, 0)) {
     void* mem = nullptr;
-    CHECK_CUDA("allocation of v_sch_sum_rs", cudaMalloc(&mem, sizeof(__half) * 6291456));
-    S->owned.push_back(mem);
+    // a host-API collective's buffer: symmetric memory, registered as a window below
+    CHECK_NCCL("allocation of v_sch_sum_rs", ncclMemAlloc(&mem, sizeof(__half) * 6291456));
+    S->owned_symmetric.push_back(mem);
     CHECK_CUDA("allocation", cudaMemsetAsync(mem, 0, sizeof(__half) * 6291456, S->main));
     B.v_sch_sum_rs = static_cast<__half*>(mem);
   }
   if (on_stage(ctx, 0)) {
     void* mem = nullptr;
-    CHECK_CUDA("allocation of v_sch_out_s", cudaMalloc(&mem, sizeof(__half) * 6291456));
-    S->owned.push_back(mem);
+    // a host-API collective's buffer: symmetric memory, registered as a window below
+    CHECK_NCCL("allocation of v_sch_out_s", ncclMemAlloc(&mem, sizeof(__half) * 6291456));
+    S->owned_symmetric.push_back(mem);
     CHECK_CUDA("allocation", cudaMemsetAsync(mem, 0, sizeof(__half) * 6291456, S->main));
     B.v_sch_out_s = static_cast<__half*>(mem);
   }
   if (on_stage(ctx, 0)) {
     void* mem = nullptr;
-    CHECK_CUDA("allocation of v_sch_out", cudaMalloc(&mem, sizeof(__half) * 50331648));
-    S->owned.push_back(mem);
+    // a host-API collective's buffer: symmetric memory, registered as a window below
+    CHECK_NCCL("allocation of v_sch_out", ncclMemAlloc(&mem, sizeof(__half) * 50331648));
+    S->owned_symmetric.push_back(mem);
     CHECK_CUDA("allocation", cudaMemsetAsync(mem, 0, sizeof(__half) * 50331648, S->main));
     B.v_sch_out = static_cast<__half*>(mem);
   }
+#if NCCL_VERSION_CODE >= NCCL_VERSION(2, 27, 0)
+  // buffers of host-API collectives as symmetric windows, so NCCL may choose its
+  // symmetric kernels: collective calls on the tp group, the same order on every rank of
+  // a pipeline stage (a stage's buffers exist on its ranks only)
+  if (on_stage(ctx, 0)) CHECK_NCCL("window", ncclCommWindowRegister(ctx.nccl_group, B.v_sch_layer, sizeof(__half) * 50331648, &S->win_v_sch_layer, NCCL_WIN_COLL_SYMMETRIC));
+  if (on_stage(ctx, 0)) CHECK_NCCL("window", ncclCommWindowRegister(ctx.nccl_group, B.v_sch_sum_rs, sizeof(__half) * 6291456, &S->win_v_sch_sum_rs, NCCL_WIN_COLL_SYMMETRIC));
+  if (on_stage(ctx, 0)) CHECK_NCCL("window", ncclCommWindowRegister(ctx.nccl_group, B.v_sch_out_s, sizeof(__half) * 6291456, &S->win_v_sch_out_s, NCCL_WIN_COLL_SYMMETRIC));
+  if (on_stage(ctx, 0)) CHECK_NCCL("window", ncclCommWindowRegister(ctx.nccl_group, B.v_sch_out, sizeof(__half) * 50331648, &S->win_v_sch_out, NCCL_WIN_COLL_SYMMETRIC));
+#endif
   (void)tp;
   return S;
 }
 
 void destroy(State* S, const Ctx& ctx) {
   CHECK_CUDA("teardown", cudaDeviceSynchronize());
+#if NCCL_VERSION_CODE >= NCCL_VERSION(2, 27, 0)
+  if (S->win_v_sch_layer != nullptr) CHECK_NCCL("teardown", ncclCommWindowDeregister(ctx.nccl_group, S->win_v_sch_layer));
+  if (S->win_v_sch_sum_rs != nullptr) CHECK_NCCL("teardown", ncclCommWindowDeregister(ctx.nccl_group, S->win_v_sch_sum_rs));
+  if (S->win_v_sch_out_s != nullptr) CHECK_NCCL("teardown", ncclCommWindowDeregister(ctx.nccl_group, S->win_v_sch_out_s));
+  if (S->win_v_sch_out != nullptr) CHECK_NCCL("teardown", ncclCommWindowDeregister(ctx.nccl_group, S->win_v_sch_out));
+#endif
   for (void* p : S->owned) CHECK_CUDA("teardown", cudaFree(p));
   for (void* p : S->owned_symmetric) CHECK_NCCL("teardown", ncclMemFree(p));
   cudaEventDestroy(S->ev_ol_sch_overlap_layer_start);
@@ -513,6 +554,7 @@ void run(State* S, const Ctx& ctx, const Params& P) {
     }
     CHECK_CUDA("layer", cudaEventRecord(S->ev_ol_sch_overlap_layer[0][k], S->compute));
     CHECK_CUDA("layer", cudaStreamWaitEvent(S->comm, S->ev_ol_sch_overlap_layer[0][k], 0));
+
     // chunk k of fused(sum_rs, out_s, out) on the comm stream
     if (ctx.pp == 0) {
       CHECK_NCCL("sum_rs", ncclReduceScatter(B.v_sch_layer + (12582912 * k), B.v_sch_sum_rs + (1572864 * k), 1572864, ncclFloat16, ncclSum, ctx.nccl_group, S->comm));
@@ -527,6 +569,7 @@ void run(State* S, const Ctx& ctx, const Params& P) {
       CHECK_NCCL("out", ncclAllGather(B.v_sch_out_s + (1572864 * k), B.v_sch_out + (12582912 * k), 1572864, ncclFloat16, ctx.nccl_group, S->comm));
 
     }
+
   }
   CHECK_CUDA("layer, sum_rs, out_s, out", cudaEventRecord(S->ev_ol_sch_overlap_layer_compute_done, S->compute));
   CHECK_CUDA("layer, sum_rs, out_s, out", cudaEventRecord(S->ev_ol_sch_overlap_layer_comm_done, S->comm));
