@@ -100,8 +100,18 @@ def _check_schedules(program: Program, hw: Hardware) -> list[str]:
     return [name for name, _ in apply_blocks(program, hw)]
 
 
+SUMMARY_COLLECTIVES = 8
+"""Collectives a summary line names; more are counted by kind (`--json` lists all)."""
+
+
 def summary_line(s: Summary) -> str:
-    colls = ", ".join(f"{c.op} {c.name}" for c in s.comm) or "no communication"
+    named = [f"{c.op} {c.name}" for c in s.comm[:SUMMARY_COLLECTIVES]]
+    if len(s.comm) > SUMMARY_COLLECTIVES:
+        rest: dict[str, int] = {}
+        for c in s.comm[SUMMARY_COLLECTIVES:]:
+            rest[c.op] = rest.get(c.op, 0) + 1
+        named.append("and " + ", ".join(f"{n} more {op}" for op, n in rest.items()))
+    colls = ", ".join(named) or "no communication"
     return (
         f"{s.program}: ranks {s.ranks}, {s.stages} stages "
         f"({s.matmuls} matmul, {s.collectives} collective, {s.compute} compute); "
