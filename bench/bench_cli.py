@@ -18,8 +18,9 @@ all of them alike; it prints the median of N rounds per command, and for check, 
 and simulate the median "beyond start-up" (minus `--version`'s median). The goal of
 the performance issue: each of check, apply and simulate under 0.3 s beyond start-up.
 
-Each subprocess gets a private `XDG_CACHE_HOME`; one warm-up round fills it (the
-parser cache), as on a user's machine after the first run. `--no-warm` skips the
+Each subprocess gets a private `XDG_CACHE_HOME` and bytecode cache
+(`PYTHONPYCACHEPREFIX`, with `PYTHONDONTWRITEBYTECODE` unset); one warm-up round fills
+them (the parser cache, the compiled modules), as on a user's machine after the first run. `--no-warm` skips the
 warm-up round, so the first measured round pays for building the cache.
 """
 
@@ -64,7 +65,15 @@ def main() -> None:
     args = ap.parse_args()
 
     with tempfile.TemporaryDirectory(prefix="cocoviz-bench-") as tmp:
-        env = dict(os.environ, XDG_CACHE_HOME=str(Path(tmp, "cache")), COLUMNS="120")
+        env = dict(
+            os.environ,
+            XDG_CACHE_HOME=str(Path(tmp, "cache")),
+            COLUMNS="120",
+            PYTHONPYCACHEPREFIX=str(Path(tmp, "pycache")),
+        )
+        # compiled modules are cached as on a user's machine (an environment that turns
+        # bytecode caching off would otherwise time the compilation of every module)
+        env.pop("PYTHONDONTWRITEBYTECODE", None)
         src = Path(tmp, f"gpt{args.layers}.coco")
         out = subprocess.run(
             [PY, "-m", "cocoviz", "samples", "--gpt", str(args.layers)],

@@ -121,12 +121,14 @@ def _emitted_ms(d: Path, iters: int) -> float:
 
 
 def _run_mpi_ms(argv: list[str], src: Path | None = None) -> float:
-    """`cocoviz run --mpi`'s makespan in ms; with `src`, of the cocoviz in that tree."""
+    """`cocoviz run --mpi`'s makespan in ms; with `src`, of the cocoviz in that tree (run
+    from it: ``python -m`` puts the working directory first on the path, and the ranks
+    start there too)."""
     env = None
     if src is not None:
         old = os.environ.get("PYTHONPATH")
         env = {**os.environ, "PYTHONPATH": str(src) + (os.pathsep + old if old else "")}
-    out = subprocess.run(argv, capture_output=True, text=True, check=True, env=env)
+    out = subprocess.run(argv, capture_output=True, text=True, check=True, env=env, cwd=src)
     return float(json.loads(out.stdout)["makespan_s"]) * 1e3
 
 

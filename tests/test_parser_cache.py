@@ -190,12 +190,14 @@ def test_cache_dir_location(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> 
 
 
 def test_concurrent_processes_share_one_whole_file(tmp_path: Path) -> None:
-    """Processes starting together on an empty cache: each parses; one whole file."""
+    """Processes starting together on an empty cache: each makes the lark parser (which
+    parses only text the fast parser refuses) and parses; one whole file."""
     env = dict(os.environ, XDG_CACHE_HOME=str(tmp_path))
     env.pop("COCOVIZ_CACHE_DIR", None)
     code = (
-        "from cocoviz.ir.syntax import parse_module;"
+        "from cocoviz.ir.syntax import _parser, parse_module;"
         "from cocoviz.samples.gpt import gpt_stack;"
+        "_parser();"
         "print(len(parse_module(gpt_stack(2)).statements))"
     )
     procs = [

@@ -230,8 +230,8 @@ def test_forced_choice_is_honoured():
     assert collective_time(hw, "allreduce", GIB, 8, proto="ll").proto is Proto.LL
     with pytest.raises(CostModelError, match="unknown algorithm 'star'"):
         collective_time(hw, "allreduce", 8, 8, algo="star")
-    with pytest.raises(CostModelError, match="unknown collective 'alltoall'"):
-        collective_time(hw, "alltoall", 8, 8)
+    with pytest.raises(CostModelError, match="unknown collective 'alltoallv'"):
+        collective_time(hw, "alltoallv", 8, 8)
 
 
 def test_nvls_needs_one_node_and_enough_ranks():

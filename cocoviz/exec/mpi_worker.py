@@ -17,8 +17,15 @@ reference); collectives go through mpi4py on numpy buffers:
   ``k·n/K + r·n/(K·G) + i``: exactly the flat chunk of virtual rank k·G + r in a group of
   K·G, which is how compute inside the pipeline is evaluated.
 
+Timed iterations reuse memory: a stage's expression is evaluated by
+`ops.stage_value_pooled` (the same bits as `ops.stage_value`, with `out=` buffers and
+temporaries recycled through a `ops.BufferPool`), collectives widen, receive and round
+into persistent per-stage buffers, and an allgather of a flat-chunked value is its
+receive buffer.
+
 Each rank writes `status.<rank>` (started / done / error: …) and `result.<rank>.json`
-(measured events) into the job directory; rank 0 writes the global outputs as `.npy`.
+(the makespan and events of the median-makespan iteration, `iteration_report`) into the
+job directory; rank 0 writes the global outputs as `.npy`.
 Any exception is reported with the rank and ends the job with MPI_Abort.
 """
 
@@ -407,6 +414,19 @@ def median_iteration(makespans: list[list[float]]) -> int:
     return order[len(order) // 2]
 
 
+def iteration_report(
+    makespans: list[float], iteration_events: list[list[Event]], it: int
+) -> dict[str, Any]:
+    """What a rank reports of its timed iterations: iteration `it`'s makespan and events
+    (every timed makespan too); `mpi_run.measured_iteration` reads it."""
+    return {
+        "iteration": it,
+        "makespan": makespans[it],
+        "makespans": makespans,
+        "events": [dataclasses.asdict(ev) for ev in iteration_events[it]],
+    }
+
+
 class ChunkPipeline:
     """An overlapped group as a K-chunk software pipeline of non-blocking collectives.
 
@@ -685,10 +705,7 @@ def main(argv: list[str]) -> int:
             "rank": rank,
             "pp": w.pp,
             "tp": w.tp,
-            "iteration": it,
-            "makespan": w.makespans[it],
-            "makespans": w.makespans,
-            "events": [ev.__dict__ for ev in w.iteration_events[it]],
+            **iteration_report(w.makespans, w.iteration_events, it),
         }
         (job / f"result.{rank}.json").write_text(json.dumps(result))
         _status(job, rank, "done")

@@ -748,16 +748,16 @@ class _PooledEval(_Eval):
             return out
         if op in _BINARY_UFUNC and ty.dtype.is_float:
             a, b = (self._operand(x, ty, ty.dtype) for x in e.args)
-            if a.ndim == 0 and b.ndim == 0:
+            if (a.ndim == 0 and b.ndim == 0) or a.dtype.kind != "f" or b.dtype.kind != "f":
                 with np.errstate(all="ignore"):
                     return _binary(op, a, b, True)
             dt = np.result_type(a, b)
             out = self._out(np.broadcast_shapes(a.shape, b.shape), dt, a, b)
             with np.errstate(all="ignore"):
                 _BINARY_UFUNC[op](a, b, out=out)
-            for x in (a, b):
-                if x is not out:
-                    self._release(x)
+            for arr in (a, b):
+                if arr is not out:
+                    self._release(arr)
             return out
         if op in _UNARY_UFUNC or op in (Op.RSQRT, Op.SIGMOID, Op.RELU):
             (x,) = e.args
@@ -783,6 +783,24 @@ class _PooledEval(_Eval):
             if v is not out:
                 self._release(v)
             return out
+        if op is Op.NORM:
+            # `reduction_partial`'s Σx² with x² in a recycled buffer: the same array
+            # summed the same way (np.sum of a contiguous array), so the same bits
+            x = e.args[0]
+            xv = self.eval(x)
+            acc = accumulation_dtype(x.type.dtype)
+            if xv.dtype != acc or xv.ndim == 0:
+                part = reduction_partial(op, xv, x.type.dtype)
+            else:
+                sq = self._out(xv.shape, acc, xv)
+                np.multiply(xv, xv, out=sq)
+                part = np.asarray(np.sum(sq, dtype=acc))
+                self._release(sq)
+                self._release(xv)
+            if x.type.layout.is_sliced:
+                part = self.ctx.combine(e, part)
+            with np.errstate(invalid="ignore"):
+                return reduction_finish(op, part, x.type.dtype)
         return super().eval(e)
 
 

@@ -371,6 +371,8 @@ class _Lowerer:
             try:
                 expr = self._expr(a.expr, defined, later, a.name.text, top=True)
                 raw.append((a, _tag_dropouts(expr, a.name.text)))
+            except _AlreadyReported:
+                pass  # a reshape size naming a failed dimension
             except InputError as err:
                 self.bag.add(err)
             defined.add(a.name.text)

@@ -1,7 +1,10 @@
 """Parsing `.coco` and `.sched` text into syntax objects.
 
-This module is the one boundary where lark's exceptions are converted into
-`InputError`s with a source span; nothing from lark escapes it.
+Valid text is parsed by the hand-written parser in cocoviz/ir/fastparse.py; text it
+does not accept is parsed again by lark (with the lexer in cocoviz/ir/larklexer.py),
+which reports the error. lark is imported only then. This module is the one boundary
+where lark's exceptions are converted into `InputError`s with a source span; nothing
+from lark escapes it.
 """
 
 from __future__ import annotations
@@ -17,20 +20,20 @@ import re
 import sys
 import tempfile
 import threading
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
-from typing import Any
-
-import lark
-import lark.grammar
-import lark.lexer
-from lark import Token
-from lark.exceptions import UnexpectedEOF, UnexpectedInput, UnexpectedToken
+from typing import TYPE_CHECKING, Any
 
 from cocoviz.errors import InputError, Source, Span
 from cocoviz.ir.nodes import MAX_EXPR_DEPTH, Expr, Op, StepCall
+
+if TYPE_CHECKING:
+    import lark
+    from lark import Token
+    from lark.exceptions import UnexpectedInput, UnexpectedToken
+
+    from cocoviz.ir.larklexer import _Lexer
 
 
 # --- syntax objects ---------------------------------------------------------------------
@@ -204,147 +207,6 @@ class _LexLimit(Exception):
         self.width = width
 
 
-class _Lexer(lark.lexer.Lexer):
-    """The tokenizer: one regular expression built from the grammar's terminals.
-
-    - Statement keywords (`program`, `input`, `fused`, …) are keywords only where a
-      statement starts; elsewhere they are names, like every function, dtype and
-      layout word (docs/language.md, types).
-    - Newlines inside ( ) and [ ] do not end a statement; a run of newlines (with
-      comments and blank lines between) is one `_NL` token, and a run of separators
-      (newlines and `;`) one separator.
-    - It remembers the brackets still open, so that an unexpected end of file can
-      point at the one that was never closed. Each opener records the depth before it,
-      so that closing brackets costs amortized constant time at any nesting depth.
-    - It stops a source with more than `MAX_STATEMENTS` statements or a statement of
-      more than `MAX_STATEMENT_TOKENS` tokens.
-
-    It does the work of lark's contextual lexer plus a post-lexer at a fraction of the
-    cost (lexing was a third of the parse time of a large program).
-    """
-
-    __future_interface__ = 2  # lex(lexer_state, parser_state), used unwrapped
-
-    def __init__(self, conf: Any) -> None:
-        terms = {t.name: t for t in conf.terminals}
-        self.keywords = {
-            t.pattern.value: t.name
-            for t in terms.values()
-            if t.pattern.type == "str" and t.pattern.value.isalpha()
-        }
-        self.punct = {
-            t.pattern.value: t.name
-            for t in terms.values()
-            if t.pattern.type == "str" and not t.pattern.value.isalpha()
-        }
-        groups = [
-            f"(?P<{n}>{terms[n].pattern.to_regexp()})"
-            for n in ("WS", "COMMENT", "NUMBER", "NAME", "CMP")
-        ]
-        punct = "".join(re.escape(p) for p in sorted(self.punct))
-        self.regex = re.compile(
-            "|".join(groups + ["(?P<SEP>[\n;][\n; \t\f\r]*)", f"(?P<PUNCT>[{punct}])"])
-        )
-        self.open: list[Token] = []
-
-    def lex(self, lexer_state: Any, parser_state: Any) -> Iterator[Token]:
-        text: str = lexer_state.text.text
-        match = self.regex.match
-        keywords, punct = self.keywords, self.punct
-        self.open = opened = []
-        outer: list[int] = []  # for each open bracket, `depth` before it
-        counts = dict.fromkeys(_OPENERS, 0)  # open brackets of each kind
-        depth = 0  # open ( and [ since the innermost {
-        pos, line, line_start, n = 0, 1, 0, len(text)
-        prev = "_NL"
-        statements = 0
-        tokens = 0  # in the current statement
-        while pos < n:
-            m = match(text, pos)
-            if m is None:
-                raise _BadCharacter(pos, line, pos - line_start + 1)
-            kind = m.lastgroup
-            end = m.end()
-            col = pos - line_start + 1
-            if kind == "WS" or kind == "COMMENT":
-                pos = end
-                continue
-            if kind == "SEP":  # newlines and `;`, with the blanks between them
-                semi = text.find(";", pos, end)
-                if depth == 0 and prev not in _SEPARATORS:
-                    prev = "_NL" if text[pos] == "\n" else "SEMICOLON"
-                    if prev == "_NL":
-                        yield Token("_NL", "\n", pos, line, col, line + 1, 1, pos + 1)
-                    else:
-                        yield Token("SEMICOLON", ";", pos, line, col, line, col + 1, pos + 1)
-                elif depth > 0 and semi >= 0:  # `;` inside brackets: the parser reports it
-                    nl = text.rfind("\n", pos, semi)
-                    at_line = line + text.count("\n", pos, semi)
-                    at_col = semi - (nl + 1 if nl >= 0 else line_start) + 1
-                    prev = "SEMICOLON"
-                    yield Token(
-                        "SEMICOLON", ";", semi, at_line, at_col, at_line, at_col + 1, semi + 1
-                    )
-                nl = text.rfind("\n", pos, end)
-                if nl >= 0:
-                    line += text.count("\n", pos, end)
-                    line_start = nl + 1
-                pos = end
-                continue
-            value = m.group()
-            if kind == "PUNCT":
-                kind = punct[value]
-                if kind in _OPENERS:
-                    opened.append(Token(kind, value, pos, line, col, line, col + 1, end))
-                    outer.append(depth)
-                    counts[kind] += 1
-                    depth = 0 if kind == "LBRACE" else depth + 1
-                elif kind in _CLOSERS:
-                    # drop brackets up to the matching opener (an unmatched closer is left
-                    # to the parser to report)
-                    want = _CLOSERS[kind]
-                    if counts[want]:
-                        i = len(opened) - 1
-                        while opened[i].type != want:
-                            i -= 1
-                        for o in opened[i:]:
-                            counts[o.type] -= 1
-                        depth = outer[i]
-                        del opened[i:], outer[i:]
-            elif kind == "NAME" and prev in _STMT_START and value in keywords:
-                kind = keywords[value]
-            elif kind == "NUMBER" and len(value) > MAX_NUMBER_DIGITS and value.isdigit():
-                raise _LexLimit(
-                    f"integer too long: {len(value):,} digits",
-                    line,
-                    col,
-                    "integers are 64-bit: at most 19 digits",
-                    end - pos,
-                )
-            assert kind is not None
-            if prev in _STMT_START and kind not in _SEPARATORS:
-                statements += 1
-                tokens = 0
-                if statements > MAX_STATEMENTS:
-                    raise _LexLimit(
-                        f"too many statements: more than {MAX_STATEMENTS:,}",
-                        line,
-                        col,
-                        "real programs have a few thousand statements: is it the right file?",
-                    )
-            tokens += 1
-            if tokens > MAX_STATEMENT_TOKENS:
-                raise _LexLimit(
-                    f"statement too long: more than {MAX_STATEMENT_TOKENS:,} tokens",
-                    line,
-                    col,
-                    "split it into several statements",
-                )
-            prev = kind
-            yield Token(kind, value, pos, line, col, line, col + end - pos, end)
-            pos = end
-
-
 class _Build:
     """Parser callbacks: children (tokens and built objects) → syntax objects.
 
@@ -365,8 +227,8 @@ class _Build:
         return Span(self.source, a.line, a.col, b.end_line, b.end_col)
 
     def _span_of(self, x: Any) -> Span:
-        if isinstance(x, Token):
-            return self._tok(x)
+        if isinstance(x, str):  # a lark Token (no syntax object is a str)
+            return self._tok(x)  # type: ignore[arg-type]
         span: Span = x.span
         return span
 
@@ -624,7 +486,21 @@ def cache_dir() -> Path | None:
         return None
 
 
+def _lexer_class() -> type[_Lexer]:
+    from cocoviz.ir.larklexer import _Lexer
+
+    return _Lexer
+
+
+def __getattr__(name: str) -> Any:
+    if name == "_Lexer":  # imported on first use: it imports lark
+        return _lexer_class()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
 def _cache_key(grammar: str) -> str:
+    import lark
+
     h = hashlib.sha256()
     for part in (
         grammar,
@@ -641,7 +517,7 @@ def _encode(o: Any) -> Any:
     """Lark's serialized tables as JSON: tuples and dicts tagged (dict keys may be ints)."""
     if isinstance(o, (str, int, float, bool)) or o is None:
         return o
-    if o is _Lexer:
+    if o is _lexer_class():
         return {"lexer": _LEXER_MARK}
     if isinstance(o, list):
         return [_encode(v) for v in o]
@@ -660,12 +536,14 @@ def _decode_object(o: dict[str, Any]) -> Any:
     if "d" in o:
         return {k: v for k, v in o["d"]}
     if o.get("lexer") == _LEXER_MARK:
-        return _Lexer
+        return _lexer_class()
     raise ValueError("bad cache object")
 
 
 def _load_cached(path: Path, key: str) -> lark.Lark | None:
     """The parser saved at `path`, or None when there is none that can be used."""
+    import lark
+
     try:
         with open(path, "rb") as f:
             st = os.fstat(f.fileno())
@@ -681,9 +559,9 @@ def _load_cached(path: Path, key: str) -> lark.Lark | None:
         data, memo = saved["data"], saved["memo"]
         if not isinstance(data, dict) or not isinstance(memo, dict):
             return None
-        data["options"] = {**data["options"], "lexer": _Lexer}
+        data["options"] = {**data["options"], "lexer": _lexer_class()}
         parser = lark.Lark._load_from_dict(data, memo, transformer=_BUILD)
-        if not isinstance(parser.parser.lexer, _Lexer):
+        if not isinstance(parser.parser.lexer, _lexer_class()):
             return None
         return parser
     except Exception:  # a missing, corrupt or foreign file: build the parser instead
@@ -692,6 +570,9 @@ def _load_cached(path: Path, key: str) -> lark.Lark | None:
 
 def _save_cached(parser: lark.Lark, directory: Path, path: Path, key: str) -> None:
     """Save the parser's tables at `path`, atomically; failures are ignored."""
+    import lark.grammar
+    import lark.lexer
+
     tmp: str | None = None
     try:
         data, memo = parser.memo_serialize([lark.lexer.TerminalDef, lark.grammar.Rule])
@@ -714,7 +595,9 @@ def _save_cached(parser: lark.Lark, directory: Path, path: Path, key: str) -> No
 
 
 def _build_parser(grammar: str) -> lark.Lark:
-    return lark.Lark(grammar, lexer=_Lexer, transformer=_BUILD, **_LARK_OPTIONS)
+    import lark
+
+    return lark.Lark(grammar, lexer=_lexer_class(), transformer=_BUILD, **_LARK_OPTIONS)
 
 
 def _cache_path(directory: Path, key: str) -> Path:
@@ -786,7 +669,7 @@ def _expected(names: set[str]) -> str:
 
 def _lexer() -> _Lexer:
     lexer = _parser().parser.lexer
-    assert isinstance(lexer, _Lexer)
+    assert isinstance(lexer, _lexer_class())
     return lexer
 
 
@@ -841,6 +724,8 @@ def _before(source: Source, tok: Token) -> str:
 
 
 def _syntax_error(err: UnexpectedInput, source: Source) -> InputError:
+    from lark.exceptions import UnexpectedEOF, UnexpectedToken
+
     line = getattr(err, "line", None) or 1
     col = getattr(err, "column", None) or 1
     if isinstance(err, UnexpectedToken):
@@ -873,6 +758,19 @@ def _syntax_error(err: UnexpectedInput, source: Source) -> InputError:
 
 
 def _run(text: str, source: Source, start: str) -> tuple[Any, ...]:
+    from cocoviz.ir import fastparse
+
+    try:
+        return fastparse.parse(text, source, start)
+    except fastparse.Fallback:
+        pass  # not valid text (or too deeply nested to recurse): lark parses and reports
+    return _run_lark(text, source, start)
+
+
+def _run_lark(text: str, source: Source, start: str) -> tuple[Any, ...]:
+    import lark.exceptions
+    from lark.exceptions import UnexpectedInput
+
     parser = _parser()
     with _LOCK:
         _BUILD.source = source

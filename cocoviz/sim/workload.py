@@ -37,7 +37,7 @@ from functools import lru_cache
 
 from cocoviz.errors import UsageError
 from cocoviz.ir.collectives import Blocks, alltoall_copies
-from cocoviz.ir.graph import deps, implicit_reductions, reduce_name, users
+from cocoviz.ir.graph import implicit_reductions, reduce_name
 from cocoviz.ir.nodes import (
     COLLECTIVES,
     REDUCTIONS,
@@ -50,6 +50,7 @@ from cocoviz.ir.nodes import (
     Stage,
 )
 from cocoviz.ir.summary import per_rank_numel
+from cocoviz.ir.transforms.base import reads_of
 from cocoviz.ir.transforms.overlap import leading_chunks
 from cocoviz.ir.types import DType, TensorType, block_dim, numel, shape_values
 from cocoviz.sim.collectives import (
@@ -279,8 +280,7 @@ class Context:
                 f"unknown collectives lowering '{self.collectives}'",
                 hint=f"use one of {', '.join(COLLECTIVE_MODES)}",
             )
-        self.deps = deps(self.program)
-        self.users = users(self.program)
+        self.deps, self.users = _deps_and_users(self.program)
         self.reductions = {}
         for stage, e in implicit_reductions(self.program):
             self.reductions.setdefault(stage, []).append(e)
@@ -321,6 +321,25 @@ class Context:
     def type_of(self, name: str) -> TensorType:
         ty = self._types.get(name)
         return ty if ty is not None else self.program.type_of(name)
+
+
+def _deps_and_users(program: Program) -> tuple[dict[str, set[str]], dict[str, list[str]]]:
+    """`graph.deps` and `graph.users` of a program, from one read of each stage (the
+    reads the transformations cached per expression, when a schedule made the program)."""
+    names = {s.name for s in program.stages}
+    reads = [(s.name, reads_of(s)) for s in program.stages]
+    d: dict[str, set[str]] = {n: names & r for n, r in reads}
+    updates = program.updates()
+    if updates:
+        for n, r in reads:
+            for t, u in updates.items():
+                if n != u and t in r:
+                    d[u].add(n)
+    out: dict[str, list[str]] = {}
+    for n, r in reads:
+        for x in sorted(r):
+            out.setdefault(x, []).append(n)
+    return d, out
 
 
 def make_context(program: Program, hw: Hardware, collectives: str = "nccl") -> Context:

@@ -17,9 +17,11 @@ from __future__ import annotations
 
 import abc
 import dataclasses
+import operator
 import weakref
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
+from itertools import compress, count
 from typing import Any, ClassVar
 
 from cocoviz.errors import ScheduleError, Span, did_you_mean
@@ -114,14 +116,21 @@ class Index:
         elif parent is not None:
             self._window = _changed_window(parent.stages, program.stages)
             lo, hi_new, hi_old = self._window
-            if hi_new - lo == hi_old - lo:
-                self.pos = dict(parent.pos)
-                for s in parent.stages[lo:hi_old]:
-                    del self.pos[s.name]
-                for i in range(lo, hi_new):
-                    self.pos[program.stages[i].name] = i
+            stages = program.stages
+            if hi_new == hi_old and all(
+                a.name == b.name
+                for a, b in zip(parent.stages[lo:hi_old], stages[lo:hi_new], strict=True)
+            ):
+                # the same names at the same positions: shared (an index never changes it)
+                self.pos = parent.pos
             else:
-                self.pos = {s.name: i for i, s in enumerate(program.stages)}
+                # positions before `lo` are the parent's; from `lo` on (up to `hi_new` when
+                # the window kept its length, else to the end) they are set again
+                self.pos = pos = dict(parent.pos)
+                for s in parent.stages[lo:hi_old]:
+                    del pos[s.name]
+                for i in range(lo, hi_new if hi_new == hi_old else len(stages)):
+                    pos[stages[i].name] = i
         else:
             self.pos = {s.name: i for i, s in enumerate(program.stages)}
         pp = parent.program if parent is not None else None
@@ -143,12 +152,18 @@ class Index:
             self.group_index = parent.group_index
             self.grouped = parent.grouped
         else:
-            self.group_index = {}
-            self.grouped = 0  # group memberships; more than len(group_index) if shared
+            self.group_index = group_index = {}
+            grouped = 0  # group memberships; more than len(group_index) if shared
             for gi, g in enumerate(program.groups):
-                for n in g.stages():
-                    self.group_index[n] = gi
-                    self.grouped += 1
+                todo = list(g.items)
+                while todo:
+                    it = todo.pop()
+                    if isinstance(it, str):
+                        group_index[it] = gi
+                        grouped += 1
+                    else:
+                        todo.extend(it.items)
+            self.grouped = grouped
         self._users: dict[str, set[str]] | None = None
         if parent is None:
             self._scan_updates()
@@ -185,6 +200,15 @@ class Index:
         else:
             self.updates = parent.updates
             self.update_target = parent.update_target
+        # the read edges (name read, stage) that differ; a stage re-typed or rebuilt with
+        # the same reads changes none, and the parent's dict is then shared (the dicts
+        # and sets of an index are never changed once built: an edit copies them)
+        before = {(r, s.name) for s in gone for r in reads_of(s)}
+        after = {(r, s.name) for s in new for r in reads_of(s)}
+        dropped, added = before - after, after - before
+        if not dropped and not added:
+            self._users = parent._all_users()
+            return
         users = dict(parent._all_users())
         copied: set[str] = set()
 
@@ -194,12 +218,10 @@ class Index:
                 users[r] = set(users.get(r, ()))
             return users[r]
 
-        for s in gone:
-            for r in reads_of(s):
-                own(r).discard(s.name)
-        for s in new:
-            for r in reads_of(s):
-                own(r).add(s.name)
+        for r, n in dropped:
+            own(r).discard(n)
+        for r, n in added:
+            own(r).add(n)
         self._users = users
 
     def _all_users(self) -> dict[str, set[str]]:
@@ -280,26 +302,14 @@ class Index:
 
 
 def _changed_window(old: tuple[Stage, ...], new: tuple[Stage, ...]) -> tuple[int, int, int]:
-    """(lo, hi_new, hi_old): `new[:lo]` and `old[:lo]` hold the same stages, and so do
-    `new[hi_new:]` and `old[hi_old:]`. Found by bisection on tuple slices, whose
-    comparison is identity-first and runs in C."""
+    """(lo, hi_new, hi_old): `new[:lo]` and `old[:lo]` hold the same stage objects, and
+    so do `new[hi_new:]` and `old[hi_old:]` (compared by identity, in C)."""
     n = min(len(old), len(new))
-    lo, hi = 0, n
-    while lo < hi:
-        mid = (lo + hi + 1) // 2
-        if old[:mid] == new[:mid]:
-            lo = mid
-        else:
-            hi = mid - 1
-    prefix = lo
-    lo, hi = 0, n - prefix
-    while lo < hi:
-        mid = (lo + hi + 1) // 2
-        if old[len(old) - mid :] == new[len(new) - mid :]:
-            lo = mid
-        else:
-            hi = mid - 1
-    return prefix, len(new) - lo, len(old) - lo
+    # the first index where the objects differ (a lazy scan in C that stops there)
+    prefix = next(compress(count(), map(operator.is_not, old, new)), n)
+    suffix = next(compress(count(), map(operator.is_not, reversed(old), reversed(new))), n - prefix)
+    suffix = min(suffix, n - prefix)
+    return prefix, len(new) - suffix, len(old) - suffix
 
 
 # --- edits ---------------------------------------------------------------------------
@@ -476,12 +486,31 @@ class Transformation(abc.ABC):
         from cocoviz.ir.transforms.grouping import group_error
 
         old, new = index(before), index(after)
-        unchanged = set(before.groups)
+        # the stages that are not the same objects as before, found in the window where
+        # the stage lists differ (outside it they are the same objects)
+        lo, hi, _ = _changed_window(before.stages, after.stages)
+        changed = {
+            s.name
+            for s in after.stages[lo:hi]
+            if not (old.is_stage(s.name) and old.stage(s.name) is s)
+        }
+        before_ids = {id(g) for g in before.groups}
+        unchanged: set[Group] | None = None
+        exact = new.grouped == len(new.group_index)  # no stage in two groups
+        touched = {new.group_index[n] for n in changed if n in new.group_index}
         for gi, g in enumerate(after.groups):
-            if g in unchanged and all(
-                old.is_stage(n) and old.stage(n) is new.stage(n) for n in g.stages()
-            ):
-                continue
+            if id(g) not in before_ids:
+                if unchanged is None:
+                    unchanged = set(before.groups)
+                if g not in unchanged:
+                    touched.add(gi)  # a new group
+                    continue
+            if exact:
+                continue  # touched already holds it if one of its stages changed
+            if any(n in changed or n not in new.pos for n in g.stages()):
+                touched.add(gi)
+        for gi in sorted(touched):
+            g = after.groups[gi]
             err = group_error(after, gi)
             if err is None:
                 continue
@@ -538,11 +567,11 @@ class Transformation(abc.ABC):
             )
         if name in idx.params:
             raise self.error(f"'{name}' is a param, not a stage", arg=arg)
-        hint = did_you_mean(name, idx.pos)
+        hint = did_you_mean(name, [s.name for s in idx.stages])  # in program order
         raise self.error(f"no stage named '{name}'", arg=arg, hint=hint or self.stages_hint(idx))
 
     def stages_hint(self, idx: Index) -> str:
-        names = list(idx.pos)
+        names = [s.name for s in idx.stages[:13]]  # in program order
         shown = ", ".join(names[:12]) + (", …" if len(names) > 12 else "")
         return f"the stages are {shown}"
 

@@ -24,6 +24,7 @@ from cocoviz.ir.transforms.base import (
     Edit,
     Index,
     Transformation,
+    cached_index,
     describe_stage,
     index,
 )
@@ -44,7 +45,11 @@ def leading_chunks(program: Program, members: set[str] | tuple[str, ...]) -> boo
     """Whether an overlapped group chunks dimension 0 of its values, each sliced value
     keeping its layout (a group with an alltoall), rather than rows with its sliced values
     laid out chunk by chunk (docs/schedules.md, overlap)."""
-    return any(program.stage(n).expr.op is Op.ALLTOALL for n in members)
+    idx = cached_index(program)
+    if idx is not None:
+        return any(idx.stage(n).expr.op is Op.ALLTOALL for n in members)
+    names = set(members)  # one pass, not a search per member
+    return any(s.expr.op is Op.ALLTOALL for s in program.stages if s.name in names)
 
 
 def rows_of(stage: Stage) -> int:

@@ -1,0 +1,564 @@
+"""A hand-written lexer and recursive-descent parser for valid `.coco` and `.sched` text.
+
+It accepts exactly the language of grammar.lark and builds the same syntax objects with
+the same spans as the lark parser in cocoviz/ir/syntax.py, at a fraction of the cost
+(and without importing lark). It is the fast path only: on anything it does not accept
+(a syntax error, a source over a limit, an expression nested deeper than it recurses,
+a semantic error raised while building) it raises `Fallback`, and syntax.py re-parses
+with lark, which produces the diagnostic. So it has to be right on valid input only,
+and must never accept what lark rejects.
+
+The lexer follows syntax._Lexer token for token (tests/test_fastparse.py compares the
+two parsers on the samples and on the fuzzer's corruptions of them):
+
+- statement keywords are keywords only where a statement starts (after a separator,
+  `{`, `}` or at the start of the file); elsewhere they are names;
+- newlines inside ( ) and [ ] are dropped; a run of separators (newlines and `;`, with
+  blanks between) is one separator, which is dropped too right after another one;
+- the limits on statements, tokens per statement and integer length are enforced by
+  falling back (lark's lexer then reports them).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from typing import Any
+
+from cocoviz.errors import Source, Span
+from cocoviz.ir import syntax
+from cocoviz.ir.nodes import Expr, Op, StepCall
+from cocoviz.ir.syntax import (
+    Assign,
+    Call,
+    Cmp,
+    DimStmt,
+    FusedStmt,
+    InputStmt,
+    Kw,
+    Name,
+    Num,
+    OutputStmt,
+    OverlappedStmt,
+    ParamStmt,
+    ProgramStmt,
+    RanksStmt,
+    RedTok,
+    ScheduleStmt,
+    SizeExpr,
+    _check_depth,
+)
+
+
+class Fallback(Exception):
+    """The fast parser does not accept this text: parse it with lark to report why."""
+
+
+# token kinds (the names of the grammar's terminals)
+_KEYWORDS = {
+    "program": "PROGRAM",
+    "ranks": "RANKS",
+    "dim": "DIM",
+    "param": "PARAM",
+    "input": "INPUT",
+    "output": "OUTPUT",
+    "schedule": "SCHEDULE",
+    "fused": "FUSED",
+    "overlapped": "OVERLAPPED",
+}
+_PUNCT = {
+    "(": "LPAR",
+    ")": "RPAR",
+    "[": "LSQB",
+    "]": "RSQB",
+    "{": "LBRACE",
+    "}": "RBRACE",
+    "-": "MINUS",
+    "+": "PLUS",
+    "*": "STAR",
+    "/": "SLASH",
+    "=": "EQUAL",
+    ",": "COMMA",
+    ":": "COLON",
+    "@": "AT",
+}
+_NUMBER = r"(?:[0-9]+\.[0-9]*|\.[0-9]+|[0-9]+)(?:[eE][-+]?[0-9]+)?"
+_REGEX = re.compile(
+    r"[ \t\f\r]*(?:"
+    r"(?P<COMMENT>#[^\n]*)"
+    rf"|(?P<NUMBER>{_NUMBER})"
+    r"|(?P<NAME>[A-Za-z_][A-Za-z0-9_]*)"
+    r"|(?P<CMP><=|>=|==|!=|<|>)"
+    r"|(?P<SEP>[\n;][\n; \t\f\r]*)"
+    r"|(?P<PUNCT>[()\[\]{}\-+*/=,:@])"
+    r")"
+)
+_TRAILING_BLANKS = re.compile(r"[ \t\f\r]*")
+_STMT_START = frozenset({"_NL", "SEMICOLON", "LBRACE", "RBRACE"})
+
+# How deep the expression parser recurses before it leaves the text to lark (deeper
+# nests are rare and lark parses them without recursion).
+_MAX_RECURSION = 200
+
+Tok = tuple[str, str, int, int, int]  # kind, text, line, col, end col (one line each)
+
+
+def tokenize(text: str) -> list[Tok]:
+    """The tokens of `text` as syntax._Lexer makes them (separators: kind `_NL` or
+    `SEMICOLON`), followed by an `$END` token. Raises `Fallback` on a bad character,
+    an over-long integer, or a source over the statement or token limits."""
+    # the limits, read when called (tests lower them)
+    max_digits, max_statements = syntax.MAX_NUMBER_DIGITS, syntax.MAX_STATEMENTS
+    max_tokens = syntax.MAX_STATEMENT_TOKENS
+    toks: list[Tok] = []
+    append = toks.append
+    keywords, punct = _KEYWORDS, _PUNCT
+    opened: list[str] = []  # the open brackets: "(", "[" or "{"
+    depth = 0  # open ( and [ since the innermost {
+    outer: list[int] = []  # for each open bracket, `depth` before it
+    line, line_start = 1, 0
+    prev = "_NL"
+    statements = 0
+    tokens = 0
+    pos = 0
+    for m in _REGEX.finditer(text):
+        if m.start() != pos:
+            raise Fallback  # a character no token starts with
+        kind: str = m.lastgroup  # type: ignore[assignment]
+        end = m.end()
+        if kind == "COMMENT":
+            pos = end
+            continue
+        start = m.start(kind)
+        if kind == "SEP":
+            if depth == 0:
+                if prev != "_NL" and prev != "SEMICOLON":
+                    if text[start] == "\n":
+                        prev = "_NL"
+                        append(("_NL", "\n", line, start - line_start + 1, 1))
+                    else:
+                        prev = "SEMICOLON"
+                        col = start - line_start + 1
+                        append(("SEMICOLON", ";", line, col, col + 1))
+            elif text.find(";", start, end) >= 0:
+                raise Fallback  # `;` inside brackets: a syntax error
+            nl = text.rfind("\n", start, end)
+            if nl >= 0:
+                line += text.count("\n", start, end)
+                line_start = nl + 1
+            pos = end
+            continue
+        value = m.group(kind)
+        if kind == "PUNCT":
+            kind = punct[value]
+            if value in "([{":
+                opened.append(value)
+                outer.append(depth)
+                depth = 0 if value == "{" else depth + 1
+            elif value in ")]}":
+                want = "(" if value == ")" else "[" if value == "]" else "{"
+                if not opened or opened[-1] != want:
+                    raise Fallback  # a mismatched or unmatched closer: a syntax error
+                opened.pop()
+                depth = outer.pop()
+        elif kind == "NAME":
+            if prev in _STMT_START and value in keywords:
+                kind = keywords[value]
+        elif kind == "NUMBER":
+            if len(value) > max_digits and value.isdigit():
+                raise Fallback
+        if prev in _STMT_START:
+            statements += 1
+            tokens = 0
+            if statements > max_statements:
+                raise Fallback
+        tokens += 1
+        if tokens > max_tokens:
+            raise Fallback
+        prev = kind
+        col = start - line_start + 1
+        append((kind, value, line, col, col + end - start))
+        pos = end
+    if pos != len(text):
+        if _TRAILING_BLANKS.match(text, pos).end() != len(text):  # type: ignore[union-attr]
+            raise Fallback
+    if opened:
+        raise Fallback  # an unclosed bracket: a syntax error
+    append(("$END", "", line, 1, 1))
+    return toks
+
+
+class _Parser:
+    def __init__(self, text: str, source: Source) -> None:
+        self.toks = tokenize(text)
+        self.i = 0
+        self.source = source
+
+    # --- tokens and spans
+    def expect(self, kind: str) -> Tok:
+        tok = self.toks[self.i]
+        if tok[0] != kind:
+            raise Fallback
+        self.i += 1
+        return tok
+
+    def span(self, first: Tok, last: Tok) -> Span:
+        return Span(self.source, first[2], first[3], last[2], last[4])
+
+    def tspan(self, tok: Tok) -> Span:
+        return Span(self.source, tok[2], tok[3], tok[2], tok[4])
+
+    def join(self, a: Span, b: Span) -> Span:
+        return Span(self.source, a.line, a.col, b.end_line, b.end_col)
+
+    def name(self) -> Any:
+
+        tok = self.expect("NAME")
+        return Name(tok[1], self.tspan(tok))
+
+    def num(self) -> Any:
+
+        tok = self.expect("NUMBER")
+        return Num(tok[1], self.tspan(tok))
+
+    def signed(self) -> tuple[Any, bool]:
+
+        tok = self.toks[self.i]
+        if tok[0] == "MINUS":
+            self.i += 1
+            n = self.expect("NUMBER")
+            return (Num(n[1], self.span(tok, n)), True)
+        return (self.num(), False)
+
+    def at(self, kind: str) -> bool:
+        return self.toks[self.i][0] == kind
+
+    def accept(self, kind: str) -> bool:
+        if self.toks[self.i][0] == kind:
+            self.i += 1
+            return True
+        return False
+
+    def skip_seps(self) -> None:
+        toks = self.toks
+        while toks[self.i][0] in ("_NL", "SEMICOLON"):
+            self.i += 1
+
+    def items(self, item: Any, closer: str | None) -> list[Any]:
+        """`_sep* (item _sep+)* item?` up to `closer` (None: the end of the text)."""
+        end = closer or "$END"
+        out: list[Any] = []
+        self.skip_seps()
+        while not self.at(end):
+            out.append(item())
+            if self.at(end):
+                break
+            if not self.at("_NL") and not self.at("SEMICOLON"):
+                raise Fallback
+            self.skip_seps()
+        return out
+
+    # --- files
+    def module(self) -> tuple[Any, ...]:
+        out = tuple(self.items(self.statement, None))
+        self.expect("$END")
+        return out
+
+    def sched_file(self) -> tuple[Any, ...]:
+        out = tuple(self.items(self.step, None))
+        self.expect("$END")
+        return out
+
+    # --- statements
+    def statement(self) -> Any:
+        kind = self.toks[self.i][0]
+        if kind == "NAME":
+            return self.assign()
+        method = _STATEMENTS.get(kind)
+        if method is None:
+            raise Fallback
+        return method(self)
+
+    def program_stmt(self) -> Any:
+
+        kw = self.expect("PROGRAM")
+        name = self.name()
+        return ProgramStmt(name, self.join(self.tspan(kw), name.span))
+
+    def ranks_stmt(self) -> Any:
+
+        kw = self.expect("RANKS")
+        if self.at("NUMBER"):
+            n = self.num()
+            return RanksStmt(self.join(self.tspan(kw), n.span), n=n)
+        a = self.name()
+        self.expect("EQUAL")
+        an = self.num()
+        self.expect("COMMA")
+        b = self.name()
+        self.expect("EQUAL")
+        bn = self.num()
+        return RanksStmt(self.join(self.tspan(kw), bn.span), grid=((a, an), (b, bn)))
+
+    def dim_stmt(self) -> Any:
+
+        kw = self.expect("DIM")
+        items = []
+        while True:
+            name = self.name()
+            self.expect("EQUAL")
+            items.append((name, self.num()))
+            if not self.accept("COMMA"):
+                break
+        return DimStmt(tuple(items), self.join(self.tspan(kw), items[-1][1].span))
+
+    def param_stmt(self) -> Any:
+
+        kw = self.expect("PARAM")
+        items = []
+        while True:
+            name = self.name()
+            self.expect("COLON")
+            dtype = self.name()
+            self.expect("EQUAL")
+            num, neg = self.signed()
+            items.append((name, dtype, num, neg))
+            if not self.accept("COMMA"):
+                break
+        return ParamStmt(tuple(items), self.join(self.tspan(kw), items[-1][2].span))
+
+    def input_stmt(self) -> Any:
+
+        kw = self.expect("INPUT")
+        name = self.name()
+        self.expect("COLON")
+        dtype = self.name()
+        self.expect("LSQB")
+        sizes = []
+        if not self.at("RSQB"):
+            while True:
+                factors = [self.size_atom()]
+                while self.accept("STAR"):
+                    factors.append(self.size_atom())
+                sizes.append(SizeExpr(tuple(factors), self.join(factors[0].span, factors[-1].span)))
+                if not self.accept("COMMA"):
+                    break
+        self.expect("RSQB")
+        layout = self.name()
+        layout_arg = None
+        layout_span = layout.span
+        if self.accept("LPAR"):
+            layout_arg = self.signed()
+            rpar = self.expect("RPAR")
+            layout_span = self.join(layout.span, self.tspan(rpar))
+        stage_kw = stage = None
+        if self.accept("AT"):
+            stage_kw = self.name()
+            stage = self.num()
+        end = stage.span if stage is not None else layout_span
+        return InputStmt(
+            name,
+            dtype,
+            tuple(sizes),
+            layout,
+            layout_arg,
+            stage_kw,
+            stage,
+            self.join(self.tspan(kw), end),
+            layout_span,
+        )
+
+    def size_atom(self) -> Any:
+        if self.at("NUMBER"):
+            return self.num()
+        return self.name()
+
+    def output_stmt(self) -> Any:
+
+        kw = self.expect("OUTPUT")
+        names = [self.name()]
+        while self.accept("COMMA"):
+            names.append(self.name())
+        return OutputStmt(tuple(names), self.join(self.tspan(kw), names[-1].span))
+
+    def assign(self) -> Any:
+
+        name = self.name()
+        self.expect("EQUAL")
+        expr = self.expr(0)
+        _check_depth(name, expr)  # an InputError: lark reports it in source order
+        return Assign(name, expr, self.join(name.span, expr.span))
+
+    def schedule_block(self) -> Any:
+
+        kw = self.expect("SCHEDULE")
+        name = self.name()
+        self.expect("LBRACE")
+        steps = self.items(self.step, "RBRACE")
+        close = self.expect("RBRACE")
+        return ScheduleStmt(name, tuple(steps), self.span(kw, close))
+
+    def step(self) -> StepCall:
+        name = self.name()
+        self.expect("LPAR")
+        pos: list[Any] = []
+        kwargs: list[tuple[str, int]] = []
+        if not self.at("RPAR"):
+            while True:
+                arg = self.name()
+                if self.accept("EQUAL"):
+                    num = self.num()
+                    if not num.is_int:
+                        raise Fallback  # a diagnostic of the step callback
+                    kwargs.append((arg.text, int(num.text)))
+                else:
+                    pos.append(arg)
+                if not self.accept("COMMA"):
+                    break
+        close = self.expect("RPAR")
+        return StepCall(
+            name.text,
+            tuple(a.text for a in pos),
+            tuple(kwargs),
+            span=self.join(name.span, self.tspan(close)),
+            arg_spans=tuple(a.span for a in pos),
+        )
+
+    def fused_block(self) -> Any:
+
+        kw = self.expect("FUSED")
+        self.expect("LBRACE")
+        items = self.items(self.assign, "RBRACE")
+        close = self.expect("RBRACE")
+        return FusedStmt(tuple(items), self.span(kw, close))
+
+    def overlapped_block(self) -> Any:
+
+        kw = self.expect("OVERLAPPED")
+        chunks_kw = self.name()
+        self.expect("EQUAL")
+        chunks = self.num()
+        self.expect("LBRACE")
+        items = self.items(self.ol_item, "RBRACE")
+        close = self.expect("RBRACE")
+        return OverlappedStmt(chunks_kw, chunks, tuple(items), self.span(kw, close))
+
+    def ol_item(self) -> Any:
+        if self.at("FUSED"):
+            return self.fused_block()
+        return self.assign()
+
+    # --- expressions
+    def expr(self, depth: int) -> Any:
+        if depth > _MAX_RECURSION:
+            raise Fallback
+        toks = self.toks
+        left = self.product(depth)
+        while True:
+            kind = toks[self.i][0]
+            if kind == "PLUS":
+                op = Op.ADD
+            elif kind == "MINUS":
+                op = Op.SUB
+            else:
+                return left
+            self.i += 1
+            right = self.product(depth)
+            left = Expr(op, (left, right), span=self.join(left.span, right.span))
+
+    def product(self, depth: int) -> Any:
+        toks = self.toks
+        left = self.unary(depth)
+        while True:
+            kind = toks[self.i][0]
+            if kind == "STAR":
+                op = Op.MUL
+            elif kind == "SLASH":
+                op = Op.DIV
+            else:
+                return left
+            self.i += 1
+            right = self.unary(depth)
+            left = Expr(op, (left, right), span=self.join(left.span, right.span))
+
+    def unary(self, depth: int) -> Any:
+        tok = self.toks[self.i]
+        kind = tok[0]
+        self.i += 1
+        if kind == "NAME":
+            if self.toks[self.i][0] == "LPAR":
+                return self.call(tok, depth)
+            return Expr(Op.REF, name=tok[1], span=self.tspan(tok))
+        if kind == "NUMBER":
+            text = tok[1]
+            value = int(text) if text.isdigit() else float(text)
+            return Expr(Op.CONST, value=value, span=self.tspan(tok))
+        if kind == "MINUS":
+            if depth > _MAX_RECURSION:
+                raise Fallback
+            inner = self.unary(depth + 1)
+            return Expr(Op.NEG, (inner,), span=self.join(self.tspan(tok), inner.span))
+        if kind == "LPAR":
+            inner = self.expr(depth + 1)
+            close = self.expect("RPAR")
+            return dataclasses.replace(inner, span=self.span(tok, close))
+        raise Fallback
+
+    def call(self, name_tok: Tok, depth: int) -> Any:
+
+        self.i += 1  # (
+        toks = self.toks
+        args: list[Any] = []
+        if toks[self.i][0] != "RPAR":
+            while True:
+                tok = toks[self.i]
+                kind = tok[0]
+                if kind == "NAME" and toks[self.i + 1][0] == "EQUAL":
+                    self.i += 2
+                    value = self.expr(depth + 1)
+                    name = Name(tok[1], self.tspan(tok))
+                    args.append(Kw(name, value, self.join(name.span, value.span)))
+                elif kind == "PLUS" or kind == "STAR":
+                    self.i += 1
+                    args.append(RedTok(tok[1], self.tspan(tok)))
+                else:
+                    lhs = self.expr(depth + 1)
+                    cmp = toks[self.i]
+                    if cmp[0] == "CMP":
+                        self.i += 1
+                        rhs = self.expr(depth + 1)
+                        args.append(Cmp(Op(cmp[1]), lhs, rhs, self.join(lhs.span, rhs.span)))
+                    else:
+                        args.append(lhs)
+                if toks[self.i][0] != "COMMA":
+                    break
+                self.i += 1
+        close = self.expect("RPAR")
+        return Call(
+            Name(name_tok[1], self.tspan(name_tok)), tuple(args), self.span(name_tok, close)
+        )
+
+
+_STATEMENTS = {
+    "PROGRAM": _Parser.program_stmt,
+    "RANKS": _Parser.ranks_stmt,
+    "DIM": _Parser.dim_stmt,
+    "PARAM": _Parser.param_stmt,
+    "INPUT": _Parser.input_stmt,
+    "OUTPUT": _Parser.output_stmt,
+    "SCHEDULE": _Parser.schedule_block,
+    "FUSED": _Parser.fused_block,
+    "OVERLAPPED": _Parser.overlapped_block,
+}
+
+
+def parse(text: str, source: Source, start: str) -> tuple[Any, ...]:
+    """The statements (start "start") or steps (start "sched_file") of `text`; raises
+    `Fallback` where lark must parse it (an error, or a nest too deep to recurse)."""
+    try:
+        p = _Parser(text, source)
+        return p.module() if start == "start" else p.sched_file()
+    except Fallback:
+        raise
+    except Exception as err:  # an InputError from a check, an over-deep recursion, …
+        raise Fallback from err
