@@ -31,15 +31,15 @@ def _kernel(cu: str, name: str) -> str:
 def test_fused_shard_kernel_is_packed_with_per_element_broadcast_and_dropout() -> None:
     cu = emit_files("megatron_mlp", "fused", "cuda", small=False)["megatron_mlp.cu"]
     k = _kernel(cu[cu.index("namespace sch {") :], "k_sch_out_s")
-    assert "pack_aligned<8>(B.v_sch_sum_rs + ((393216) * k))" in k
-    assert "load_pack<8>(B.v_sch_sum_rs + (i0 + (393216) * k))" in k
-    assert "load_pack<8>(B.in_sch_r + (i0 + (393216) * tp + (6291456) * k))" in k
-    assert "store_pack<8>(B.v_sch_out_s + (i0 + (393216) * k), " in k
-    packed = k[k.index("#pragma unroll") : k.index("scalar_from = 393216")]
+    assert "pack_aligned<8>(B.v_sch_sum_rs + ((1572864) * k))" in k
+    assert "load_pack<8>(B.v_sch_sum_rs + (i0 + (1572864) * k))" in k
+    assert "load_pack<8>(B.in_sch_r + (i0 + (1572864) * tp + (12582912) * k))" in k
+    assert "store_pack<8>(B.v_sch_out_s + (i0 + (1572864) * k), " in k
+    packed = k[k.index("#pragma unroll") : k.index("scalar_from = 1572864")]
     # the bias is read at its broadcast index, dropout at the element's global index
     assert "const int64_t i = i0 + j;" in packed
     assert "COCOVIZ_LD(B.in_sch_b, v4)" in packed and "dropout_keep(" in packed
-    assert "for (int64_t i = scalar_from; i < 393216; i += stride)" in k
+    assert "for (int64_t i = scalar_from; i < 1572864; i += stride)" in k
 
 
 def _body(kind: str, **kw: Any) -> dict[str, Any]:

@@ -241,7 +241,11 @@ def test_unknown_input_suggests_a_name() -> None:
 
 
 def test_memory_refusal_suggests_smaller_sizes() -> None:
-    p = load_file("cocoviz/samples/megatron_mlp.coco")  # 16 ranks at full size
+    p = load_file(  # CoCoNet's configuration (samples.coconet_config): 16 ranks
+        "cocoviz/samples/megatron_mlp.coco",
+        defines={"B": 8, "S": 1024, "H": 3072},
+        ranks=RanksOverride(n=16),
+    )
     assert estimate_bytes(p) > 1 << 30
     with pytest.raises(UsageError) as info:
         run_reference(p, max_mem=1 << 30)

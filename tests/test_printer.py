@@ -46,7 +46,7 @@ def test_round_trip_with_defines_and_ranks_overrides() -> None:
         samples.text("megatron_mlp"), "m.coco", defines={"H": 1024}, ranks=RanksOverride(n=8)
     )
     text = format_program(p)
-    assert "dim B = 8, S = 1024, H = 1024" in text and "ranks 8\n" in text
+    assert "dim B = 2, S = 2048, H = 1024" in text and "ranks 8\n" in text
     round_trip(p)
 
 

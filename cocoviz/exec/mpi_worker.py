@@ -458,6 +458,10 @@ class ChunkPipeline:
         for k in range(self.K):
             for name in list(self.pending[k]):
                 self.complete(k, name)
+        self.join()
+
+    def join(self) -> None:
+        """Whole values stitched from their chunks (sliced ones stay chunk pieces)."""
         for s in self.stages:
             if s.ty.layout.is_sliced or not all(s.name in p for p in self.pieces):
                 continue
@@ -593,15 +597,8 @@ class LeadingChunkPipeline(ChunkPipeline):
         self.rank_of_values = {len(s.ty.shape) for s in self.stages}
         self.params = {q.name for q in w.program.params}
 
-    def run(self) -> None:
-        n = len(self.stages)
-        for t in range(self.K + n - 1):
-            for k in range(self.K):
-                if 0 <= t - k < n:
-                    self.step(k, self.stages[t - k])
-        for k in range(self.K):
-            for name in list(self.pending[k]):
-                self.complete(k, name)
+    def join(self) -> None:
+        """Every value joined from its chunks along dimension 0."""
         for s in self.stages:
             if all(s.name in p for p in self.pieces):
                 blocks = [p[s.name] for p in self.pieces]
