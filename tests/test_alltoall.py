@@ -364,3 +364,22 @@ def test_tune_says_from_which_capacity_overlapping_the_experts_pays(
     assert main(["tune", "moe_layer", "--sweep", "C=2^2..2^9"]) == 0
     out = capsys.readouterr().out
     assert f"from C = 2^{cross['value'].bit_length() - 1} on h100-dgx" in out
+
+
+@pytest.mark.build
+def test_grouped_send_recv_fallback_runs_in_the_emulation(tmp_path: Path) -> None:
+    """The path for NCCL before 2.28 (a ncclSend + ncclRecv to every peer in a group),
+    forced with -DCOCOVIZ_NO_NCCL_ALLTOALL, gives the same results."""
+    from emit_support import EMU_TEST_FLAGS, emulation_lib
+
+    text = program(4, MOVE)
+    files = emit_text(text, None, "cuda")
+    lib = emulation_lib(tmp_path.parent.parent / "emulation")
+    write(tmp_path, files)
+    res = make(
+        tmp_path, "emulate", f"EMU_LIB={lib}", EMU_TEST_FLAGS + " -DCOCOVIZ_NO_NCCL_ALLTOALL"
+    )
+    assert res.returncode == 0, res.stdout + res.stderr
+    run = _run(tmp_path, "--emulate", "--check", "--dump", str(tmp_path / "dump"))
+    assert run.returncode == 0, run.stdout + run.stderr
+    compare_dumps(text_programs(text, None)[0], tmp_path / "dump")
