@@ -13,7 +13,7 @@ from cocoviz.ir.lower import load_file, load_program
 from cocoviz.ir.nodes import Program
 from cocoviz.samples.gpt import gpt_stack
 from cocoviz.schedule.tune import tune
-from cocoviz.sim.hardware import load_profile
+from cocoviz.sim.hardware import Hardware, load_profile
 from cocoviz.sim.timeline import simulate
 
 
@@ -39,9 +39,16 @@ def main() -> None:
     ap.add_argument("--hw", default="h100-dgx")
     args = ap.parse_args()
     hw = load_profile(args.hw)
+    _gpt_stack(args.layers, hw)
+    # The tuner runs as `cocoviz tune` would: without the GPT stack's 10^5 objects alive
+    # (gone with `_gpt_stack`'s frame), whose garbage-collector passes would be timed.
+    gc.collect()
+    _tuner(args.hw)
 
+
+def _gpt_stack(layers: int, hw: Hardware) -> None:
     t0 = time.perf_counter()
-    gpt = load_program(gpt_stack(args.layers), f"gpt{args.layers}.coco")
+    gpt = load_program(gpt_stack(layers), f"gpt{layers}.coco")
     t_parse = time.perf_counter() - t0
     t0 = time.perf_counter()
     scheduled = _schedule(gpt, "fused")
@@ -51,10 +58,10 @@ def main() -> None:
     t_fast, _ = _timed(lambda: simulate(scheduled, hw, baseline=plain, warnings=False))
     events = sum(len(lane.events) for lane in tl.lanes) * len(tl.lanes[0].ranks)
     print(
-        f"GPT stack: {args.layers} layers, {len(gpt.stages)} stages, {gpt.grid.world} ranks, {hw.name}"
+        f"GPT stack: {layers} layers, {len(gpt.stages)} stages, {gpt.grid.world} ranks, {hw.name}"
     )
     print(f"  parse + lower                  {t_parse:8.3f} s")
-    print(f"  apply the 'fused' schedule     {t_sched:8.3f} s ({4 * args.layers} steps)")
+    print(f"  apply the 'fused' schedule     {t_sched:8.3f} s ({4 * layers} steps)")
     print(f"  simulate, unscheduled          {t_plain:8.3f} s")
     print(f"  simulate, scheduled            {t_sim:8.3f} s (with warnings; goal < 1 s)")
     print(f"  simulate, scheduled, no warn   {t_fast:8.3f} s")
@@ -63,12 +70,11 @@ def main() -> None:
         f"(speedup {tl.summary.speedup:.2f}x), {events} events, {len(tl.warnings)} warnings"
     )
 
-    # The tuner runs as `cocoviz tune` would: without the GPT stack's 10^5 objects alive,
-    # whose garbage-collector passes would otherwise be timed with it.
-    del gpt, scheduled, plain, tl
-    gc.collect()
+
+
+def _tuner(hw_name_default: str) -> None:
     for name, hw_name, coll in (
-        ("megatron_mlp", args.hw, "nccl"),
+        ("megatron_mlp", hw_name_default, "nccl"),
         ("megatron_mlp", "v100-dgx2", "nccl-device"),
         ("adam", "v100-dgx2", "nccl"),
     ):
