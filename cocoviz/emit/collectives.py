@@ -164,11 +164,7 @@ class CollectiveLowering(Storage):
                 and sbuf.addressing == "global"
             )
             if sv.kind == "block":
-                staging = self.names.fresh(f"{self.ns}_{u.value}_gather", "s_")
-                self.buffers[staging] = pl.Buffer(
-                    staging, u.value, dt, dv.count, u.ty.pstage, "staging"
-                )
-                self.buffer_order.append(staging)
+                staging = self._staging(u, "gather", dv.count)
                 c = pl.Collective(
                     op="allgather",
                     rop=None,
