@@ -307,3 +307,22 @@ def _ranks(text: str):  # type: ignore[no-untyped-def]
     from cocoviz.ir.lower import RanksOverride
 
     return RanksOverride.parse(text)
+
+
+def test_stage_table_describes_the_summary_s_rank() -> None:
+    """Two ranks of one pipeline stage that differ (a measured run): the per-stage table
+    is the slower one's, the rank the summary's communication and overlap describe."""
+    from cocoviz.sim.timeline import Event, Lane, summarize
+
+    def lane(index: int, comm: float) -> Lane:
+        evs = (
+            Event(index, COMM, "g", Kind.COLLECTIVE, 0.0, comm, 64.0, 0.0, "g"),
+            Event(index, COMPUTE, "w", Kind.COMPUTE, comm, comm + 0.002, 64.0, 0.0, "w"),
+        )
+        return Lane(index, 0, (index,), evs, ())
+
+    s = summarize([lane(0, 0.001), lane(1, 0.004)])
+    assert s.critical_rank == 1
+    rows = {r.name: r for r in s.stages}
+    assert rows["g"].busy_s == pytest.approx(s.comm_s) == pytest.approx(0.004)
+    assert rows["w"].start_s == pytest.approx(0.004)

@@ -531,12 +531,16 @@ def _minus(a: Sequence[tuple[float, float]], b: Sequence[tuple[float, float]]) -
 
 
 def _stage_rows(lanes: Sequence[Lane]) -> tuple[StageRow, ...]:
+    """Per stage, from the lane that finishes last on each pipeline stage: the summary's
+    critical lane on its own stage, so the table and the summary describe the same rank
+    (a measured run's ranks differ; a simulated stage's lanes usually agree)."""
     rows: dict[tuple[str, int], dict[str, Any]] = {}
-    seen: set[int] = set()
+    slowest: dict[int, Lane] = {}
     for lane in lanes:
-        if lane.pstage in seen:
-            continue
-        seen.add(lane.pstage)
+        best = slowest.get(lane.pstage)
+        if best is None or (lane.end, -lane.index) > (best.end, -best.index):
+            slowest[lane.pstage] = lane
+    for lane in sorted(slowest.values(), key=lambda ln: ln.index):
         for e in lane.events:
             key = (e.name, lane.pstage)
             r = rows.get(key)
