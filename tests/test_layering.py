@@ -40,7 +40,15 @@ LAYERS: tuple[Layer, ...] = (
     Layer("errors", frozenset({"cocoviz", "cocoviz.errors"})),
     Layer(
         "neutral",
-        frozenset({"cocoviz.fsio", "cocoviz.style", "cocoviz.timefmt", "cocoviz.samples"}),
+        frozenset(
+            {
+                "cocoviz.fsio",
+                "cocoviz.style",
+                "cocoviz.timefmt",
+                "cocoviz.samples",
+                "cocoviz.batching",
+            }
+        ),
     ),
     Layer("ir", frozenset({"cocoviz.ir"})),
     Layer(

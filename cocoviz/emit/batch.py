@@ -17,24 +17,19 @@ allreduces and launches drops.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 
+from cocoviz.batching import batch_runs
 from cocoviz.emit import plan as pl
 
 
-def _op_class(f: pl.ReduceFinish) -> str:
-    return "max" if f.reduction.kind == "absmax" else "sum"
-
-
-def _compatible(a: pl.ReduceFinish, b: pl.Step) -> bool:
-    return (
-        isinstance(b, pl.ReduceFinish)
-        and b.cross_rank
-        and b.stream == a.stream
-        and b.pstage == a.pstage
-        and b.reduction.acc_dtype is a.reduction.acc_dtype
-        and _op_class(b) == _op_class(a)
-    )
+def _key(s: pl.Step) -> Hashable | None:
+    """Cross-rank finishes batch with those of the same stream, pipeline stage,
+    accumulator type and reduction (sum or max)."""
+    if not (isinstance(s, pl.ReduceFinish) and s.cross_rank):
+        return None
+    op = "max" if s.reduction.kind == "absmax" else "sum"
+    return (s.stream, s.pstage, s.reduction.acc_dtype, op)
 
 
 def _touched(k: pl.Kernel) -> set[str]:
@@ -49,57 +44,40 @@ def batch_finishes(
     root: Callable[[str], str],
     new_batch: Callable[[tuple[pl.ReduceFinish, ...]], tuple[str, str]],
 ) -> list[pl.Step]:
-    """``steps`` with every run of batchable cross-rank finishes as one `FinishBatch`.
+    """``steps`` with every run of batchable cross-rank finishes as one `FinishBatch`
+    (`cocoviz.batching.batch_runs`): a finish waits past kernels of its stream and stage
+    that touch none of the run's partials or results.
 
     ``root`` maps a buffer to the buffer whose memory it uses (aliases resolved);
     ``new_batch`` names a batch and allocates its pack buffer: (step name, pack). Chunk loops
     are batched inside each item."""
-    out: list[pl.Step] = []
-    i = 0
-    while i < len(steps):
-        s = steps[i]
-        if isinstance(s, pl.ChunkLoop):
-            items = tuple(
+
+    def may_pass(t: pl.Step, run: list[pl.Step]) -> bool:
+        first = run[0]
+        if not (isinstance(t, pl.Kernel) and t.stream == first.stream):
+            return False
+        guarded = set()
+        for f in run:
+            assert isinstance(f, pl.ReduceFinish)
+            guarded |= {root(f.result), root(f.reduction.partial)}
+        return t.pstage == first.pstage and not ({root(b) for b in _touched(t)} & guarded)
+
+    def merge(run: list[pl.Step]) -> pl.Step:
+        fs = tuple(f for f in run if isinstance(f, pl.ReduceFinish))
+        cname, pack = new_batch(fs)
+        s = fs[0]
+        return pl.FinishBatch(cname, fs, pack, s.reduction.acc_dtype, s.pstage, s.stream)
+
+    inner = [
+        dataclasses.replace(
+            s,
+            items=tuple(
                 pl.ChunkItem(it.label, it.stream, tuple(batch_finishes(it.steps, root, new_batch)))
                 for it in s.items
-            )
-            out.append(dataclasses.replace(s, items=items))
-            i += 1
-            continue
-        if not (isinstance(s, pl.ReduceFinish) and s.cross_rank):
-            out.append(s)
-            i += 1
-            continue
-        group: list[pl.ReduceFinish] = [s]
-        guarded = {root(s.result), root(s.reduction.partial)}
-        moved: list[pl.Step] = []
-        pending: list[pl.Step] = []
-        j = i + 1
-        while j < len(steps):
-            t = steps[j]
-            if _compatible(s, t):
-                assert isinstance(t, pl.ReduceFinish)
-                moved += pending
-                pending = []
-                group.append(t)
-                guarded |= {root(t.result), root(t.reduction.partial)}
-                j += 1
-            elif (
-                isinstance(t, pl.Kernel)
-                and t.stream == s.stream
-                and t.pstage == s.pstage
-                and not ({root(b) for b in _touched(t)} & guarded)
-            ):
-                pending.append(t)
-                j += 1
-            else:
-                break
-        out += moved
-        if len(group) == 1:
-            out.append(s)
-        else:
-            fs = tuple(group)
-            cname, pack = new_batch(fs)
-            out.append(pl.FinishBatch(cname, fs, pack, s.reduction.acc_dtype, s.pstage, s.stream))
-        i = j - len(pending)
-    return out
+            ),
+        )
+        if isinstance(s, pl.ChunkLoop)
+        else s
+        for s in steps
+    ]
+    return batch_runs(inner, _key, may_pass, merge)

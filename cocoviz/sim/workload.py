@@ -30,11 +30,12 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Hashable, Iterable, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from functools import lru_cache
 
+from cocoviz.batching import batch_runs
 from cocoviz.errors import UsageError
 from cocoviz.ir.collectives import Blocks, alltoall_copies
 from cocoviz.ir.graph import implicit_reductions, reduce_name
@@ -745,58 +746,39 @@ def _compute_ops(
 
 
 def batch_reductions(ctx: Context, ops: Sequence[Operation]) -> list[Operation]:
-    """What the emitter does with cross-rank scalar reductions (`cocoviz.emit.batch`): a
-    ``.reduce`` waits past the compute ops after it on its pipeline stage that do not
-    need what it makes, up to the next ``.reduce`` with the same key, and the run of them
-    is one allreduce of their values together (one launch latency instead of several)."""
-    out: list[Operation] = []
-    i = 0
-    while i < len(ops):
-        r = ops[i]
-        if r.kind is not Kind.REDUCE or not r.batch_key:
-            out.append(r)
-            i += 1
-            continue
-        group = [r]
-        made = set(r.makes)
-        moved: list[Operation] = []
-        pending: list[Operation] = []
-        j = i + 1
-        while j < len(ops):
-            t = ops[j]
-            if t.kind is Kind.REDUCE and t.batch_key == r.batch_key and t.pstage == r.pstage:
-                moved += pending
-                pending = []
-                group.append(t)
-                made |= set(t.makes)
-                j += 1
-            elif t.kind in (Kind.COMPUTE, Kind.FUSED) and t.pstage == r.pstage and not (
-                t.needs & made
-            ):
-                pending.append(t)
-                j += 1
-            else:
-                break
-        out += moved
-        if len(group) == 1:
-            out.append(r)
-        else:
-            assert isinstance(r.spec, CollSpec)
-            spec = dataclasses.replace(r.spec, nbytes=sum(int(g.nbytes) for g in group))
-            out.append(
-                dataclasses.replace(
-                    r,
-                    name=" + ".join(g.name for g in group),
-                    members=tuple(m for g in group for m in g.members),
-                    needs=frozenset().union(*(g.needs for g in group)),
-                    makes=tuple(m for g in group for m in g.makes),
-                    spec=spec,
-                    nbytes=float(spec.nbytes),
-                    detail=f"{len(group)} scalar reductions, one allreduce {spec.cost(ctx.hw).label}",
-                )
-            )
-        i = j - len(pending)
-    return out
+    """What the emitter does with cross-rank scalar reductions (`cocoviz.emit.batch`, the
+    same `batch_runs` rule): a ``.reduce`` waits past the compute ops after it on its
+    pipeline stage that do not need what the run makes, up to the next ``.reduce`` with
+    the same key, and the run of them is one allreduce of their values together (one
+    launch latency instead of several)."""
+
+    def key(op: Operation) -> Hashable | None:
+        return (op.batch_key, op.pstage) if op.kind is Kind.REDUCE and op.batch_key else None
+
+    def may_pass(t: Operation, run: list[Operation]) -> bool:
+        made = {m for r in run for m in r.makes}
+        return (
+            t.kind in (Kind.COMPUTE, Kind.FUSED)
+            and t.pstage == run[0].pstage
+            and not (t.needs & made)
+        )
+
+    def merge(run: list[Operation]) -> Operation:
+        r = run[0]
+        assert isinstance(r.spec, CollSpec)
+        spec = dataclasses.replace(r.spec, nbytes=sum(int(g.nbytes) for g in run))
+        return dataclasses.replace(
+            r,
+            name=" + ".join(g.name for g in run),
+            members=tuple(m for g in run for m in g.members),
+            needs=frozenset().union(*(g.needs for g in run)),
+            makes=tuple(m for g in run for m in g.makes),
+            spec=spec,
+            nbytes=float(spec.nbytes),
+            detail=f"{len(run)} scalar reductions, one allreduce {spec.cost(ctx.hw).label}",
+        )
+
+    return batch_runs(ops, key, may_pass, merge)
 
 
 def _group_lower(
