@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from test_mpi_run import SMALL
 
 from cocoviz.errors import BuildError
 from cocoviz.exec import ops
@@ -26,17 +27,6 @@ from cocoviz.schedule.steps import apply_block, find_block
 
 SAMPLES = Path(__file__).resolve().parent.parent / "samples"
 
-SMALL: dict[str, dict[str, int]] = {  # as tests/test_mpi_run.py
-    "sgd": {"N": 256},
-    "adam": {"N": 256},
-    "lamb": {"N": 256},
-    "megatron_mlp": {"B": 2, "S": 8, "H": 16},
-    "megatron_attention_out": {"B": 2, "S": 8, "H": 16},
-    "transformer_block": {"B": 2, "S": 8, "H": 16},
-    "pipeline_stage": {"B": 2, "S": 8, "H": 16},
-    "ulysses_attention": {"S": 64, "NH": 8, "D": 8},
-    "moe_layer": {"R": 8, "T": 16, "E": 8, "C": 4, "H": 16, "F": 32},
-}
 
 
 # ------------------------------------------------------------- pooled evaluation
