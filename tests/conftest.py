@@ -51,6 +51,12 @@ BUILD_TESTS = {
         "test_compiler_errors_are_reported_as_build_failures",
     },
     "test_emit_names": {"test_hostile_names_build_and_run"},
+    "test_emulate_graphs": {
+        "test_graph_and_host_launches_check_and_agree",
+        "test_capture_failure_falls_back_to_the_host",
+        "test_emulation_refuses_what_cuda_refuses_during_capture",
+        "test_graph_launch_checks_what_a_direct_run_checks",
+    },
     "test_toolchain": {
         "test_nvcc_builds_nccl_cublas_mpi_program_sm90",
         "test_makefile_variables_build_sm80",

@@ -14,6 +14,7 @@ from cocoviz.sim.compute import (
     chunked_matmul_times,
     combine,
     comm_contention,
+    graph_launch_time,
     hbm_efficiency,
     kernel_time,
     matmul_cost,
@@ -116,6 +117,24 @@ def test_tiny_kernels_cost_a_launch():
     hw = load_profile("h100-dgx")
     assert kernel_time(hw, 10, 1000, "f16") == pytest.approx(hw.gpu.launch_overhead_us * 1e-6)
     assert kernel_time(hw, 10, 1000, "f16", launch=False) < 1e-6
+
+
+def test_graph_nodes_pay_the_gap_not_the_host_launch():
+    """In a CUDA graph a tiny kernel costs the GPU-side gap plus its body; the host's
+    launch is paid once per graph. Large kernels cost the same either way."""
+    hw = load_profile("h100-dgx")
+    gap = hw.gpu.kernel_gap_us * 1e-6
+    body = kernel_time(hw, 10, 1000, "f16", launch=False)
+    assert kernel_time(hw, 10, 1000, "f16", graph=True) == pytest.approx(gap + body)
+    assert kernel_time(hw, 10, 1000, "f16", graph=True) < kernel_time(hw, 10, 1000, "f16")
+    assert matmul_time(hw, 16, 16, 16, "f16", graph=True) < matmul_time(hw, 16, 16, 16, "f16")
+    big = (0, 8e9, "f16")
+    assert kernel_time(hw, *big, graph=True) == pytest.approx(kernel_time(hw, *big))
+    assert kernel_time(hw, 10, 1000, "f16", launch=False, graph=True) == body
+    assert graph_launch_time(hw) == pytest.approx(hw.gpu.launch_overhead_us * 1e-6)
+    assert chunked_matmul_times(hw, 64, 64, 64, "f16", 4, graph=True) == tuple(
+        matmul_time(hw, 16, 64, 64, "f16", graph=True) for _ in range(4)
+    )
 
 
 @given(st.floats(min_value=1.0, max_value=1e12))

@@ -17,7 +17,9 @@ states for a device-API kernel; the program caps its grid at the SM count it fin
 
 class _Gpu:
     """The CUDA facts of each collective step: registered buffers, CUDA graph, CTAs and
-    pack width (docs/codegen.md, reading manifest.json)."""
+    pack width (docs/codegen.md, reading manifest.json). ``graph``: whether the steps
+    belong to the iteration the launcher captures as a CUDA graph (the scheduled program's;
+    `--check`'s unscheduled program runs from the host)."""
 
     def __init__(self, plan: pl.EmitPlan, arch: str) -> None:
         from cocoviz.emit.render import CudaRenderer, EmitOptions
@@ -36,13 +38,13 @@ class _Gpu:
             roots.append(n)
         return bool(roots) and all(r in self.registered for r in roots)
 
-    def facts(self, s: pl.Step) -> dict[str, Any]:
+    def facts(self, s: pl.Step, graph: bool) -> dict[str, Any]:
         if isinstance(s, pl.DeviceCollective):
             dev = self.renderer.step(s)["dev"]
             return {
                 "buffers_registered": True,
                 "registration": "ncclMemAlloc + ncclCommWindowRegister (symmetric window)",
-                "cuda_graph": False,
+                "cuda_graph": graph,
                 "ctas": min(dev["ctas"], self.sms),
                 "ctas_needed": dev["ctas"],
                 "cta_rule": "min(SM count, CTAs the message needs); one LSA barrier per CTA",
@@ -65,7 +67,7 @@ class _Gpu:
                 "buffers_registered": True,
                 "registration": "ncclMemAlloc + ncclCommWindowRegister (NCCL_WIN_COLL_SYMMETRIC,"
                 " NCCL >= 2.27): NCCL may choose its symmetric kernels",
-                "cuda_graph": False,
+                "cuda_graph": graph,
                 "ctas": None,
                 "cta_rule": "NCCL's choice",
                 "pack_width": None,
@@ -73,14 +75,16 @@ class _Gpu:
         return {
             "buffers_registered": False,
             "registration": "cudaMalloc (NCCL's host API on unregistered buffers)",
-            "cuda_graph": False,
+            "cuda_graph": graph,
             "ctas": None,
             "cta_rule": "NCCL's choice",
             "pack_width": None,
         }
 
 
-def _steps(steps: tuple[pl.Step, ...], gpu: _Gpu | None = None) -> list[dict[str, Any]]:
+def _steps(
+    steps: tuple[pl.Step, ...], gpu: _Gpu | None = None, graph: bool = False
+) -> list[dict[str, Any]]:
     out: list[dict[str, Any]] = []
     for s in steps:
         d: dict[str, Any] = {"kind": s.kind, "name": s.cname, "stream": s.stream}
@@ -96,7 +100,7 @@ def _steps(steps: tuple[pl.Step, ...], gpu: _Gpu | None = None) -> list[dict[str
         elif isinstance(s, pl.ReduceFinish):
             d.update(stages=[s.stage], cross_rank=s.cross_rank)
             if gpu is not None and s.cross_rank:
-                d["allreduce"] = gpu.facts(s)
+                d["allreduce"] = gpu.facts(s, graph)
         elif isinstance(s, pl.FinishBatch):
             d.update(
                 stages=[f.stage for f in s.finishes],
@@ -104,7 +108,7 @@ def _steps(steps: tuple[pl.Step, ...], gpu: _Gpu | None = None) -> list[dict[str
                 batched_values=len(s.finishes),
             )
             if gpu is not None:
-                d["allreduce"] = gpu.facts(s)
+                d["allreduce"] = gpu.facts(s, graph)
         elif isinstance(s, pl.Matmul):
             d.update(stages=[s.stage], m=s.m, n=s.n, k=s.k, api="cublasGemmEx")
             if s.batch:
@@ -115,17 +119,17 @@ def _steps(steps: tuple[pl.Step, ...], gpu: _Gpu | None = None) -> list[dict[str
             if s.rop:
                 d["reduce_op"] = "avg: sum, then a kernel divides by G" if s.avg else s.rop
             if gpu is not None:
-                d.update(gpu.facts(s))
+                d.update(gpu.facts(s, graph))
         elif isinstance(s, pl.DeviceCollective):
             d.update(stages=list(s.stages), api="NCCL device API (LSA)", reduce_op=s.rop)
             if gpu is not None:
-                d.update(gpu.facts(s))
+                d.update(gpu.facts(s, graph))
         elif isinstance(s, pl.ChunkLoop):
             d.update(
                 stages=list(s.stages),
                 chunks=s.chunks,
                 per_chunk=[
-                    {"item": it.label, "stream": it.stream, "steps": _steps(it.steps, gpu)}
+                    {"item": it.label, "stream": it.stream, "steps": _steps(it.steps, gpu, graph)}
                     for it in s.items
                 ],
             )
@@ -134,7 +138,10 @@ def _steps(steps: tuple[pl.Step, ...], gpu: _Gpu | None = None) -> list[dict[str
 
 
 def _program(
-    p: pl.ProgramPlan, predicted: dict[str, float] | None, gpu: _Gpu | None = None
+    p: pl.ProgramPlan,
+    predicted: dict[str, float] | None,
+    gpu: _Gpu | None = None,
+    graph: bool = False,
 ) -> dict[str, Any]:
     stages = []
     for s in p.stages:
@@ -156,7 +163,7 @@ def _program(
         stages.append(d)
     return {
         "stages": stages,
-        "steps": _steps(p.steps, gpu),
+        "steps": _steps(p.steps, gpu, graph),
         "buffers": [
             {
                 "name": b.cname,
@@ -205,12 +212,15 @@ def manifest(
         "files": sorted(files),
     }
     gpu = _Gpu(plan, arch) if target.gpu else None
-    data["scheduled"] = _program(plan.scheduled, predicted, gpu)
+    data["scheduled"] = _program(plan.scheduled, predicted, gpu, graph=gpu is not None)
     if target.gpu:
         data["arch"] = arch
         data["iteration"] = {
-            "cuda_graph": False,
-            "launches": "every kernel and NCCL call is launched from the host each iteration",
+            "cuda_graph": True,
+            "launches": "one iteration of the scheduled program is captured as a CUDA graph"
+            " (its kernels, GEMMs and NCCL calls on every stream) and launched with"
+            " cudaGraphLaunch each iteration; with --no-graph, or where the capture fails,"
+            " every call is made from the host; the run's JSON line says which ('graph')",
         }
     if plan.reference is not None:
         data["unscheduled"] = _program(plan.reference, None, gpu)

@@ -37,7 +37,7 @@ MPICH 5 wheel; ``-Wall`` warning-free for sm_80 and sm_90)::
 
 The CPU target::
 
-    mpicxx -std=c++17 -O2 -Wall -fopenmp prog.cpp -o prog     # the wheel's mpicxx
+    mpicxx -std=c++17 -O2 -fno-math-errno -ffp-contract=off -Wall -fopenmp prog.cpp -o prog
     mpiexec -n 4 ./prog                                       # the wheel's mpiexec
 
 ``mpicxx`` already adds ``-I``, ``-L``, ``-lmpi`` and an rpath to the venv's ``lib``.
@@ -308,8 +308,13 @@ class Toolchain:
     # ----------------------------------------------------------------- CPU flags
 
     def cpu_compile_args(self, *, opt: str = "-O2") -> list[str]:
-        """mpicxx flags for the CPU target: C++17, -Wall, OpenMP."""
-        return ["-std=c++17", opt, "-Wall", "-fopenmp"]
+        """mpicxx flags for the CPU target: C++17, -Wall, OpenMP. ``-fno-math-errno``: the
+        emitted code never reads errno, and without it ``std::sqrt`` is a call that may set
+        it, which keeps every loop that takes a square root from vectorizing.
+        ``-ffp-contract=off``: no fused multiply-adds, so every machine (and every clone of
+        COCOVIZ_VECTOR_CLONES, cocoviz_runtime.h) rounds each operation as the reference
+        does."""
+        return ["-std=c++17", opt, "-fno-math-errno", "-ffp-contract=off", "-Wall", "-fopenmp"]
 
     def mpicxx_command(self, sources: Sequence[str | Path], output: str | Path) -> list[str]:
         """A full mpicxx compile-and-link command line for the CPU target."""

@@ -7,7 +7,13 @@ HBM, each derated by an achievable fraction::
                                               bytes / (hbm·hbm_eff(bytes))))
 
 Kernels issued back to back cost at least the host's launch time (the GPU waits for the
-next launch) and otherwise their roofline plus the GPU-side gap between kernels.
+next launch) and otherwise their roofline plus the GPU-side gap between kernels. Kernels
+that are nodes of a CUDA graph (``graph=True``: the emitted launcher captures one
+iteration and launches it with one ``cudaGraphLaunch``) do not wait for the host: they
+cost their roofline plus the GPU-side gap, and the host's launch is paid once per
+iteration (``graph_launch_time``)::
+
+    t_graph = kernel_gap + body
 ``hbm_eff`` rises with the bytes a kernel moves (Calculon's curve, interpolated in
 log-size so time stays monotone in size).
 
@@ -31,6 +37,10 @@ Functions the simulator calls (times in seconds):
 - ``chunked_matmul_times(hw, M, N, K, dtype, chunks, *, contention=..., launch=True)``
   and ``chunk_efficiency(hw, M, N, K, dtype, chunks)`` for K-chunk overlap
 - ``comm_contention(hw, cost) -> Contention``, ``combine(*contentions)``
+- ``graph_launch_time(hw)``: the host's launch of one CUDA graph (once per iteration)
+
+Each of the first four takes ``graph=False``; ``graph=True`` prices a kernel or GEMM as a
+node of a CUDA graph.
 """
 
 from __future__ import annotations
@@ -51,6 +61,7 @@ __all__ = [
     "chunked_matmul_times",
     "combine",
     "comm_contention",
+    "graph_launch_time",
     "hbm_efficiency",
     "kernel_time",
     "matmul_cost",
@@ -158,10 +169,18 @@ def _memory_s(hw: Hardware, nbytes: float, contention: Contention) -> float:
     return nbytes / (available * 1e9)
 
 
-def _with_launch(hw: Hardware, body_s: float, launch: bool) -> float:
+def _with_launch(hw: Hardware, body_s: float, launch: bool, graph: bool = False) -> float:
     if not launch:
         return body_s
+    if graph:  # the host launched the whole graph once: only the GPU-side gap is left
+        return hw.gpu.kernel_gap_us * 1e-6 + body_s
     return max(hw.gpu.launch_overhead_us * 1e-6, hw.gpu.kernel_gap_us * 1e-6 + body_s)
+
+
+def graph_launch_time(hw: Hardware) -> float:
+    """Seconds of the host's ``cudaGraphLaunch`` of one iteration's graph: one launch,
+    paid once per iteration instead of once per kernel (docs/cost-model.md)."""
+    return hw.gpu.launch_overhead_us * 1e-6
 
 
 def kernel_time(
@@ -172,17 +191,19 @@ def kernel_time(
     *,
     contention: Contention = NO_CONTENTION,
     launch: bool = True,
+    graph: bool = False,
 ) -> float:
     """Roofline time of one non-matmul kernel (elementwise, row-wise, reduction).
 
-    ``launch=False`` gives the body alone, for work inside a fused kernel.
+    ``launch=False`` gives the body alone, for work inside a fused kernel; ``graph=True``
+    prices it as a node of a CUDA graph (no host launch per kernel).
     """
     _check_dtype(dtype)
     if flops < 0 or nbytes < 0:
         raise ValueError("flops and bytes must be non-negative")
     rate = hw.gpu.vector_tflops[dtype] * 1e12 * hw.gpu.vector_efficiency
     compute_s = flops / (rate * (1.0 - contention.compute_lost)) if flops else 0.0
-    return _with_launch(hw, max(compute_s, _memory_s(hw, nbytes, contention)), launch)
+    return _with_launch(hw, max(compute_s, _memory_s(hw, nbytes, contention)), launch, graph)
 
 
 @dataclass(frozen=True)
@@ -210,14 +231,22 @@ def matmul_cost(
     *,
     contention: Contention = NO_CONTENTION,
     launch: bool = True,
+    graph: bool = False,
 ) -> MatmulCost:
     """``[m, k] × [k, n]`` (leading batch dimensions folded into m)."""
-    return _matmul_cost(hw, m, n, k, dtype, contention, launch)
+    return _matmul_cost(hw, m, n, k, dtype, contention, launch, graph)
 
 
 @lru_cache(maxsize=1 << 16)
 def _matmul_cost(
-    hw: Hardware, m: int, n: int, k: int, dtype: str, contention: Contention, launch: bool
+    hw: Hardware,
+    m: int,
+    n: int,
+    k: int,
+    dtype: str,
+    contention: Contention,
+    launch: bool,
+    graph: bool,
 ) -> MatmulCost:
     _check_dtype(dtype)
     if m < 0 or n < 0 or k < 0:
@@ -226,7 +255,9 @@ def _matmul_cost(
     size = DType(dtype).itemsize
     if flops == 0:
         memory_s = _memory_s(hw, m * n * size, contention)
-        return MatmulCost(_with_launch(hw, memory_s, launch), 0.0, memory_s, (0, 0), 1, 0, 0.0, 0.0)
+        return MatmulCost(
+            _with_launch(hw, memory_s, launch, graph), 0.0, memory_s, (0, 0), 1, 0, 0.0, 0.0
+        )
     gpu = hw.gpu
     peak = gpu.matmul_tflops[dtype] * 1e12
     per_sm = peak * gpu.matmul_efficiency / gpu.sms
@@ -255,7 +286,7 @@ def _matmul_cost(
     assert best is not None
     body, compute_s, memory_s, tile, split, waves = best
     return MatmulCost(
-        time_s=_with_launch(hw, body, launch),
+        time_s=_with_launch(hw, body, launch, graph),
         compute_s=compute_s,
         memory_s=memory_s,
         tile=tile,
@@ -275,9 +306,10 @@ def matmul_time(
     *,
     contention: Contention = NO_CONTENTION,
     launch: bool = True,
+    graph: bool = False,
 ) -> float:
     """Seconds for ``[m, k] × [k, n]``; see ``matmul_cost``."""
-    return matmul_cost(hw, m, n, k, dtype, contention=contention, launch=launch).time_s
+    return matmul_cost(hw, m, n, k, dtype, contention=contention, launch=launch, graph=graph).time_s
 
 
 def matmul_efficiency(hw: Hardware, m: int, n: int, k: int, dtype: str = "f16") -> float:
@@ -304,6 +336,7 @@ def chunked_matmul_times(
     *,
     contention: Contention = NO_CONTENTION,
     launch: bool = True,
+    graph: bool = False,
 ) -> tuple[float, ...]:
     """Times of the row chunks of ``[m, k] × [k, n]`` cut into ``chunks`` GEMMs.
 
@@ -311,7 +344,7 @@ def chunked_matmul_times(
     pays a launch and its own tile/wave quantization.
     """
     return tuple(
-        matmul_time(hw, rows, n, k, dtype, contention=contention, launch=launch)
+        matmul_time(hw, rows, n, k, dtype, contention=contention, launch=launch, graph=graph)
         for rows in _chunk_rows(m, chunks)
     )
 

@@ -46,6 +46,19 @@
 #define COCOVIZ_HD inline
 #endif
 
+// COCOVIZ_VECTOR_CLONES: the CPU target's loops that vectorize (elementwise kernels,
+// conversions, cross-rank combines) are compiled for AVX-512 and AVX2 besides the
+// baseline, and the loader picks the widest the machine has (GCC's target_clones, an
+// ifunc; the OpenMP body of the function is cloned with it). The same operations in wider
+// lanes: no FMA contraction (-ffp-contract=off in the Makefile), no reassociation, so the
+// bits do not depend on which clone runs.
+#if defined(__GNUC__) && !defined(__clang__) && !defined(__CUDACC__) && defined(__x86_64__) && \
+    defined(__gnu_linux__)
+#define COCOVIZ_VECTOR_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
+#else
+#define COCOVIZ_VECTOR_CLONES
+#endif
+
 #if defined(_OPENMP)
 #define COCOVIZ_OMP_PARALLEL_FOR _Pragma("omp parallel for schedule(static)")
 #else
@@ -157,31 +170,59 @@ COCOVIZ_HD uint16_t f16_from_double(double d) {
   return static_cast<uint16_t>(sign | q);
 }
 
-COCOVIZ_HD uint16_t f16_from_float(float f) { return f16_from_double(static_cast<double>(f)); }
+// binary32 -> binary16, nearest even, bit for bit what f16_from_double gives for a float
+// converted to double (NaN included; checked over all 2^32 floats when it was written).
+// No branches, so that loops over it vectorize: every case is computed and one selected.
+// Finite values below 2^-14 go through one float addition that rounds them onto the
+// subnormal grid (default rounding mode, no flush-to-zero: the emitted builds keep both);
+// the others round the bit pattern (Fabian Giesen's float_to_half_fast3_rtne).
+COCOVIZ_HD uint16_t f16_from_float(float f) {
+  const uint32_t u = float_bits(f);
+  const uint32_t sign = (u >> 16) & 0x8000u;
+  const uint32_t a = u & 0x7FFFFFFFu;
+  // NaN: quiet, with the top 10 payload bits (a signaling NaN is quieted, as the float ->
+  // double conversion in f16_from_double does on the CPU)
+  const uint32_t nan = 0x7E00u | ((a >> 13) & 0x3FFu);
+  // normal range: add the rounding bias (half an ulp minus one, plus the odd bit) and cut
+  const uint32_t normal = (a + 0xC8000FFFu + ((a >> 13) & 1u)) >> 13;  // -(112 << 23) + 0xFFF
+  // below 2^-14: the float addition of 0.5 puts the value's half-precision subnormal
+  // mantissa (rounded to nearest even) in the low bits
+  const uint32_t sub = float_bits(bits_float(a) + 0.5f) - 0x3F000000u;
+  // Selected by masks, not `?:`, which the compiler may turn back into branches around
+  // the float operation (and then not vectorize, since that operation may trap).
+  const uint32_t is_sub = 0u - static_cast<uint32_t>(a < 0x38800000u);
+  // (overflow from 65536 on; 65520..65536 carry into the infinity pattern via `normal`)
+  const uint32_t is_inf = 0u - static_cast<uint32_t>(a >= 0x47800000u);
+  const uint32_t is_nan = 0u - static_cast<uint32_t>(a > 0x7F800000u);
+  uint32_t h = (sub & is_sub) | (normal & ~is_sub);
+  h = (0x7C00u & is_inf) | (h & ~is_inf);
+  h = (nan & is_nan) | (h & ~is_nan);
+  return static_cast<uint16_t>(sign | h);
+}
 
 // Exact binary16 -> binary32. NaN payload bits move to the top of the f32 payload.
+// Without branches (every case computed, one selected by masks), so loops over it
+// vectorize; subnormals are scaled exactly by one float subtraction.
 COCOVIZ_HD float f16_to_float(uint16_t h) {
   const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
-  const uint32_t exp = (h >> 10) & 0x1Fu;
-  uint32_t man = h & 0x3FFu;
-  if (exp == 0x1Fu) return bits_float(sign | 0x7F800000u | (man << 13));
-  if (exp != 0) return bits_float(sign | ((exp + 112u) << 23) | (man << 13));
-  if (man == 0) return bits_float(sign);
-  uint32_t e = 113;  // biased f32 exponent of 2^-14
-  while ((man & 0x400u) == 0) {
-    man <<= 1;
-    --e;
-  }
-  return bits_float(sign | (e << 23) | ((man & 0x3FFu) << 13));
+  const uint32_t em = static_cast<uint32_t>(h & 0x7FFFu) << 13;  // exponent and mantissa
+  const uint32_t exp = em & 0x0F800000u;
+  const uint32_t normal = em + (112u << 23);                      // rebias 15 -> 127
+  const uint32_t special = em + (224u << 23);                     // infinities and NaN
+  const uint32_t sub = float_bits(bits_float(normal + (1u << 23)) - bits_float(113u << 23));
+  const uint32_t is_special = 0u - static_cast<uint32_t>(exp == 0x0F800000u);
+  const uint32_t is_sub = 0u - static_cast<uint32_t>(exp == 0);
+  const uint32_t r = (special & is_special) | (sub & is_sub) | (normal & ~(is_special | is_sub));
+  return bits_float(sign | r);
 }
 
 // bfloat16 from binary32, nearest even on the top 16 bits. NaN keeps its sign and top
 // payload bits and gets the quiet bit, so it stays NaN.
 COCOVIZ_HD uint16_t bf16_from_float(float f) {
-  uint32_t u = float_bits(f);
-  if ((u & 0x7FFFFFFFu) > 0x7F800000u) return static_cast<uint16_t>((u >> 16) | 0x0040u);
-  u += 0x7FFFu + ((u >> 16) & 1u);
-  return static_cast<uint16_t>(u >> 16);
+  const uint32_t u = float_bits(f);
+  const uint32_t nan = (u >> 16) | 0x0040u;
+  const uint32_t rounded = (u + 0x7FFFu + ((u >> 16) & 1u)) >> 16;
+  return static_cast<uint16_t>((u & 0x7FFFFFFFu) > 0x7F800000u ? nan : rounded);
 }
 
 COCOVIZ_HD uint16_t bf16_from_double(double d) {

@@ -159,6 +159,8 @@ void SpinLock::unlock() { v.store(0, std::memory_order_release); }
 
 // ======================================================== streams and agents
 
+struct Capture;
+
 struct Stream {
   int local = 1;          // stream slot (0: host, 1: legacy)
   bool nonblocking = false;
@@ -167,7 +169,13 @@ struct Stream {
   VC vc;
   std::string name;
   uint32_t cta_clock[kCtaSlots] = {};  // clocks of the CTA agents of this stream's kernels
+  Capture* cap = nullptr;              // the capture this stream belongs to, if any
 };
+
+// Per stream of a capture: the index of the last node of each stream it is ordered after
+// (itself included). A fork is joined back when the origin's frontier covers every stream's
+// last node.
+using Frontier = std::map<const Stream*, long>;
 
 struct Event {
   bool timing = true;
@@ -175,6 +183,34 @@ struct Event {
   bool destroyed = false;
   VC vc;
   double t_ms = 0;
+  Capture* cap = nullptr;  // recorded in this (ongoing) capture
+  Frontier known;          // the recording stream's frontier in it
+};
+
+// One recorded operation: it runs again, at its call site, at every launch of the graph.
+struct Node {
+  Stream* stream;
+  Site site;
+  std::function<void()> work;
+};
+
+struct Capture {
+  Stream* origin = nullptr;
+  int mode = 0;
+  bool invalid = false;
+  std::vector<Node> nodes;
+  std::map<Stream*, Frontier> known;  // every stream that joined, with its frontier
+  std::vector<Event*> events;         // recorded in it
+};
+
+struct Graph {
+  std::shared_ptr<const std::vector<Node>> nodes;
+  std::vector<Stream*> streams;  // the streams the operations were captured on
+};
+
+struct GraphExec {
+  std::shared_ptr<const std::vector<Node>> nodes;
+  std::vector<Stream*> streams;
 };
 
 namespace {
@@ -192,6 +228,11 @@ struct Device {
   std::unordered_map<uint64_t, std::string> op_names;
   std::vector<uint64_t> op_order;
   int last_error = 0;
+  std::vector<std::unique_ptr<Capture>> captures;  // ongoing
+  std::vector<std::unique_ptr<Graph>> graphs;      // never freed: destroyed ones are known
+  std::unordered_set<const Graph*> live_graphs;
+  std::vector<std::unique_ptr<GraphExec>> execs;
+  std::unordered_set<const GraphExec*> live_execs;
 };
 
 Device& dev() {
@@ -405,7 +446,9 @@ bool event_destroy(Event* e) {
   return true;
 }
 
-void event_record(Event* e, Stream* s) {
+namespace {
+
+void record_now(Event* e, Stream* s) {
   Op op(s, "cudaEventRecord");
   e->vc = op.vc();
   e->recorded = true;
@@ -414,14 +457,229 @@ void event_record(Event* e, Stream* s) {
                 .count();
 }
 
-void stream_wait_event(Stream* s, Event* e) {
+void wait_now(Stream* s, Event* e) {
   if (!e->recorded) return;  // CUDA: waiting on a never-recorded event completes at once
   Op op(s, "cudaStreamWaitEvent");
   op.acquire(e->vc);
 }
 
+void invalidate(Capture* c, const std::string& why) {
+  if (!c->invalid) note("stream capture invalidated: " + why + " (at " + site_text(g_site) + ")");
+  c->invalid = true;
+}
+
+// Appends a node over `streams` (all in capture `c`): each stream's frontier joins the
+// others' and records the node as its last. Event records and waits are no nodes of their
+// own in CUDA's graph (`ordering`: they only order), so they do not count as a stream's
+// last node for the join rule.
+void add_node(Capture* c, const std::vector<Stream*>& streams, std::function<void()> work,
+              bool ordering = false) {
+  const long at = static_cast<long>(c->nodes.size());
+  c->nodes.push_back(Node{streams.front(), g_site, std::move(work)});
+  if (ordering) return;
+  Frontier joined;
+  for (Stream* x : streams) {
+    for (const auto& kv : c->known[x]) joined[kv.first] = std::max(joined[kv.first], kv.second);
+  }
+  for (Stream* x : streams) joined[x] = at;
+  for (Stream* x : streams) c->known[x] = joined;
+}
+
+}  // namespace
+
+int event_record(Event* e, Stream* s) {
+  if (s->cap != nullptr) {
+    Capture* c = s->cap;
+    if (c->invalid) return kErrCaptureInvalidated;
+    add_node(c, {s}, [e, s] { record_now(e, s); }, true);
+    e->cap = c;
+    e->known = c->known[s];
+    c->events.push_back(e);
+    return 0;
+  }
+  if (int err = enqueue(s, [e, s] { record_now(e, s); })) return err;
+  e->cap = nullptr;
+  return 0;
+}
+
+int stream_wait_event(Stream* s, Event* e) {
+  Capture* c = e->cap;
+  if (c == nullptr) {
+    if (s->cap != nullptr) {
+      // CUDA: a capturing stream may wait only on events recorded in its own capture
+      invalidate(s->cap, "cudaStreamWaitEvent of a capturing stream on an event recorded outside the capture");
+      return kErrCaptureIsolation;
+    }
+    return enqueue(s, [s, e] { wait_now(s, e); });
+  }
+  if (s->cap != nullptr && s->cap != c) {
+    invalidate(s->cap, "cudaStreamWaitEvent on an event of another capture");
+    invalidate(c, "cudaStreamWaitEvent on an event of another capture");
+    return kErrCaptureMerge;
+  }
+  if (c->invalid) return kErrCaptureInvalidated;
+  if (s->cap == nullptr) {  // s joins the capture, forked from where the event was recorded
+    s->cap = c;
+    c->known[s] = e->known;
+  } else {
+    Frontier& f = c->known[s];
+    for (const auto& kv : e->known) f[kv.first] = std::max(f[kv.first], kv.second);
+  }
+  add_node(c, {s}, [s, e] { wait_now(s, e); }, true);
+  return 0;
+}
+
 void host_sync_event(Event* e) {
   if (e->recorded) dev().host.join(e->vc);
+}
+
+bool event_captured(const Event* e) { return e->cap != nullptr; }
+
+// ============================================================ stream capture
+
+int enqueue(Stream* s, std::function<void()> work) { return enqueue_on({s}, std::move(work)); }
+
+int enqueue_on(const std::vector<Stream*>& streams, std::function<void()> work) {
+  Device& d = dev();
+  Capture* c = streams.front()->cap;
+  for (Stream* x : streams) {
+    if (x->cap != c) {
+      if (c != nullptr) invalidate(c, "one operation on capturing and other streams");
+      if (x->cap != nullptr) invalidate(x->cap, "one operation on capturing and other streams");
+      return kErrCaptureIsolation;
+    }
+    if (x == d.legacy) {
+      // the legacy stream synchronizes with blocking streams: not while one captures
+      for (auto& cap : d.captures) {
+        for (const auto& kv : cap->known) {
+          if (!kv.first->nonblocking) {
+            invalidate(cap.get(), "an operation on the legacy default stream while a blocking stream captures");
+            return kErrCaptureImplicit;
+          }
+        }
+      }
+    }
+  }
+  if (c == nullptr) {
+    work();
+    return 0;
+  }
+  if (c->invalid) return kErrCaptureInvalidated;
+  add_node(c, streams, std::move(work));
+  return 0;
+}
+
+int capture_begin(Stream* s, int mode) {
+  if (s == dev().legacy) return kErrCaptureUnsupported;  // CUDA: not on cudaStreamLegacy
+  if (s->cap != nullptr) return kErrIllegalState;
+  if (mode < 0 || mode > 2) return 1;  // cudaErrorInvalidValue
+  auto c = std::make_unique<Capture>();
+  c->origin = s;
+  c->mode = mode;
+  c->known[s] = Frontier{};
+  s->cap = c.get();
+  dev().captures.push_back(std::move(c));
+  return 0;
+}
+
+int capture_end(Stream* s, Graph** out) {
+  *out = nullptr;
+  Capture* c = s->cap;
+  if (c == nullptr) return kErrIllegalState;
+  if (c->origin != s) {
+    invalidate(c, "cudaStreamEndCapture on a stream that joined the capture, not the one it began on");
+    return kErrCaptureUnmatched;
+  }
+  int err = c->invalid ? kErrCaptureInvalidated : 0;
+  std::string unjoined;
+  const Frontier& f = c->known[s];
+  for (const auto& kv : c->known) {
+    const auto last = kv.second.find(kv.first);
+    if (last == kv.second.end()) continue;  // joined, but nothing recorded on it
+    const auto seen = f.find(kv.first);
+    if (seen == f.end() || seen->second < last->second) unjoined = kv.first->name;
+  }
+  if (err == 0 && !unjoined.empty()) {
+    note("cudaStreamEndCapture: " + unjoined + " forked from the capture and was not joined back into " + s->name +
+         " (an event recorded on it after its last operation, waited on by the origin stream) (at " + site_text(g_site) + ")");
+    err = kErrCaptureUnjoined;
+  }
+  Device& d = dev();
+  auto g = std::make_unique<Graph>();
+  for (const auto& kv : c->known) {
+    kv.first->cap = nullptr;
+    g->streams.push_back(kv.first);
+  }
+  for (Event* e : c->events) {
+    if (e->cap == c) e->cap = nullptr;
+  }
+  g->nodes = std::make_shared<const std::vector<Node>>(std::move(c->nodes));
+  d.captures.erase(std::find_if(d.captures.begin(), d.captures.end(),
+                                [c](const std::unique_ptr<Capture>& x) { return x.get() == c; }));
+  if (err != 0) return err;
+  *out = g.get();
+  d.live_graphs.insert(g.get());
+  d.graphs.push_back(std::move(g));
+  return 0;
+}
+
+int capture_status(const Stream* s) {
+  if (s->cap == nullptr) return 0;
+  return s->cap->invalid ? 2 : 1;
+}
+
+bool refuse_unsafe(const std::string& call) {
+  bool refused = false;
+  for (auto& c : dev().captures) {
+    if (c->mode == 2) continue;  // relaxed
+    invalidate(c.get(), call + " is not allowed while a stream captures");
+    refused = true;
+  }
+  return refused;
+}
+
+bool refuse_on_capturing(Stream* s, const std::string& call) {
+  if (s->cap == nullptr) return false;
+  invalidate(s->cap, call + " of a capturing stream");
+  return true;
+}
+
+bool graph_valid(const void* handle) { return dev().live_graphs.count(static_cast<const Graph*>(handle)) != 0; }
+
+bool graph_exec_valid(const void* handle) {
+  return dev().live_execs.count(static_cast<const GraphExec*>(handle)) != 0;
+}
+
+bool graph_destroy(Graph* g) { return dev().live_graphs.erase(g) != 0; }
+
+bool graph_exec_destroy(GraphExec* x) { return dev().live_execs.erase(x) != 0; }
+
+GraphExec* graph_instantiate(Graph* g) {
+  auto x = std::make_unique<GraphExec>();
+  x->nodes = g->nodes;
+  x->streams = g->streams;
+  GraphExec* raw = x.get();
+  dev().live_execs.insert(raw);
+  dev().execs.push_back(std::move(x));
+  return raw;
+}
+
+int graph_launch(GraphExec* x, Stream* s) {
+  std::shared_ptr<const std::vector<Node>> nodes = x->nodes;
+  std::vector<Stream*> streams = x->streams;
+  return enqueue(s, [nodes, streams, s] {
+    // the graph starts after what came before it on s, and s goes on after all of it
+    Device& d = dev();
+    s->vc.join(d.host);
+    for (Stream* t : streams) t->vc.join(s->vc);
+    const Site saved = g_site;
+    for (const Node& n : *nodes) {
+      g_site = n.site;
+      n.work();
+    }
+    g_site = saved;
+    for (Stream* t : streams) s->vc.join(t->vc);
+  });
 }
 
 bool event_recorded(const Event* e) { return e->recorded; }
@@ -952,23 +1210,26 @@ void launch_kernel(const char* name, const char* file, int line, Dim3 grid, Dim3
     return;
   }
   Stream* s = resolve_stream(stream, "kernel launch");
-  Op op(s, std::string("kernel ") + name);
-  g_in_kernel = true;
-  g_body = &body;
-  g_pos.grid_dim = grid;
-  g_pos.block_dim = block;
-  for (unsigned z = 0; z < grid.z; ++z) {
-    for (unsigned y = 0; y < grid.y; ++y) {
-      for (unsigned x = 0; x < grid.x; ++x) {
-        g_pos.block = Dim3{x, y, z};
-        op.begin_block(x + grid.x * (y + grid.y * z));
-        run_block(static_cast<unsigned>(threads), block);
+  const int err = enqueue(s, [name, grid, block, s, body, threads] {
+    Op op(s, std::string("kernel ") + name);
+    g_in_kernel = true;
+    g_body = &body;
+    g_pos.grid_dim = grid;
+    g_pos.block_dim = block;
+    for (unsigned z = 0; z < grid.z; ++z) {
+      for (unsigned y = 0; y < grid.y; ++y) {
+        for (unsigned x = 0; x < grid.x; ++x) {
+          g_pos.block = Dim3{x, y, z};
+          op.begin_block(x + grid.x * (y + grid.y * z));
+          run_block(static_cast<unsigned>(threads), block);
+        }
       }
     }
-  }
-  op.end_blocks();
-  g_in_kernel = false;
-  g_body = nullptr;
+    op.end_blocks();
+    g_in_kernel = false;
+    g_body = nullptr;
+  });
+  if (err != 0) set_last_error(err);
 }
 
 }  // namespace cocoviz_emu

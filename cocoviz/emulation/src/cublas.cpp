@@ -457,38 +457,49 @@ cublasStatus_t cublasGemmEx(cublasHandle_t handle, cublasOperation_t transa,
   b.check(desc(b, Btype, "ldb"));
   c.check(desc(c, Ctype, "ldc"));
 
-  emu::Op op(emu::resolve_stream(h->stream, "cublasGemmEx"),
-             std::string("cublasGemmEx(") + op_letter(transa) + ", " + op_letter(transb) +
-                 ", m=" + std::to_string(m) + ", n=" + std::to_string(n) +
-                 ", k=" + std::to_string(k) + ")");
-  if (dev_scales) {
-    emu::access(alpha, ss, false);
-    emu::access(beta, ss, false);
-  }
-  const double alpha_v = read_scale(alpha, acc), beta_v = read_scale(beta, acc);
-  a.access(false);
-  b.access(false);
-  if (beta_v != 0) c.access(false);  // beta == 0: C is not read (NaN there does not matter)
-  c.access(true);
+  // Runs on the handle's stream at enqueue, or at every launch of a graph that captured it.
+  // Host scales are read now (cuBLAS captures their values); device scales when it runs.
+  emu::Stream* st = emu::resolve_stream(h->stream, "cublasGemmEx");
+  const double host_alpha = dev_scales ? 0 : read_scale(alpha, acc);
+  const double host_beta = dev_scales ? 0 : read_scale(beta, acc);
+  const int err = emu::enqueue(st, [=] {
+    emu::Op op(st, std::string("cublasGemmEx(") + op_letter(transa) + ", " + op_letter(transb) +
+                       ", m=" + std::to_string(m) + ", n=" + std::to_string(n) +
+                       ", k=" + std::to_string(k) + ")");
+    if (dev_scales) {
+      emu::access(alpha, ss, false);
+      emu::access(beta, ss, false);
+    }
+    const double alpha_v = dev_scales ? read_scale(alpha, acc) : host_alpha;
+    const double beta_v = dev_scales ? read_scale(beta, acc) : host_beta;
+    a.access(false);
+    b.access(false);
+    if (beta_v != 0) c.access(false);  // beta == 0: C is not read (NaN there does not matter)
+    c.access(true);
 
-  // op(A)(i, p) is A[i + p * lda] (N) or A[p + i * lda] (T): row i of op(A) contiguous.
-  // op(B)(p, j) is B[p + j * ldb] (N) or B[j + p * ldb] (T): column j of op(B) contiguous.
-  const bool a_n = transa == CUBLAS_OP_N, b_n = transb == CUBLAS_OP_N;
-  switch (acc) {
-    case Acc::f32:
-      gemm_float<float>(gather<float>(A, Atype, a_n, m, k, lda),
-                        gather<float>(B, Btype, !b_n, n, k, ldb), m, n, k, alpha_v, beta_v, C,
-                        Ctype, ldc);
-      break;
-    case Acc::f64:
-      gemm_float<double>(gather<double>(A, Atype, a_n, m, k, lda),
-                         gather<double>(B, Btype, !b_n, n, k, ldb), m, n, k, alpha_v, beta_v,
-                         C, Ctype, ldc);
-      break;
-    case Acc::f16:
-      gemm_half(gather<double>(A, Atype, a_n, m, k, lda),
-                gather<double>(B, Btype, !b_n, n, k, ldb), m, n, k, alpha_v, beta_v, C, ldc);
-      break;
+    // op(A)(i, p) is A[i + p * lda] (N) or A[p + i * lda] (T): row i of op(A) contiguous.
+    // op(B)(p, j) is B[p + j * ldb] (N) or B[j + p * ldb] (T): column j of op(B) contiguous.
+    const bool a_n = transa == CUBLAS_OP_N, b_n = transb == CUBLAS_OP_N;
+    switch (acc) {
+      case Acc::f32:
+        gemm_float<float>(gather<float>(A, Atype, a_n, m, k, lda),
+                          gather<float>(B, Btype, !b_n, n, k, ldb), m, n, k, alpha_v, beta_v, C,
+                          Ctype, ldc);
+        break;
+      case Acc::f64:
+        gemm_float<double>(gather<double>(A, Atype, a_n, m, k, lda),
+                           gather<double>(B, Btype, !b_n, n, k, ldb), m, n, k, alpha_v, beta_v,
+                           C, Ctype, ldc);
+        break;
+      case Acc::f16:
+        gemm_half(gather<double>(A, Atype, a_n, m, k, lda),
+                  gather<double>(B, Btype, !b_n, n, k, ldb), m, n, k, alpha_v, beta_v, C, ldc);
+        break;
+    }
+  });
+  if (err != 0) {
+    return invalid(CUBLAS_STATUS_EXECUTION_FAILED,
+                   std::string("cublasGemmEx: ") + cudaGetErrorName(static_cast<cudaError_t>(err)));
   }
   return CUBLAS_STATUS_SUCCESS;
 }

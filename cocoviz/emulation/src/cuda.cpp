@@ -46,9 +46,18 @@ const char* cudaGetErrorName(cudaError_t e) {
     case cudaErrorInvalidDevicePointer: return "cudaErrorInvalidDevicePointer";
     case cudaErrorInvalidMemcpyDirection: return "cudaErrorInvalidMemcpyDirection";
     case cudaErrorInvalidResourceHandle: return "cudaErrorInvalidResourceHandle";
+    case cudaErrorIllegalState: return "cudaErrorIllegalState";
     case cudaErrorNotReady: return "cudaErrorNotReady";
     case cudaErrorInvalidDevice: return "cudaErrorInvalidDevice";
     case cudaErrorLaunchFailure: return "cudaErrorLaunchFailure";
+    case cudaErrorStreamCaptureUnsupported: return "cudaErrorStreamCaptureUnsupported";
+    case cudaErrorStreamCaptureInvalidated: return "cudaErrorStreamCaptureInvalidated";
+    case cudaErrorStreamCaptureMerge: return "cudaErrorStreamCaptureMerge";
+    case cudaErrorStreamCaptureUnmatched: return "cudaErrorStreamCaptureUnmatched";
+    case cudaErrorStreamCaptureUnjoined: return "cudaErrorStreamCaptureUnjoined";
+    case cudaErrorStreamCaptureIsolation: return "cudaErrorStreamCaptureIsolation";
+    case cudaErrorStreamCaptureImplicit: return "cudaErrorStreamCaptureImplicit";
+    case cudaErrorCapturedEvent: return "cudaErrorCapturedEvent";
   }
   return "cudaErrorUnknown";
 }
@@ -63,9 +72,18 @@ const char* cudaGetErrorString(cudaError_t e) {
     case cudaErrorInvalidDevicePointer: return "invalid device pointer";
     case cudaErrorInvalidMemcpyDirection: return "invalid copy direction for memcpy";
     case cudaErrorInvalidResourceHandle: return "invalid resource handle";
+    case cudaErrorIllegalState: return "the operation cannot be performed in the present state";
     case cudaErrorNotReady: return "device not ready";
     case cudaErrorInvalidDevice: return "invalid device ordinal";
     case cudaErrorLaunchFailure: return "unspecified launch failure";
+    case cudaErrorStreamCaptureUnsupported: return "operation not permitted when stream is capturing";
+    case cudaErrorStreamCaptureInvalidated: return "operation failed due to a previous error during capture";
+    case cudaErrorStreamCaptureMerge: return "operation would result in a merge of separate capture sequences";
+    case cudaErrorStreamCaptureUnmatched: return "capture was not ended in the same stream as it began";
+    case cudaErrorStreamCaptureUnjoined: return "capturing stream has unjoined work";
+    case cudaErrorStreamCaptureIsolation: return "dependency created on uncaptured work in another stream";
+    case cudaErrorStreamCaptureImplicit: return "operation would make the legacy stream depend on a capturing blocking stream";
+    case cudaErrorCapturedEvent: return "operation not permitted on an event last recorded in a capturing stream";
   }
   return "unknown error";
 }
@@ -97,6 +115,7 @@ cudaError_t cudaGetDevice(int* device) {
 }
 
 cudaError_t cudaDeviceSynchronize() {
+  if (emu::refuse_unsafe("cudaDeviceSynchronize")) return cudaErrorStreamCaptureUnsupported;
   emu::host_sync_device();
   return cudaSuccess;
 }
@@ -123,6 +142,7 @@ cudaError_t cudaMalloc(void** p, size_t bytes) {
     *p = nullptr;
     return cudaSuccess;
   }
+  if (emu::refuse_unsafe("cudaMalloc")) return cudaErrorStreamCaptureUnsupported;
   if (bytes > (size_t{1} << 40)) return invalid(cudaErrorMemoryAllocation, "cudaMalloc of " + std::to_string(bytes) + " bytes: more than the emulation allows (1 TiB)");
   *p = emu::device_alloc(bytes);
   return *p != nullptr ? cudaSuccess : cudaErrorMemoryAllocation;
@@ -130,6 +150,7 @@ cudaError_t cudaMalloc(void** p, size_t bytes) {
 
 cudaError_t cudaFree(void* p) {
   if (p == nullptr) return cudaSuccess;
+  if (emu::refuse_unsafe("cudaFree")) return cudaErrorStreamCaptureUnsupported;
   emu::host_sync_device();  // cudaFree synchronizes the device
   if (!emu::device_free(p)) {
     const emu::Alloc* a = emu::find_alloc(p);
@@ -144,10 +165,12 @@ cudaError_t cudaMemsetAsync(void* p, int value, size_t bytes, cudaStream_t s) {
   if (!emu::stream_valid(s)) return invalid(cudaErrorInvalidResourceHandle, "cudaMemsetAsync on a destroyed or unknown stream");
   if (bytes == 0) return cudaSuccess;
   if (!device_range(p, bytes, "cudaMemset")) return invalid(cudaErrorInvalidValue, "cudaMemset of memory that is not device memory");
-  emu::Op op(emu::resolve_stream(s, "cudaMemsetAsync"), "cudaMemset of " + std::to_string(bytes) + " bytes");
-  emu::access(p, bytes, true);
-  std::memset(p, value, bytes);
-  return cudaSuccess;
+  emu::Stream* st = emu::resolve_stream(s, "cudaMemsetAsync");
+  return static_cast<cudaError_t>(emu::enqueue(st, [st, p, value, bytes] {
+    emu::Op op(st, "cudaMemset of " + std::to_string(bytes) + " bytes");
+    emu::access(p, bytes, true);
+    std::memset(p, value, bytes);
+  }));
 }
 
 // cudaMemset is asynchronous on the legacy default stream: not ordered with work on
@@ -166,15 +189,18 @@ cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t bytes, cudaMemcpy
     static const char* names[] = {"HostToHost", "HostToDevice", "DeviceToHost", "DeviceToDevice", "Default"};
     return invalid(cudaErrorInvalidValue, std::string("cudaMemcpy") + names[kind] + " with a " + (dd ? "device" : "host") + " destination and a " + (sd ? "device" : "host") + " source");
   }
-  emu::Op op(emu::resolve_stream(s, "cudaMemcpyAsync"), "cudaMemcpy of " + std::to_string(bytes) + " bytes");
-  if (sd) emu::access(src, bytes, false);
-  if (dd) emu::access(dst, bytes, true);
-  std::memmove(dst, src, bytes);
-  return cudaSuccess;
+  emu::Stream* st = emu::resolve_stream(s, "cudaMemcpyAsync");
+  return static_cast<cudaError_t>(emu::enqueue(st, [st, dst, src, bytes, sd, dd] {
+    emu::Op op(st, "cudaMemcpy of " + std::to_string(bytes) + " bytes");
+    if (sd) emu::access(src, bytes, false);
+    if (dd) emu::access(dst, bytes, true);
+    std::memmove(dst, src, bytes);
+  }));
 }
 
 // cudaMemcpy: on the legacy default stream, and the host waits for it.
 cudaError_t cudaMemcpy(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind) {
+  if (emu::refuse_unsafe("cudaMemcpy (synchronous)")) return cudaErrorStreamCaptureUnsupported;
   const cudaError_t e = cudaMemcpyAsync(dst, src, bytes, kind, nullptr);
   emu::host_sync_stream(emu::legacy_stream());
   return e;
@@ -196,15 +222,19 @@ cudaError_t cudaStreamDestroy(cudaStream_t s) {
 
 cudaError_t cudaStreamSynchronize(cudaStream_t s) {
   if (!emu::stream_valid(s)) return invalid(cudaErrorInvalidResourceHandle, "cudaStreamSynchronize of a destroyed or unknown stream");
-  emu::host_sync_stream(emu::resolve_stream(s, "cudaStreamSynchronize"));
+  emu::Stream* st = emu::resolve_stream(s, "cudaStreamSynchronize");
+  if (emu::refuse_on_capturing(st, "cudaStreamSynchronize")) return cudaErrorStreamCaptureUnsupported;
+  if (st == emu::legacy_stream() && emu::refuse_unsafe("cudaStreamSynchronize of the legacy stream")) {
+    return cudaErrorStreamCaptureImplicit;
+  }
+  emu::host_sync_stream(st);
   return cudaSuccess;
 }
 
 cudaError_t cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t e, unsigned flags) {
   if (!emu::stream_valid(s) || !emu::event_valid(e)) return invalid(cudaErrorInvalidResourceHandle, "cudaStreamWaitEvent with a destroyed or unknown stream or event");
   if (flags != 0 && flags != 1) return cudaErrorInvalidValue;
-  emu::stream_wait_event(emu::resolve_stream(s, "cudaStreamWaitEvent"), e);
-  return cudaSuccess;
+  return static_cast<cudaError_t>(emu::stream_wait_event(emu::resolve_stream(s, "cudaStreamWaitEvent"), e));
 }
 
 cudaError_t cudaEventCreateWithFlags(cudaEvent_t* e, unsigned flags) {
@@ -222,18 +252,19 @@ cudaError_t cudaEventDestroy(cudaEvent_t e) {
 
 cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s) {
   if (!emu::event_valid(e) || !emu::stream_valid(s)) return invalid(cudaErrorInvalidResourceHandle, "cudaEventRecord with a destroyed or unknown event or stream");
-  emu::event_record(e, emu::resolve_stream(s, "cudaEventRecord"));
-  return cudaSuccess;
+  return static_cast<cudaError_t>(emu::event_record(e, emu::resolve_stream(s, "cudaEventRecord")));
 }
 
 cudaError_t cudaEventSynchronize(cudaEvent_t e) {
   if (!emu::event_valid(e)) return invalid(cudaErrorInvalidResourceHandle, "cudaEventSynchronize of a destroyed or unknown event");
+  if (emu::event_captured(e)) return invalid(cudaErrorCapturedEvent, "cudaEventSynchronize of an event recorded in an ongoing stream capture");
   emu::host_sync_event(e);
   return cudaSuccess;
 }
 
 cudaError_t cudaEventQuery(cudaEvent_t e) {
   if (!emu::event_valid(e)) return cudaErrorInvalidResourceHandle;
+  if (emu::event_captured(e)) return invalid(cudaErrorCapturedEvent, "cudaEventQuery of an event recorded in an ongoing stream capture");
   return cudaSuccess;
 }
 
@@ -243,5 +274,60 @@ cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t start, cudaEvent_t end) 
   if (!emu::event_timing(start) || !emu::event_timing(end)) return invalid(cudaErrorInvalidResourceHandle, "cudaEventElapsedTime of an event created with cudaEventDisableTiming");
   if (!emu::event_recorded(start) || !emu::event_recorded(end)) return invalid(cudaErrorInvalidResourceHandle, "cudaEventElapsedTime of an event that was never recorded");
   *ms = static_cast<float>(emu::event_time_ms(end) - emu::event_time_ms(start));
+  return cudaSuccess;
+}
+
+// ------------------------------------------------------------ stream capture and graphs
+
+cudaError_t cudaStreamBeginCapture(cudaStream_t s, cudaStreamCaptureMode mode) {
+  if (!emu::stream_valid(s)) return invalid(cudaErrorInvalidResourceHandle, "cudaStreamBeginCapture of a destroyed or unknown stream");
+  if (s == nullptr) return invalid(cudaErrorStreamCaptureUnsupported, "cudaStreamBeginCapture of the legacy default stream");
+  const char* v = std::getenv("COCOVIZ_EMU_CAPTURE");
+  if (v != nullptr && std::strcmp(v, "0") == 0) {
+    return invalid(cudaErrorStreamCaptureUnsupported, "cudaStreamBeginCapture refused: COCOVIZ_EMU_CAPTURE=0");
+  }
+  const int e = emu::capture_begin(s, static_cast<int>(mode));
+  if (e == cudaErrorIllegalState) return invalid(cudaErrorIllegalState, "cudaStreamBeginCapture of a stream that already captures");
+  return static_cast<cudaError_t>(e);
+}
+
+cudaError_t cudaStreamEndCapture(cudaStream_t s, cudaGraph_t* graph) {
+  if (graph == nullptr) return cudaErrorInvalidValue;
+  *graph = nullptr;
+  if (!emu::stream_valid(s)) return invalid(cudaErrorInvalidResourceHandle, "cudaStreamEndCapture of a destroyed or unknown stream");
+  if (s == nullptr) return cudaErrorIllegalState;
+  const int e = emu::capture_end(s, graph);
+  if (e == cudaErrorIllegalState) return invalid(cudaErrorIllegalState, "cudaStreamEndCapture of a stream that does not capture");
+  return static_cast<cudaError_t>(e);
+}
+
+cudaError_t cudaStreamIsCapturing(cudaStream_t s, cudaStreamCaptureStatus* status) {
+  if (status == nullptr) return cudaErrorInvalidValue;
+  if (!emu::stream_valid(s)) return cudaErrorInvalidResourceHandle;
+  *status = s == nullptr ? cudaStreamCaptureStatusNone : static_cast<cudaStreamCaptureStatus>(emu::capture_status(s));
+  return cudaSuccess;
+}
+
+cudaError_t cudaGraphInstantiate(cudaGraphExec_t* exec, cudaGraph_t graph, unsigned long long flags) {
+  if (exec == nullptr) return cudaErrorInvalidValue;
+  if (!emu::graph_valid(graph)) return invalid(cudaErrorInvalidValue, "cudaGraphInstantiate of a destroyed or unknown graph");
+  if ((flags & ~static_cast<unsigned long long>(15)) != 0) return invalid(cudaErrorInvalidValue, "cudaGraphInstantiate: unknown flags " + std::to_string(flags));
+  *exec = emu::graph_instantiate(graph);
+  return cudaSuccess;
+}
+
+cudaError_t cudaGraphLaunch(cudaGraphExec_t exec, cudaStream_t s) {
+  if (!emu::graph_exec_valid(exec)) return invalid(cudaErrorInvalidResourceHandle, "cudaGraphLaunch of a destroyed or unknown executable graph");
+  if (!emu::stream_valid(s)) return invalid(cudaErrorInvalidResourceHandle, "cudaGraphLaunch on a destroyed or unknown stream");
+  return static_cast<cudaError_t>(emu::graph_launch(exec, emu::resolve_stream(s, "cudaGraphLaunch")));
+}
+
+cudaError_t cudaGraphExecDestroy(cudaGraphExec_t exec) {
+  if (!emu::graph_exec_valid(exec) || !emu::graph_exec_destroy(exec)) return invalid(cudaErrorInvalidValue, "cudaGraphExecDestroy of a destroyed or unknown executable graph");
+  return cudaSuccess;
+}
+
+cudaError_t cudaGraphDestroy(cudaGraph_t graph) {
+  if (!emu::graph_valid(graph) || !emu::graph_destroy(graph)) return invalid(cudaErrorInvalidValue, "cudaGraphDestroy of a destroyed or unknown graph");
   return cudaSuccess;
 }

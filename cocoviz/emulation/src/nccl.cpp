@@ -820,13 +820,39 @@ void run_tasks(const std::vector<Task>& tasks) {
   finish_recvs(rs);
 }
 
+// Runs a batch now, or records it into the capture its streams belong to: at every launch
+// of the graph the batch runs again (its comms must still be live), matched with the
+// other ranks as a direct call is.
+ncclResult_t dispatch(std::vector<Task> tasks) {
+  if (tasks.empty()) return ncclSuccess;
+  std::vector<emu::Stream*> streams;
+  for (const Task& t : tasks) {
+    if (std::find(streams.begin(), streams.end(), t.stream) == streams.end()) streams.push_back(t.stream);
+  }
+  const int err = emu::enqueue_on(streams, [tasks] {
+    for (const Task& t : tasks) live_comm(t.comm, kind_name(t.kind));
+    run_tasks(tasks);
+  });
+  if (err != 0) {
+    return error(ncclInvalidUsage, std::string("NCCL call on a stream in an invalid capture state (") +
+                                       cudaGetErrorName(static_cast<cudaError_t>(err)) + ")");
+  }
+  return ncclSuccess;
+}
+
 ncclResult_t submit(const Task& t) {
   if (g_group_depth > 0) {
     g_queue.push_back(t);
-  } else {
-    run_tasks({t});
+    return ncclSuccess;
   }
-  return ncclSuccess;
+  return dispatch({t});
+}
+
+// NCCL's calls that allocate, register or create: not stream operations, so not capturable.
+ncclResult_t refuse_in_capture(const char* fn) {
+  if (!emu::refuse_unsafe(fn)) return ncclSuccess;
+  return error(ncclInvalidUsage, std::string(fn) + " while a stream captures: it is no stream operation, so a "
+                                                   "CUDA graph cannot hold it (call it before the capture)");
 }
 
 // Argument checks shared by the collectives and send/recv (the real NCCL's error codes).
@@ -1041,6 +1067,7 @@ ncclResult_t ncclGetUniqueId(ncclUniqueId* id) {
 }
 
 ncclResult_t ncclCommInitRank(ncclComm_t* comm, int nranks, ncclUniqueId commId, int rank) {
+  if (ncclResult_t e = refuse_in_capture("ncclCommInitRank")) return e;
   if (comm == nullptr) return error(ncclInvalidArgument, "ncclCommInitRank: comm is NULL");
   if (!mpi_up()) return error(ncclInvalidUsage, "ncclCommInitRank: the emulation needs MPI_Init first");
   if (nranks < 1 || rank < 0 || rank >= nranks) {
@@ -1090,6 +1117,7 @@ ncclResult_t ncclCommInitRank(ncclComm_t* comm, int nranks, ncclUniqueId commId,
 }
 
 ncclResult_t ncclCommSplit(ncclComm_t comm, int color, int key, ncclComm_t* newcomm, ncclConfig_t* config) {
+  if (ncclResult_t e = refuse_in_capture("ncclCommSplit")) return e;
   progress_all();
   ncclComm* c = live_comm(comm, "ncclCommSplit");
   if (c == nullptr) return error(ncclInvalidArgument, "ncclCommSplit: comm is NULL");
@@ -1118,6 +1146,7 @@ ncclResult_t ncclCommFinalize(ncclComm_t comm) {
 
 ncclResult_t ncclCommDestroy(ncclComm_t comm) {
   if (comm == nullptr) return ncclSuccess;  // as NCCL
+  if (ncclResult_t e = refuse_in_capture("ncclCommDestroy")) return e;
   progress_all();
   ncclComm* c = live_comm(comm, "ncclCommDestroy");
   drain_sends(c, "ncclCommDestroy");
@@ -1212,13 +1241,13 @@ ncclResult_t ncclGroupEnd() {
   if (--g_group_depth > 0) return ncclSuccess;
   std::vector<Task> tasks;
   tasks.swap(g_queue);
-  run_tasks(tasks);
-  return ncclSuccess;
+  return dispatch(std::move(tasks));
 }
 
 // ------------------------------------------------------------ memory and windows
 
 ncclResult_t ncclMemAlloc(void** ptr, size_t size) {
+  if (ncclResult_t e = refuse_in_capture("ncclMemAlloc")) return e;
   if (ptr == nullptr) return error(ncclInvalidArgument, "ncclMemAlloc: ptr is NULL");
   if (size == 0) return error(ncclInvalidArgument, "ncclMemAlloc: size is 0");
   *ptr = emu::shared_alloc(size, nullptr);
@@ -1228,6 +1257,7 @@ ncclResult_t ncclMemAlloc(void** ptr, size_t size) {
 
 ncclResult_t ncclMemFree(void* ptr) {
   if (ptr == nullptr) return ncclSuccess;
+  if (ncclResult_t e = refuse_in_capture("ncclMemFree")) return e;
   for (const ncclWindow_vidmem* w : g_live_windows) {
     const emu::Alloc* a = emu::find_alloc(w->user);
     if (a != nullptr && a->base == reinterpret_cast<uintptr_t>(ptr)) {
@@ -1242,6 +1272,7 @@ ncclResult_t ncclMemFree(void* ptr) {
 }
 
 ncclResult_t ncclCommWindowRegister(ncclComm_t comm, void* buff, size_t size, ncclWindow_t* win, int winFlags) {
+  if (ncclResult_t e = refuse_in_capture("ncclCommWindowRegister")) return e;
   progress_all();
   ncclComm* c = live_comm(comm, "ncclCommWindowRegister");
   if (c == nullptr) return error(ncclInvalidArgument, "ncclCommWindowRegister: comm is NULL");
@@ -1302,6 +1333,7 @@ ncclResult_t ncclCommWindowRegister(ncclComm_t comm, void* buff, size_t size, nc
 }
 
 ncclResult_t ncclCommWindowDeregister(ncclComm_t comm, ncclWindow_t win) {
+  if (ncclResult_t e = refuse_in_capture("ncclCommWindowDeregister")) return e;
   progress_all();
   ncclComm* c = live_comm(comm, "ncclCommWindowDeregister");
   if (c == nullptr) return error(ncclInvalidArgument, "ncclCommWindowDeregister: comm is NULL");
@@ -1332,6 +1364,7 @@ ncclResult_t ncclCommQueryProperties(ncclComm_t comm, ncclCommProperties_t* prop
 }
 
 ncclResult_t ncclDevCommCreate(ncclComm_t comm, ncclDevCommRequirements_t const* reqs, ncclDevComm_t* out) {
+  if (ncclResult_t e = refuse_in_capture("ncclDevCommCreate")) return e;
   progress_all();
   ncclComm* c = live_comm(comm, "ncclDevCommCreate");
   if (c == nullptr || reqs == nullptr || out == nullptr) return error(ncclInvalidArgument, "ncclDevCommCreate: NULL argument");

@@ -34,6 +34,13 @@
 // the communicator; their shadow cells live in the same mapping, under a lock, so peer
 // accesses through ncclGetLsaPointer are checked like local ones.
 //
+// Stream capture (CUDA graphs). While a stream captures, an operation enqueued on it is
+// checked as at enqueue and recorded, with its call site, instead of run; a launch of the
+// instantiated graph runs the recorded operations again (cross-rank matching of NCCL calls
+// included), in capture order, on the streams they were captured on, ordered after what
+// came before the launch on the launch stream and before what comes after it. Calls CUDA
+// refuses during capture return its error and invalidate the capture.
+//
 // Every blocking wait (collective, send/recv, barrier) polls with a watchdog: after
 // COCOVIZ_EMU_TIMEOUT seconds (default 60) it prints every rank's pending operation (from
 // the status files in $COCOVIZ_EMU_DIR, which run.sh --emulate creates) and aborts.
@@ -215,9 +222,14 @@ const VC& host_vc();
 Event* event_create(bool timing);
 Event* resolve_event(void* handle, const char* what);
 bool event_destroy(Event* e);
-void event_record(Event* e, Stream* s);   // copies the stream's VC and the time
-void stream_wait_event(Stream* s, Event* e);
+// Copies the stream's VC and the time (recorded instead while `s` captures). Returns 0 or
+// a capture error (below).
+int event_record(Event* e, Stream* s);
+// Joins the event's VC into the stream's. An event recorded in a capture makes `s` join
+// that capture. Returns 0 or a capture error.
+int stream_wait_event(Stream* s, Event* e);
 void host_sync_event(Event* e);
+bool event_captured(const Event* e);  // last recorded in a capture that is still going on
 bool event_recorded(const Event* e);
 bool event_timing(const Event* e);
 bool stream_valid(const void* handle);  // nullptr (legacy) or a live stream
@@ -265,6 +277,56 @@ extern ThreadPos g_pos;
 // st writes `bytes` from `src` into every LSA peer's window.
 void multimem_ld_reduce_add(const void* mc, size_t bytes, int kind, void* out);
 void multimem_st(void* mc, const void* src, size_t bytes);
+
+// ----------------------------------------------------------- stream capture
+
+struct Graph;      // cudaGraph_t: the operations of one ended capture
+struct GraphExec;  // cudaGraphExec_t: an instantiated graph
+
+// Capture errors, as the runtime's cudaError_t values.
+constexpr int kErrIllegalState = 401;            // cudaErrorIllegalState
+constexpr int kErrCaptureUnsupported = 900;      // cudaErrorStreamCaptureUnsupported
+constexpr int kErrCaptureInvalidated = 901;      // cudaErrorStreamCaptureInvalidated
+constexpr int kErrCaptureMerge = 902;            // cudaErrorStreamCaptureMerge
+constexpr int kErrCaptureUnmatched = 903;        // cudaErrorStreamCaptureUnmatched
+constexpr int kErrCaptureUnjoined = 904;         // cudaErrorStreamCaptureUnjoined
+constexpr int kErrCaptureIsolation = 905;        // cudaErrorStreamCaptureIsolation
+constexpr int kErrCaptureImplicit = 906;         // cudaErrorStreamCaptureImplicit
+constexpr int kErrCapturedEvent = 907;           // cudaErrorCapturedEvent
+
+// Runs `work` (one stream operation, its arguments already checked) now, or records it
+// into the capture `s` belongs to. Returns 0, or a capture error, and then neither runs
+// nor records it: cudaErrorStreamCaptureInvalidated on a stream of an invalidated capture,
+// cudaErrorStreamCaptureImplicit on the legacy stream while a blocking stream captures.
+int enqueue(Stream* s, std::function<void()> work);
+// The same for one operation over several streams (a group of NCCL calls): all of them
+// capture in one capture, or none does (else cudaErrorStreamCaptureIsolation).
+int enqueue_on(const std::vector<Stream*>& streams, std::function<void()> work);
+
+// cudaStreamBeginCapture (mode: 0 global, 1 thread-local, 2 relaxed), cudaStreamEndCapture
+// (a graph, or an error: not the origin stream, a fork not joined back, an invalidated
+// capture; the capture ends either way), cudaStreamIsCapturing (0 none, 1 active,
+// 2 invalidated).
+int capture_begin(Stream* s, int mode);
+int capture_end(Stream* s, Graph** out);
+int capture_status(const Stream* s);
+// Refuses a call that CUDA does not allow during a capture in global or thread-local mode
+// (cudaMalloc, cudaFree, a synchronous copy, device synchronization, NCCL's allocations,
+// registrations and communicator calls): invalidates those captures, notes why and returns
+// true; false when no such capture is going on.
+bool refuse_unsafe(const std::string& call);
+// Refuses a call on a capturing stream (cudaStreamSynchronize, cudaStreamQuery):
+// invalidates its capture and returns true.
+bool refuse_on_capturing(Stream* s, const std::string& call);
+
+bool graph_valid(const void* handle);
+bool graph_exec_valid(const void* handle);
+bool graph_destroy(Graph* g);
+bool graph_exec_destroy(GraphExec* x);
+GraphExec* graph_instantiate(Graph* g);
+// Enqueues one replay of the graph on `s` (recorded, if `s` captures). Returns 0 or a
+// capture error.
+int graph_launch(GraphExec* x, Stream* s);
 
 // The sticky "last error" of the runtime API (cudaGetLastError), as an int.
 void set_last_error(int code);
