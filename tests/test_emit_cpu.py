@@ -126,3 +126,34 @@ def test_scalar_subexpressions_are_hoisted_and_the_result_unchanged(tmp_path: Pa
     assert cmp.ok, cmp.describe()
     default = run_reference(program, 0).global_value("w1")
     assert not nm.compare(got, default, "f32").ok  # the params did reach the kernel
+
+
+@pytest.mark.parametrize(
+    ("name", "schedule"),
+    [("adam", "fused"), ("lamb", "ar_c"), ("sgd", "ar_c"), ("megatron_mlp", "fused")],
+)
+def test_cpu_collectives_same_bits_shared_or_through_mpi(
+    name: str, schedule: str, tmp_path: Path
+) -> None:
+    """The node-shared collectives (peers' buffers read in MPI shared-memory windows) and
+    the ones through MPI (all-to-all + the same combine in rank order) give the same bits:
+    f16 reduce-scatter/allgather (adam), f32 allreduce and the batched norms (lamb, sgd),
+    an allgather with a permute (megatron_mlp)."""
+    import os
+
+    need_mpicxx()
+    write(tmp_path, emit_files(name, schedule, "cpu"))
+    res = make(tmp_path)
+    assert res.returncode == 0, "\n".join(diagnostics(res)) or res.stderr
+    dumps = {}
+    for shared in ("1", "0"):
+        dump = tmp_path / f"dump{shared}"
+        run = subprocess.run(
+            [str(tmp_path / "run.sh"), "--iters", "1", "--warmup", "0", "--dump", str(dump)],
+            capture_output=True, text=True, timeout=300, check=False,
+            env={**os.environ, "COCOVIZ_CPU_SHARED": shared},
+        )  # fmt: skip
+        assert run.returncode == 0, run.stdout + run.stderr
+        assert json.loads(run.stdout.strip().splitlines()[-1])["node_shared"] is (shared == "1")
+        dumps[shared] = {p.name: p.read_bytes() for p in sorted(dump.iterdir())}
+    assert dumps["1"] and dumps["1"] == dumps["0"]

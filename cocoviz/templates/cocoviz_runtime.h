@@ -32,6 +32,11 @@
 #include <type_traits>
 #include <vector>
 
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__)) && !defined(__CUDACC__)
+#define COCOVIZ_F16C 1  // f16_widen / f16_narrow may use the F16C instructions
+#include <immintrin.h>
+#endif
+
 // COCOVIZ_LD(p, i) / COCOVIZ_ST(p, i): element i of an array read / written by generated
 // loops and kernels. Plain (p)[i]; the CUDA emulation build defines them first to check
 // every access (docs/codegen.md, "Emulation").
@@ -230,6 +235,65 @@ COCOVIZ_HD uint16_t bf16_from_double(double d) {
 }
 
 COCOVIZ_HD float bf16_to_float(uint16_t b) { return bits_float(static_cast<uint32_t>(b) << 16); }
+
+// Arrays of f16 <-> f32 on the host, the same bits as the element functions above: with
+// the F16C instructions where the CPU has them (eight conversions per instruction; chosen
+// at run time, so the binary runs anywhere), else the branch-free loops. The instructions
+// round to nearest even and quiet a signaling NaN both ways; f16_to_float keeps a
+// signaling half NaN signaling, so the widening clears the quiet bit F16C set on those.
+#if defined(COCOVIZ_F16C)
+
+__attribute__((target("avx,f16c"))) inline void f16_widen_f16c(float* dst, const uint16_t* src,
+                                                               int64_t n) {
+  int64_t i = 0;
+  const __m128i exp = _mm_set1_epi16(0x7C00), quiet = _mm_set1_epi16(0x0200);
+  const __m128i payload = _mm_set1_epi16(0x03FF), zero = _mm_setzero_si128();
+  for (; i + 8 <= n; i += 8) {
+    const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i));
+    // signaling NaN halves: exponent all ones, quiet bit clear, payload not zero
+    const __m128i is_nan = _mm_andnot_si128(
+        _mm_cmpeq_epi16(_mm_and_si128(h, payload), zero),
+        _mm_cmpeq_epi16(_mm_and_si128(h, exp), exp));
+    const __m128i snan = _mm_andnot_si128(_mm_cmpeq_epi16(_mm_and_si128(h, quiet), quiet), is_nan);
+    // the f32 quiet bit (bit 22) in the lanes of signaling NaNs, to clear
+    const __m128i bit22 = _mm_set1_epi32(0x00400000);
+    const __m128i lo = _mm_and_si128(_mm_unpacklo_epi16(snan, snan), bit22);
+    const __m128i hi = _mm_and_si128(_mm_unpackhi_epi16(snan, snan), bit22);
+    const __m256 clear = _mm256_castsi256_ps(_mm256_set_m128i(hi, lo));
+    _mm256_storeu_ps(dst + i, _mm256_andnot_ps(clear, _mm256_cvtph_ps(h)));
+  }
+  for (; i < n; ++i) dst[i] = f16_to_float(src[i]);
+}
+
+__attribute__((target("avx,f16c"))) inline void f16_narrow_f16c(uint16_t* dst, const float* src,
+                                                                int64_t n) {
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const __m128i h = _mm256_cvtps_ph(_mm256_loadu_ps(src + i), _MM_FROUND_TO_NEAREST_INT);
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + i), h);
+  }
+  for (; i < n; ++i) dst[i] = f16_from_float(src[i]);
+}
+
+inline bool cpu_has_f16c() {
+  static const bool has = __builtin_cpu_supports("avx") && __builtin_cpu_supports("f16c");
+  return has;
+}
+#endif
+
+inline void f16_widen(float* dst, const uint16_t* src, int64_t n) {
+#if defined(COCOVIZ_F16C)
+  if (cpu_has_f16c()) return f16_widen_f16c(dst, src, n);
+#endif
+  for (int64_t i = 0; i < n; ++i) dst[i] = f16_to_float(src[i]);
+}
+
+inline void f16_narrow(uint16_t* dst, const float* src, int64_t n) {
+#if defined(COCOVIZ_F16C)
+  if (cpu_has_f16c()) return f16_narrow_f16c(dst, src, n);
+#endif
+  for (int64_t i = 0; i < n; ++i) dst[i] = f16_from_float(src[i]);
+}
 
 // ------------------------------------------------------------ dtype traits
 
