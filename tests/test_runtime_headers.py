@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import fcntl
 import os
+import platform
 import shutil
 import struct
 import subprocess
@@ -718,6 +719,52 @@ def test_header_compiles_without_openmp(toolchain: Toolchain, tmp_path: Path) ->
     run([str(toolchain.cxx), "-std=c++17", "-Wall", "-Wextra", "-Werror", "-pedantic",
          f"-I{TEMPLATES}", str(src), "-o", str(tmp_path / "plain")])  # fmt: skip
     run([str(tmp_path / "plain")])
+
+
+ARRAY_CONVERSIONS_CPP = r"""
+#include "cocoviz_runtime.h"
+#include <vector>
+using namespace cocoviz;
+// f16_widen / f16_narrow (F16C where the CPU has it) against the element functions: every
+// half, and floats at every 2^k-th bit pattern plus the neighbourhoods of the f16 range's
+// edges (subnormal ties, 65504..65536, infinities, signaling and quiet NaNs).
+int main() {
+  std::vector<uint16_t> h(65536);
+  for (uint32_t i = 0; i < 65536; ++i) h[i] = static_cast<uint16_t>(i);
+  std::vector<float> f(65536);
+  f16_widen(f.data(), h.data(), 65536);
+  for (uint32_t i = 0; i < 65536; ++i)
+    if (float_bits(f[i]) != float_bits(f16_to_float(h[i]))) { std::printf("widen %x\n", i); return 1; }
+  std::vector<float> src;
+  for (uint64_t u = 0; u < (1ull << 32); u += 997) src.push_back(bits_float(static_cast<uint32_t>(u)));
+  const uint32_t edges[] = {0x33000000u, 0x33800000u, 0x387FC000u, 0x38800000u, 0x477FE000u,
+                            0x477FF000u, 0x47800000u, 0x7F800000u, 0x7F800001u, 0x7FC00000u};
+  for (uint32_t e : edges)
+    for (uint32_t d = 0; d < 4096; ++d)
+      for (uint32_t sign : {0u, 0x80000000u}) src.push_back(bits_float((e - 2048u + d) | sign));
+  std::vector<uint16_t> out(src.size());
+  f16_narrow(out.data(), src.data(), static_cast<int64_t>(src.size()));
+  for (size_t i = 0; i < src.size(); ++i)
+    if (out[i] != f16_from_float(src[i])) { std::printf("narrow %08x\n", float_bits(src[i])); return 1; }
+  std::printf("%d %zu\n", COCOVIZ_F16C_USED, src.size());
+  return 0;
+}
+"""
+
+
+def test_array_conversions_match_element_functions(toolchain: Toolchain, tmp_path: Path) -> None:
+    need(toolchain.cxx, "a C++ compiler (g++)")
+    src = tmp_path / "arrays.cpp"
+    used = "cpu_has_f16c()" if platform.machine() in ("x86_64", "AMD64") else "0"
+    src.write_text(ARRAY_CONVERSIONS_CPP.replace("COCOVIZ_F16C_USED", f"static_cast<int>({used})"))
+    run([str(toolchain.cxx), "-std=c++17", "-O2", "-Wall", "-Wextra", "-Werror",
+         f"-I{TEMPLATES}", str(src), "-o", str(tmp_path / "arrays")])  # fmt: skip
+    res = run([str(tmp_path / "arrays")])
+    f16c, n = res.stdout.split()
+    assert int(n) > 4_000_000
+    cpuinfo = Path("/proc/cpuinfo")
+    if platform.machine() == "x86_64" and cpuinfo.exists() and "f16c" in cpuinfo.read_text():
+        assert f16c == "1"  # the instructions were what ran
 
 
 # ------------------------------------------------------------------- CUDA header
