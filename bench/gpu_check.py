@@ -8,7 +8,9 @@ emits different code), at sizes that fit one GPU, on ONE rank (`--ranks 1`):
 2. build every tree with `make` (trees in parallel); a few cases are also built with
    `-DCOCOVIZ_SCALAR_ONLY` (element-wise path only) for the packed-vs-scalar comparison;
 3. run each binary (`./run.sh --check --iters 20 --dump DIR`): the JSON line gives the
-   time per iteration and the in-binary check (scheduled vs unscheduled program);
+   time per iteration (the iteration as one CUDA graph) and the in-binary check
+   (scheduled vs unscheduled program); then again with `--no-graph` (every call launched
+   from the host), for what the graph saves;
 4. compare every dumped output with the numpy reference (`cocoviz.exec.reference`),
    computed once per program, within the §2.5 tolerances;
 5. compare the scalar-only builds' outputs and times with the vectorized builds';
@@ -115,6 +117,7 @@ class Case:
     build_s: float = 0.0
     warnings: int = 0
     run: dict[str, Any] | None = None
+    no_graph_ms: float | None = None  # the same run with --no-graph (launches from the host)
     run_error: str | None = None
     vs_reference: str | None = None
     notes: list[str] = field(default_factory=list)
@@ -289,6 +292,27 @@ class Check:
                 f"run {c.label}: exit {res.returncode}, "
                 + (f"{c.run['time_ms']:.3f} ms, check {c.run['check']}" if c.run else "no result")
             )
+            if c.run is not None and c.run.get("graph") and self.left() > 20:
+                c.no_graph_ms = self._time_no_graph(c)
+
+    def _time_no_graph(self, c: Case) -> float | None:
+        """The iteration launched from the host, for the graph's gain (CUDA graphs)."""
+        cmd = ["./run.sh", "--iters", "20", "--warmup", "3", "--no-graph"]
+        try:
+            res = subprocess.run(
+                cmd, cwd=c.directory, capture_output=True, text=True, env=self.env,
+                timeout=min(RUN_TIMEOUT_S, self.left()), check=False,
+            )  # fmt: skip
+        except subprocess.TimeoutExpired:
+            self.log(f"run {c.label} --no-graph: TIMED OUT")
+            return None
+        lines = [ln for ln in res.stdout.splitlines() if ln.startswith("{")]
+        if res.returncode != 0 or not lines:
+            self.failure(f"run {c.label} --no-graph", res.stdout + res.stderr)
+            return None
+        ms = float(json.loads(lines[-1])["time_ms"])
+        self.log(f"run {c.label} --no-graph: {ms:.3f} ms")
+        return ms
 
     # ---- 4. reference
     def compare_reference(self) -> None:
@@ -373,7 +397,7 @@ class Check:
                 f.write(json.dumps({
                     "case": c.label, "same_as": c.same_as, "built": c.built,
                     "build_s": round(c.build_s, 1), "warnings": c.warnings, "result": c.run,
-                    "run_error": c.run_error, "vs_reference": c.vs_reference, "notes": c.notes,
+                    "no_graph_ms": c.no_graph_ms, "run_error": c.run_error, "vs_reference": c.vs_reference, "notes": c.notes,
                 }) + "\n")  # fmt: skip
         with open(self.out / "kernels.csv", "w", encoding="utf-8", newline="") as f:
             w = csv.writer(f)
@@ -395,12 +419,13 @@ class Check:
         ]
         md += [f"- skipped: {s}" for s in self.skipped]
         md += ["", "## Cases", "",
-               "| case | built (s, warnings) | run | check | vs reference | ms/iter | notes |",
-               "|---|---|---|---|---|---|---|"]  # fmt: skip
+               "| case | built (s, warnings) | run | check | vs reference | ms/iter (graph) "
+               "| ms/iter (--no-graph) | notes |",
+               "|---|---|---|---|---|---|---|---|"]  # fmt: skip
         failed = 0
         for c in self.cases:
             if c.same_as is not None:
-                md.append(f"| {c.label} | same code as {c.same_as} | | | | | |")
+                md.append(f"| {c.label} | same code as {c.same_as} | | | | | | |")
                 continue
             built = (
                 "—"
@@ -410,6 +435,9 @@ class Check:
             ran = c.run_error or ("ok" if c.run else "—")
             check = c.run["check"] if c.run else "—"
             ms = f"{c.run['time_ms']:.3f}" if c.run else "—"
+            if c.run and not c.run.get("graph"):
+                ms += " (no graph)"
+            host = f"{c.no_graph_ms:.3f}" if c.no_graph_ms is not None else "—"
             bad = (
                 c.built is False or c.run_error is not None
                 or (c.run is not None and c.run["check"] != "pass")
@@ -417,7 +445,7 @@ class Check:
             )  # fmt: skip
             failed += bad
             md.append(f"| {c.label} | {built} | {ran} | {check} | {c.vs_reference or '—'} | {ms} | "
-                      + "; ".join(c.notes) + " |")  # fmt: skip
+                      f"{host} | " + "; ".join(c.notes) + " |")  # fmt: skip
         if scalar_rows:
             md += ["", "## Packed (vectorized) vs element-wise (-DCOCOVIZ_SCALAR_ONLY)", "",
                    "| case | packed ms | scalar ms | scalar/packed | outputs |", "|---|---|---|---|---|",

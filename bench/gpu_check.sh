@@ -8,8 +8,11 @@
 # (make, trees in parallel), runs each on ONE rank with --check --iters 20 --dump, compares
 # the outputs with the numpy reference, compares packed (vectorized) kernels with an
 # element-wise build, and times every kernel alone with Nsight Compute against the H200's
-# ~4.8 TB/s of HBM (the fused schedules in both modes: the nccl-device kernel too). On one rank the collectives are trivial: the figures are kernels and
-# GEMMs, not communication. Details: bench/gpu_check.py. --dry-run emits and builds only.
+# ~4.8 TB/s of HBM (the fused schedules in both modes: the nccl-device kernel too). Each
+# case runs again with --no-graph (calls launched from the host), for what the CUDA graph
+# of the iteration saves. On one rank the collectives are trivial: the figures are
+# kernels and GEMMs, not communication. Details: bench/gpu_check.py. --dry-run emits and
+# builds only.
 #
 # Results: $OUT (the device tool's output folder) or ./gpu-check-out: summary.md,
 # results.jsonl, kernels.csv, failures.log, gpu_check.log. Exit 0 when everything passed.
