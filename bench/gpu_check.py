@@ -271,48 +271,43 @@ class Check:
                 c.notes.append("not run: out of time")
                 continue
             dump = c.directory / "dump"
-            cmd = ["./run.sh", "--check", "--iters", "20", "--warmup", "3", "--dump", str(dump)]
-            try:
-                res = subprocess.run(
-                    cmd, cwd=c.directory, capture_output=True, text=True, env=self.env,
-                    timeout=min(RUN_TIMEOUT_S, self.left()), check=False,
-                )  # fmt: skip
-            except subprocess.TimeoutExpired:
+            res, c.run = self._run(c, "--check", "--dump", str(dump))
+            if res is None:
                 c.run_error = "timed out"
-                self.failure(f"run {c.label}", "timed out")
-                self.log(f"run {c.label}: TIMED OUT")
                 continue
-            lines = [ln for ln in res.stdout.splitlines() if ln.startswith("{")]
-            if res.returncode != 0 or not lines:
+            if res.returncode != 0 or c.run is None:
                 c.run_error = f"exit {res.returncode}"
-                self.failure(f"run {c.label}", res.stdout + res.stderr)
-            if lines:
-                c.run = json.loads(lines[-1])
             self.log(
                 f"run {c.label}: exit {res.returncode}, "
                 + (f"{c.run['time_ms']:.3f} ms, check {c.run['check']}" if c.run else "no result")
             )
             if c.run is not None and c.run.get("graph") and self.left() > 20:
-                c.no_graph_ms = self._time_no_graph(c)
+                # the iteration launched from the host, for what the CUDA graph saves
+                res, host = self._run(c, "--no-graph")
+                if host is not None:
+                    c.no_graph_ms = float(host["time_ms"])
+                    self.log(f"run {c.label} --no-graph: {c.no_graph_ms:.3f} ms")
 
-    def _time_no_graph(self, c: Case) -> float | None:
-        """The iteration launched from the host, for the graph's gain (CUDA graphs)."""
-        cmd = ["./run.sh", "--iters", "20", "--warmup", "3", "--no-graph"]
+    def _run(
+        self, c: Case, *args: str
+    ) -> tuple[subprocess.CompletedProcess[str] | None, dict[str, Any] | None]:
+        """`./run.sh --iters 20 --warmup 3 ARGS` in the case's tree: the process (None when
+        it timed out) and its JSON line (None when it failed); failures are logged."""
+        what = " ".join(("run", c.label, *(a for a in args if a.startswith("--no"))))
         try:
             res = subprocess.run(
-                cmd, cwd=c.directory, capture_output=True, text=True, env=self.env,
+                ["./run.sh", "--iters", "20", "--warmup", "3", *args], cwd=c.directory,
+                capture_output=True, text=True, env=self.env,
                 timeout=min(RUN_TIMEOUT_S, self.left()), check=False,
             )  # fmt: skip
         except subprocess.TimeoutExpired:
-            self.log(f"run {c.label} --no-graph: TIMED OUT")
-            return None
+            self.failure(what, "timed out")
+            self.log(f"{what}: TIMED OUT")
+            return None, None
         lines = [ln for ln in res.stdout.splitlines() if ln.startswith("{")]
         if res.returncode != 0 or not lines:
-            self.failure(f"run {c.label} --no-graph", res.stdout + res.stderr)
-            return None
-        ms = float(json.loads(lines[-1])["time_ms"])
-        self.log(f"run {c.label} --no-graph: {ms:.3f} ms")
-        return ms
+            self.failure(what, res.stdout + res.stderr)
+        return res, (json.loads(lines[-1]) if lines else None)
 
     # ---- 4. reference
     def compare_reference(self) -> None:
