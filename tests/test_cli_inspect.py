@@ -35,6 +35,17 @@ def test_check_every_sample(name: str) -> None:
     assert re.search(r"; each rank sends \d+(\.\d+)? (B|KiB|MiB|GiB)", line), line
 
 
+@pytest.mark.parametrize("argv", [["check", "megatron_mlp"], ["check", "no-such-file.coco"]])
+def test_a_command_leaves_the_garbage_collector_as_it_found_it(argv: list[str]) -> None:
+    """A command freezes the program it loads and raises the collector's thresholds
+    while it runs (`cocoviz.cli.main`); a caller in the same process gets both back."""
+    import gc
+
+    before = gc.get_threshold(), gc.get_freeze_count(), gc.isenabled()
+    run(*argv)
+    assert (gc.get_threshold(), gc.get_freeze_count(), gc.isenabled()) == before
+
+
 def test_check_summary_of_megatron_mlp() -> None:
     rc, out, _ = run("check", str(ROOT / "samples" / "megatron_mlp.coco"))
     assert rc == 0

@@ -326,3 +326,54 @@ def test_stage_table_describes_the_summary_s_rank() -> None:
     rows = {r.name: r for r in s.stages}
     assert rows["g"].busy_s == pytest.approx(s.comm_s) == pytest.approx(0.004)
     assert rows["w"].start_s == pytest.approx(0.004)
+
+
+def _fresh_lowering():  # type: ignore[no-untyped-def]
+    """Forget the operations `lower_stage` keeps per stage object."""
+    from cocoviz.sim import workload
+
+    workload._STAGE_OPS.clear()
+
+
+@pytest.mark.parametrize("collectives", ["nccl", "nccl-device"])
+def test_lowering_kept_per_stage_object_is_what_lowering_again_gives(collectives: str) -> None:
+    """A scheduled program shares most stage objects with the program it was made from;
+    their operations are lowered once, and must be what a fresh lowering of each
+    program gives (the context of a shared stage can differ: its users, the outputs)."""
+    from cocoviz.schedule import apply_blocks
+
+    hw = load_profile("h100-dgx")
+    for p in [load_file(samples.path(n)) for n in samples.names()] + [sp.program(sp.PIPE_RS)]:
+        if collectives == "nccl-device" and p.grid.group > hw.gpus_per_node:
+            continue
+        for _name, scheduled in apply_blocks(p, hw):
+            kept = simulate(scheduled, hw, collectives=collectives, baseline=p)
+            _fresh_lowering()
+            base = simulate(p, hw, collectives=collectives)
+            _fresh_lowering()
+            fresh = simulate(scheduled, hw, collectives=collectives, baseline=base.makespan)
+            assert kept == fresh, (p.name, _name)
+
+
+def test_lowering_of_a_shared_stage_follows_its_program() -> None:
+    """The same stage object in programs that differ around it: read by a later stage,
+    also an output, or read by nothing (its value is then not written out)."""
+    import dataclasses
+
+    from cocoviz.sim.workload import Context, lower_stage
+
+    hw = load_profile("h100-dgx")
+    p = sp.program(
+        "program t\nranks 8\ndim N = 4096\ninput x : f32[N] replicated\n"
+        "y = x * 2\nz = y + 1\nw = z * 3\noutput w\n"
+    )
+    z = p.stages[1]
+    also_output = dataclasses.replace(p, outputs=("w", "z"))
+    unread = dataclasses.replace(p, stages=p.stages[:2], outputs=("y",))
+    assert also_output.stages[1] is z and unread.stages[1] is z
+    kept = {prog: lower_stage(Context(prog, hw), "z") for prog in (p, also_output, unread)}
+    for prog, ops in kept.items():
+        _fresh_lowering()
+        assert ops == lower_stage(Context(prog, hw), "z")
+    assert kept[p] == kept[also_output]  # written out either way
+    assert kept[unread][0].nbytes < kept[p][0].nbytes

@@ -25,3 +25,43 @@ def test_gpt_stack_fused_schedule_on_the_incremental_path(monkeypatch: pytest.Mo
     assert reparse(result) == result
     assert len(result.groups) == 24
     assert all(g.chunks == 4 for g in result.groups)
+
+
+@pytest.mark.parametrize("overlay", [4, 10**9])
+def test_index_derived_at_every_step_agrees(monkeypatch: pytest.MonkeyPatch, overlay: int) -> None:
+    """Each step's index is derived from the one before (positions renumbered, users
+    kept as an overlay over an earlier index's that is folded in once it grows: after a
+    few names, so that a schedule folds it many times, or never)."""
+    from cocoviz.ir.transforms import base
+
+    monkeypatch.setattr(base, "_USERS_OVERLAY", overlay)
+    program = load_program(gpt_stack(3), "gpt3.coco")
+    result = program
+    for step in program.schedules[0].steps:
+        result = as_transformation(step).apply(result)
+        assert_index_consistent(result)
+
+
+def test_changed_window_compares_stage_objects() -> None:
+    """(lo, hi_new, hi_old) of two stage lists: the same objects before lo and from
+    hi_new / hi_old on, whatever the lists' lengths (objects that are equal but not the
+    same one differ)."""
+    from cocoviz.ir.transforms.base import _changed_window
+
+    class S:
+        pass
+
+    a, b, c, d, e, x, y = (S() for _ in range(7))
+    old = (a, b, c, d, e)
+    cases = {
+        (a, b, c, d, e): (5, 5, 5),  # the same
+        (a, b, x, d, e): (2, 3, 3),  # one replaced
+        (a, b, x, y, c, d, e): (2, 4, 2),  # two inserted
+        (a, e): (1, 1, 4),  # three removed
+        (a, b, c, d, e, x): (5, 6, 5),  # appended
+        (x, a, b, c, d, e): (0, 1, 0),  # prepended
+        (a, c, b, d, e): (1, 3, 3),  # two swapped
+        (): (0, 0, 5),
+    }
+    for new, window in cases.items():
+        assert _changed_window(old, new) == window, new  # type: ignore[arg-type]

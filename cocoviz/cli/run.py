@@ -10,14 +10,15 @@ import os
 import sys
 import time
 from pathlib import Path
-from typing import Any
-
-import numpy as np
+from typing import TYPE_CHECKING, Any
 
 from cocoviz.cli import add_json_option, add_program_options, load_args_program
 from cocoviz.cli.inspect import apply_named_schedule
 from cocoviz.errors import ExitCode, MismatchError, UsageError
 from cocoviz.ir.nodes import Program
+
+if TYPE_CHECKING:
+    import numpy as np
 
 DUMP_MARKER = ".cocoviz-dump"
 
@@ -149,6 +150,8 @@ def _write_dump(d: Path, program: Program, values: dict[str, Any], names: list[s
     """Write every array as DIR/NAME.npy: all staged beside their destinations, then
     renamed into place (no truncated file, no write through a link), under the
     directory's lock."""
+    import numpy as np
+
     from cocoviz import fsio
     from cocoviz import numerics as nx
 
@@ -172,6 +175,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     dump_dir = _prepare_dump(args.dump, args.force) if args.dump else None
     given: dict[str, np.ndarray] | None = None
     if args.inputs:
+        import numpy as np
+
         from cocoviz.exec.mpi_run import load_inputs_dir
 
         given = {k: np.asarray(v) for k, v in load_inputs_dir(original, args.inputs).items()}

@@ -197,7 +197,6 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     from cocoviz.cli.inspect import apply_named_schedule
     from cocoviz.sim.textview import render_stage_table, render_summary, render_timeline
     from cocoviz.sim.timeline import simulate
-    from cocoviz.sim.trace import write_trace
 
     hw = args_hardware(args)
     original = load_args_program(args)
@@ -205,6 +204,8 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     baseline = original if args.schedule and not original.groups else None
     timeline = simulate(program, hw, collectives=args.collectives, baseline=baseline)
     if args.trace:
+        from cocoviz.sim.trace import write_trace
+
         n = write_trace(timeline, args.trace)
         print(
             f"wrote {args.trace}: {n} trace events for {timeline.world} ranks "

@@ -78,9 +78,12 @@ def convex_hull(program: Program, names: Iterable[str]) -> set[str]:
     return members | (down & up)
 
 
-def contracted_order(program: Program, groups: Iterable[Group]) -> list[str | Group] | None:
+def contracted_order(
+    program: Program, groups: Iterable[Group], edges: dict[str, set[str]] | None = None
+) -> list[str | Group] | None:
     """Stages and groups in a topological order of the graph with each group contracted
-    to one node (stable by program order); None if that graph has a cycle."""
+    to one node (stable by program order); None if that graph has a cycle. `edges` is
+    `deps(program)` when the caller has it already."""
     groups = list(groups)
     index = {s.name: i for i, s in enumerate(program.stages)}
     owner: dict[str, int] = {}
@@ -94,7 +97,7 @@ def contracted_order(program: Program, groups: Iterable[Group]) -> list[str | Gr
         first[k] = min(first.get(k, i), i)
     indeg: dict[str, int] = {k: 0 for k in first}
     out: dict[str, set[str]] = {k: set() for k in first}
-    for n, ds in deps(program).items():
+    for n, ds in (deps(program) if edges is None else edges).items():
         for d in ds:
             a, b = node_of[d], node_of[n]
             if a != b and b not in out[a]:

@@ -13,7 +13,6 @@ import contextlib
 import dataclasses
 import difflib
 import functools
-import hashlib
 import json
 import os
 import re
@@ -499,6 +498,8 @@ def __getattr__(name: str) -> Any:
 
 
 def _cache_key(grammar: str) -> str:
+    import hashlib  # the cached parser of error reports is the only user
+
     import lark
 
     h = hashlib.sha256()
@@ -542,6 +543,8 @@ def _decode_object(o: dict[str, Any]) -> Any:
 
 def _load_cached(path: Path, key: str) -> lark.Lark | None:
     """The parser saved at `path`, or None when there is none that can be used."""
+    import hashlib
+
     import lark
 
     try:
@@ -570,6 +573,8 @@ def _load_cached(path: Path, key: str) -> lark.Lark | None:
 
 def _save_cached(parser: lark.Lark, directory: Path, path: Path, key: str) -> None:
     """Save the parser's tables at `path`, atomically; failures are ignored."""
+    import hashlib
+
     import lark.grammar
     import lark.lexer
 

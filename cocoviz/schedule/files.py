@@ -11,7 +11,6 @@ import re
 from collections.abc import Iterable
 from pathlib import Path
 
-from cocoviz import fsio
 from cocoviz.errors import InputError, Source, Span, UsageError, did_you_mean
 from cocoviz.ir.lower import read_source
 from cocoviz.ir.nodes import StepCall
@@ -96,6 +95,8 @@ def _check_complete(path: Path, text: str, count: int) -> None:
 
 def written_by_cocoviz(path: Path) -> bool:
     """Whether `path` is a `.sched` file cocoviz wrote (any version)."""
+    from cocoviz import fsio  # the writers' module, imported by the commands that write
+
     raw = fsio.read_regular(path)
     if raw is None:
         return False
@@ -111,6 +112,8 @@ def check_sched_output(path: Path, force: bool, option: str = "-o") -> None:
             f"{option} {path}: a schedule file must end in .sched",
             hint="--schedule treats a name ending in .sched as a file, anything else as a block",
         )
+    from cocoviz import fsio
+
     st = fsio.lstat(path, "write")
     if st is not None and path.is_dir():
         raise UsageError(f"{option} {path}: is a directory", hint="name a file instead")
@@ -130,6 +133,8 @@ def save_sched(
     path: str | Path, steps: Iterable[StepCall | str], comment: str | None = None
 ) -> None:
     """Write a `.sched` file atomically (an OutputError when the system refuses)."""
+    from cocoviz import fsio
+
     fsio.write_file(path, format_sched(steps, comment))
 
 
@@ -142,8 +147,6 @@ def format_sched(steps: Iterable[StepCall | str], comment: str | None = None) ->
         lines += [f"# {c}" if c else "#" for c in comment.splitlines()]
     lines += shown
     return "\n".join(lines) + "\n"
-
-
 
 
 __all__ = [

@@ -605,7 +605,7 @@ class _Run:
 
     def __post_init__(self) -> None:
         self.engine = _Engine(self.ctx)
-        order = contracted_order(self.ctx.program, self.ctx.program.groups)
+        order = contracted_order(self.ctx.program, self.ctx.program.groups, self.ctx.deps)
         if order is None:
             from cocoviz.errors import InternalError
 

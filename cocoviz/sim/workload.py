@@ -30,10 +30,12 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import weakref
 from collections.abc import Callable, Hashable, Iterable, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from functools import lru_cache
+from typing import Any
 
 from cocoviz.batching import batch_runs
 from cocoviz.errors import UsageError
@@ -293,6 +295,10 @@ class Context:
         self._types: dict[str, TensorType] = {i.name: i.ty for i in self.program.inputs}
         self._types.update({s.name: s.ty for s in self.program.stages})
         self.params = {p.name for p in self.program.params}
+        self.model = (self.hw, self.collectives, self.program.grid)
+        """What lowering reads of the model and the grid (`lower_stage`'s key)."""
+        self.fused_ops: dict[tuple[int, int], tuple[Group, tuple[Operation, ...]]] = {}
+        """`lower_item`'s operations of fused groups, by group and chunk count."""
 
     @property
     def group(self) -> int:
@@ -318,6 +324,10 @@ class Context:
 
     def per_rank_bytes(self, ty: TensorType) -> int:
         return per_rank_numel(ty, self.group) * ty.dtype.itemsize
+
+    def stored_type(self, name: str) -> TensorType | None:
+        """The type of an input or stage (None for a param: not read from memory)."""
+        return self._types.get(name)
 
     def type_of(self, name: str) -> TensorType:
         ty = self._types.get(name)
@@ -583,8 +593,56 @@ def _stage_needs(ctx: Context, name: str) -> set[str]:
     return set(ctx.deps.get(name, set()))
 
 
+# Operations of whole (unchunked) stages, per stage object: a scheduled program shares
+# most of its stage objects with the program it was made from, and the simulator lowers
+# both (the baseline of the speedup). Beyond the stage itself, its lowering reads the
+# model (hardware, collectives, grid: the key of the inner dict) and, per entry, its
+# ordering edges, whether its value is written out (read by another stage, an output or
+# an update) and the types of the names it reads (None for params, which are not read
+# from memory). An entry is dropped with its stage.
+_StageEntry = tuple[
+    set[str], bool, frozenset[str], tuple[TensorType | None, ...], tuple[Operation, ...]
+]
+_STAGE_OPS: dict[int, tuple[weakref.ref[Stage], dict[Hashable, list[_StageEntry]]]] = {}
+
+
 def lower_stage(ctx: Context, name: str, chunks: int = 1, chunk: int = 0) -> list[Operation]:
     """An ungrouped stage (or an overlapped item that is a single stage)."""
+    if chunks != 1:
+        return _lower_stage(ctx, name, chunks, chunk)
+    s = ctx.stage(name)
+    sid = id(s)
+    hit = _STAGE_OPS.get(sid)
+    if hit is None or hit[0]() is not s:
+        hit = (weakref.ref(s, _dropper(_STAGE_OPS, sid)), {})
+        _STAGE_OPS[sid] = hit
+    deps = ctx.deps.get(name, set())
+    writes = (
+        any(u != name for u in ctx.users.get(name, ()))
+        or name in ctx.outputs
+        or name in ctx.updates
+    )
+    reads = reads_of(s)
+    types = tuple(map(ctx.stored_type, reads))  # in the order of this very set
+    entries = hit[1].setdefault(ctx.model, [])
+    for e_deps, e_writes, e_reads, e_types, ops in entries:
+        if e_writes is writes and e_reads is reads and e_types == types and e_deps == deps:
+            return list(ops)
+    ops = tuple(_lower_stage(ctx, name, 1, 0))
+    entries.append((set(deps), writes, reads, types, ops))
+    return list(ops)
+
+
+def _dropper(cache: dict[int, Any], key: int) -> Callable[[object], None]:
+    """A weakref callback removing `key` from `cache` (bound now: safe at shutdown)."""
+
+    def drop(_ref: object) -> None:
+        cache.pop(key, None)
+
+    return drop
+
+
+def _lower_stage(ctx: Context, name: str, chunks: int, chunk: int) -> list[Operation]:
     s = ctx.stage(name)
     needs = _stage_needs(ctx, name)
     if s.expr.op in COLLECTIVES:
@@ -781,9 +839,7 @@ def batch_reductions(ctx: Context, ops: Sequence[Operation]) -> list[Operation]:
     return batch_runs(ops, key, may_pass, merge)
 
 
-def _group_lower(
-    ctx: Context, g: Group, chunks: int, chunk: int, nccl_device: bool
-) -> list[Operation]:
+def _group_lower(ctx: Context, g: Group, chunks: int, nccl_device: bool) -> list[Operation]:
     """A fused group: compute only, RS→C→AG, compute→send, or send→compute."""
     inside = set(g.stages())
     members = sorted(inside, key=ctx.position.__getitem__)
@@ -887,7 +943,14 @@ def lower_item(ctx: Context, item: str | Group, chunks: int = 1, chunk: int = 0)
     if isinstance(item, str):
         return lower_stage(ctx, item, chunks, chunk)
     if item.kind is GroupKind.FUSED:
-        return _group_lower(ctx, item, chunks, chunk, ctx.collectives == "nccl-device")
+        # the same for every chunk of an overlapped group (each is 1/K of the sizes):
+        # lowered once per chunk count (the entry keeps the group, so its id stays its own)
+        key = (id(item), chunks)
+        hit = ctx.fused_ops.get(key)
+        if hit is None:
+            hit = (item, tuple(_group_lower(ctx, item, chunks, ctx.collectives == "nccl-device")))
+            ctx.fused_ops[key] = hit
+        return list(hit[1])
     raise ValueError("overlapped groups are lowered chunk by chunk by lower_overlap")
 
 

@@ -21,7 +21,7 @@ import operator
 import weakref
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
-from itertools import compress, count
+from itertools import count
 from typing import Any, ClassVar
 
 from cocoviz.errors import ScheduleError, Span, did_you_mean
@@ -117,22 +117,22 @@ class Index:
             self._window = _changed_window(parent.stages, program.stages)
             lo, hi_new, hi_old = self._window
             stages = program.stages
-            if hi_new == hi_old and all(
-                a.name == b.name
-                for a, b in zip(parent.stages[lo:hi_old], stages[lo:hi_new], strict=True)
+            if hi_new == hi_old and list(map(_name, parent.stages[lo:hi_old])) == list(
+                map(_name, stages[lo:hi_new])
             ):
                 # the same names at the same positions: shared (an index never changes it)
                 self.pos = parent.pos
             else:
                 # positions before `lo` are the parent's; from `lo` on (up to `hi_new` when
-                # the window kept its length, else to the end) they are set again
+                # the window kept its length, else to the end) they are set again (in C:
+                # a long schedule renumbers the tail of a deep program at every step)
                 self.pos = pos = dict(parent.pos)
                 for s in parent.stages[lo:hi_old]:
                     del pos[s.name]
-                for i in range(lo, hi_new if hi_new == hi_old else len(stages)):
-                    pos[stages[i].name] = i
+                end = hi_new if hi_new == hi_old else len(stages)
+                pos.update(zip(map(_name, stages[lo:end]), count(lo)))
         else:
-            self.pos = {s.name: i for i, s in enumerate(program.stages)}
+            self.pos = dict(zip(map(_name, program.stages), count()))
         pp = parent.program if parent is not None else None
         if parent is not None and pp is not None and pp.inputs is program.inputs:
             self.inputs = parent.inputs
@@ -165,6 +165,7 @@ class Index:
                         todo.extend(it.items)
             self.grouped = grouped
         self._users: dict[str, set[str]] | None = None
+        self._users_over: dict[str, set[str]] = {}
         if parent is None:
             self._scan_updates()
         else:
@@ -201,30 +202,39 @@ class Index:
             self.updates = parent.updates
             self.update_target = parent.update_target
         # the read edges (name read, stage) that differ; a stage re-typed or rebuilt with
-        # the same reads changes none, and the parent's dict is then shared (the dicts
+        # the same reads changes none, and the parent's dicts are then shared (the dicts
         # and sets of an index are never changed once built: an edit copies them)
         before = {(r, s.name) for s in gone for r in reads_of(s)}
         after = {(r, s.name) for s in new for r in reads_of(s)}
         dropped, added = before - after, after - before
+        base = parent._all_users()
         if not dropped and not added:
-            self._users = parent._all_users()
+            self._users, self._users_over = base, parent._users_over
             return
-        users = dict(parent._all_users())
+        # the changed entries go to a small overlay over the parent's dict instead of a
+        # copy of it (a long schedule on a deep program edits a few names per step);
+        # the overlay is folded into a new dict once it grows
+        over = dict(parent._users_over)
         copied: set[str] = set()
 
         def own(r: str) -> set[str]:
             if r not in copied:
                 copied.add(r)
-                users[r] = set(users.get(r, ()))
-            return users[r]
+                cur = over.get(r)
+                over[r] = set(base.get(r, ()) if cur is None else cur)
+            return over[r]
 
         for r, n in dropped:
             own(r).discard(n)
         for r, n in added:
             own(r).add(n)
-        self._users = users
+        if len(over) > _USERS_OVERLAY:
+            base, over = {**base, **over}, {}
+        self._users, self._users_over = base, over
 
     def _all_users(self) -> dict[str, set[str]]:
+        """The users of each name, but for the names of the overlay (`_users_over`),
+        whose entries replace these."""
         if self._users is None:
             users: dict[str, set[str]] = {}
             for s in self.stages:
@@ -261,7 +271,9 @@ class Index:
     # --- edges -----------------------------------------------------------------------
     def users(self, name: str) -> list[str]:
         """Stages that read `name` (data edges), in program order."""
-        found = self._all_users().get(name)
+        found = self._users_over.get(name)
+        if found is None:
+            found = self._all_users().get(name)
         if not found:
             return []
         if len(found) == 1:
@@ -301,15 +313,28 @@ class Index:
         return f"{base}_{k}"
 
 
+_name = operator.attrgetter("name")
+
+_USERS_OVERLAY = 256
+"""Names whose users an index keeps beside its parent's dict before it folds them in."""
+
+
 def _changed_window(old: tuple[Stage, ...], new: tuple[Stage, ...]) -> tuple[int, int, int]:
     """(lo, hi_new, hi_old): `new[:lo]` and `old[:lo]` hold the same stage objects, and
     so do `new[hi_new:]` and `old[hi_old:]` (compared by identity, in C)."""
     n = min(len(old), len(new))
-    # the first index where the objects differ (a lazy scan in C that stops there)
-    prefix = next(compress(count(), map(operator.is_not, old, new)), n)
-    suffix = next(compress(count(), map(operator.is_not, reversed(old), reversed(new))), n - prefix)
-    suffix = min(suffix, n - prefix)
+    prefix = _first_differing(old, new, n)
+    suffix = min(_first_differing(reversed(old), reversed(new), n), n - prefix)
     return prefix, len(new) - suffix, len(old) - suffix
+
+
+def _first_differing(old: Iterable[Stage], new: Iterable[Stage], n: int) -> int:
+    """The first index where the objects differ (n when none does among the first n): a
+    lazy scan in C that stops there (`indexOf` counts without making an int per item)."""
+    try:
+        return operator.indexOf(map(operator.is_not, old, new), True)
+    except ValueError:
+        return n
 
 
 # --- edits ---------------------------------------------------------------------------
