@@ -702,8 +702,10 @@ def device_kernel_time(
     gather_bytes: int,
     compute_s: float = 0.0,
     sms: int | None = None,
+    graph: bool = False,
 ) -> DeviceKernelCost:
-    """A fused RS→compute→AG as one kernel on the NCCL device API.
+    """A fused RS→compute→AG as one kernel on the NCCL device API (``graph=True``: a node
+    of the iteration's CUDA graph, so the GPU-side gap instead of a host launch).
 
     Each rank loads its owned 1/n of ``reduce_bytes`` from the n−1 peers' windows and
     reduces it, runs the fused computation on its shard (``compute_s``, a roofline time
@@ -734,7 +736,7 @@ def device_kernel_time(
     remote = (nranks - 1) / nranks
     read_s = reduce_bytes * remote / (peer * 1e9)
     write_s = gather_bytes * remote / (peer * 1e9)
-    launch_s = hw.gpu.launch_overhead_us * 1e-6
+    launch_s = (hw.gpu.kernel_gap_us if graph else hw.gpu.launch_overhead_us) * 1e-6
     barrier_s = 2 * hw.device.barrier_us * 1e-6 if nranks > 1 else 0.0
     return DeviceKernelCost(
         time_s=launch_s + barrier_s + read_s + compute_s + write_s,

@@ -111,16 +111,18 @@ _FLOPS = {
 # Cached cost evaluations
 
 
+# Kernels and GEMMs are priced as nodes of the CUDA graph the emitted launcher replays
+# each iteration (docs/cost-model.md, "CUDA graphs"): the GPU-side gap, no host launch.
 @lru_cache(maxsize=65536)
 def _kernel(
     hw: Hardware, flops: float, nbytes: float, dtype: str, c: Contention, launch: bool
 ) -> float:
-    return kernel_time(hw, flops, nbytes, dtype, contention=c, launch=launch)
+    return kernel_time(hw, flops, nbytes, dtype, contention=c, launch=launch, graph=True)
 
 
 @lru_cache(maxsize=65536)
 def _matmul(hw: Hardware, m: int, n: int, k: int, dtype: str, c: Contention) -> float:
-    return matmul_time(hw, m, n, k, dtype, contention=c)
+    return matmul_time(hw, m, n, k, dtype, contention=c, graph=True)
 
 
 @lru_cache(maxsize=65536)
@@ -226,6 +228,7 @@ class DeviceSpec:
             gather_bytes=self.gather_bytes,
             compute_s=compute_s,
             sms=min(hw.gpu.sms, hw.nccl.channels),
+            graph=True,
         )
         return cost.time_s + self.reductions * hw.device.barrier_us * 1e-6
 
