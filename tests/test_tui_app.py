@@ -3,6 +3,7 @@ autosave and robustness."""
 
 from __future__ import annotations
 
+import gc
 import io
 import random
 
@@ -17,6 +18,7 @@ from cocoviz.emit.lower import EmitError
 from cocoviz.tui.app import CocovizApp, ErrorPanel, TeachPanel
 from cocoviz.tui.widgets.code import CodeView
 from cocoviz.tui.widgets.graph import GraphView
+from cocoviz.tui.widgets.history import HistoryList
 from cocoviz.tui.widgets.palette import StepPalette
 from cocoviz.tui.widgets.source import CocoTextArea, SourceEditor
 from cocoviz.tui.widgets.timeline import TimelineView
@@ -121,6 +123,61 @@ async def test_a_failed_step_is_shown_not_raised(tmp_path) -> None:  # type: ign
         await settle(pilot)
         assert app.wb.failed is not None and app.wb.failed.step == "fuse(layer, out)"
         assert app.wb.session is not None and app.wb.position == 0
+
+
+@run_async
+async def test_a_step_redraws_first_and_pauses_the_collector_until_its_timeline(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    app = make_app(tmp_path, "megatron_mlp")
+    async with app.run_test(size=(120, 40)) as pilot:
+        await settle(pilot)
+        assert gc.isenabled()
+        drawn = app.timeline_drawn_at
+        assert app.apply_step("split(sum)")
+        # The simulation starts once the screen is drawn; the collector waits for it.
+        assert not [w for w in app.workers if w.group == "sim"]
+        assert not gc.isenabled()
+        await settle(pilot)
+        assert app.timeline_drawn_at > drawn
+        assert gc.isenabled()
+        await pilot.press("u")  # the unscheduled timeline is kept: nothing to simulate
+        await settle(pilot)
+        assert app.wb.position == 0 and gc.isenabled()
+
+
+def _history_lines(history: HistoryList) -> list[tuple[str | None, str, bool]]:
+    return [(o.id, str(o.prompt), o.disabled) for o in history.options]
+
+
+@run_async
+async def test_the_history_updated_line_by_line_is_the_history_drawn_afresh(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    app = make_app(tmp_path, "megatron_mlp")
+    async with app.run_test(size=(120, 40)) as pilot:
+        await settle(pilot)
+        history = app.query_one(HistoryList)
+        fresh = HistoryList()
+
+        async def check() -> None:
+            await settle(pilot)
+            failed = app.wb.failed
+            shown = (failed.step, history._rows[-1][1][1]) if failed is not None else None
+            fresh.set_options([])
+            fresh._rows = []
+            fresh.show(app.wb.recorded_steps, app.wb.position, shown)
+            assert _history_lines(history) == _history_lines(fresh)
+            assert history.highlighted == app.wb.position
+
+        for step in ("split(sum)", "reorder(sum)", "fuse(sum_rs, out)"):
+            assert app.apply_step(step)
+            await check()
+        await pilot.press("u", "u")
+        await check()
+        assert not app.apply_step("fuse(layer, out)")  # refused: a failed line at the end
+        await check()
+        assert app.apply_step("reorder(sum)")  # a new branch drops the undone steps
+        await check()
+        await pilot.press("u", "u", "u")
+        await check()
+        assert [o.id for o in history.options] == ["h:0", "h:1", "h:2"]
 
 
 @run_async

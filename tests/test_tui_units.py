@@ -136,3 +136,30 @@ def test_a_short_source_is_never_wrapped_on_a_wide_terminal() -> None:
 
     p = plan(120, 39, Needs(48, 36, 5))
     assert not p.wrap and p.source_width == 48 and not p.narrow
+
+
+def test_a_step_lays_out_again_only_the_blocks_it_changed_and_draws_the_same() -> None:
+    from cocoviz.samples.gpt import gpt_stack
+    from cocoviz.schedule import Session
+    from cocoviz.sim.hardware import DEFAULT_PROFILE, load_profile
+    from cocoviz.tui import graph_layout
+
+    program = load_program(gpt_stack(4), "gpt4")
+    session = Session(program, load_profile(DEFAULT_PROFILE))
+    programs = [program]
+    for step in program.schedules[-1].steps:
+        session.apply(str(step))
+        programs.append(session.program)
+    graph_layout._BLOCKS.clear()
+    warm = []
+    for p in programs:
+        before = len(graph_layout._BLOCKS)
+        warm.append(layout_graph(p))
+        if p is not program:  # a step touches one layer of the stack: a few of its blocks
+            assert 0 < len(graph_layout._BLOCKS) - before <= 3
+    for p, d in zip(programs, warm, strict=True):
+        graph_layout._BLOCKS.clear()
+        cold = layout_graph(p)
+        assert (cold.width, cold.height, cold.layers) == (d.width, d.height, d.layers)
+        for y in range(d.height):
+            assert cold.render_row(y, "l1_y", Style()) == d.render_row(y, "l1_y", Style())

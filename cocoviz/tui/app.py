@@ -7,15 +7,18 @@ the timeline and code of each step, the comparison, teach mode and the autosave 
 `cocoviz.workbench.Workbench`, which the app draws. Widgets display what they are
 given and post messages; parsing, simulation and code generation run in workers (the
 workbench's worker-safe methods), and an exception in one is shown in an error panel
-while the app keeps running. The panes are sized by `cocoviz.tui.pane_layout` from the
+while the app keeps running. A step redraws the screen first (graph, steps, history,
+cost); the simulation and the code generation start once it is drawn, and the garbage
+collector waits until the timeline is (`bench/bench_tui.py` times both). The panes are sized by `cocoviz.tui.pane_layout` from the
 terminal's size and their content (docs/architecture.md, layer 9).
 """
 
 from __future__ import annotations
 
+import gc
 import time
 import traceback
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 from textual import on, work
@@ -30,7 +33,7 @@ from textual.worker import Worker, WorkerState
 from cocoviz.emit.emitter import Emitted
 from cocoviz.errors import CocovizError
 from cocoviz.ir.nodes import Program
-from cocoviz.ir.summary import summarize
+from cocoviz.ir.summary import Summary, summarize
 from cocoviz.schedule import StepFailure
 from cocoviz.schedule.tune import SweepResult
 from cocoviz.sim.hardware import DEFAULT_PROFILE, Hardware, load_profile
@@ -153,6 +156,12 @@ class CocovizApp(App[None]):
         self._source_need = pane_layout.source_need(workbench.source.text.splitlines())
         self._scroll_source = False
         """Whether a new selection scrolls the source to its line (not at open)."""
+        self._after_redraw_pending: set[str] = set()
+        """The names of the methods waiting for the next redraw (`_after_redraw`)."""
+        self._gc_paused = False
+        """The garbage collector is paused for a step (`_pause_gc`)."""
+        self._summaries: dict[int, tuple[Program, Summary]] = {}
+        """`summarize` of the programs shown last, by identity."""
 
     @property
     def target(self) -> str:
@@ -289,9 +298,28 @@ class CocovizApp(App[None]):
         self._refresh_palette()
         self._refresh_cost()
         self._refresh_teach()
-        self._start_sim()
+        # The simulation and the code generation start once the screen shows the step: a
+        # worker thread holds the GIL for long stretches, and started before the redraw
+        # it would slow the redraw down several times over. Until then the timeline pane
+        # keeps the previous step's timeline and the cost pane says "simulating…".
+        if self.wb.timelines_to_simulate():
+            self._after_redraw(self._start_sim)
+        else:
+            self._show_timeline()
         if self.query_one(TabbedContent).active == "tab-code":
-            self._start_code()
+            self._after_redraw(self._start_code)
+
+    def _after_redraw(self, work: Callable[[], None]) -> None:
+        """Run `work` once the screen has been redrawn (once, however often asked before)."""
+        if work.__name__ in self._after_redraw_pending:
+            return
+        self._after_redraw_pending.add(work.__name__)
+
+        def run() -> None:
+            self._after_redraw_pending.discard(work.__name__)
+            work()
+
+        self.call_after_refresh(run)
 
     def _refresh_status(self) -> None:
         """The line under the editor: the current step's program (its stages change with
@@ -340,13 +368,36 @@ class CocovizApp(App[None]):
                 cost.show_crossover(result, base.shape_env.get(result.dim))
             return
         cur, base = self.wb.timeline(self.wb.position), self.wb.timeline(0)
+        # While the step is simulated its counts are summarized with it (in the worker),
+        # and the pane shows every figure once, with the timeline.
+        pending = program is not None and cur is None and not self.wb.sim_note
         cost.show(
-            summarize(program) if program is not None else None,
+            self._summary_of(program, compute=not pending),
             cur.figures if cur else None,
             base.figures if base else None,
-            self.wb.sim_note or ("simulating…" if program is not None else ""),
+            self.wb.sim_note,
             self.wb.hw.name,
+            pending=pending,
         )
+
+    def _summary_of(self, program: Program | None, *, compute: bool = True) -> Summary | None:
+        """`summarize(program)`, kept for the programs shown last (undo and redo); None
+        when it is not known yet and not `compute`."""
+        if program is None:
+            return None
+        hit = self._summaries.get(id(program))
+        if hit is not None and hit[0] is program:
+            return hit[1]
+        if not compute:
+            return None
+        summary = summarize(program)
+        self._keep_summary(program, summary)
+        return summary
+
+    def _keep_summary(self, program: Program, summary: Summary) -> None:
+        if len(self._summaries) >= 16:
+            del self._summaries[next(iter(self._summaries))]
+        self._summaries[id(program)] = (program, summary)
 
     @work(thread=True, exclusive=True, group="sweep", exit_on_error=False, description="sweep")
     def _sweep(self, job: SweepJob) -> None:
@@ -363,12 +414,20 @@ class CocovizApp(App[None]):
             self._simulate(todo)
         else:
             self._show_timeline()
+        if self._gc_paused:
+            self._after_redraw(self._resume_gc)
 
     @work(thread=True, exclusive=True, group="sim", exit_on_error=False, description="simulate")
     def _simulate(self, todo: list[Program]) -> None:
-        self.call_from_thread(self._simulated, self.wb.simulate(todo))
+        simulated = self.wb.simulate(todo)
+        summaries = [(p, summarize(p)) for p in todo]  # the cost pane's counts
+        self.call_from_thread(self._simulated, simulated, summaries)
 
-    def _simulated(self, simulated: Simulated[TimelineRows]) -> None:
+    def _simulated(
+        self, simulated: Simulated[TimelineRows], summaries: list[tuple[Program, Summary]]
+    ) -> None:
+        for program, summary in summaries:
+            self._keep_summary(program, summary)
         self.wb.store_timelines(simulated)
         self._show_timeline()
         self._refresh_cost()
@@ -492,6 +551,7 @@ class CocovizApp(App[None]):
     # --- steps -------------------------------------------------------------------------
     def apply_step(self, step: str) -> bool:
         """Apply a step; a failure is shown in the history and a notification."""
+        self._pause_gc()
         if self.wb.session is None:
             self.notify(NO_PROGRAM, severity="warning")
             return False
@@ -508,8 +568,36 @@ class CocovizApp(App[None]):
         return True
 
     def _after_step(self) -> None:
+        self._pause_gc()
         self._refresh_all()
-        self._autosave()
+        self._after_redraw(self._autosave)
+
+    def _pause_gc(self) -> None:
+        """Pause the cyclic garbage collector until the step's screen and timeline are
+        drawn, as Textual pauses it while scrolling: with a large program's history in
+        memory a full collection takes longer than the whole redraw, and it would land on
+        most steps of a large program (the collector counts allocations, and a step
+        allocates many). It runs once the user has the new state."""
+        if not self._gc_paused and gc.isenabled():
+            gc.disable()
+            self._gc_paused = True
+            self._after_redraw(self._resume_gc)
+
+    def _resume_gc(self) -> None:
+        """Resume the collector, unless a simulation is about to start or still runs
+        (`_start_sim` and the simulation's end ask again)."""
+        if "_start_sim" in self._after_redraw_pending:
+            return
+        if self._gc_paused and not any(
+            w.group == "sim" and not w.is_finished for w in self.workers
+        ):
+            self._gc_paused = False
+            gc.enable()
+
+    def on_unmount(self) -> None:
+        if self._gc_paused:
+            self._gc_paused = False
+            gc.enable()
 
     @on(StepPalette.StepChosen)
     def _chosen(self, event: StepPalette.StepChosen) -> None:
@@ -661,6 +749,8 @@ class CocovizApp(App[None]):
 
     # --- workers -----------------------------------------------------------------------
     def on_worker_state_changed(self, event: Worker.StateChanged) -> None:
+        if event.worker.group == "sim" and event.worker.is_finished:
+            self._after_redraw(self._resume_gc)
         if event.state is WorkerState.ERROR:
             err = event.worker.error
             detail = "".join(traceback.format_exception_only(type(err), err)).strip() if err else ""

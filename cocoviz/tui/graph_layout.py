@@ -6,12 +6,15 @@ layer, nodes are ordered by the mean position of their predecessors (two sweeps)
 the members of one group kept side by side. The result is a `GraphDrawing`: node boxes,
 edge cells (a bitmask of up/down/left/right strokes per cell) and group frames, from
 which any row is rendered on demand, so a 500-stage graph costs nothing until it is
-scrolled into view.
+scrolled into view. The layers from one *cut* (a layer of one stage that no edge passes)
+to the next are laid out as a block, kept by what its layout reads (`_Block`): a step
+lays out again only the blocks it changed.
 """
 
 from __future__ import annotations
 
 import bisect
+import functools
 from dataclasses import dataclass, field
 
 from rich.segment import Segment
@@ -126,9 +129,16 @@ class GraphDrawing:
     height: int
     nodes: dict[str, NodeBox]
     frames: list[Frame]
-    strokes: Strokes
+    strokes: list[Strokes]
+    """The edges of each block of layers, each in its own rows (`block_tops`)."""
+    block_tops: list[int]
+    """The drawing's row of each block's first row, ascending."""
     header: str
     layers: list[list[str]] = field(default_factory=list)
+    layer_ys: list[int] = field(default_factory=list)
+    """The top row of each layer's boxes, ascending."""
+    layer_nodes: list[list[NodeBox]] = field(default_factory=list)
+    """The boxes of each layer (so that a row is drawn from the boxes it crosses)."""
 
     def node_at(self, x: int, y: int) -> str | None:
         for n in self.nodes.values():
@@ -154,82 +164,105 @@ class GraphDrawing:
 
     def render_row(self, y: int, selected: str | None, base: Style) -> list[Segment]:
         """Segments for one row of the drawing, `width` cells wide."""
-        chars = [" "] * self.width
-        styles: list[Style] = [base] * self.width
+        width = self.width
+        if width <= 0:
+            return []
+        chars = [" "] * width
+        styles: list[Style] = [base] * width
         for f in self.frames:
             if not f.y0 <= y <= f.y1:
                 continue
-            st = base + Style(color=kind_colour(f.kind), dim=False)
+            st, label_style = _frame_styles(base, f.kind)
             if y in (f.y0, f.y1):
                 left, right = ("╭", "╮") if y == f.y0 else ("╰", "╯")
-                for x in range(f.x0, f.x1 + 1):
-                    chars[x], styles[x] = "┄", st
+                chars[f.x0 : f.x1 + 1] = "┄" * (f.x1 + 1 - f.x0)
+                styles[f.x0 : f.x1 + 1] = [st] * (f.x1 + 1 - f.x0)
                 chars[f.x0], chars[f.x1] = left, right
                 if y == f.y0:
-                    label = f" {f.label} "
-                    for i, ch in enumerate(label[: max(0, f.x1 - f.x0 - 2)]):
-                        chars[f.x0 + 2 + i] = ch
-                        styles[f.x0 + 2 + i] = st + Style(bold=True)
+                    label = f" {f.label} "[: max(0, f.x1 - f.x0 - 2)]
+                    chars[f.x0 + 2 : f.x0 + 2 + len(label)] = label
+                    styles[f.x0 + 2 : f.x0 + 2 + len(label)] = [label_style] * len(label)
             else:
                 chars[f.x0], styles[f.x0] = "┆", st
                 chars[f.x1], styles[f.x1] = "┆", st
-        edge_style = base + Style(color="bright_black")
-        for x, mask in self.strokes.row(y).items():
+        edge_style = _edge_style(base)
+        bi = bisect.bisect_right(self.block_tops, y) - 1
+        masks = self.strokes[bi].row(y - self.block_tops[bi]) if bi >= 0 else {}
+        for x, mask in masks.items():
             chars[x] = "▼" if mask & ARROW else _STROKE.get(mask, "┼")
             styles[x] = edge_style
-        for n in self.nodes.values():
-            if not n.y <= y < n.y + NODE_H:
-                continue
+        li = bisect.bisect_right(self.layer_ys, y) - 1
+        crossed = self.layer_nodes[li] if li >= 0 and y < self.layer_ys[li] + NODE_H else ()
+        for n in crossed:
             sel = n.name == selected
-            color = kind_colour(n.kind)
-            border = base + Style(color=color, bold=sel)
-            text = base + (Style(reverse=True, bold=True) if sel else Style())
+            border, title_style, body_styles = _box_styles(base, n.kind, sel)
             r = y - n.y
             inner = n.w - 2
+            x0, x1 = n.x, n.x + n.w
             if r == 0:
-                line = "┏" + "━" * inner + "┓" if sel else "┌" + "─" * inner + "┐"
                 title = f" {n.name} "[:inner]
-                cells = list(line)
-                for i, ch in enumerate(title):
-                    cells[1 + i] = ch
-                for i, ch in enumerate(cells):
-                    chars[n.x + i] = ch
-                    styles[n.x + i] = border
-                for i in range(len(title)):
-                    styles[n.x + 1 + i] = border + Style(bold=True, reverse=sel)
+                edge = "━" if sel else "─"
+                chars[x0:x1] = (
+                    ("┏" if sel else "┌")
+                    + title
+                    + edge * (inner - len(title))
+                    + ("┓" if sel else "┐")
+                )
+                styles[x0:x1] = [border] * n.w
+                styles[x0 + 1 : x0 + 1 + len(title)] = [title_style] * len(title)
             elif r == NODE_H - 1:
-                line = "┗" + "━" * inner + "┛" if sel else "└" + "─" * inner + "┘"
-                for i, ch in enumerate(line):
-                    chars[n.x + i] = ch
-                    styles[n.x + i] = border
+                chars[x0:x1] = "┗" + "━" * inner + "┛" if sel else "└" + "─" * inner + "┘"
+                styles[x0:x1] = [border] * n.w
             else:
-                body = n.lines[r - 1][:inner].ljust(inner)
                 side = "┃" if sel else "│"
-                chars[n.x], styles[n.x] = side, border
-                chars[n.x + n.w - 1], styles[n.x + n.w - 1] = side, border
-                for i, ch in enumerate(body):
-                    chars[n.x + 1 + i] = ch
-                    styles[n.x + 1 + i] = text + (
-                        Style(color=color, bold=True) if r == 1 else Style(dim=r == 3 and not sel)
-                    )
+                chars[x0:x1] = side + n.lines[r - 1][:inner].ljust(inner) + side
+                styles[x0:x1] = [border, *[body_styles[r - 1]] * inner, border]
         segments: list[Segment] = []
         run_start = 0
-        for x in range(1, self.width + 1):
-            if x == self.width or styles[x] != styles[run_start]:
-                segments.append(Segment("".join(chars[run_start:x]), styles[run_start]))
-                run_start = x
+        run_style = styles[0]
+        for x in range(1, width):
+            st = styles[x]
+            if st is not run_style and st != run_style:
+                segments.append(Segment("".join(chars[run_start:x]), run_style))
+                run_start, run_style = x, st
+        segments.append(Segment("".join(chars[run_start:]), run_style))
         return segments
 
 
-# Node text by stage object: most stages are the same objects before and after a step,
-# so a step on a large program re-describes only the stages it touched.
-_LINES: dict[int, tuple[Stage, int, tuple[str, ...]]] = {}
+@functools.lru_cache(maxsize=1024)
+def _frame_styles(base: Style, kind: str) -> tuple[Style, Style]:
+    """A group frame's style and its label's."""
+    st = base + Style(color=kind_colour(kind), dim=False)
+    return st, st + Style(bold=True)
 
 
-def _node_lines(s: Stage, group: int, stage_names: set[str] | frozenset[str]) -> tuple[str, ...]:
+@functools.lru_cache(maxsize=64)
+def _edge_style(base: Style) -> Style:
+    return base + Style(color="bright_black")
+
+
+@functools.lru_cache(maxsize=1024)
+def _box_styles(base: Style, kind: str, sel: bool) -> tuple[Style, Style, tuple[Style, ...]]:
+    """A box's border, its title and its three lines of text (op, type, detail)."""
+    color = kind_colour(kind)
+    border = base + Style(color=color, bold=sel)
+    text = base + (Style(reverse=True, bold=True) if sel else Style())
+    lines = (text + Style(color=color, bold=True), text + Style(dim=False))
+    return border, border + Style(bold=True, reverse=sel), (*lines, text + Style(dim=not sel))
+
+
+# Node text and width by stage object: most stages are the same objects before and after
+# a step, so a step on a large program re-describes only the stages it touched.
+_LINES: dict[int, tuple[Stage, int, tuple[str, ...], int]] = {}
+
+
+def _node_lines(
+    s: Stage, group: int, stage_names: set[str] | frozenset[str]
+) -> tuple[tuple[str, ...], int]:
+    """A stage's box: its three lines of text and its width."""
     hit = _LINES.get(id(s))
     if hit is not None and hit[0] is s and hit[1] == group:
-        return hit[2]
+        return hit[2], hit[3]
     t = s.ty
     e = s.expr
     if e.rop is not None:
@@ -246,10 +279,11 @@ def _node_lines(s: Stage, group: int, stage_names: set[str] | frozenset[str]) ->
     if inputs:
         detail += " ← " + ",".join(inputs)
     lines = (op, ty, detail)
+    width = min(MAX_NODE_W, max(len(s.name) + 4, *(len(x) + 2 for x in lines)))
     if len(_LINES) > 20000:
         _LINES.clear()
-    _LINES[id(s)] = (s, group, lines)
-    return lines
+    _LINES[id(s)] = (s, group, lines, width)
+    return lines, width
 
 
 def _kinds(program: Program) -> dict[str, str]:
@@ -278,6 +312,30 @@ def _group_frames(program: Program) -> list[tuple[Group, int]]:
     return out
 
 
+@dataclass(frozen=True)
+class _Block:
+    """The layout of a block of layers, in rows counted from its first layer's boxes.
+
+    A *cut* layer holds one stage and no edge passes it, so nothing above it decides the
+    order, the places or the edges below it: the layers from one cut to the next are laid
+    out on their own, and a block a step did not touch is reused as it was (a step
+    changes a few stages of a program of hundreds)."""
+
+    rows: tuple[tuple[str, ...], ...]
+    """The stages of each layer, in drawing order."""
+    boxes: tuple[tuple[str, int, int, int, int], ...]
+    """(stage, x, y, width, layer) of each box."""
+    ys: tuple[int, ...]
+    """The top of each layer's boxes."""
+    height: int
+    width: int
+    strokes: Strokes
+
+
+_BLOCKS: dict[tuple[object, ...], _Block] = {}
+"""Blocks by what their layout reads (`_block_key`)."""
+
+
 def layout_graph(program: Program) -> GraphDrawing:
     """Place every stage and route every stage-to-stage edge."""
     by_layer = layers(program)
@@ -287,22 +345,148 @@ def layout_graph(program: Program) -> GraphDrawing:
     for gi, g in enumerate(program.groups):
         for n in g.stages():
             group_rank[n] = gi
+    by_name = {s.name: s for s in program.stages}
+    stage_names = set(by_name)
+    kinds = _kinds(program)
+    G = program.grid.group
+    contents: dict[str, tuple[str, ...]] = {}
+    widths: dict[str, int] = {}
+    for row in by_layer:
+        for n in row:
+            contents[n], widths[n] = _node_lines(by_name[n], G, stage_names)
 
-    # Dummy slots for edges that skip layers: ("~src>dst", layer).
-    slots: list[list[str]] = [list(row) for row in by_layer]
-    chain: dict[tuple[str, str], list[str]] = {}
-    for dst, srcs in d.items():
-        for src in sorted(srcs):
-            a, b = layer_of[src], layer_of[dst]
-            path = [src]
-            for li in range(a + 1, b):
-                dummy = f"~{src}>{dst}@{li}"
-                slots[li].append(dummy)
-                path.append(dummy)
-            path.append(dst)
-            chain[(src, dst)] = path
+    # The edges in the order they are routed; the cut layers; each edge's block (its
+    # source's).
+    edges = [(src, dst) for dst, srcs in d.items() for src in sorted(srcs)]
+    passed = [False] * len(by_layer)
+    for src, dst in edges:
+        for li in range(layer_of[src] + 1, layer_of[dst]):
+            passed[li] = True
+    starts = [0] + [
+        li for li in range(1, len(by_layer)) if len(by_layer[li]) == 1 and not passed[li]
+    ]
+    block_of_layer: list[int] = []
+    for bi, first in enumerate(starts):
+        end = starts[bi + 1] if bi + 1 < len(starts) else len(by_layer)
+        block_of_layer += [bi] * (end - first)
+    block_edges: list[list[tuple[str, str]]] = [[] for _ in starts]
+    for src, dst in edges:
+        block_edges[block_of_layer[layer_of[src]]].append((src, dst))
+
+    blocks: list[_Block] = []
+    for bi, first in enumerate(starts):
+        end = starts[bi + 1] if bi + 1 < len(starts) else len(by_layer)
+        rows = tuple(tuple(by_layer[li]) for li in range(first, end))
+        cut = by_layer[end][0] if end < len(by_layer) else None
+        key = _block_key(rows, block_edges[bi], cut, widths, group_rank)
+        block = _BLOCKS.get(key)
+        if block is None:
+            block = _layout_block(rows, block_edges[bi], cut, widths, group_rank)
+            if len(_BLOCKS) > 4000:
+                _BLOCKS.clear()
+            _BLOCKS[key] = block
+        blocks.append(block)
+
+    top = 2  # header line and a blank row
+    nodes: dict[str, NodeBox] = {}
+    layer_ys: list[int] = []
+    layer_nodes: list[list[NodeBox]] = []
+    tops: list[int] = []
+    width = 0
+    y0 = top
+    for bi, block in enumerate(blocks):
+        first = starts[bi]
+        tops.append(y0)
+        layer_ys += [y0 + y for y in block.ys]
+        row_nodes: list[list[NodeBox]] = [[] for _ in block.rows]
+        for n, x, y, w, li in block.boxes:
+            box = NodeBox(n, kinds[n], x, y0 + y, w, contents[n], first + li)
+            nodes[n] = box
+            row_nodes[li].append(box)
+        layer_nodes += row_nodes
+        width = max(width, block.width)
+        y0 += block.height
+    height = y0
+
+    frames: list[Frame] = []
+    for g, depth in _group_frames(program):
+        members = [nodes[n] for n in g.stages() if n in nodes]
+        if not members:
+            continue
+        pad = 2 - min(depth, 1)
+        x0 = min(m.x for m in members) - pad
+        x1 = max(m.x + m.w for m in members) + pad - 1
+        fy0 = min(m.y for m in members) - 2 + depth
+        fy1 = max(m.y for m in members) + NODE_H + 1 - depth
+        label = g.kind.value if g.kind is GroupKind.FUSED else f"overlapped ×{g.chunks}"
+        frames.append(Frame(label, g.kind.value, max(0, x0), max(0, fy0), x1, fy1))
+        width = max(width, x1 + 2)
+
+    red = {n for n, _ in implicit_reductions(program)}
+    header = f"{program.name}: {len(program.stages)} stages on {program.grid.world} ranks" + (
+        f"; implicit reductions in {', '.join(sorted(red))}" if red else ""
+    )
+    width = max(width, len(header) + 2)
+    return GraphDrawing(
+        width=width,
+        height=height,
+        nodes=nodes,
+        frames=frames,
+        strokes=[b.strokes for b in blocks],
+        block_tops=tops,
+        header=header,
+        layers=[list(row) for b in blocks for row in b.rows],
+        layer_ys=layer_ys,
+        layer_nodes=layer_nodes,
+    )
+
+
+def _block_key(
+    rows: tuple[tuple[str, ...], ...],
+    edges: list[tuple[str, str]],
+    cut: str | None,
+    widths: dict[str, int],
+    group_rank: dict[str, int],
+) -> tuple[object, ...]:
+    """What a block's layout reads: its stages, their widths and which of them share a
+    group (the group's number within the block), its edges, and the next cut's stage."""
+    local: dict[int, int] = {}
+    facts = tuple(
+        (widths[n], local.setdefault(group_rank[n], len(local)) if n in group_rank else -1)
+        for row in rows
+        for n in row
+    )
+    return (rows, tuple(edges), cut, widths[cut] if cut is not None else 0, facts)
+
+
+def _layout_block(
+    rows: tuple[tuple[str, ...], ...],
+    edges: list[tuple[str, str]],
+    cut: str | None,
+    widths: dict[str, int],
+    group_rank: dict[str, int],
+) -> _Block:
+    """Lay out the layers `rows` (the edges from their stages, into the next cut's stage
+    `cut` at the most), as if the whole program were laid out: the cut's stage alone in
+    its layer is at position 0 and at x 2."""
+    layer_of = {n: i for i, row in enumerate(rows) for n in row}
+    if cut is not None:
+        layer_of[cut] = len(rows)
+
+    # Dummy slots for edges that skip layers: ("~src>dst@layer").
+    slots: list[list[str]] = [list(row) for row in rows]
+    chain: list[list[str]] = []
+    for src, dst in edges:
+        a, b = layer_of[src], layer_of[dst]
+        path = [src]
+        for li in range(a + 1, b):
+            dummy = f"~{src}>{dst}@{li}"
+            slots[li].append(dummy)
+            path.append(dummy)
+        path.append(dst)
+        chain.append(path)
     preds: dict[str, list[str]] = {}
-    for path in chain.values():
+    for path in chain:
         for u, v in zip(path, path[1:], strict=False):
             preds.setdefault(v, []).append(u)
     succs: dict[str, list[str]] = {}
@@ -310,24 +494,14 @@ def layout_graph(program: Program) -> GraphDrawing:
         for u in us:
             succs.setdefault(u, []).append(v)
 
-    widths: dict[str, int] = {}
-    contents: dict[str, tuple[str, ...]] = {}
-    by_name = {s.name: s for s in program.stages}
-    stage_names = set(by_name)
-    kinds = _kinds(program)
-    G = program.grid.group
-    for row in by_layer:
-        for n in row:
-            lines = _node_lines(by_name[n], G, stage_names)
-            contents[n] = lines
-            widths[n] = min(MAX_NODE_W, max(len(n) + 4, *(len(x) + 2 for x in lines)))
+    outside = {cut: 0.0} if cut is not None else {}
 
-    def order_pass(rows: list[list[str]], neighbours: dict[str, list[str]]) -> None:
-        pos: dict[str, float] = {}
-        for row in rows:
+    def order_pass(order: list[list[str]], neighbours: dict[str, list[str]]) -> None:
+        pos: dict[str, float] = dict(outside)
+        for row in order:
             for i, n in enumerate(row):
                 pos[n] = i
-        for row in rows:
+        for row in order:
             keys: dict[str, tuple[float, float]] = {}
             for n in row:
                 ns = [pos[m] for m in neighbours.get(n, []) if m in pos]
@@ -361,40 +535,41 @@ def layout_graph(program: Program) -> GraphDrawing:
             w = DUMMY_W if n.startswith("~") else widths[n]
             xs[n] = x + w // 2
             x += w + COL_GAP
+    if cut is not None:
+        xs[cut] = 2 + widths[cut] // 2
     buses: list[dict[str, int]] = [{} for _ in slots]
-    for path in chain.values():
+    for path in chain:
         for u, v in zip(path, path[1:], strict=False):
             if xs[u] != xs[v]:
                 b = buses[layer_index(u)]
                 b.setdefault(u, len(b))
-    top = 2  # header line and a blank row
     ys: list[int] = []
-    y = top
+    y = 0
     for li in range(len(slots)):
         ys.append(y)
         y += NODE_H + 3 + max(1, len(buses[li]))
     height = y
+    ys_next = [*ys[1:], height]  # the top of the next layer's boxes (the cut's, last)
 
-    nodes: dict[str, NodeBox] = {}
+    boxes: list[tuple[str, int, int, int, int]] = []
     width = 0
     for li, row in enumerate(slots):
         for n in row:
             if not n.startswith("~"):
                 w = widths[n]
-                nodes[n] = NodeBox(n, kinds[n], xs[n] - w // 2, ys[li], w, contents[n], li)
+                boxes.append((n, xs[n] - w // 2, ys[li], w, li))
         width = max(width, max((xs[n] + widths.get(n, 1) for n in row), default=0) + COL_GAP)
 
-    strokes = Strokes([0] + [y - 1 for y in ys[1:]])
+    strokes = Strokes([-1] + [y - 1 for y in ys[1:]])
     vline, hline = strokes.vline, strokes.hline
-
-    for path in chain.values():
+    for path in chain:
         for u, v in zip(path, path[1:], strict=False):
             lu = layer_index(u)
             if u.startswith("~"):
                 # A dummy slot: a straight vertical through the node band.
                 vline(xs[u], ys[lu] - 1, ys[lu] + NODE_H)
             y_from = ys[lu] + NODE_H
-            y_to = ys[lu + 1] - 1
+            y_to = ys_next[lu] - 1
             if xs[u] == xs[v]:
                 vline(xs[u], y_from, y_to)
             else:
@@ -404,32 +579,11 @@ def layout_graph(program: Program) -> GraphDrawing:
                 vline(xs[v], bus, y_to)
             if not v.startswith("~"):
                 strokes.arrow(xs[v], y_to)
-
-    frames: list[Frame] = []
-    for g, depth in _group_frames(program):
-        members = [nodes[n] for n in g.stages() if n in nodes]
-        if not members:
-            continue
-        pad = 2 - min(depth, 1)
-        x0 = min(m.x for m in members) - pad
-        x1 = max(m.x + m.w for m in members) + pad - 1
-        y0 = min(m.y for m in members) - 2 + depth
-        y1 = max(m.y for m in members) + NODE_H + 1 - depth
-        label = g.kind.value if g.kind is GroupKind.FUSED else f"overlapped ×{g.chunks}"
-        frames.append(Frame(label, g.kind.value, max(0, x0), max(0, y0), x1, y1))
-        width = max(width, x1 + 2)
-
-    red = {n for n, _ in implicit_reductions(program)}
-    header = f"{program.name}: {len(program.stages)} stages on {program.grid.world} ranks" + (
-        f"; implicit reductions in {', '.join(sorted(red))}" if red else ""
-    )
-    width = max(width, len(header) + 2)
-    return GraphDrawing(
-        width=width,
+    return _Block(
+        rows=tuple(tuple(n for n in row if not n.startswith("~")) for row in slots),
+        boxes=tuple(boxes),
+        ys=tuple(ys),
         height=height,
-        nodes=nodes,
-        frames=frames,
+        width=width,
         strokes=strokes,
-        header=header,
-        layers=[[n for n in row if not n.startswith("~")] for row in slots],
     )

@@ -26,6 +26,9 @@ class CostSummary(Static):
     compact = False
     """Three lines at most (set by the app on small terminals)."""
 
+    _height = -1
+    """The lines of what is shown (-1: not measured)."""
+
     def show(
         self,
         summary: Summary | None,
@@ -33,9 +36,14 @@ class CostSummary(Static):
         base: CostFigures | None,
         note: str = "",
         hw: str = "",
+        *,
+        pending: bool = False,
     ) -> None:
+        """`pending`: the figures (and the counts, when `summary` is None) are being
+        computed: their rows are kept, each value `…`, so that the pane keeps its height
+        and the panes below it stay put."""
         if self.compact:
-            self.update(self._compact(summary, figures, base, note))
+            self._set(self._compact(summary, figures, base, note, pending))
             return
         t = Table.grid(padding=(0, 1))
         t.add_column(style="dim")
@@ -52,8 +60,17 @@ class CostSummary(Static):
                 t.add_row("overlap", f"{figures.overlap_fraction:.0%}")
             for w in figures.warnings[:3]:
                 t.add_row(Text("warning", style="yellow"), Text(w, style="yellow"))
+        elif pending:
+            t.add_row("makespan", Text("simulating…", style="italic"))
+            if base is not None:
+                t.add_row("speedup", "…")
+            t.add_row("exposed comm", "…")
+            t.add_row("overlap", "…")
         elif note:
             t.add_row("model", Text(note, style="italic"))
+        if summary is None and pending:
+            t.add_row("sends/rank", "…")
+            t.add_row("stages", "…")
         if summary is not None:
             t.add_row("sends/rank", format_bytes(summary.sent_per_rank))
             t.add_row(
@@ -63,23 +80,22 @@ class CostSummary(Static):
             )
         if hw:
             t.add_row("hardware", hw)
-        self.update(t)
+        self._set(t)
 
     def show_crossover(self, result: SweepResult | str | None, current: int | None) -> None:
         """The sweep (`current`: the program's own size, marked), why there is none, or
         that it is running (None)."""
         if result is None or isinstance(result, str):
-            self.update(Text(result or "sweeping sizes…", style="italic"))
+            self._set(Text(result or "sweeping sizes…", style="italic"))
             return
         lines = [
-            f"{_name(c.winner)} beats {_name(c.loser)} "
-            f"from {result.dim} = {_size(c.value)}"
+            f"{_name(c.winner)} beats {_name(c.loser)} from {result.dim} = {_size(c.value)}"
             for c in result.crossovers
         ]
         if not lines and result.points:
             lines = [f"{_name(result.points[0].winner)} is fastest at every size"]
         if self.compact:
-            self.update(Text("\n".join(lines[:3])))
+            self._set(Text("\n".join(lines[:3])))
             return
         t = Table.grid(padding=(0, 1))
         t.add_column(justify="right", no_wrap=True)
@@ -97,14 +113,35 @@ class CostSummary(Static):
                 Text(format_time(pt.time_of(pt.winner)), style=style),
                 Text(f"{speed:.2f}×", style="green" if speed > 1.0001 else "dim"),
             )
-        self.update(Group(t, Text("\n".join(lines), style="bold")))
+        self._set(Group(t, Text("\n".join(lines), style="bold")))
+
+    def _set(self, content: Table | Group | Text) -> None:
+        """Show `content`; the screen is laid out again only when its height changed
+        (a new layout also redraws every scrollbar on the screen)."""
+        width = self.content_size.width
+        height = -1
+        if width > 0:  # counted as Textual counts it for a layout
+            console = self.app.console
+            options = console.options.update_width(width).update(highlight=False)
+            height = sum(text.count("\n") for text, _, _ in console.render(content, options))
+        self.update(content, layout=height < 0 or height != self._height)
+        self._height = height
 
     @staticmethod
     def _compact(
-        summary: Summary | None, figures: CostFigures | None, base: CostFigures | None, note: str
+        summary: Summary | None,
+        figures: CostFigures | None,
+        base: CostFigures | None,
+        note: str,
+        pending: bool,
     ) -> Text:
         out = Text()
-        if figures is None:
+        if figures is None and pending:
+            out.append("makespan ", style="dim")
+            out.append("simulating…", style="italic")
+            out.append("\nexposed comm ", style="dim")
+            out.append("…")
+        elif figures is None:
             out.append(note or "no figures", style="italic")
         else:
             out.append("makespan ", style="dim")

@@ -9,14 +9,16 @@ from textual.binding import Binding
 from textual.geometry import Region, Size
 from textual.message import Message
 from textual.reactive import reactive
-from textual.scroll_view import ScrollView
 from textual.strip import Strip
 
 from cocoviz.ir.nodes import Program
 from cocoviz.tui.graph_layout import NODE_H, GraphDrawing, layout_graph
+from cocoviz.tui.widgets.steady import SteadyScrollbars
+
+DRAWINGS_KEPT = 16
 
 
-class GraphView(ScrollView, can_focus=True):
+class GraphView(SteadyScrollbars, can_focus=True):
     """Draws a program's dataflow graph; arrows move the selection, enter confirms it."""
 
     BINDINGS = [
@@ -45,10 +47,18 @@ class GraphView(ScrollView, can_focus=True):
         self.drawing: GraphDrawing | None = None
         self.message_text = "no program yet"
         self._cache: dict[int, list[Segment]] = {}
+        self._program: Program | None = None
+        self._base: Style | None = None
+        """The widget's `rich_style` (until its styles change)."""
+        self._drawings: dict[int, tuple[Program, GraphDrawing]] = {}
+        """The drawings of the programs shown last, by identity (undo and redo)."""
 
     def show(self, program: Program | None, message: str = "") -> None:
         """Draw `program` (None: show `message` instead)."""
-        self.drawing = layout_graph(program) if program is not None else None
+        if program is not None and program is self._program:
+            return
+        self._program = program
+        self.drawing = self._drawing(program) if program is not None else None
         self.message_text = message
         self._cache.clear()
         if self.drawing is not None:
@@ -56,6 +66,16 @@ class GraphView(ScrollView, can_focus=True):
         else:
             self.virtual_size = Size(len(message) + 2, 2)
         self.refresh()
+
+    def _drawing(self, program: Program) -> GraphDrawing:
+        hit = self._drawings.get(id(program))
+        if hit is not None and hit[0] is program:
+            return hit[1]
+        drawing = layout_graph(program)
+        if len(self._drawings) >= DRAWINGS_KEPT:
+            del self._drawings[next(iter(self._drawings))]
+        self._drawings[id(program)] = (program, drawing)
+        return drawing
 
     def watch_selected(self, name: str | None) -> None:
         self._cache.clear()
@@ -69,10 +89,17 @@ class GraphView(ScrollView, can_focus=True):
         n = self.drawing.nodes[name]
         self.scroll_to_region(Region(n.x, n.y, n.w, NODE_H), animate=False, spacing=None)
 
+    def notify_style_update(self) -> None:
+        self._base = None
+        self._cache.clear()
+        super().notify_style_update()
+
     def render_line(self, y: int) -> Strip:
         scroll_x, scroll_y = self.scroll_offset
         width = self.size.width
-        base = self.rich_style
+        base = self._base
+        if base is None:  # `rich_style` walks the ancestors' styles: once, not per line
+            base = self._base = self.rich_style
         if self.drawing is None:
             text = self.message_text if y == 0 else ""
             return Strip([Segment(text.ljust(width), base + Style(italic=True))]).crop(0, width)

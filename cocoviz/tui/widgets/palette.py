@@ -9,6 +9,7 @@ from textual.widgets import OptionList
 from textual.widgets.option_list import Option
 
 from cocoviz.schedule import PaletteEntry
+from cocoviz.tui.widgets.steady import SteadyOptionList
 
 
 def _label(e: PaletteEntry) -> tuple[tuple[str, str], ...]:
@@ -18,7 +19,7 @@ def _label(e: PaletteEntry) -> tuple[tuple[str, str], ...]:
     return ((e.shown, "bold"),)
 
 
-class StepPalette(OptionList):
+class StepPalette(SteadyOptionList):
     """Legal steps first, keyed 1–9; illegal ones dimmed with the reason."""
 
     DEFAULT_CSS = """

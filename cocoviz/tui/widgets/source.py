@@ -10,13 +10,14 @@ from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Vertical
 from textual.message import Message
-from textual.reactive import reactive
+from textual.reactive import reactive, var
 from textual.timer import Timer
 from textual.widgets import Static, TextArea
 from textual.widgets.text_area import TextAreaTheme
 
 from cocoviz.errors import Diagnostic
 from cocoviz.tui.highlight import lex_line
+from cocoviz.tui.widgets.steady import SteadyScrollbars
 
 REPARSE_DELAY = 0.4  # seconds of quiet typing before the text is parsed again
 
@@ -38,7 +39,7 @@ COCO_THEME = TextAreaTheme(
 )
 
 
-class CocoTextArea(TextArea):
+class CocoTextArea(TextArea, SteadyScrollbars):
     """A TextArea that highlights `.coco` by regular expressions and marks error spans."""
 
     BINDINGS = [
@@ -66,9 +67,22 @@ class CocoTextArea(TextArea):
         self._build_highlight_map()
         self.refresh()
 
-    def watch_selected_line(self) -> None:
-        self._build_highlight_map()
-        self.refresh()
+    def watch_selected_line(self, old: int | None, new: int | None) -> None:
+        # Only the two lines change: the highlight map is not rebuilt (a long source
+        # re-lexes nothing, but walks every line) and only their rows are redrawn.
+        highlights = self._highlights
+        lines = self.document.line_count
+        if old is not None and 0 < old <= lines:
+            highlights[old - 1] = [h for h in highlights[old - 1] if h[2] != "selected"]
+        if new is not None and 0 < new <= lines:
+            highlights[new - 1].insert(0, (0, None, "selected"))
+        self._line_cache.clear()
+        if self.soft_wrap:
+            self.refresh()
+            return
+        for line in (old, new):
+            if line is not None and 0 < line <= lines:
+                self.refresh_line(line - 1)
 
     def _build_highlight_map(self) -> None:
         self._line_cache.clear()
@@ -123,13 +137,15 @@ class SourceEditor(Vertical):
     SourceEditor > #diagnostic.-ok { color: $text-muted; }
     """
 
-    diagnostics: reactive[tuple[Diagnostic, ...]] = reactive((), init=False)
+    # `var`: a change redraws the panel under the editor (and the editor's marks), not
+    # the whole pane.
+    diagnostics: var[tuple[Diagnostic, ...]] = var((), init=False)
     """The diagnostics of the latest parse; empty when it succeeded."""
 
-    status: reactive[str] = reactive("", init=False)
+    status: var[str] = var("", init=False)
     """One line shown when there is no diagnostic (what was parsed)."""
 
-    selected_line: reactive[int | None] = reactive(None, init=False)
+    selected_line: var[int | None] = var(None, init=False)
 
     class Edited(Message):
         """The text changed and the user paused typing."""
@@ -150,6 +166,8 @@ class SourceEditor(Vertical):
         self._initial = text
         self._timer: Timer | None = None
         self._cursor_line = 0
+        self._status_width = -1
+        """The cells of the status line shown (-1: the panel shows diagnostics)."""
 
     def compose(self) -> ComposeResult:
         yield CocoTextArea(self._initial, show_line_numbers=True, soft_wrap=False, id="editor")
@@ -201,10 +219,17 @@ class SourceEditor(Vertical):
             panel.update(out)
             panel.set_class(True, "-error")
             panel.set_class(False, "-ok")
+            self._status_width = -1
         else:
-            panel.update(Text(self.status))
+            status = Text(self.status)
+            # One status line for another, both fitting the panel: its height stays, so
+            # the screen needs no new layout (the step → screen path).
+            room = panel.content_size.width
+            same = 0 <= self._status_width <= room and status.cell_len <= room
+            panel.update(status, layout=not same)
             panel.set_class(False, "-error")
             panel.set_class(True, "-ok")
+            self._status_width = status.cell_len
 
     @on(TextArea.Changed)
     def _changed(self, event: TextArea.Changed) -> None:

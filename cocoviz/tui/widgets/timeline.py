@@ -11,12 +11,12 @@ from textual.binding import Binding
 from textual.geometry import Size
 from textual.message import Message
 from textual.reactive import reactive
-from textual.scroll_view import ScrollView
 from textual.strip import Strip
 
 from cocoviz.style import kind_colour
 from cocoviz.timefmt import format_time
 from cocoviz.tui.timeline_rows import Bar, Row, TimelineRows, axis_labels, render_bars
+from cocoviz.tui.widgets.steady import SteadyScrollbars
 
 GUTTER = 14
 HEADER = 2  # the axis and the details line (more when the details wrap)
@@ -24,7 +24,7 @@ MAX_DETAIL_LINES = 3
 AXIS_TAIL = 8
 
 
-class TimelineView(ScrollView, can_focus=True):
+class TimelineView(SteadyScrollbars, can_focus=True):
     """Bars per rank and stream; left/right move the time cursor, up/down the row."""
 
     BINDINGS = [
