@@ -62,6 +62,8 @@ def _overlap_warnings(
 ) -> list[SimWarning]:
     k = g.chunks or 1
     key = (
+        ctx.hw,
+        ctx.collectives,
         tuple(
             (op.spec, op.stream, op.kind, op.pstage, op.dest) for op in lower_overlap(ctx, g, 1)[0]
         ),
@@ -70,6 +72,8 @@ def _overlap_warnings(
     times = cache.get(key)
     if times is None:
         times = chunk_times(ctx, g, (*CHUNK_CANDIDATES, k))
+        while len(cache) >= _CHUNK_TIMES_KEPT:
+            cache.pop(next(iter(cache)), None)
         cache[key] = times
     if k not in times or 1 not in times:
         return []
@@ -252,10 +256,17 @@ def _merge_alike(found: list[SimWarning]) -> list[SimWarning]:
     return out
 
 
+# The chunk times of overlapped groups, by what decides them (hardware, collectives mode,
+# the group's operations, its chunk count): the same group in the next step of a schedule,
+# or in another layer of a stack, is not simulated again.
+_CHUNK_TIMES: dict[object, dict[int, float]] = {}
+_CHUNK_TIMES_KEPT = 4096
+
+
 def schedule_warnings(ctx: Context, summary: Summary) -> list[SimWarning]:
     """Every warning for a simulated program."""
     out: list[SimWarning] = []
-    cache: dict[object, dict[int, float]] = {}
+    cache = _CHUNK_TIMES
     rs_cache: dict[object, list[SimWarning]] = {}
     grouped: dict[str, Group] = {}
     for g in ctx.program.groups:
