@@ -135,6 +135,7 @@ def load_args_program(args: argparse.Namespace):  # type: ignore[no-untyped-def]
         raise InputError(f"{args.file}: no such file", hint=_file_hint(args.file))
     if getattr(args, "hw", None):
         args_hardware(args)  # a bad profile is reported before the program is read
+    collecting = gc.isenabled()
     gc.disable()
     try:
         return load_file(path, defines, ranks)
@@ -143,7 +144,8 @@ def load_args_program(args: argparse.Namespace):  # type: ignore[no-untyped-def]
         # for the rest of the command, which only allocates new objects around it
         # (`main` hands it back at the end).
         gc.freeze()
-        gc.enable()
+        if collecting:
+            gc.enable()
 
 
 def args_hardware(args: argparse.Namespace) -> Hardware:
