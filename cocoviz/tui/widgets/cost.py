@@ -80,7 +80,9 @@ class CostSummary(Static):
             )
         if hw:
             t.add_row("hardware", hw)
-        self._set(t)
+        # pending: no shorter than what it replaces (the figures' warning rows come back
+        # with the figures), so the pane is not laid out twice per step
+        self._set(t, keep_height=pending)
 
     def show_crossover(self, result: SweepResult | str | None, current: int | None) -> None:
         """The sweep (`current`: the program's own size, marked), why there is none, or
@@ -115,15 +117,19 @@ class CostSummary(Static):
             )
         self._set(Group(t, Text("\n".join(lines), style="bold")))
 
-    def _set(self, content: Table | Group | Text) -> None:
+    def _set(self, content: Table | Group | Text, *, keep_height: bool = False) -> None:
         """Show `content`; the screen is laid out again only when its height changed
-        (a new layout also redraws every scrollbar on the screen)."""
+        (a new layout also redraws every scrollbar on the screen). `keep_height`: blank
+        lines below it keep the pane at least as tall as it is."""
         width = self.content_size.width
         height = -1
         if width > 0:  # counted as Textual counts it for a layout
             console = self.app.console
             options = console.options.update_width(width).update(highlight=False)
             height = sum(text.count("\n") for text, _, _ in console.render(content, options))
+            if keep_height and 0 <= height < self._height:
+                content = Group(content, Text("\n" * (self._height - height - 1)))
+                height = self._height
         self.update(content, layout=height < 0 or height != self._height)
         self._height = height
 
