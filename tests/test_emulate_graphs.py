@@ -128,7 +128,8 @@ def test_emulation_refuses_what_cuda_refuses_during_capture(
         "ncclCommWindowRegister",
         "relaxed",
     ):
-        assert res.stdout.count(f"ok {rule}\n") == 2, f"{rule}:\n{res.stdout}{res.stderr}"
+        # both ranks' lines, which mpiexec may forward interleaved ("ok xok x\n\n")
+        assert res.stdout.count(f"ok {rule}") == 2, f"{rule}:\n{res.stdout}{res.stderr}"
     assert (
         "stream capture invalidated: cudaMalloc is not allowed while a stream captures"
         in res.stderr
