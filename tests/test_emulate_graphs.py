@@ -149,7 +149,10 @@ def test_graph_launch_checks_what_a_direct_run_checks(
     assert res.stdout.count("captured") == 2, res.stdout + res.stderr
     assert caught_by in res.stderr, res.stderr
     if what == "hazard":  # both accesses named at their capture's call sites
-        assert "emu_capture.cu:191" in res.stderr and "emu_capture.cu:193" in res.stderr
+        lines = PROGRAM.read_text().splitlines()
+        copy = 1 + lines.index("  COCOVIZ_LAUNCH(copy, 1, 32, 0, w.s2)(y, w.x, kN);")
+        add = 1 + next(i for i, t in enumerate(lines) if "before the join: unordered" in t)
+        assert f"emu_capture.cu:{copy}" in res.stderr and f"emu_capture.cu:{add}" in res.stderr
 
 
 def test_manifest_says_the_scheduled_iteration_is_a_graph() -> None:

@@ -182,16 +182,9 @@ void rules(World& w) {
 }
 
 // s2 writes y while s reads it: both are in the graph, and nothing orders them.
-void hazard(World& w) {
-  float* y = nullptr;
-  expect(cudaMalloc(&y, sizeof(float) * kN) == cudaSuccess, "cudaMalloc");
-  expect(cudaStreamBeginCapture(w.s, cudaStreamCaptureModeGlobal) == cudaSuccess, "begin");
-  expect(cudaEventRecord(w.fork, w.s) == cudaSuccess, "record fork");
-  expect(cudaStreamWaitEvent(w.s2, w.fork, 0) == cudaSuccess, "fork");
-  COCOVIZ_LAUNCH(copy, 1, 32, 0, w.s2)(y, w.x, kN);
-  expect(cudaEventRecord(w.join, w.s2) == cudaSuccess, "record join");
-  COCOVIZ_LAUNCH(add_one, 1, 32, 0, w.s)(y, kN);  // before the join: unordered with the copy
-  expect(cudaStreamWaitEvent(w.s, w.join, 0) == cudaSuccess, "join");
+// Ends w.s's capture, says "captured" (a problem found later is the launch's), launches
+// the graph and waits for it.
+void end_capture_and_launch(World& w) {
   cudaGraph_t g = nullptr;
   expect(cudaStreamEndCapture(w.s, &g) == cudaSuccess, "end");
   cudaGraphExec_t exec = nullptr;
@@ -202,17 +195,23 @@ void hazard(World& w) {
   expect(cudaStreamSynchronize(w.s) == cudaSuccess, "sync");
 }
 
+void hazard(World& w) {
+  float* y = nullptr;
+  expect(cudaMalloc(&y, sizeof(float) * kN) == cudaSuccess, "cudaMalloc");
+  expect(cudaStreamBeginCapture(w.s, cudaStreamCaptureModeGlobal) == cudaSuccess, "begin");
+  expect(cudaEventRecord(w.fork, w.s) == cudaSuccess, "record fork");
+  expect(cudaStreamWaitEvent(w.s2, w.fork, 0) == cudaSuccess, "fork");
+  COCOVIZ_LAUNCH(copy, 1, 32, 0, w.s2)(y, w.x, kN);
+  expect(cudaEventRecord(w.join, w.s2) == cudaSuccess, "record join");
+  COCOVIZ_LAUNCH(add_one, 1, 32, 0, w.s)(y, kN);  // before the join: unordered with the copy
+  expect(cudaStreamWaitEvent(w.s, w.join, 0) == cudaSuccess, "join");
+  end_capture_and_launch(w);
+}
+
 void mismatch(World& w) {
   expect(cudaStreamBeginCapture(w.s, cudaStreamCaptureModeGlobal) == cudaSuccess, "begin");
   expect(ncclAllReduce(w.x, w.x, kN - g_rank, ncclFloat, ncclSum, w.comm, w.s) == ncclSuccess, "captured");
-  cudaGraph_t g = nullptr;
-  expect(cudaStreamEndCapture(w.s, &g) == cudaSuccess, "end");
-  cudaGraphExec_t exec = nullptr;
-  expect(cudaGraphInstantiate(&exec, g, 0) == cudaSuccess, "instantiate");
-  std::printf("captured\n");
-  std::fflush(stdout);
-  expect(cudaGraphLaunch(exec, w.s) == cudaSuccess, "launch");
-  expect(cudaStreamSynchronize(w.s) == cudaSuccess, "sync");
+  end_capture_and_launch(w);
 }
 
 }  // namespace
