@@ -57,9 +57,14 @@ def chunk_times(
     return out
 
 
-def _overlap_warnings(
-    ctx: Context, g: Group, cache: dict[object, dict[int, float]]
-) -> list[SimWarning]:
+# The chunk times of overlapped groups, by what decides them (hardware, collectives mode,
+# the group's operations, its chunk count): the same group in the next step of a schedule,
+# or in another layer of a stack, is not simulated again.
+_CHUNK_TIMES: dict[object, dict[int, float]] = {}
+_CHUNK_TIMES_KEPT = 4096
+
+
+def _overlap_warnings(ctx: Context, g: Group) -> list[SimWarning]:
     k = g.chunks or 1
     key = (
         ctx.hw,
@@ -69,12 +74,12 @@ def _overlap_warnings(
         ),
         k,
     )
-    times = cache.get(key)
+    times = _CHUNK_TIMES.get(key)
     if times is None:
         times = chunk_times(ctx, g, (*CHUNK_CANDIDATES, k))
-        while len(cache) >= _CHUNK_TIMES_KEPT:
-            cache.pop(next(iter(cache)), None)
-        cache[key] = times
+        while len(_CHUNK_TIMES) >= _CHUNK_TIMES_KEPT:
+            _CHUNK_TIMES.pop(next(iter(_CHUNK_TIMES)), None)
+        _CHUNK_TIMES[key] = times
     if k not in times or 1 not in times:
         return []
     step = overlap_step(g)
@@ -256,22 +261,14 @@ def _merge_alike(found: list[SimWarning]) -> list[SimWarning]:
     return out
 
 
-# The chunk times of overlapped groups, by what decides them (hardware, collectives mode,
-# the group's operations, its chunk count): the same group in the next step of a schedule,
-# or in another layer of a stack, is not simulated again.
-_CHUNK_TIMES: dict[object, dict[int, float]] = {}
-_CHUNK_TIMES_KEPT = 4096
-
-
 def schedule_warnings(ctx: Context, summary: Summary) -> list[SimWarning]:
     """Every warning for a simulated program."""
     out: list[SimWarning] = []
-    cache = _CHUNK_TIMES
     rs_cache: dict[object, list[SimWarning]] = {}
     grouped: dict[str, Group] = {}
     for g in ctx.program.groups:
         if g.kind is GroupKind.OVERLAPPED:
-            out += _overlap_warnings(ctx, g, cache)
+            out += _overlap_warnings(ctx, g)
             for it in g.items:
                 if isinstance(it, Group):
                     for n in it.stages():
