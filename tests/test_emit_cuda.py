@@ -1,7 +1,8 @@
-"""The CUDA target compiles and links, for sm_80 and sm_90 in one nvcc invocation per
-file, against NCCL, cuBLAS and MPI from the wheels, warning-free under -Wall, for every
+"""The CUDA target compiles and links, for sm_80, sm_90 and sm_100 in one nvcc invocation
+per file, against NCCL, cuBLAS and MPI from the wheels, warning-free under -Wall, for every
 sample × canonical schedule × --collectives mode. Distinct source trees are built once
-(most schedules emit the same code in both modes). There is no GPU here: nothing runs."""
+(most schedules emit the same code in both modes). Nothing runs here: running is the
+emulation's part (tests/test_emit_emulate.py)."""
 
 from __future__ import annotations
 
@@ -49,8 +50,8 @@ def test_cuda_avg_is_a_sum_and_a_division_kernel(
 def _build_once(
     files: dict[str, str], binary: str, label: str, tmp_path_factory: pytest.TempPathFactory
 ) -> None:
-    """Build for sm_80 and sm_90, warning-free; one build per distinct source tree, shared
-    by the xdist workers of this run."""
+    """Build for sm_80, sm_90 (Hopper) and sm_100 (Blackwell), warning-free; one build
+    per distinct source tree, shared by the xdist workers of this run."""
     key = source_key(files, (".cu", ".h", ".cuh"))
     cache = tmp_path_factory.getbasetemp().parent / "cuda-builds"
     cache.mkdir(exist_ok=True)
@@ -61,7 +62,7 @@ def _build_once(
             return  # the identical sources were built warning-free by done.read_text()
         directory = tmp_path_factory.mktemp(label.replace("/", "."))
         write(directory, files)
-        res = make(directory, "ARCH=sm_80 sm_90")
+        res = make(directory, "ARCH=sm_80 sm_90 sm_100")
         assert res.returncode == 0, "\n".join(diagnostics(res)) or res.stderr[-4000:]
         assert not diagnostics(res), "\n".join(diagnostics(res))
         assert (directory / binary).exists()

@@ -328,11 +328,12 @@ def test_stage_table_describes_the_summary_s_rank() -> None:
     assert rows["w"].start_s == pytest.approx(0.004)
 
 
-def _fresh_lowering():  # type: ignore[no-untyped-def]
-    """Forget the operations `lower_stage` keeps per stage object."""
+def _fresh_lowering(*programs):  # type: ignore[no-untyped-def]
+    """Forget the operations `lower_stage` keeps on the stage objects of `programs`."""
     from cocoviz.sim import workload
 
-    workload._STAGE_OPS.clear()
+    for p in programs:
+        workload.forget_lowered(p)
 
 
 @pytest.mark.parametrize("collectives", ["nccl", "nccl-device"])
@@ -348,9 +349,9 @@ def test_lowering_kept_per_stage_object_is_what_lowering_again_gives(collectives
             continue
         for _name, scheduled in apply_blocks(p, hw):
             kept = simulate(scheduled, hw, collectives=collectives, baseline=p)
-            _fresh_lowering()
+            _fresh_lowering(p, scheduled)
             base = simulate(p, hw, collectives=collectives)
-            _fresh_lowering()
+            _fresh_lowering(p, scheduled)
             fresh = simulate(scheduled, hw, collectives=collectives, baseline=base.makespan)
             assert kept == fresh, (p.name, _name)
 
@@ -373,7 +374,7 @@ def test_lowering_of_a_shared_stage_follows_its_program() -> None:
     assert also_output.stages[1] is z and unread.stages[1] is z
     kept = {prog: lower_stage(Context(prog, hw), "z") for prog in (p, also_output, unread)}
     for prog, ops in kept.items():
-        _fresh_lowering()
+        _fresh_lowering(prog)
         assert ops == lower_stage(Context(prog, hw), "z")
     assert kept[p] == kept[also_output]  # written out either way
     assert kept[unread][0].nbytes < kept[p][0].nbytes

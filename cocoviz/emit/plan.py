@@ -35,7 +35,9 @@ Collectives = Literal["nccl", "nccl-device"]
 device API (docs/codegen.md)."""
 
 ViewKind = Literal["replicated", "local", "flat", "block", "chunked"]
-StreamName = Literal["main", "compute", "comm"]
+StreamName = Literal["main", "compute", "comm", "p2p"]
+"""`comm`: the tp group's collectives; `p2p`: send/recv on the world communicator (inside
+overlapped groups; docs/codegen.md)."""
 
 
 @dataclass(frozen=True)
@@ -435,9 +437,21 @@ class ChunkItem:
 
 
 @dataclass(frozen=True)
+class ChunkEdge:
+    """Step `before` of a chunk waits for step `after` of the same chunk (indices into the
+    chunk's steps, items flattened in order): one event per chunk, recorded on the
+    stream of `after` and waited on by the stream of `before`, on the ranks of `stages`
+    (None: every rank)."""
+
+    after: int
+    before: int
+    stages: tuple[int, ...] | None = None
+
+
+@dataclass(frozen=True)
 class ChunkLoop:
-    """``for k in 0..K``: each item's steps for chunk k, on its stream; an event per
-    chunk and stream change releases the next item."""
+    """``for k in 0..K``: each item's steps for chunk k, each on its stream; an event per
+    chunk and edge between two streams (`edges`) releases the step that waits."""
 
     cname: str
     stages: tuple[str, ...]
@@ -449,6 +463,9 @@ class ChunkLoop:
     skewed: bool = False
     """Issued as a software pipeline (tick t: chunk k issues item t − k), for a group that
     chunks dimension 0 (`leading_chunks`); otherwise chunk by chunk."""
+    edges: tuple[ChunkEdge, ...] = ()
+    streams: tuple[StreamName, ...] = ()
+    """The streams the loop's steps run on, in order of first use."""
 
 
 @dataclass(frozen=True)

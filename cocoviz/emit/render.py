@@ -330,12 +330,43 @@ class Renderer:
         elif isinstance(st, pl.ChunkLoop):
             d.update(
                 stages=safe_text(", ".join(st.stages)), chunks=st.chunks, skewed=st.skewed,
-                chunk_items=[
-                    {"label": safe_text(it.label), "label_lit": c_string(it.label), "stream": it.stream, "steps": [self.step(s) for s in it.steps]}
-                    for it in st.items
-                ],
+                chunk_items=self.chunk_items(st), streams=list(st.streams), n_edges=len(st.edges),
+                edges=[{"guard": self.pp_guard(e.stages)} for e in st.edges],
             )  # fmt: skip
         return d
+
+    def pp_guard(self, stages: tuple[int, ...] | None) -> str:
+        """The condition under which an edge's event is used: "" on every rank."""
+        if stages is None or self.plan.pp == 1:
+            return ""
+        return " || ".join(f"ctx.pp == {q}" for q in stages)
+
+    def chunk_items(self, st: pl.ChunkLoop) -> list[dict[str, Any]]:
+        """Each item with, per step, the events it waits for before it and records after it
+        (`ChunkEdge` e of chunk k is `ev_<loop>[e][k]`)."""
+        streams = [s.stream for it in st.items for s in it.steps]
+        out: list[dict[str, Any]] = []
+        at = 0
+        for it in st.items:
+            waits: list[list[dict[str, Any]]] = []
+            records: list[list[dict[str, Any]]] = []
+            for j in range(at, at + len(it.steps)):
+                waits.append([
+                    {"e": e, "stream": streams[j], "guard": self.pp_guard(x.stages)}
+                    for e, x in enumerate(st.edges) if x.before == j
+                ])  # fmt: skip
+                records.append([
+                    {"e": e, "stream": streams[j], "guard": self.pp_guard(x.stages)}
+                    for e, x in enumerate(st.edges) if x.after == j
+                ])  # fmt: skip
+            on = list(dict.fromkeys(s.stream for s in it.steps))
+            out.append({
+                "label": safe_text(it.label), "label_lit": c_string(it.label), "stream": " and ".join(on),
+                "streams_text": " and ".join(on) + (" streams" if len(on) > 1 else " stream"),
+                "steps": [self.step(s) for s in it.steps], "waits": waits, "records": records,
+            })  # fmt: skip
+            at += len(it.steps)
+        return out
 
     def reduction(self, r: pl.Reduction) -> dict[str, Any]:
         return {
@@ -421,6 +452,7 @@ class Renderer:
             ],  # fmt: skip
             "uses_matmul": p.uses_matmul,
             "uses_device": p.uses_device_api,
+            "uses_p2p": any(isinstance(st, pl.ChunkLoop) and "p2p" in st.streams for st in p.steps),
         }
 
     def context(self) -> dict[str, Any]:

@@ -86,18 +86,37 @@ def contracted_order(
     `deps(program)` when the caller has it already."""
     groups = list(groups)
     index = {s.name: i for i, s in enumerate(program.stages)}
+    edges = deps(program) if edges is None else edges
     owner: dict[str, int] = {}
     for gi, g in enumerate(groups):
         for n in g.stages():
             owner[n] = gi
-    node_of = {n: (f"#{owner[n]}" if n in owner else n) for n in index}
+    node_of = {n: (f"#{owner[n]}" if n in owner else n) for n in index} if owner else None
     first: dict[str, int] = {}
     for n, i in index.items():
-        k = node_of[n]
-        first[k] = min(first.get(k, i), i)
+        k = n if node_of is None else node_of[n]
+        if k not in first:
+            first[k] = i  # `index` is in program order: the first member comes first
+    # The nodes by their first member (program order) are usually a topological order
+    # already; it is then the order the heap below yields (the ready node with the
+    # smallest first index is always the next one), found in one pass over the edges.
+    rank = {k: r for r, k in enumerate(first)}
+    if node_of is None:
+        in_order = all(rank[d] < rank[n] for n, ds in edges.items() for d in ds)
+    else:
+        in_order = all(
+            rank[node_of[d]] < rank[node_of[n]]
+            for n, ds in edges.items()
+            for d in ds
+            if node_of[d] != node_of[n]
+        )
+    if in_order:
+        return [groups[int(k[1:])] if k.startswith("#") else k for k in first]
+    if node_of is None:
+        node_of = {n: n for n in index}
     indeg: dict[str, int] = {k: 0 for k in first}
     out: dict[str, set[str]] = {k: set() for k in first}
-    for n, ds in (deps(program) if edges is None else edges).items():
+    for n, ds in edges.items():
         for d in ds:
             a, b = node_of[d], node_of[n]
             if a != b and b not in out[a]:

@@ -12,11 +12,11 @@ from rich.table import Table
 from rich.text import Text
 
 from cocoviz.sim.timeline import Event, Lane, Summary, Timeline
-from cocoviz.sim.workload import COMM, COMPUTE, Kind
+from cocoviz.sim.workload import COMM, COMPUTE, P2P, Kind
 from cocoviz.style import kind_colour
 from cocoviz.timefmt import format_time, time_unit
 
-_STREAM_SHORT = {COMPUTE: "compute", COMM: "comm"}
+_STREAM_SHORT = {COMPUTE: "compute", COMM: "comm", P2P: "p2p"}
 
 
 def _nice_step(span: float, ticks: int) -> float:
@@ -85,8 +85,15 @@ def _row(events: Sequence[Event], width: int, t0: float, span: float) -> Text:
             style = f"bold black on {kind_colour(e.kind)}"
             for i, ch in enumerate(f" {label}"):
                 chars[a + i] = (ch, style)
-    for ch, style in chars:
-        text.append(ch, style=style)
+    # runs of one style appended together (one span each instead of one per cell)
+    i = 0
+    while i < len(chars):
+        style = chars[i][1]
+        j = i + 1
+        while j < len(chars) and chars[j][1] == style:
+            j += 1
+        text.append("".join(ch for ch, _ in chars[i:j]), style=style)
+        i = j
     return text
 
 
@@ -114,8 +121,10 @@ def render_timeline(timeline: Timeline, width: int = 100, max_lanes: int = 8) ->
     lines.append(Text(f"{unit:>{label_w}} " + "".join(axis).rstrip(), style="dim"))
     lines.append(Text(" " * label_w + " " + "".join(marks), style="dim"))
     for lane in lanes:
-        for stream in (COMPUTE, COMM):
+        for stream in (COMPUTE, COMM, P2P):
             events = [e for e in lane.events if e.stream == stream]
+            if stream == P2P and not events:
+                continue  # a row of its own only inside an overlapped pipeline
             name = f"{_rank_span(lane.ranks)} {_STREAM_SHORT[stream]}"
             row = Text(f"{name[:label_w]:>{label_w}} ")
             row.append_text(_row(events, bar_w, 0.0, span))
@@ -193,18 +202,20 @@ def render_stage_table(timeline: Timeline, limit: int = 40) -> Table:
     table.add_column("bytes", justify="right")
     table.add_column("detail", overflow="fold")
     for r in rows:
-        cells: list[str | Text] = [r.name]
+        # Text cells: plain text, not console markup (a str cell would be parsed for
+        # `[style]` tags, and a detail like `[2048, 2048] x …` is not one)
+        cells: list[Text] = [Text(r.name)]
         if multi:
-            cells.append(str(r.pstage))
+            cells.append(Text(str(r.pstage)))
         cells += [
             Text(r.kind, style=kind_colour(r.kind)),
-            r.stream,
-            str(r.calls),
-            format_time(r.busy_s),
-            format_time(r.start_s),
-            format_time(r.end_s),
-            _bytes(r.bytes),
-            r.detail,
+            Text(r.stream),
+            Text(str(r.calls)),
+            Text(format_time(r.busy_s)),
+            Text(format_time(r.start_s)),
+            Text(format_time(r.end_s)),
+            Text(_bytes(r.bytes)),
+            Text(r.detail),
         ]
         table.add_row(*cells)
     return table

@@ -249,41 +249,71 @@ def _moved(e: Event, rank: int, tp: int) -> Event:
 
 
 class _LaneState:
-    def __init__(self, index: int, pstage: int, ranks: tuple[int, ...], column: int) -> None:
+    def __init__(
+        self, index: int, pstage: int, ranks: tuple[int, ...], column: int, record: bool = True
+    ) -> None:
         self.index = index
         self.pstage = pstage
         self.ranks = ranks
         self.column = column
+        self.record = record
+        """Whether events are kept (a makespan-only run keeps only the times)."""
         self.free = {s: 0.0 for s in STREAMS}
         self.ready: dict[tuple[str, int], tuple[float, int]] = {}
         self.events: list[Event] = []
         self.flows: list[tuple[int, int]] = []
+        self.streams: list[str] = []
+        """The stream of each event index (also in a makespan-only run)."""
         self.comm_iv: list[tuple[float, float, Contention]] = []
         self.comm_ends: list[float] = []
+        self.end = 0.0
+        self.nccl_start = 0.0
+        """Start of the last NCCL operation: NCCL starts its kernels in host issue order
+        across communicators (NCCL_LAUNCH_ORDER_IMPLICIT, which the emitted launcher sets)."""
 
     def need(self, needs: Iterable[str], chunk: int) -> tuple[float, list[int]]:
         t = 0.0
         srcs: list[int] = []
+        ready = self.ready
         for key in needs:
-            hit = self.ready.get((key, chunk)) if chunk >= 0 else None
+            hit = ready.get((key, chunk)) if chunk >= 0 else None
             if hit is None:
-                hit = self.ready.get((key, -1))
-            if hit is None:
-                continue
-            t = max(t, hit[0])
+                hit = ready.get((key, -1))
+                if hit is None:
+                    continue
+            if hit[0] > t:
+                t = hit[0]
             if hit[1] >= 0:
                 srcs.append(hit[1])
         return t, srcs
 
-    def add(self, e: Event, srcs: Sequence[int], makes: Iterable[str], chunk: int) -> int:
-        idx = len(self.events)
-        self.events.append(e)
-        self.free[e.stream] = max(self.free[e.stream], e.end)
-        for s in srcs:
-            if self.events[s].stream != e.stream:
-                self.flows.append((s, idx))
+    def add(
+        self,
+        stream: str,
+        end: float,
+        event: Event | None,
+        srcs: Sequence[int],
+        makes: Iterable[str],
+        chunk: int,
+    ) -> int:
+        """Record an operation of this lane that ends at ``end`` on ``stream``, with its
+        event when the lane keeps events (None in a makespan-only run)."""
+        idx = len(self.streams)
+        self.streams.append(stream)
+        if event is not None:
+            self.events.append(event)
+            streams = self.streams
+            for s in srcs:
+                if streams[s] != stream:
+                    self.flows.append((s, idx))
+        free = self.free
+        if end > free[stream]:
+            free[stream] = end
+        if end > self.end:
+            self.end = end
+        ready = self.ready
         for key in makes:
-            self.ready[(key, chunk)] = (e.end, idx)
+            ready[(key, chunk)] = (end, idx)
         return idx
 
     def add_comm_interval(self, start: float, end: float, c: Contention) -> None:
@@ -293,9 +323,12 @@ class _LaneState:
 
 
 class _Engine:
-    def __init__(self, ctx: Context) -> None:
+    def __init__(self, ctx: Context, record: bool = True) -> None:
+        """``record=False``: a makespan-only run (no events, no flows), for baselines
+        and the alternatives a warning compares."""
         self.ctx = ctx
         self.hw = ctx.hw
+        self.record = record
         grid = ctx.program.grid
         self.tp, self.pp = grid.tp, grid.pp
         gpn = ctx.hw.gpus_per_node
@@ -313,23 +346,39 @@ class _Engine:
         self.by_key: dict[tuple[int, int], _LaneState] = {}
         for p in range(self.pp):
             for c, (_sig, cols) in enumerate(classes.items()):
-                lane = _LaneState(len(self.lanes), p, tuple(p * self.tp + t for t in cols), c)
+                ranks = tuple(p * self.tp + t for t in cols)
+                lane = _LaneState(len(self.lanes), p, ranks, c, record)
                 self.lanes.append(lane)
                 self.by_pstage.setdefault(p, []).append(lane)
                 self.by_key[(p, c)] = lane
         self.cross: list[CrossFlow] = []
-        self._contention: dict[Operation, Contention] = {}
+        # Per operation spec (by identity; the entry keeps the spec alive): the time
+        # without contention and the contention it causes. Lowered operations are shared
+        # (`lower_stage`'s memo, a fused group per chunk count), so most specs repeat.
+        self._costs: dict[int, tuple[object, float, Contention | None]] = {}
 
     def lanes_for(self, pstage: int | None) -> list[_LaneState]:
         if pstage is None:
             return self.lanes
         return self.by_pstage.get(pstage, [])
 
+    def _cost(self, op: Operation) -> tuple[object, float, Contention | None]:
+        hit = self._costs.get(id(op.spec))
+        if hit is None or hit[0] is not op.spec:
+            d = duration(self.hw, op) if op.dest is None else 0.0
+            hit = (op.spec, d, None)
+            self._costs[id(op.spec)] = hit
+        return hit
+
+    def _duration(self, op: Operation) -> float:
+        """``duration(hw, op)`` (no contention), once per spec."""
+        return self._cost(op)[1]
+
     def _contention_of(self, op: Operation) -> Contention:
-        c = self._contention.get(op)
+        spec, d, c = self._cost(op)
         if c is None:
             c = comm_contention_of(self.hw, op)
-            self._contention[op] = c
+            self._costs[id(op.spec)] = (spec, d, c)
         return c
 
     def _event(
@@ -340,23 +389,28 @@ class _Engine:
         end: float,
         chunk: int,
         chunks: int,
-        **kw: Any,
-    ) -> Event:
+        detail: str | None = None,
+        peer: int | None = None,
+        slowdown: float = 1.0,
+    ) -> Event | None:
+        if not self.record:
+            return None
         return Event(
-            rank=lane.ranks[0],
-            stream=op.stream,
-            stage=op.stage,
-            kind=op.kind,
-            start=start,
-            end=end,
-            bytes=op.nbytes,
-            flops=op.flops,
-            name=op.name,
-            members=op.members,
-            chunk=chunk if chunk >= 0 else None,
-            chunks=chunks,
-            detail=op.detail,
-            **kw,
+            lane.ranks[0],
+            op.stream,
+            op.stage,
+            op.kind,
+            start,
+            end,
+            op.nbytes,
+            op.flops,
+            op.name,
+            op.members,
+            chunk if chunk >= 0 else None,
+            chunks,
+            op.detail if detail is None else detail,
+            peer,
+            slowdown,
         )
 
     def place(self, op: Operation, chunk: int = -1, chunks: int = 1) -> None:
@@ -364,31 +418,41 @@ class _Engine:
             self._place_p2p(op, chunk, chunks)
             return
         lanes = self.lanes_for(op.pstage)
+        stream = op.stream
         if op.sync:
             needs = [lane.need(op.needs, chunk) for lane in lanes]
             start = max(
-                (max(t, lane.free[op.stream]) for lane, (t, _) in zip(lanes, needs, strict=True)),
+                (max(t, lane.free[stream]) for lane, (t, _) in zip(lanes, needs, strict=True)),
                 default=0.0,
             )
-            end = start + duration(self.hw, op)
+            if op.kind is not Kind.DEVICE:  # an NCCL kernel: after the one issued before it
+                start = max([start] + [lane.nccl_start for lane in lanes])
+                for lane in lanes:
+                    lane.nccl_start = start
+            end = start + self._duration(op)
             c = self._contention_of(op)
             for lane, (_, srcs) in zip(lanes, needs, strict=True):
-                lane.add(self._event(lane, op, start, end, chunk, chunks), srcs, op.makes, chunk)
+                e = self._event(lane, op, start, end, chunk, chunks)
+                lane.add(stream, end, e, srcs, op.makes, chunk)
                 lane.add_comm_interval(start, end, c)
             return
         for lane in lanes:
             t, srcs = lane.need(op.needs, chunk)
-            start = max(t, lane.free[op.stream])
-            if op.stream == COMPUTE and is_compute(op):
-                base = duration(self.hw, op)
+            free = lane.free[stream]
+            start = t if t > free else free
+            if stream == COMPUTE and is_compute(op):
+                base = self._duration(op)
                 end = self._run_compute(lane, op, start, base)
-                slowdown = (end - start) / base if base > 0 else 1.0
-                e = self._event(lane, op, start, end, chunk, chunks, slowdown=slowdown)
+                if self.record:
+                    slowdown = (end - start) / base if base > 0 else 1.0
+                    e = self._event(lane, op, start, end, chunk, chunks, slowdown=slowdown)
+                else:
+                    e = None
             else:
-                end = start + duration(self.hw, op)
+                end = start + self._duration(op)
                 e = self._event(lane, op, start, end, chunk, chunks)
-            lane.add(e, srcs, op.makes, chunk)
-            if op.stream == COMM:
+            lane.add(stream, end, e, srcs, op.makes, chunk)
+            if stream == COMM:
                 lane.add_comm_interval(start, end, self._contention_of(op))
 
     def _run_compute(self, lane: _LaneState, op: Operation, start: float, d0: float) -> float:
@@ -417,20 +481,29 @@ class _Engine:
             crosses = self.crossings[src.column][op.pstage] if self.pp > 1 else False
             cost = p2p_duration(self.hw, op, same_node=not crosses)
             t, srcs = src.need(op.needs, chunk)
-            start = max(t, src.free[COMM], dst.free[COMM])
+            # its stream (COMM, or P2P inside an overlapped group) on both ends, after the
+            # NCCL operations issued before it there
+            stream = op.stream
+            start = max(t, src.free[stream], dst.free[stream], src.nccl_start, dst.nccl_start)
+            src.nccl_start = dst.nccl_start = start
             end = start + cost.time_s
             where = "network" if crosses else "NVLink"
             offset = (op.dest - op.pstage) * self.tp
-            e_send = self._event(src, op, start, end, chunk, chunks, peer=src.ranks[0] + offset)
-            e_send = dataclasses.replace(e_send, detail=f"send to pp {op.dest} over {where}")
-            i_send = src.add(e_send, srcs, (), chunk)
-            e_recv = self._event(dst, op, start, end, chunk, chunks, peer=dst.ranks[0] - offset)
-            e_recv = dataclasses.replace(e_recv, detail=f"recv from pp {op.pstage} over {where}")
-            i_recv = dst.add(e_recv, (), op.makes, chunk)
+            e_send = self._event(
+                src, op, start, end, chunk, chunks,
+                peer=src.ranks[0] + offset, detail=f"send to pp {op.dest} over {where}",
+            )  # fmt: skip
+            i_send = src.add(stream, end, e_send, srcs, (), chunk)
+            e_recv = self._event(
+                dst, op, start, end, chunk, chunks,
+                peer=dst.ranks[0] - offset, detail=f"recv from pp {op.pstage} over {where}",
+            )  # fmt: skip
+            i_recv = dst.add(stream, end, e_recv, (), op.makes, chunk)
             c = self._contention_of(op)
             src.add_comm_interval(start, end, c)
             dst.add_comm_interval(start, end, c)
-            self.cross.append(CrossFlow(src.index, i_send, dst.index, i_recv, offset))
+            if self.record:
+                self.cross.append(CrossFlow(src.index, i_send, dst.index, i_recv, offset))
 
     def run_item(self, item: str | Group) -> None:
         if isinstance(item, Group) and item.kind is GroupKind.OVERLAPPED:
@@ -471,13 +544,13 @@ class _Engine:
 
     @property
     def end(self) -> float:
-        return max((e.end for ls in self.lanes for e in ls.events), default=0.0)
+        return max((ls.end for ls in self.lanes), default=0.0)
 
 
 def simulate_group(ctx: Context, g: Group, chunks: int) -> float:
     """Makespan of an overlapped group alone in `chunks` chunks, issued as the emitted
     program issues it (`overlap_order`), on fresh streams."""
-    engine = _Engine(ctx)
+    engine = _Engine(ctx, record=False)
     engine.run_ordered(overlap_order(ctx, g, chunks), chunks)
     return engine.end
 
@@ -485,7 +558,7 @@ def simulate_group(ctx: Context, g: Group, chunks: int) -> float:
 def simulate_ops(ctx: Context, per_chunk: Sequence[Sequence[Operation]]) -> float:
     """Makespan of operations alone, on fresh streams with every outside value ready
     (for comparing alternatives of one step: chunk counts, fused or not)."""
-    engine = _Engine(ctx)
+    engine = _Engine(ctx, record=False)
     engine.run_chunks(per_chunk)
     return engine.end
 
@@ -601,10 +674,11 @@ def summarize(lanes: Sequence[Lane], baseline_s: float | None = None) -> Summary
 @dataclass
 class _Run:
     ctx: Context
+    record: bool = True
     engine: _Engine = field(init=False)
 
     def __post_init__(self) -> None:
-        self.engine = _Engine(self.ctx)
+        self.engine = _Engine(self.ctx, self.record)
         order = contracted_order(self.ctx.program, self.ctx.program.groups, self.ctx.deps)
         if order is None:
             from cocoviz.errors import InternalError
@@ -630,7 +704,7 @@ class _Run:
 
 def makespan(program: Program, hw: Hardware, collectives: str = "nccl") -> float:
     """Only the predicted time of a program (what the tuner ranks by)."""
-    return _Run(Context(program, hw, collectives)).engine.end
+    return _Run(Context(program, hw, collectives), record=False).engine.end
 
 
 # The baseline's makespan of the last programs simulated, by the identities of their
@@ -649,7 +723,11 @@ def _baseline_makespan(program: Program, hw: Hardware, collectives: str) -> floa
     if hit is not None:
         p = hit[0]
         if (p.grid, p.dims, p.params, p.inputs, p.outputs) == (
-            program.grid, program.dims, program.params, program.inputs, program.outputs
+            program.grid,
+            program.dims,
+            program.params,
+            program.inputs,
+            program.outputs,
         ):
             return hit[1]
     base = unscheduled(program)

@@ -25,12 +25,12 @@ from pathlib import Path
 from typing import Any
 
 from cocoviz.sim.timeline import Event, Timeline
-from cocoviz.sim.workload import COMM, COMPUTE
+from cocoviz.sim.workload import COMM, COMPUTE, P2P
 
 __all__ = ["TID", "to_trace", "validate_trace", "write_trace"]
 
-TID = {COMPUTE: 0, COMM: 1}
-_STREAM_NAMES = {COMPUTE: "compute stream", COMM: "communication stream"}
+TID = {COMPUTE: 0, COMM: 1, P2P: 2}
+_STREAM_NAMES = {COMPUTE: "compute stream", COMM: "communication stream", P2P: "send/recv stream"}
 _EPS_NS = 1
 
 
@@ -75,6 +75,7 @@ def to_trace(timeline: Timeline, ranks: Iterable[int] | None = None) -> dict[str
     out: list[dict[str, Any]] = []
     spans: dict[tuple[int, int], tuple[int, int, int]] = {}  # (rank, i) → (ts, dur, tid)
     tp = timeline.tp
+    used = {e.stream for lane in timeline.lanes for e in lane.events}
     for rank in chosen:
         out.append(
             {
@@ -88,6 +89,8 @@ def to_trace(timeline: Timeline, ranks: Iterable[int] | None = None) -> dict[str
             {"name": "process_sort_index", "ph": "M", "pid": rank, "args": {"sort_index": rank}}
         )
         for stream, tid in TID.items():
+            if stream == P2P and stream not in used:
+                continue  # a thread of its own only inside an overlapped pipeline
             out.append(
                 {
                     "name": "thread_name",

@@ -30,12 +30,10 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import weakref
 from collections.abc import Callable, Hashable, Iterable, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from functools import lru_cache
-from typing import Any
 
 from cocoviz.batching import batch_runs
 from cocoviz.errors import UsageError
@@ -55,7 +53,7 @@ from cocoviz.ir.nodes import (
 from cocoviz.ir.summary import per_rank_numel
 from cocoviz.ir.transforms.base import reads_of
 from cocoviz.ir.transforms.overlap import leading_chunks
-from cocoviz.ir.types import DType, TensorType, block_dim, numel, shape_values
+from cocoviz.ir.types import DType, LayoutKind, TensorType, block_dim, numel, shape_values
 from cocoviz.sim.collectives import (
     Coll,
     CollCost,
@@ -76,7 +74,10 @@ from cocoviz.sim.hardware import Hardware
 
 COMPUTE = "compute"
 COMM = "comm"
-STREAMS = (COMPUTE, COMM)
+P2P = "p2p"
+"""Send/recv inside an overlapped group: the world communicator's own stream, beside the
+tp group's collectives on COMM (as the emitter issues them, docs/cost-model.md)."""
+STREAMS = (COMPUTE, COMM, P2P)
 COLLECTIVE_MODES = ("nccl", "nccl-device")
 
 
@@ -173,7 +174,7 @@ class MatmulSpec:
 
     @property
     def nbytes(self) -> float:
-        size = DType(self.dtype).itemsize
+        size = _ITEMSIZE_BY_NAME[self.dtype]
         per = self.m * self.k + self.k * self.n + self.m * self.n
         return float(self.batch * per * size)
 
@@ -265,6 +266,14 @@ class Operation:
     (`batch_reductions`): the accumulator's size and the reduction (sum or max)."""
 
 
+# Facts of each dtype by the member's identity (an enum member is a singleton; looking it
+# up by identity skips `Enum.__hash__` and the enum's properties on the hottest paths).
+_ITEMSIZE = {id(d): d.itemsize for d in DType}
+_IS_FLOAT = {id(d): d.is_float for d in DType}
+_DTYPE_NAME = {id(d): d.value for d in DType}
+_ITEMSIZE_BY_NAME = {d.value: d.itemsize for d in DType}
+
+
 # ---------------------------------------------------------------------------------------
 # Per-program context
 
@@ -286,21 +295,33 @@ class Context:
                 f"unknown collectives lowering '{self.collectives}'",
                 hint=f"use one of {', '.join(COLLECTIVE_MODES)}",
             )
-        self.deps, self.users = _deps_and_users(self.program)
+        updates = self.program.updates()
+        self.deps, self.users = _deps_and_users(self.program, updates)
         self.reductions = {}
         for stage, e in implicit_reductions(self.program):
             self.reductions.setdefault(stage, []).append(e)
         self.outputs = set(self.program.outputs)
-        self.updates = set(self.program.updates().values())
-        self.stage_names = {s.name for s in self.program.stages}
-        self._stages = {s.name: s for s in self.program.stages}
-        self.position = {s.name: i for i, s in enumerate(self.program.stages)}
-        self._types: dict[str, TensorType] = {i.name: i.ty for i in self.program.inputs}
-        self._types.update({s.name: s.ty for s in self.program.stages})
+        self.updates = set(updates.values())
+        self.written = {n for n, us in self.users.items() if any(u != n for u in us)}
+        """Values stored to memory: read by another stage, an output or an update."""
+        self.written |= self.outputs | self.updates
+        stages = self.program.stages
+        names = [s.name for s in stages]
+        self.stage_names = set(names)
+        self._stages = dict(zip(names, stages, strict=True))
+        self.position = dict(zip(names, range(len(names)), strict=True))
+        self.types: dict[str, TensorType] = {i.name: i.ty for i in self.program.inputs}
+        """The type of each input and stage by name (params are not stored)."""
+        self.types.update(zip(names, [s.ty for s in stages], strict=True))
         self.params = {p.name for p in self.program.params}
         self.model = (self.hw, self.collectives, self.program.grid)
         """What lowering reads of the model and the grid (`lower_stage`'s key)."""
         self.fused_ops: dict[tuple[int, int], tuple[Group, tuple[Operation, ...]]] = {}
+        self.gemms: dict[str, tuple[Stage, MatmulSpec]] = {}
+        """`matmul_dims` of each matmul stage asked for (with the stage it was for)."""
+        self.chunk_ops: dict[tuple[str, int, int], tuple[Operation, ...]] = {}
+        """`lower_stage`'s operations of a stage's chunk, by stage, chunk count and the
+        chunk's GEMM rows (0 for a stage that is not a matmul: its chunks are alike)."""
         """`lower_item`'s operations of fused groups, by group and chunk count."""
 
     @property
@@ -326,33 +347,44 @@ class Context:
         return 0 if p is None else p
 
     def per_rank_bytes(self, ty: TensorType) -> int:
-        return per_rank_numel(ty, self.group) * ty.dtype.itemsize
+        n = ty.numel
+        if ty.layout.kind is LayoutKind.SLICED:  # as `per_rank_numel`
+            n //= self.group
+        return n * _ITEMSIZE[id(ty.dtype)]
 
     def stored_type(self, name: str) -> TensorType | None:
         """The type of an input or stage (None for a param: not read from memory)."""
-        return self._types.get(name)
+        return self.types.get(name)
 
     def type_of(self, name: str) -> TensorType:
-        ty = self._types.get(name)
+        ty = self.types.get(name)
         return ty if ty is not None else self.program.type_of(name)
 
 
-def _deps_and_users(program: Program) -> tuple[dict[str, set[str]], dict[str, list[str]]]:
-    """`graph.deps` and `graph.users` of a program, from one read of each stage (the
-    reads the transformations cached per expression, when a schedule made the program)."""
+def _deps_and_users(
+    program: Program, updates: dict[str, str]
+) -> tuple[dict[str, set[str]], dict[str, list[str]]]:
+    """`graph.deps` and `graph.users` of a program (whose `updates()` are ``updates``),
+    from one read of each stage (the reads the transformations cached per expression,
+    when a schedule made the program)."""
     names = {s.name for s in program.stages}
     reads = [(s.name, reads_of(s)) for s in program.stages]
     d: dict[str, set[str]] = {n: names & r for n, r in reads}
-    updates = program.updates()
     if updates:
         for n, r in reads:
             for t, u in updates.items():
                 if n != u and t in r:
                     d[u].add(n)
+    # each list in program order (the order of a name's reads within a stage does not
+    # matter: callers look names up)
     out: dict[str, list[str]] = {}
     for n, r in reads:
-        for x in sorted(r):
-            out.setdefault(x, []).append(n)
+        for x in r:
+            hit = out.get(x)
+            if hit is None:
+                out[x] = [n]
+            else:
+                hit.append(n)
     return d, out
 
 
@@ -364,44 +396,41 @@ def make_context(program: Program, hw: Hardware, collectives: str = "nccl") -> C
 # Work of expressions
 
 
-def _expr_flops(e: Expr, group: int) -> float:
-    total = 0.0
-    for node in e.walk():
-        if node.op in COLLECTIVES or node.op is Op.MATMUL:
+def _expr_work(ctx: Context, e: Expr) -> tuple[dict[str, int], float]:
+    """What an expression costs one rank: the bytes of each name it reads (``slice(x)``
+    reads a slice; an update's target is written, not read) and its FLOPs (collectives
+    and GEMMs are priced on their own), in one walk."""
+    params, group = ctx.params, ctx.group
+    reads: dict[str, int] = {}
+    flops = 0.0
+    todo = [e]
+    while todo:
+        node = todo.pop()
+        op = node.op
+        if op is Op.REF:
+            name = node.name
+            if name is not None and name not in params:
+                nb = ctx.per_rank_bytes(ctx.type_of(name))
+                if nb > reads.get(name, 0):
+                    reads[name] = nb
             continue
-        per = _FLOPS.get(node.op, 1)
-        if not per:
-            continue
-        if node.op in REDUCTIONS:
-            total += per * per_rank_numel(node.args[0].type, group)
-        else:
-            total += per * per_rank_numel(node.type, group)
-    return total
-
-
-def _expr_reads(ctx: Context, e: Expr, skip_target: bool = True) -> dict[str, int]:
-    """Bytes each name read by an expression costs one rank (``slice(x)`` reads a slice)."""
-    params = ctx.params
-    out: dict[str, int] = {}
-
-    def go(node: Expr) -> None:
-        if node.op is Op.REF and node.name is not None:
-            if node.name not in params:
-                nb = ctx.per_rank_bytes(ctx.type_of(node.name))
-                out[node.name] = max(out.get(node.name, 0), nb)
-            return
-        if node.op is Op.SLICE and node.args and node.args[0].op is Op.REF:
+        if op is Op.SLICE and node.args and node.args[0].op is Op.REF:
             name = node.args[0].name
             assert name is not None
             nb = ctx.per_rank_bytes(node.type)
-            out[name] = max(out.get(name, 0), nb)
-            return
-        args = node.args[1:] if node.op is Op.UPDATE and skip_target else node.args
-        for a in args:
-            go(a)
-
-    go(e)
-    return out
+            if nb > reads.get(name, 0):
+                reads[name] = nb
+            continue  # a slice and a reference: no FLOPs
+        if op not in COLLECTIVES and op is not Op.MATMUL:
+            per = _FLOPS.get(op, 1)
+            if per:
+                ty = node.args[0].type if op in REDUCTIONS else node.type
+                flops += per * per_rank_numel(ty, group)
+        if op is Op.UPDATE:
+            todo.extend(node.args[1:])  # the target (a reference) costs no FLOPs either
+        else:
+            todo.extend(node.args)
+    return reads, flops
 
 
 def _has_cross_rank_reduction(ctx: Context, name: str) -> bool:
@@ -414,15 +443,25 @@ def _has_local_reduction(ctx: Context, name: str) -> bool:
 
 
 def _wide_dtype(types: Iterable[TensorType]) -> str:
+    """The widest float dtype among ``types`` (the first of equal widths), else f32."""
     best = None
+    size = 0
     for t in types:
-        if t.dtype.is_float and (best is None or t.dtype.itemsize > best.dtype.itemsize):
-            best = t
-    return best.dtype.value if best is not None else "f32"
+        key = id(t.dtype)
+        if _IS_FLOAT[key] and (best is None or _ITEMSIZE[key] > size):
+            best, size = key, _ITEMSIZE[key]
+    return _DTYPE_NAME[best] if best is not None else "f32"
 
 
 def matmul_dims(ctx: Context, stage: Stage) -> MatmulSpec:
     """Per-rank GEMM shape ``[m, k] × [k, n]`` of a ``matmul`` stage (docs/language.md, layout inference)."""
+    hit = ctx.gemms.get(stage.name)
+    if hit is None or hit[0] is not stage:
+        hit = ctx.gemms[stage.name] = (stage, _matmul_dims(ctx, stage))
+    return hit[1]
+
+
+def _matmul_dims(ctx: Context, stage: Stage) -> MatmulSpec:
     a, b = stage.expr.args
     ta, tb = a.type, b.type
     g = ctx.group
@@ -497,7 +536,7 @@ def _coll_op(ctx: Context, name: str, chunks: int, needs: Iterable[str]) -> list
                 members=(name,),
                 needs=frozenset(needs),
                 makes=(name,),
-                stream=COMM,
+                stream=P2P if chunks > 1 else COMM,
                 kind=Kind.P2P,
                 pstage=src,
                 spec=P2PSpec(nbytes),
@@ -596,53 +635,66 @@ def _stage_needs(ctx: Context, name: str) -> set[str]:
     return set(ctx.deps.get(name, set()))
 
 
-# Operations of whole (unchunked) stages, per stage object: a scheduled program shares
-# most of its stage objects with the program it was made from, and the simulator lowers
-# both (the baseline of the speedup). Beyond the stage itself, its lowering reads the
-# model (hardware, collectives, grid: the key of the inner dict) and, per entry, its
-# ordering edges, whether its value is written out (read by another stage, an output or
-# an update) and the types of the names it reads (None for params, which are not read
-# from memory). An entry is dropped with its stage.
+# Operations of whole (unchunked) stages, kept on the stage object itself (in its
+# __dict__, outside the dataclass fields: equality, hashing and `dataclasses.replace`
+# ignore it, and it goes with the stage): a scheduled program shares most of its stage
+# objects with the program it was made from, and the simulator lowers both (the baseline
+# of the speedup); a session's next step shares nearly all. Beyond the stage itself, its
+# lowering reads the model (hardware, collectives, grid: `Context.model`), its ordering
+# edges, whether its value is written out and the types of the names it reads (None for
+# params, which are not read from memory): each entry holds those and the operations.
+# Entries are compared in a list rather than hashed (the model is usually the very same
+# tuple, and `==` on identical members is a pointer compare).
+_OPS_ATTR = "_cocoviz_lowered"
 _StageEntry = tuple[
-    set[str], bool, frozenset[str], tuple[TensorType | None, ...], tuple[Operation, ...]
+    tuple[object, ...],
+    set[str],
+    bool,
+    frozenset[str],
+    tuple[TensorType | None, ...],
+    tuple[Operation, ...],
 ]
-_STAGE_OPS: dict[int, tuple[weakref.ref[Stage], dict[Hashable, list[_StageEntry]]]] = {}
 
 
 def lower_stage(ctx: Context, name: str, chunks: int = 1, chunk: int = 0) -> list[Operation]:
     """An ungrouped stage (or an overlapped item that is a single stage)."""
-    if chunks != 1:
-        return _lower_stage(ctx, name, chunks, chunk)
     s = ctx.stage(name)
-    sid = id(s)
-    hit = _STAGE_OPS.get(sid)
-    if hit is None or hit[0]() is not s:
-        hit = (weakref.ref(s, _dropper(_STAGE_OPS, sid)), {})
-        _STAGE_OPS[sid] = hit
+    if chunks != 1:
+        rows = 0
+        if s.expr.op is Op.MATMUL:
+            rows = _chunk_rows(matmul_dims(ctx, s).m, chunks)[chunk]
+        key = (name, chunks, rows)
+        found = ctx.chunk_ops.get(key)
+        if found is None:
+            found = ctx.chunk_ops[key] = tuple(_lower_stage(ctx, name, chunks, chunk))
+        return list(found)
+    entries: list[_StageEntry] | None = s.__dict__.get(_OPS_ATTR)
+    if entries is None:
+        entries = s.__dict__[_OPS_ATTR] = []  # Stage is frozen: its __dict__ is not
     deps = ctx.deps.get(name, set())
-    writes = (
-        any(u != name for u in ctx.users.get(name, ()))
-        or name in ctx.outputs
-        or name in ctx.updates
-    )
+    writes = name in ctx.written
     reads = reads_of(s)
-    types = tuple(map(ctx.stored_type, reads))  # in the order of this very set
-    entries = hit[1].setdefault(ctx.model, [])
-    for e_deps, e_writes, e_reads, e_types, ops in entries:
-        if e_writes is writes and e_reads is reads and e_types == types and e_deps == deps:
+    stored = ctx.types
+    types = tuple([stored.get(r) for r in reads])  # in the order of this very set
+    model = ctx.model
+    for e_model, e_deps, e_writes, e_reads, e_types, ops in entries:
+        if (
+            e_writes is writes
+            and e_reads is reads
+            and e_model == model
+            and e_types == types
+            and e_deps == deps
+        ):
             return list(ops)
     ops = tuple(_lower_stage(ctx, name, 1, 0))
-    entries.append((set(deps), writes, reads, types, ops))
+    entries.append((model, set(deps), writes, reads, types, ops))
     return list(ops)
 
 
-def _dropper(cache: dict[int, Any], key: int) -> Callable[[object], None]:
-    """A weakref callback removing `key` from `cache` (bound now: safe at shutdown)."""
-
-    def drop(_ref: object) -> None:
-        cache.pop(key, None)
-
-    return drop
+def forget_lowered(program: Program) -> None:
+    """Drop the operations `lower_stage` keeps on the stages of ``program`` (tests)."""
+    for s in program.stages:
+        s.__dict__.pop(_OPS_ATTR, None)
 
 
 def _lower_stage(ctx: Context, name: str, chunks: int, chunk: int) -> list[Operation]:
@@ -682,6 +734,8 @@ def _chunk_rows(m: int, chunks: int) -> list[int]:
 def _phases(ctx: Context, members: Sequence[str]) -> list[list[str]]:
     """Cut compute members into phases: a member consuming a reduction's result, or a
     row-wise value of another member, starts after a sync."""
+    if len(members) == 1:
+        return [list(members)]
     inside = set(members)
     phase: dict[str, int] = {}
     for m in members:
@@ -733,28 +787,40 @@ def _compute_ops(
         reads: dict[str, int] = {}
         flops = 0.0
         for m in phase:
-            for n, b in _expr_reads(ctx, ctx.stage(m).expr).items():
-                if n not in made:
-                    reads[n] = max(reads.get(n, 0), b)
-            flops += _expr_flops(ctx.stage(m).expr, ctx.group)
+            m_reads, m_flops = _expr_work(ctx, ctx.stage(m).expr)
+            for n, b in m_reads.items():
+                if n not in made and b > reads.get(n, 0):
+                    reads[n] = b
+            flops += m_flops
+        types = [ctx.types[m] for m in phase]
         writes = 0
-        for m in phase:
-            outside = any(u not in made for u in ctx.users.get(m, ()))
-            if outside or m in ctx.outputs or m in ctx.updates:
-                writes += ctx.per_rank_bytes(ctx.stage(m).ty)
-        dtype = _wide_dtype(ctx.stage(m).ty for m in phase)
+        for m, ty in zip(phase, types, strict=True):
+            if m not in ctx.written:
+                continue  # read by no other stage, not an output nor an update
+            if m in ctx.outputs or m in ctx.updates or len(phase) == 1:
+                writes += ctx.per_rank_bytes(ty)
+                continue
+            for u in ctx.users.get(m, ()):
+                if u not in made:
+                    writes += ctx.per_rank_bytes(ty)
+                    break
+        dtype = _wide_dtype(types)
         sync_us = 0.0 if launch else ctx.hw.gpu.kernel_gap_us
-        spec = _scaled(
-            KernelSpec(flops, float(sum(reads.values()) + writes), dtype, launch), chunks
-        )
-        spec = KernelSpec(spec.flops, spec.nbytes, spec.dtype, spec.launch, sync_us)
+        nbytes = float(sum(reads.values()) + writes)
+        if chunks != 1:  # as `_scaled`
+            flops, nbytes = flops / chunks, nbytes / chunks
+        spec = KernelSpec(flops, nbytes, dtype, launch, sync_us)
         phase_needs: set[str] = set()
         for m in phase:
-            phase_needs |= {d for d in ctx.deps.get(m, ()) if d not in made}
-        reducing = [m for m in phase if _has_cross_rank_reduction(ctx, m)]
+            phase_needs.update(ctx.deps.get(m, ()))
+        phase_needs.difference_update(made)
+        reducing = [m for m in phase if m in ctx.reductions]
         # Values that wait for a cross-rank reduction are made by the reduce op.
-        direct = tuple(m for m in phase if m not in reducing)
-        partial = tuple(f"{m}#partial" for m in reducing)
+        if reducing:
+            direct = tuple(m for m in phase if m not in reducing)
+            partial = tuple(f"{m}#partial" for m in reducing)
+        else:
+            direct, partial = tuple(phase), ()
         name = base_label if len(phases) == 1 else f"{base_label} phase {pi + 1}/{len(phases)}"
         ops.append(
             Operation(
@@ -903,10 +969,11 @@ def _device_lower(
     reads: dict[str, int] = {}
     made = set(members)
     for m in compute:
-        flops += _expr_flops(ctx.stage(m).expr, ctx.group)
-        for n, b in _expr_reads(ctx, ctx.stage(m).expr).items():
-            if n not in made:
-                reads[n] = max(reads.get(n, 0), b)
+        m_reads, m_flops = _expr_work(ctx, ctx.stage(m).expr)
+        flops += m_flops
+        for n, b in m_reads.items():
+            if n not in made and b > reads.get(n, 0):
+                reads[n] = b
     writes = sum(
         ctx.per_rank_bytes(ctx.stage(m).ty)
         for m in compute

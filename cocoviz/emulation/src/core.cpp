@@ -16,12 +16,14 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <map>
 #include <memory>
+#include <random>
 #include <set>
 #include <sstream>
 #include <unordered_map>
@@ -177,6 +179,14 @@ struct Stream {
 // last node.
 using Frontier = std::map<const Stream*, long>;
 
+// The clock one cudaEventRecord published, for the waits enqueued after it (deferred
+// execution, below: a later record of the same event may run before such a wait).
+struct RecordSlot {
+  VC vc;
+  bool done = false;
+  uint64_t op = 0;  // the deferred record that fills it
+};
+
 struct Event {
   bool timing = true;
   bool recorded = false;
@@ -185,6 +195,7 @@ struct Event {
   double t_ms = 0;
   Capture* cap = nullptr;  // recorded in this (ongoing) capture
   Frontier known;          // the recording stream's frontier in it
+  std::shared_ptr<RecordSlot> last;  // the latest deferred record, while deferring
 };
 
 // One recorded operation: it runs again, at its call site, at every launch of the graph.
@@ -192,6 +203,10 @@ struct Node {
   Stream* stream;
   Site site;
   std::function<void()> work;
+  std::vector<Stream*> streams;  // every stream of the operation (a group of NCCL calls: several)
+  bool nccl = false;             // an operation of NCCL's host API (a kernel NCCL launches)
+  int order = 0;                 // 1: an event record, 2: an event wait (of `event`)
+  Event* event = nullptr;
 };
 
 struct Capture {
@@ -211,6 +226,15 @@ struct Graph {
 struct GraphExec {
   std::shared_ptr<const std::vector<Node>> nodes;
   std::vector<Stream*> streams;
+};
+
+// One operation enqueued while deferring: it runs later, when the rank drains its queue.
+struct Deferred {
+  uint64_t id = 0;
+  std::vector<Stream*> streams;
+  std::function<void()> work;
+  Site site;
+  std::vector<uint64_t> deps;  // operations that must have run first
 };
 
 namespace {
@@ -233,6 +257,13 @@ struct Device {
   std::unordered_set<const Graph*> live_graphs;
   std::vector<std::unique_ptr<GraphExec>> execs;
   std::unordered_set<const GraphExec*> live_execs;
+  // deferred operations (COCOVIZ_EMU_ORDER=adversarial), in enqueue order
+  std::vector<Deferred> deferred;
+  std::unordered_set<uint64_t> deferred_ids;
+  std::unordered_map<const Stream*, uint64_t> stream_last;  // the last deferred op of each stream
+  uint64_t nccl_last = 0;                                   // the last deferred NCCL operation
+  uint64_t next_id = 1;
+  bool draining = false;
 };
 
 Device& dev() {
@@ -410,9 +441,145 @@ void Op::end_blocks() {
 
 Op* current_op() { return dev().current; }
 
-void host_sync_stream(Stream* s) { dev().host.join(s->vc); }
+// ====================================================== deferred execution
+//
+// COCOVIZ_EMU_ORDER=adversarial: an operation enqueued on a non-blocking stream does not
+// run at enqueue; it waits in the rank's queue until the host synchronizes (stream, event
+// or device), blocks in a wait of its own (a host-side NCCL call) or makes an NCCL
+// management call. Then the rank drains the queue one operation at a time, each picked at
+// random (COCOVIZ_EMU_SEED) among those whose predecessors have run: the operation before
+// it on each of its streams, the event record a cudaStreamWaitEvent waits for, and — with
+// NCCL_LAUNCH_ORDER_IMPLICIT set to a nonzero value, as NCCL reads it — the NCCL
+// operation enqueued before it on this rank (NCCL then starts its kernels in host issue
+// order; the emulation runs each to its end before the next, NCCL's serial variant).
+// Nothing else orders them. One operation runs at a time and a blocking one (a collective,
+// a send, a receive) holds the rank until its peers come: a GPU too full for two kernels
+// at once, the worst case of co-residency. A cycle of such waits across ranks is a
+// deadlock, which the watchdog reports. Operations on the legacy stream or a blocking
+// stream drain the queue first and run at once (the legacy stream's implicit
+// synchronization stays exact). Checks made at enqueue (arguments, capture rules) stay
+// at enqueue; the happens-before clocks are those of stream and event order, so hazards
+// are found as before, whatever order the operations ran in.
+
+namespace {
+
+bool parse_order_mode() {
+  const char* v = std::getenv("COCOVIZ_EMU_ORDER");
+  if (v == nullptr || v[0] == '\0' || std::strcmp(v, "enqueue") == 0) return false;
+  if (std::strcmp(v, "adversarial") == 0) return true;
+  fail("usage", std::string("COCOVIZ_EMU_ORDER=") + v + " is not an order the emulation knows",
+       {"use 'enqueue' (the default: every operation runs when it is enqueued) or 'adversarial' "
+        "(operations on non-blocking streams run later, in a seeded random order that respects "
+        "stream order, events and NCCL's implicit launch order when NCCL_LAUNCH_ORDER_IMPLICIT is set)"});
+}
+
+uint64_t order_seed() {
+  static const uint64_t seed = [] {
+    const char* v = std::getenv("COCOVIZ_EMU_SEED");
+    if (v == nullptr || v[0] == '\0') return static_cast<uint64_t>(1);
+    char* end = nullptr;
+    errno = 0;
+    const unsigned long long x = std::strtoull(v, &end, 10);
+    if (errno != 0 || end == v || *end != '\0' || v[0] == '-') {
+      fail("usage", std::string("COCOVIZ_EMU_SEED=") + v + " is not a seed", {"give a decimal integer 0 .. 2^64-1"});
+    }
+    return static_cast<uint64_t>(x);
+  }();
+  return seed;
+}
+
+std::mt19937_64& order_rng() {
+  static std::mt19937_64 rng = [] {
+    std::seed_seq seq{static_cast<uint32_t>(order_seed()), static_cast<uint32_t>(order_seed() >> 32),
+                      static_cast<uint32_t>(world_rank())};
+    return std::mt19937_64(seq);
+  }();
+  return rng;
+}
+
+bool implicit_launch_order() {
+  static const bool on = [] {
+    const char* v = std::getenv("NCCL_LAUNCH_ORDER_IMPLICIT");
+    return v != nullptr && std::atoi(v) != 0;
+  }();
+  return on;
+}
+
+// Defers `work` (its streams' previous operations, `deps` and, for an NCCL operation under
+// the implicit launch order, the previous NCCL operation run first); returns its id, or 0
+// when it ran at once (a legacy or blocking stream, or enqueued while the queue drains).
+uint64_t defer(const std::vector<Stream*>& streams, std::function<void()> work, bool nccl,
+               const std::vector<uint64_t>& deps) {
+  Device& d = dev();
+  bool now = d.draining;
+  for (Stream* s : streams) now = now || s == d.legacy || !s->nonblocking;
+  if (now) {
+    drain_pending();
+    work();
+    return 0;
+  }
+  Deferred op;
+  op.id = d.next_id++;
+  op.streams = streams;
+  op.work = std::move(work);
+  op.site = g_site;
+  for (uint64_t x : deps) {
+    if (d.deferred_ids.count(x)) op.deps.push_back(x);
+  }
+  for (Stream* s : streams) {
+    const auto it = d.stream_last.find(s);
+    if (it != d.stream_last.end() && d.deferred_ids.count(it->second)) op.deps.push_back(it->second);
+    d.stream_last[s] = op.id;
+  }
+  if (nccl && implicit_launch_order()) {
+    if (d.deferred_ids.count(d.nccl_last)) op.deps.push_back(d.nccl_last);
+    d.nccl_last = op.id;
+  }
+  d.deferred_ids.insert(op.id);
+  d.deferred.push_back(std::move(op));
+  return d.next_id - 1;
+}
+
+}  // namespace
+
+bool deferring() {
+  static const bool on = parse_order_mode();
+  return on;
+}
+
+uint64_t order_seed_value() { return order_seed(); }
+
+void drain_pending() {
+  Device& d = dev();
+  if (d.draining || d.deferred.empty()) return;
+  d.draining = true;
+  const Site saved = g_site;
+  while (!d.deferred.empty()) {
+    std::vector<size_t> ready;
+    for (size_t i = 0; i < d.deferred.size(); ++i) {
+      bool ok = true;
+      for (uint64_t x : d.deferred[i].deps) ok = ok && d.deferred_ids.count(x) == 0;
+      if (ok) ready.push_back(i);
+    }
+    if (ready.empty()) fail("emulation", "the deferred operations wait on each other (an emulation bug)");
+    const size_t pick = ready[static_cast<size_t>(order_rng()() % ready.size())];
+    Deferred op = std::move(d.deferred[pick]);
+    d.deferred.erase(d.deferred.begin() + static_cast<long>(pick));
+    d.deferred_ids.erase(op.id);
+    g_site = op.site;
+    op.work();
+  }
+  g_site = saved;
+  d.draining = false;
+}
+
+void host_sync_stream(Stream* s) {
+  drain_pending();
+  dev().host.join(s->vc);
+}
 
 void host_sync_device() {
+  drain_pending();
   Device& d = dev();
   for (auto& s : d.streams) d.host.join(s->vc);
 }
@@ -448,6 +615,9 @@ bool event_destroy(Event* e) {
 
 namespace {
 
+int enqueue_impl(const std::vector<Stream*>& streams, std::function<void()> work, bool nccl, uint64_t* id,
+                 const std::vector<uint64_t>& deps);
+
 void record_now(Event* e, Stream* s) {
   Op op(s, "cudaEventRecord");
   e->vc = op.vc();
@@ -475,7 +645,7 @@ void invalidate(Capture* c, const std::string& why) {
 void add_node(Capture* c, const std::vector<Stream*>& streams, std::function<void()> work,
               bool ordering = false) {
   const long at = static_cast<long>(c->nodes.size());
-  c->nodes.push_back(Node{streams.front(), g_site, std::move(work)});
+  c->nodes.push_back(Node{streams.front(), g_site, std::move(work), streams});
   if (ordering) return;
   Frontier joined;
   for (Stream* x : streams) {
@@ -492,15 +662,42 @@ int event_record(Event* e, Stream* s) {
     Capture* c = s->cap;
     if (c->invalid) return kErrCaptureInvalidated;
     add_node(c, {s}, [e, s] { record_now(e, s); }, true);
+    c->nodes.back().order = 1;
+    c->nodes.back().event = e;
     e->cap = c;
     e->known = c->known[s];
     c->events.push_back(e);
+    return 0;
+  }
+  if (deferring()) {
+    auto slot = std::make_shared<RecordSlot>();
+    uint64_t id = 0;
+    if (int err = enqueue_impl({s}, [e, s, slot] { record_now(e, s); slot->vc = e->vc; slot->done = true; }, false, &id, {})) return err;
+    slot->op = id;
+    e->last = slot;
+    e->cap = nullptr;
     return 0;
   }
   if (int err = enqueue(s, [e, s] { record_now(e, s); })) return err;
   e->cap = nullptr;
   return 0;
 }
+
+namespace {
+
+// A wait bound to the record it follows (deferring): the clock that record published,
+// even when a later record of the event runs first.
+int defer_wait(Stream* s, std::shared_ptr<RecordSlot> slot) {
+  std::vector<uint64_t> deps;
+  if (slot && !slot->done) deps.push_back(slot->op);
+  return enqueue_impl({s}, [s, slot] {
+    if (!slot) return;  // never recorded: completes at once
+    Op op(s, "cudaStreamWaitEvent");
+    op.acquire(slot->vc);
+  }, false, nullptr, deps);
+}
+
+}  // namespace
 
 int stream_wait_event(Stream* s, Event* e) {
   Capture* c = e->cap;
@@ -509,6 +706,15 @@ int stream_wait_event(Stream* s, Event* e) {
       // CUDA: a capturing stream may wait only on events recorded in its own capture
       invalidate(s->cap, "cudaStreamWaitEvent of a capturing stream on an event recorded outside the capture");
       return kErrCaptureIsolation;
+    }
+    if (deferring()) {
+      std::shared_ptr<RecordSlot> slot = e->last;
+      if (!slot && e->recorded) {  // recorded before: its clock as it is now
+        slot = std::make_shared<RecordSlot>();
+        slot->vc = e->vc;
+        slot->done = true;
+      }
+      return defer_wait(s, slot);
     }
     return enqueue(s, [s, e] { wait_now(s, e); });
   }
@@ -526,10 +732,13 @@ int stream_wait_event(Stream* s, Event* e) {
     for (const auto& kv : e->known) f[kv.first] = std::max(f[kv.first], kv.second);
   }
   add_node(c, {s}, [s, e] { wait_now(s, e); }, true);
+  c->nodes.back().order = 2;
+  c->nodes.back().event = e;
   return 0;
 }
 
 void host_sync_event(Event* e) {
+  drain_pending();
   if (e->recorded) dev().host.join(e->vc);
 }
 
@@ -539,7 +748,15 @@ bool event_captured(const Event* e) { return e->cap != nullptr; }
 
 int enqueue(Stream* s, std::function<void()> work) { return enqueue_on({s}, std::move(work)); }
 
-int enqueue_on(const std::vector<Stream*>& streams, std::function<void()> work) {
+int enqueue_on(const std::vector<Stream*>& streams, std::function<void()> work, bool nccl) {
+  return enqueue_impl(streams, std::move(work), nccl, nullptr, {});
+}
+
+namespace {
+
+int enqueue_impl(const std::vector<Stream*>& streams, std::function<void()> work, bool nccl, uint64_t* id,
+                 const std::vector<uint64_t>& deps) {
+  if (id != nullptr) *id = 0;
   Device& d = dev();
   Capture* c = streams.front()->cap;
   for (Stream* x : streams) {
@@ -561,13 +778,21 @@ int enqueue_on(const std::vector<Stream*>& streams, std::function<void()> work) 
     }
   }
   if (c == nullptr) {
-    work();
+    if (!deferring()) {
+      work();
+      return 0;
+    }
+    const uint64_t x = defer(streams, std::move(work), nccl, deps);
+    if (id != nullptr) *id = x;
     return 0;
   }
   if (c->invalid) return kErrCaptureInvalidated;
   add_node(c, streams, std::move(work));
+  c->nodes.back().nccl = nccl;
   return 0;
 }
+
+}  // namespace
 
 int capture_begin(Stream* s, int mode) {
   if (s == dev().legacy) return kErrCaptureUnsupported;  // CUDA: not on cudaStreamLegacy
@@ -667,6 +892,43 @@ GraphExec* graph_instantiate(Graph* g) {
 int graph_launch(GraphExec* x, Stream* s) {
   std::shared_ptr<const std::vector<Node>> nodes = x->nodes;
   std::vector<Stream*> streams = x->streams;
+  if (deferring() && s->cap == nullptr) {
+    // the graph's operations join the queue one by one, on their capture streams, after a
+    // start on s and every capture stream and before an end on all of them; a wait is
+    // bound to the record before it in the graph
+    std::vector<Stream*> all = streams;
+    if (std::find(all.begin(), all.end(), s) == all.end()) all.push_back(s);
+    if (int err = enqueue_impl(all, [streams, s] {
+          s->vc.join(dev().host);
+          for (Stream* t : streams) t->vc.join(s->vc);
+        }, false, nullptr, {})) {
+      return err;
+    }
+    const Site saved = g_site;
+    std::map<const Event*, std::shared_ptr<RecordSlot>> slots;
+    for (const Node& n : *nodes) {
+      g_site = n.site;
+      const std::vector<Stream*> on = n.streams.empty() ? std::vector<Stream*>{n.stream} : n.streams;
+      if (n.order == 1) {
+        auto slot = std::make_shared<RecordSlot>();
+        Event* e = n.event;
+        Stream* st = n.stream;
+        uint64_t id = 0;
+        enqueue_impl(on, [e, st, slot] { record_now(e, st); slot->vc = e->vc; slot->done = true; }, false, &id, {});
+        slot->op = id;
+        slots[e] = slot;
+      } else if (n.order == 2) {
+        const auto it = slots.find(n.event);
+        defer_wait(n.stream, it != slots.end() ? it->second : nullptr);
+      } else {
+        enqueue_impl(on, n.work, n.nccl, nullptr, {});
+      }
+    }
+    g_site = saved;
+    return enqueue_impl(all, [streams, s] {
+      for (Stream* t : streams) s->vc.join(t->vc);
+    }, false, nullptr, {});
+  }
   return enqueue(s, [nodes, streams, s] {
     // the graph starts after what came before it on s, and s goes on after all of it
     Device& d = dev();
@@ -1021,6 +1283,7 @@ void set_pending(const std::string& what) {
 
 void wait_until(const std::function<bool()>& ready, const std::string& pending,
                 const std::function<void()>& progress) {
+  drain_pending();  // a host that blocks lets the device run what it has queued
   if (ready()) return;
   set_pending(pending + " (" + site_text(g_site) + ")");
   const double start = now_s();
@@ -1053,6 +1316,11 @@ void wait_until(const std::function<bool()>& ready, const std::string& pending,
         detail.push_back("pending operations:");
         for (const std::string& s : everyone_pending()) detail.push_back("  " + s);
         detail.push_back("hint: every rank must issue the same collectives in the same order on a communicator, and each send needs its receive");
+        if (deferring()) {
+          detail.push_back(std::string("order: COCOVIZ_EMU_ORDER=adversarial, COCOVIZ_EMU_SEED=") + std::to_string(order_seed_value()) +
+                           ", NCCL_LAUNCH_ORDER_IMPLICIT " + (implicit_launch_order() ? "on" : "off") +
+                           " (operations on different communicators that no stream, event or launch order ties may run in either order)");
+        }
       }
       fail("watchdog", "no progress for " + std::to_string(static_cast<int>(timeout_s())) + " s (COCOVIZ_EMU_TIMEOUT) while waiting: " + pending, detail);
     }

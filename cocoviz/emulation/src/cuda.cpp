@@ -6,7 +6,9 @@
 
 #include <cstdlib>
 #include <cstring>
+#include <memory>
 #include <string>
+#include <vector>
 
 namespace emu = ::cocoviz_emu;
 
@@ -190,6 +192,15 @@ cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t bytes, cudaMemcpy
     return invalid(cudaErrorInvalidValue, std::string("cudaMemcpy") + names[kind] + " with a " + (dd ? "device" : "host") + " destination and a " + (sd ? "device" : "host") + " source");
   }
   emu::Stream* st = emu::resolve_stream(s, "cudaMemcpyAsync");
+  if (!sd && emu::deferring() && emu::capture_status(st) == 0) {
+    // deferred: the host's bytes as they are now (CUDA stages pageable memory at the call)
+    auto staged = std::make_shared<std::vector<char>>(static_cast<const char*>(src), static_cast<const char*>(src) + bytes);
+    return static_cast<cudaError_t>(emu::enqueue(st, [st, dst, staged, bytes, dd] {
+      emu::Op op(st, "cudaMemcpy of " + std::to_string(bytes) + " bytes");
+      if (dd) emu::access(dst, bytes, true);
+      std::memmove(dst, staged->data(), bytes);
+    }));
+  }
   return static_cast<cudaError_t>(emu::enqueue(st, [st, dst, src, bytes, sd, dd] {
     emu::Op op(st, "cudaMemcpy of " + std::to_string(bytes) + " bytes");
     if (sd) emu::access(src, bytes, false);

@@ -622,8 +622,8 @@ bool recv_done(PendingRecv* r) {
 }
 
 // A send: reads the buffer now (the copy travels), publishes the sender's clock.
-void post_send(const void* buff, size_t count, int type, int peer, ncclComm* comm, emu::Stream* stream,
-               const emu::Site& site) {
+PendingSend* post_send(const void* buff, size_t count, int type, int peer, ncclComm* comm, emu::Stream* stream,
+                       const emu::Site& site) {
   SiteScope scope(site);
   const size_t bytes = count * elem_size(type), vb = vc_bytes();
   auto s = std::make_unique<PendingSend>();
@@ -648,6 +648,20 @@ void post_send(const void* buff, size_t count, int type, int peer, ncclComm* com
   if (inline_data && bytes > 0) std::memcpy(s->msg.data() + sizeof d + vb, buff, bytes);
   MPI_Issend(s->msg.data(), mpi_count(s->msg.size(), s->text), MPI_BYTE, peer, kTagP2P, comm->mpi, &s->req);
   g_sends.push_back(std::move(s));
+  return g_sends.back().get();
+}
+
+// Deferring (COCOVIZ_EMU_ORDER=adversarial): a send holds its stream until the receiver has
+// posted the receive, as NCCL's send kernel may ("blocking for the GPU"), so an order in
+// which the receiver never gets there is a deadlock the watchdog reports.
+void wait_sends_received(const std::vector<PendingSend*>& sends) {
+  for (PendingSend* p : sends) {
+    const auto posted = [p] {
+      progress_all();
+      return std::none_of(g_sends.begin(), g_sends.end(), [p](const std::unique_ptr<PendingSend>& x) { return x.get() == p; });
+    };
+    emu::wait_until(posted, p->text + ": waiting for the receiver to post its ncclRecv", progress_all);
+  }
 }
 
 void post_recv(PendingRecv* r) {
@@ -797,8 +811,9 @@ void run_collective(const Task& t) {
 // collectives in order, then completes the receives.
 void run_tasks(const std::vector<Task>& tasks) {
   std::vector<std::unique_ptr<PendingRecv>> recvs;
+  std::vector<PendingSend*> sends;
   for (const Task& t : tasks) {
-    if (t.kind == kSend) post_send(t.send, t.count, t.type, t.root, t.comm, t.stream, t.site);
+    if (t.kind == kSend) sends.push_back(post_send(t.send, t.count, t.type, t.root, t.comm, t.stream, t.site));
     if (t.kind == kRecv) {
       auto r = std::make_unique<PendingRecv>();
       r->comm = t.comm;
@@ -818,6 +833,7 @@ void run_tasks(const std::vector<Task>& tasks) {
   std::vector<PendingRecv*> rs;
   for (auto& r : recvs) rs.push_back(r.get());
   finish_recvs(rs);
+  if (emu::deferring()) wait_sends_received(sends);
 }
 
 // Runs a batch now, or records it into the capture its streams belong to: at every launch
@@ -832,7 +848,7 @@ ncclResult_t dispatch(std::vector<Task> tasks) {
   const int err = emu::enqueue_on(streams, [tasks] {
     for (const Task& t : tasks) live_comm(t.comm, kind_name(t.kind));
     run_tasks(tasks);
-  });
+  }, /*nccl=*/true);
   if (err != 0) {
     return error(ncclInvalidUsage, std::string("NCCL call on a stream in an invalid capture state (") +
                                        cudaGetErrorName(static_cast<cudaError_t>(err)) + ")");
@@ -850,7 +866,10 @@ ncclResult_t submit(const Task& t) {
 
 // NCCL's calls that allocate, register or create: not stream operations, so not capturable.
 ncclResult_t refuse_in_capture(const char* fn) {
-  if (!emu::refuse_unsafe(fn)) return ncclSuccess;
+  if (!emu::refuse_unsafe(fn)) {
+    emu::drain_pending();  // a host-side NCCL call: the device has run what was queued before it
+    return ncclSuccess;
+  }
   return error(ncclInvalidUsage, std::string(fn) + " while a stream captures: it is no stream operation, so a "
                                                    "CUDA graph cannot hold it (call it before the capture)");
 }
@@ -1140,6 +1159,7 @@ ncclResult_t ncclCommFinalize(ncclComm_t comm) {
   progress_all();
   ncclComm* c = live_comm(comm, "ncclCommFinalize");
   if (c == nullptr) return error(ncclInvalidArgument, "ncclCommFinalize: comm is NULL");
+  emu::drain_pending();
   drain_sends(c, "ncclCommFinalize");
   return ncclSuccess;
 }

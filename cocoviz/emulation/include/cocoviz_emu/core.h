@@ -41,6 +41,14 @@
 // came before the launch on the launch stream and before what comes after it. Calls CUDA
 // refuses during capture return its error and invalidate the capture.
 //
+// Adversarial order (COCOVIZ_EMU_ORDER=adversarial, COCOVIZ_EMU_SEED=n): operations on
+// non-blocking streams are deferred and run, one at a time, in a seeded random order that
+// respects only stream order, event records and waits, and — when NCCL_LAUNCH_ORDER_IMPLICIT
+// is nonzero — NCCL's implicit launch order (NCCL operations in host issue order); a send
+// then blocks until its receive is posted, as NCCL's send kernel may. The queue drains
+// when the host synchronizes or blocks. A cross-communicator deadlock that some legal
+// GPU order reaches ends in the watchdog's report. src/core.cpp, "deferred execution".
+//
 // Every blocking wait (collective, send/recv, barrier) polls with a watchdog: after
 // COCOVIZ_EMU_TIMEOUT seconds (default 60) it prints every rank's pending operation (from
 // the status files in $COCOVIZ_EMU_DIR, which run.sh --emulate creates) and aborts.
@@ -56,7 +64,7 @@
 
 namespace cocoviz_emu {
 
-constexpr int kStreamSlots = 8;   // host, legacy stream, up to 6 created streams
+constexpr int kStreamSlots = 10;  // host, legacy stream, up to 8 created streams
 constexpr int kCtaSlots = 32;     // per stream: the blocks of its kernels (block b: b % 32)
 constexpr int kAgentsPerRank = kStreamSlots * (1 + kCtaSlots);
 constexpr int kReads = 4;          // read epochs kept per shadow cell (an antichain)
@@ -300,8 +308,15 @@ constexpr int kErrCapturedEvent = 907;           // cudaErrorCapturedEvent
 // cudaErrorStreamCaptureImplicit on the legacy stream while a blocking stream captures.
 int enqueue(Stream* s, std::function<void()> work);
 // The same for one operation over several streams (a group of NCCL calls): all of them
-// capture in one capture, or none does (else cudaErrorStreamCaptureIsolation).
-int enqueue_on(const std::vector<Stream*>& streams, std::function<void()> work);
+// capture in one capture, or none does (else cudaErrorStreamCaptureIsolation). `nccl`
+// marks an operation of NCCL's host API (ordered by NCCL_LAUNCH_ORDER_IMPLICIT).
+int enqueue_on(const std::vector<Stream*>& streams, std::function<void()> work, bool nccl = false);
+
+// COCOVIZ_EMU_ORDER=adversarial: operations are deferred (above); drain_pending() runs every
+// deferred operation now (a no-op otherwise, and while the queue already drains).
+bool deferring();
+void drain_pending();
+uint64_t order_seed_value();  // COCOVIZ_EMU_SEED (default 1)
 
 // cudaStreamBeginCapture (mode: 0 global, 1 thread-local, 2 relaxed), cudaStreamEndCapture
 // (a graph, or an error: not the origin stream, a fork not joined back, an invalidated

@@ -332,10 +332,9 @@ struct State {
   cudaStream_t main = nullptr;
   cudaStream_t compute = nullptr;
   cudaStream_t comm = nullptr;  // created with the highest priority
-  cudaEvent_t ev_ol_sch_overlap_layer_start = nullptr;
-  cudaEvent_t ev_ol_sch_overlap_layer_compute_done = nullptr;
-  cudaEvent_t ev_ol_sch_overlap_layer_comm_done = nullptr;
-  cudaEvent_t ev_ol_sch_overlap_layer[2][4] = {};
+  cudaEvent_t ev_ol_sch_overlap_layer_start = nullptr;  // main → compute, comm
+  cudaEvent_t ev_ol_sch_overlap_layer_done[2] = {};  // compute, comm → main
+  cudaEvent_t ev_ol_sch_overlap_layer[1][4] = {};  // per edge between two streams and chunk
 #if NCCL_VERSION_CODE >= NCCL_VERSION(2, 27, 0)
   // windows of the buffers host-API collectives use (NCCL's symmetric kernels)
   ncclWindow_t win_v_sch_layer = nullptr;
@@ -407,10 +406,8 @@ State* create(const Ctx& ctx) {
   CHECK_CUDA("setup", cudaStreamCreateWithPriority(&S->compute, cudaStreamNonBlocking, least));
   CHECK_CUDA("setup", cudaStreamCreateWithPriority(&S->comm, cudaStreamNonBlocking, greatest));
   CHECK_CUDA("setup", cudaEventCreateWithFlags(&S->ev_ol_sch_overlap_layer_start, cudaEventDisableTiming));
-  CHECK_CUDA("setup", cudaEventCreateWithFlags(&S->ev_ol_sch_overlap_layer_compute_done, cudaEventDisableTiming));
-  CHECK_CUDA("setup", cudaEventCreateWithFlags(&S->ev_ol_sch_overlap_layer_comm_done, cudaEventDisableTiming));
-  for (auto& per_item : S->ev_ol_sch_overlap_layer)
-    for (auto& ev : per_item) CHECK_CUDA("setup", cudaEventCreateWithFlags(&ev, cudaEventDisableTiming));
+  for (auto& ev : S->ev_ol_sch_overlap_layer_done) CHECK_CUDA("setup", cudaEventCreateWithFlags(&ev, cudaEventDisableTiming));
+  for (auto& ev : S->ev_ol_sch_overlap_layer[0]) CHECK_CUDA("setup", cudaEventCreateWithFlags(&ev, cudaEventDisableTiming));
   if (on_stage(ctx, 0)) {
     void* mem = nullptr;
     CHECK_CUDA("allocation of in_sch_w", cudaMalloc(&mem, sizeof(__half) * 18874368));
@@ -495,10 +492,10 @@ void destroy(State* S, const Ctx& ctx) {
   for (void* p : S->owned) CHECK_CUDA("teardown", cudaFree(p));
   for (void* p : S->owned_symmetric) CHECK_NCCL("teardown", ncclMemFree(p));
   cudaEventDestroy(S->ev_ol_sch_overlap_layer_start);
-  cudaEventDestroy(S->ev_ol_sch_overlap_layer_compute_done);
-  cudaEventDestroy(S->ev_ol_sch_overlap_layer_comm_done);
-  for (auto& per_item : S->ev_ol_sch_overlap_layer)
-    for (auto& ev : per_item) cudaEventDestroy(ev);
+  for (auto& ev : S->ev_ol_sch_overlap_layer_done) cudaEventDestroy(ev);
+  for (auto& per_edge : S->ev_ol_sch_overlap_layer)
+    for (auto& ev : per_edge)
+      if (ev != nullptr) cudaEventDestroy(ev);  // created on the stages that use it
   cudaStreamDestroy(S->main);
   cudaStreamDestroy(S->compute);
   cudaStreamDestroy(S->comm);
@@ -536,8 +533,9 @@ void run(State* S, const Ctx& ctx, const Params& P) {
   const Buffers& B = S->B;
   const Consts& C = S->C;
   const int64_t tp = ctx.tp;
-  // overlapped: layer, sum_rs, out_s, out in 4 chunks; chunk k of each item is released
-  // by an event recorded after chunk k of the item before it
+  // overlapped: layer, sum_rs, out_s, out in 4 chunks on the compute, comm streams; in
+  // chunk k each operation waits for the one before it (on its rank) by an event where the
+  // two run on different streams; chunks touch disjoint parts of every buffer
   CHECK_CUDA("layer, sum_rs, out_s, out", cudaEventRecord(S->ev_ol_sch_overlap_layer_start, S->main));
   CHECK_CUDA("layer, sum_rs, out_s, out", cudaStreamWaitEvent(S->compute, S->ev_ol_sch_overlap_layer_start, 0));
   CHECK_CUDA("layer, sum_rs, out_s, out", cudaStreamWaitEvent(S->comm, S->ev_ol_sch_overlap_layer_start, 0));
@@ -553,9 +551,9 @@ void run(State* S, const Ctx& ctx, const Params& P) {
 
     }
     CHECK_CUDA("layer", cudaEventRecord(S->ev_ol_sch_overlap_layer[0][k], S->compute));
-    CHECK_CUDA("layer", cudaStreamWaitEvent(S->comm, S->ev_ol_sch_overlap_layer[0][k], 0));
 
     // chunk k of fused(sum_rs, out_s, out) on the comm stream
+    CHECK_CUDA("fused(sum_rs, out_s, out)", cudaStreamWaitEvent(S->comm, S->ev_ol_sch_overlap_layer[0][k], 0));
     if (ctx.pp == 0) {
       CHECK_NCCL("sum_rs", ncclReduceScatter(B.v_sch_layer + (12582912 * k), B.v_sch_sum_rs + (1572864 * k), 1572864, ncclFloat16, ncclSum, ctx.nccl_group, S->comm));
 
@@ -571,10 +569,10 @@ void run(State* S, const Ctx& ctx, const Params& P) {
     }
 
   }
-  CHECK_CUDA("layer, sum_rs, out_s, out", cudaEventRecord(S->ev_ol_sch_overlap_layer_compute_done, S->compute));
-  CHECK_CUDA("layer, sum_rs, out_s, out", cudaEventRecord(S->ev_ol_sch_overlap_layer_comm_done, S->comm));
-  CHECK_CUDA("layer, sum_rs, out_s, out", cudaStreamWaitEvent(S->main, S->ev_ol_sch_overlap_layer_compute_done, 0));
-  CHECK_CUDA("layer, sum_rs, out_s, out", cudaStreamWaitEvent(S->main, S->ev_ol_sch_overlap_layer_comm_done, 0));
+  CHECK_CUDA("layer, sum_rs, out_s, out", cudaEventRecord(S->ev_ol_sch_overlap_layer_done[0], S->compute));
+  CHECK_CUDA("layer, sum_rs, out_s, out", cudaEventRecord(S->ev_ol_sch_overlap_layer_done[1], S->comm));
+  CHECK_CUDA("layer, sum_rs, out_s, out", cudaStreamWaitEvent(S->main, S->ev_ol_sch_overlap_layer_done[0], 0));
+  CHECK_CUDA("layer, sum_rs, out_s, out", cudaStreamWaitEvent(S->main, S->ev_ol_sch_overlap_layer_done[1], 0));
 
   (void)B;
   (void)C;
