@@ -48,3 +48,25 @@ def test_no_stale_golden_files() -> None:
         expected |= {f"{name}.{block}.{k}.coco" for k in range(1, len(steps) + 1)}
     present = {p.name for p in GOLDEN.glob("*.coco")}
     assert present == expected
+
+
+@pytest.mark.parametrize(("name", "block"), CASES)
+def test_each_rewrite_says_where_the_stages_changed(name: str, block: str) -> None:
+    """A rewrite's `Edit.window` (lo, hi_new, hi_old), when it gives one, bounds where the
+    stage tuples differ: outside it they hold the same objects (the index of the new
+    program is derived from it without comparing the tuples)."""
+    from cocoviz.ir.transforms import as_transformation
+
+    program = sample(name)
+    steps = next(b for b in program.schedules if b.name == block).steps
+    for step in steps:
+        t = as_transformation(step).resolve(program)
+        edit = t.rewrite(program)
+        if edit.window is not None:
+            lo, hi_new, hi_old = edit.window
+            new, old = edit.program.stages, program.stages
+            assert 0 <= lo <= hi_new <= len(new) and lo <= hi_old <= len(old), step
+            assert len(new) - hi_new == len(old) - hi_old, step
+            assert all(a is b for a, b in zip(new[:lo], old[:lo], strict=True)), step
+            assert all(a is b for a, b in zip(new[hi_new:], old[hi_old:], strict=True)), step
+        program, _ = apply_step(program, step)

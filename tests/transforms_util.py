@@ -42,7 +42,12 @@ def assert_index_consistent(p: Program) -> None:
     assert derived.pos == fresh.pos
     assert derived.updates == fresh.updates
     assert derived.update_target == fresh.update_target
-    assert derived.group_index == fresh.group_index
+    assert all(derived.position(n) == i for i, n in enumerate(fresh.pos))
+    groups = derived.group_table()
+    assert groups == fresh.group_table()
+    assert all(g is next(h for h in p.groups if h == g) for g in groups.values())
+    assert derived.groups_exact == fresh.groups_exact
+    assert derived.groups_sorted == fresh.groups_sorted
     names = set(fresh.pos) | set(fresh.inputs) | set(fresh.params)
     for n in names:
         assert derived.users(n) == fresh.users(n), n

@@ -9,8 +9,10 @@ them the chooser.
 
 from __future__ import annotations
 
+import contextlib
 import functools
-from collections.abc import Iterable, Sequence
+import gc
+from collections.abc import Iterable, Iterator, Sequence
 
 from cocoviz.errors import ScheduleError, did_you_mean
 from cocoviz.ir.nodes import Program, ScheduleBlock, StepCall
@@ -50,6 +52,28 @@ def chunk_chooser(hw: Hardware) -> ChunkChooser:
             return DEFAULT_CHUNKS
 
     return choose
+
+
+@contextlib.contextmanager
+def _collector_skips_the_program() -> Iterator[None]:
+    """While a schedule is applied, the cyclic garbage collector leaves alone the objects
+    that existed before it (`gc.freeze`), the program among them.
+
+    A freshly loaded deep program is tens of thousands of objects in the collector's
+    middle generation, and the objects a schedule makes soon trigger a collection of
+    that generation, which walks them all: on a 96-layer GPT stack that walk cost more
+    than the 384 steps. There is nothing for it to find there (a program and its index
+    form no cycle), and afterwards they are handed to the oldest generation, where that
+    collection would have moved them anyway. Skipped when something else froze objects
+    (their owner decides when to unfreeze) or the collector is off."""
+    if not gc.isenabled() or gc.get_freeze_count():
+        yield
+        return
+    gc.freeze()
+    try:
+        yield
+    finally:
+        gc.unfreeze()
 
 
 def apply_step(
@@ -103,15 +127,16 @@ def apply_blocks(program: Program, hw: Hardware | None = None) -> list[tuple[str
     wanted = {(j, n) for j, n in source if j >= 0}  # (block, steps applied)
     saved: dict[tuple[int, int], Program] = {}
     done: list[tuple[str, Program]] = []
-    for k, steps in enumerate(blocks):
-        j, start = source[k]
-        current = saved[(j, start)] if j >= 0 else program
-        for pos in range(start, len(steps) + 1):
-            if (k, pos) in wanted:
-                saved[(k, pos)] = current
-            if pos < len(steps):
-                current, _ = apply_step(current, steps[pos], hw)
-        done.append((program.schedules[k].name, current))
+    with _collector_skips_the_program():
+        for k, steps in enumerate(blocks):
+            j, start = source[k]
+            current = saved[(j, start)] if j >= 0 else program
+            for pos in range(start, len(steps) + 1):
+                if (k, pos) in wanted:
+                    saved[(k, pos)] = current
+                if pos < len(steps):
+                    current, _ = apply_step(current, steps[pos], hw)
+            done.append((program.schedules[k].name, current))
     return done
 
 
@@ -160,9 +185,10 @@ def resolve_schedule(
     """Apply `steps`; returns the scheduled program and the steps as resolved (what a
     manifest or a saved file records)."""
     resolved: list[StepCall] = []
-    for step in steps:
-        program, done = apply_step(program, step, hw)
-        resolved.append(done)
+    with _collector_skips_the_program():
+        for step in steps:
+            program, done = apply_step(program, step, hw)
+            resolved.append(done)
     return program, tuple(resolved)
 
 

@@ -165,7 +165,7 @@ def candidate_steps(program: Program, name: str) -> list[Transformation]:
     if name in idx.inputs:
         return [AsSlice(tensors=(name,))]
     if not idx.is_stage(name):
-        hint = did_you_mean(name, list(idx.pos) + list(idx.inputs))
+        hint = did_you_mean(name, [s.name for s in idx.stages] + list(idx.inputs))
         raise ScheduleError(f"no stage or input named '{name}'", hint=hint)
     s = idx.stage(name)
     out.append(Split(stage=name))
@@ -173,7 +173,7 @@ def candidate_steps(program: Program, name: str) -> list[Transformation]:
     tgt = idx.update_target.get(name)
     if tgt is not None:
         out.append(AsSlice(tensors=(tgt,)))
-    neighbours = [p for p in sorted(idx.preds(name), key=idx.pos.__getitem__)]
+    neighbours = [p for p in sorted(idx.preds(name), key=idx.position)]
     users = idx.users(name)
     for p in neighbours:
         out.append(Fuse(stages=(p, name)))
@@ -213,7 +213,7 @@ def _reach(idx: Index, start: str, op: Op, forward: bool, limit: int = 64) -> li
                 found.append(m)
             elif e not in COLLECTIVES and e is not Op.MATMUL:
                 todo.append(m)
-    return sorted(found, key=idx.pos.__getitem__)
+    return sorted(found, key=idx.position)
 
 
 def legal_steps(program: Program, stage: str) -> list[StepOption]:

@@ -8,9 +8,10 @@ changed (`cocoviz.ir.transforms.retype`), and verifies the IR invariants; a brok
 invariant is an `InternalError` that names the step.
 
 `Index` answers the graph queries the transformations need (positions, reads, users,
-ordering edges, groups) for one Program. It is built once per Program object and reads
-of a stage are cached per expression object, so that a long schedule on a large program
-does not walk every expression after every step.
+ordering edges, groups) for one Program. It is built once per Program object, from the
+index of the program a step rewrote for what the step changed (the rewrite says where:
+`Edit.window`), and reads of a stage are cached per expression object, so that a step
+on a large program costs what it changes, not the program's size (see `_Tables`).
 """
 
 from __future__ import annotations
@@ -18,8 +19,9 @@ from __future__ import annotations
 import abc
 import dataclasses
 import operator
+import threading
 import weakref
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from itertools import count
 from typing import Any, ClassVar
@@ -39,30 +41,41 @@ from cocoviz.ir.nodes import (
 )
 from cocoviz.ir.types import REPLICATED, TensorType
 
-# --- caches keyed by object identity, dropped with the object ------------------------------
+# --- reads, cached on the expression ----------------------------------------------------
 
-_READS: dict[int, tuple[weakref.ref[Expr], frozenset[str]]] = {}
-
-
-def _dropper(cache: dict[int, Any], key: int) -> Callable[[object], None]:
-    """A weakref callback removing `key` from `cache` (bound now: safe at shutdown)."""
-
-    def drop(_ref: object) -> None:
-        cache.pop(key, None)
-
-    return drop
+# The names an expression reads live on the expression itself (a private attribute
+# outside the dataclass fields, so equality, hashing and `dataclasses.replace` ignore
+# it): looked up once per expression object and dropped with it.
+_READS_ATTR = "_cocoviz_reads"
 
 
 def reads_of(stage: Stage) -> frozenset[str]:
     """Names a stage's expression reads (cached per expression object)."""
     e = stage.expr
-    key = id(e)
-    hit = _READS.get(key)
-    if hit is not None and hit[0]() is e:
-        return hit[1]
-    names = frozenset(e.refs())
-    _READS[key] = (weakref.ref(e, _dropper(_READS, key)), names)
+    d = e.__dict__
+    names: frozenset[str] | None = d.get(_READS_ATTR)
+    if names is None:
+        names = d[_READS_ATTR] = _refs(e)
     return names
+
+
+def _refs(e: Expr) -> frozenset[str]:
+    """The names `e` reads (one loop over its nodes: `Expr.refs` stacks two generators)."""
+    if e.op is _REF:
+        return frozenset(() if e.name is None else (e.name,))
+    found: list[str] = []
+    todo = list(e.args)
+    while todo:
+        x = todo.pop()
+        if x.op is _REF:
+            if x.name is not None:
+                found.append(x.name)
+        elif x.args:
+            todo.extend(x.args)
+    return frozenset(found)
+
+
+_REF = Op.REF  # a module global: an enum member looked up on its class costs more
 
 
 # The index of a program lives on the program itself (a private attribute outside the
@@ -70,74 +83,210 @@ def reads_of(stage: Stage) -> frozenset[str]:
 # holds its program, so a cache anywhere else would keep every program alive.
 _INDEX_ATTR = "_cocoviz_index"
 
+Window = tuple[int, int, int]
+"""(lo, hi_new, hi_old) between an old and a new stage tuple: `new[:lo]` and `old[:lo]`
+hold the same stage objects, and so do `new[hi_new:]` and `old[hi_old:]`."""
+
 
 def cached_index(program: Program) -> Index | None:
     """The index already built for `program`, if any."""
     idx: Index | None = program.__dict__.get(_INDEX_ATTR)
-    return idx if idx is not None and idx.program is program else None  # not a copy's
+    return idx if idx is not None and idx._program() is program else None  # not a copy's
 
 
 def index(
-    program: Program, parent: Program | None = None, replaced: Iterable[str] | None = None
+    program: Program,
+    parent: Program | None = None,
+    replaced: Iterable[str] | None = None,
+    window: Window | None = None,
+    groups_sorted: bool | None = None,
 ) -> Index:
     """The (cached) `Index` of a program. With `parent`, a program this one was made
     from by a few edits, the index is derived from the parent's instead of rebuilt;
-    `replaced` says that only those stages changed (same names, same order)."""
+    `replaced` says that only those stages changed (same names, same order), `window`
+    where the stage tuples differ (found by comparing them when not given), and
+    `groups_sorted` that the groups are in the order of their first stages."""
     hit = cached_index(program)
     if hit is not None:
         return hit
     base = cached_index(parent) if parent is not None else None
-    idx = Index(program, base, None if replaced is None else set(replaced))
+    rep = None if replaced is None else set(replaced)
+    idx = Index(program, base, rep, window, groups_sorted)
     object.__setattr__(program, _INDEX_ATTR, idx)  # Program is frozen
     return idx
+
+
+# --- the tables behind the indexes of a line of programs ---------------------------------
+#
+# A long schedule makes a line of programs, each from the one before by a small edit. Their
+# indexes share one set of mutable tables (`_Tables`: positions, group membership, users),
+# which each derived index edits in place for what its step changed, logging how to undo
+# it; the tables then answer for the newest index only. An older index asked later (the
+# program a step was checked against, a program of the TUI's undo history) takes them back
+# by undoing the log down to its version, or builds its own when the log no longer reaches
+# it. That makes a step's index cost what the step changed, not the program's size.
+#
+# Positions are stored without renumbering every stage after an insertion: a stage before
+# `split` is stored as its position, one at or after it as its position minus the stage
+# count (its distance from the end, which an edit before it does not change). An edit moves
+# `split` to its window, converting the stages in between: a schedule that works through a
+# program in order converts each stage about once. Each index keeps the positions it was
+# asked for (`_Positions`), so a lookup is a dict hit after the first.
+
+# The tables are shared, so every access holds `_LOCK`: a UI queries the programs of its
+# history in worker threads (simulating, emitting) while it applies steps in its own.
+_LOCK = threading.RLock()
+_VERSIONS = count(1)
+_LOG_LIMIT = 16
+"""Edits the tables can undo: an index more steps back rebuilds its own tables."""
+_CARRY = 64
+"""Positions a derived index takes over from its parent's lookups (at most)."""
+
+
+class _Undo:
+    """How to take the tables back to `version`: the old values of the entries an edit
+    changed (None: absent)."""
+
+    __slots__ = ("version", "n", "split", "grouped", "pos", "groups", "all_groups", "users")
+
+    def __init__(self, tables: _Tables) -> None:
+        self.version = tables.version
+        self.n = tables.n
+        self.split = tables.split
+        self.grouped = tables.grouped
+        self.pos: dict[str, int | None] = {}
+        self.groups: dict[str, Group | None] = {}
+        self.all_groups: dict[str, Group] | None = None  # the whole table, when replaced
+        self.users: dict[str, set[str] | None] = {}
+
+
+def _restore(table: dict[str, Any], old: dict[str, Any]) -> None:
+    for k, v in old.items():
+        if v is None:
+            table.pop(k, None)
+        else:
+            table[k] = v
+
+
+class _Tables:
+    """Stage positions, group membership and users of the program of the index whose
+    `version` this is (see above)."""
+
+    __slots__ = ("pos", "n", "split", "groups", "grouped", "users", "version", "log")
+
+    def __init__(self, program: Program) -> None:
+        stages = program.stages
+        self.pos: dict[str, int] = dict(zip(map(_name, stages), count()))
+        self.n = len(stages)
+        self.split = self.n  # every stage stored as its position
+        self.groups, self.grouped = _group_table(program.groups)
+        self.users: dict[str, set[str]] | None = None  # built when first asked for
+        self.version = next(_VERSIONS)
+        self.log: list[_Undo] = []
+
+    def undo(self) -> None:
+        rec = self.log.pop()
+        _restore(self.pos, rec.pos)
+        if rec.all_groups is not None:
+            self.groups = rec.all_groups
+        else:
+            _restore(self.groups, rec.groups)
+        if self.users is not None:
+            _restore(self.users, rec.users)
+        self.n, self.split, self.grouped = rec.n, rec.split, rec.grouped
+        self.version = rec.version
+
+
+def _group_table(groups: Sequence[Group]) -> tuple[dict[str, Group], int]:
+    """Stage → its top-level group, and the group memberships (more than the table's
+    length if a stage is in two groups; the last one wins)."""
+    table: dict[str, Group] = {}
+    grouped = 0
+    for g in groups:
+        todo = list(g.items)
+        while todo:
+            it = todo.pop()
+            if isinstance(it, str):
+                table[it] = g
+                grouped += 1
+            else:
+                todo.extend(it.items)
+    return table, grouped
+
+
+class _Positions(dict[str, int]):
+    """The positions an index was asked for; a miss is looked up in the tables."""
+
+    __slots__ = ("_index",)
+
+    def __init__(self, idx: Index, known: dict[str, int] | None = None) -> None:
+        super().__init__(known or {})
+        self._index = weakref.ref(idx)  # the index holds this: no cycle
+
+    def __missing__(self, name: str) -> int:
+        idx = self._index()
+        if idx is None:  # pragma: no cover - the index holds its positions
+            raise KeyError(name)
+        p = idx._locate(name)
+        self[name] = p
+        return p
+
+
+class PositionsView(Mapping[str, int]):
+    """`Index.pos`: stage name → position, as a read-only mapping."""
+
+    def __init__(self, idx: Index) -> None:
+        self._idx = idx
+
+    def __getitem__(self, name: str) -> int:
+        return self._idx.position(name)
+
+    def __contains__(self, name: object) -> bool:
+        return isinstance(name, str) and self._idx.is_stage(name)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter([s.name for s in self._idx.stages])
+
+    def __len__(self) -> int:
+        return self._idx.distinct_stages()
 
 
 class Index:
     """Graph queries over one Program (stage positions, reads, users, ordering edges)."""
 
-    pos: dict[str, int]
     inputs: dict[str, Input]
+    input_names: set[str]
+    """The inputs' names (for inference; shared like `inputs`)."""
     params: dict[str, Param]
     dims: set[str]
     outputs: set[str]
-    group_index: dict[str, int]
-    grouped: int
     updates: dict[str, str]
     update_target: dict[str, str]
+    position: Callable[[str], int]
+    """The position of stage `name` (KeyError if it is not a stage); a C-level dict
+    lookup after the first time, for sort keys and inner loops."""
 
     def __init__(
-        self, program: Program, parent: Index | None = None, replaced: set[str] | None = None
+        self,
+        program: Program,
+        parent: Index | None = None,
+        replaced: set[str] | None = None,
+        window: Window | None = None,
+        groups_sorted: bool | None = None,
     ) -> None:
-        self.program = program
+        # The program holds its index (`index`), so the index holds it weakly: a cycle
+        # would leave every program a schedule goes through to the cyclic collector,
+        # whose passes over a large program then cost more than the steps.
+        self._program = weakref.ref(program)
         self.stages = program.stages
-        self._window = (0, len(program.stages), len(program.stages))
-        if parent is not None and replaced is not None:
-            self.pos = parent.pos
-        elif parent is not None:
-            self._window = _changed_window(parent.stages, program.stages)
-            lo, hi_new, hi_old = self._window
-            stages = program.stages
-            if hi_new == hi_old and list(map(_name, parent.stages[lo:hi_old])) == list(
-                map(_name, stages[lo:hi_new])
-            ):
-                # the same names at the same positions: shared (an index never changes it)
-                self.pos = parent.pos
-            else:
-                # positions before `lo` are the parent's; from `lo` on (up to `hi_new` when
-                # the window kept its length, else to the end) they are set again (in C:
-                # a long schedule renumbers the tail of a deep program at every step)
-                self.pos = pos = dict(parent.pos)
-                for s in parent.stages[lo:hi_old]:
-                    del pos[s.name]
-                end = hi_new if hi_new == hi_old else len(stages)
-                pos.update(zip(map(_name, stages[lo:end]), count(lo)))
-        else:
-            self.pos = dict(zip(map(_name, program.stages), count()))
+        self.groups = program.groups
         pp = parent.program if parent is not None else None
         if parent is not None and pp is not None and pp.inputs is program.inputs:
             self.inputs = parent.inputs
+            self.input_names = parent.input_names
         else:
             self.inputs = {i.name: i for i in program.inputs}
+            self.input_names = set(self.inputs)
         if parent is not None and pp is not None and pp.params is program.params:
             self.params = parent.params
             self.dims = parent.dims
@@ -148,28 +297,50 @@ class Index:
             self.outputs = parent.outputs
         else:
             self.outputs = set(program.outputs)
-        if parent is not None and pp is not None and pp.groups is program.groups:
-            self.group_index = parent.group_index
-            self.grouped = parent.grouped
-        else:
-            self.group_index = group_index = {}
-            grouped = 0  # group memberships; more than len(group_index) if shared
-            for gi, g in enumerate(program.groups):
-                todo = list(g.items)
-                while todo:
-                    it = todo.pop()
-                    if isinstance(it, str):
-                        group_index[it] = gi
-                        grouped += 1
-                    else:
-                        todo.extend(it.items)
-            self.grouped = grouped
-        self._users: dict[str, set[str]] | None = None
-        self._users_over: dict[str, set[str]] = {}
+        self._groups_sorted = groups_sorted
+        self._preds: dict[str, frozenset[str]] = {}
+        self._succs: dict[str, frozenset[str]] = {}
         if parent is None:
+            self._tables_ = _Tables(program)
+            self._version = self._tables_.version
+            self._set_positions(None)
             self._scan_updates()
         else:
-            self._derive(parent, replaced)
+            self._derive(parent, replaced, window)
+
+    @property
+    def program(self) -> Program:
+        """The program (alive while its index is used: the caller holds it)."""
+        p = self._program()
+        if p is None:  # pragma: no cover - an index is reached through its program
+            raise ReferenceError("the program of this index is gone")
+        return p
+
+    def _set_positions(self, known: dict[str, int] | None) -> None:
+        self._positions = _Positions(self, known)
+        self.position = self._positions.__getitem__
+
+    # --- the shared tables --------------------------------------------------------------
+    def _tables(self) -> _Tables:
+        """The tables, answering for this index (taken back, or rebuilt, if a derived
+        index changed them). The caller holds `_LOCK`."""
+        t = self._tables_
+        if t.version == self._version:
+            return t
+        v = self._version
+        if any(rec.version == v for rec in t.log):
+            while t.version != v:
+                t.undo()
+            return t
+        t = self._tables_ = _Tables(self.program)
+        self._version = t.version
+        return t
+
+    def _locate(self, name: str) -> int:
+        with _LOCK:
+            t = self._tables()
+            v = t.pos[name]
+            return v if v >= 0 else v + t.n
 
     def _scan_updates(self) -> None:
         self.updates = {}  # target input → update stage
@@ -181,80 +352,180 @@ class Index:
                     self.updates.setdefault(tgt, s.name)
                     self.update_target[s.name] = tgt
 
-    def _derive(self, parent: Index, replaced: set[str] | None) -> None:
-        """Users and updates from the parent's, adjusted for the stages that differ."""
+    def _derive(self, parent: Index, replaced: set[str] | None, window: Window | None) -> None:
+        with _LOCK:
+            self._derive_locked(parent, replaced, window)
+
+    def _derive_locked(
+        self, parent: Index, replaced: set[str] | None, window: Window | None
+    ) -> None:
+        """Take over the parent's tables, edited for the stages and groups that differ."""
+        t = parent._tables()
+        pp = parent.program
+        old_stages, stages = parent.stages, self.stages
         gone: list[Stage] = []
         new: list[Stage] = []
+        moved = False  # whether positions changed
         if replaced is not None:
             for n in replaced:
-                j = self.pos[n]
-                new.append(self.stages[j])
-                gone.append(parent.stages[j])
+                j = parent.position(n)
+                new.append(stages[j])
+                gone.append(old_stages[j])
+            lo = hi_new = hi_old = 0
         else:
-            lo, hi_new, hi_old = self._window
-            old_window = {id(s) for s in parent.stages[lo:hi_old]}
-            new_window = {id(s) for s in self.stages[lo:hi_new]}
-            new = [s for s in self.stages[lo:hi_new] if id(s) not in old_window]
-            gone = [s for s in parent.stages[lo:hi_old] if id(s) not in new_window]
-        if any(s.expr.op is Op.UPDATE for s in gone + new):
+            if window is None:
+                window = _changed_window(old_stages, stages)
+            lo, hi_new, hi_old = window
+            old_window = old_stages[lo:hi_old]
+            new_window = stages[lo:hi_new]
+            old_ids = set(map(id, old_window))
+            new_ids = set(map(id, new_window))
+            new = [s for s in new_window if id(s) not in old_ids]
+            gone = [s for s in old_window if id(s) not in new_ids]
+            moved = hi_new != hi_old or list(map(_name, old_window)) != list(map(_name, new_window))
+        if any(s.expr.op is Op.UPDATE for s in gone) or any(s.expr.op is Op.UPDATE for s in new):
             self._scan_updates()
         else:
             self.updates = parent.updates
             self.update_target = parent.update_target
         # the read edges (name read, stage) that differ; a stage re-typed or rebuilt with
-        # the same reads changes none, and the parent's dicts are then shared (the dicts
-        # and sets of an index are never changed once built: an edit copies them)
+        # the same reads changes none (and then, if nothing else changed either, the two
+        # indexes share the tables' version, whatever builds the users table later)
         before = {(r, s.name) for s in gone for r in reads_of(s)}
         after = {(r, s.name) for s in new for r in reads_of(s)}
         dropped, added = before - after, after - before
-        base = parent._all_users()
-        if not dropped and not added:
-            self._users, self._users_over = base, parent._users_over
+        regrouped = pp.groups is not self.groups
+        # the positions the parent was asked for (while there are few; a snapshot, as
+        # another thread may be adding to them) still hold where no stage moved: the next
+        # lookups are mostly of the same stages
+        carried = dict(parent._positions) if len(parent._positions) <= _CARRY else {}
+        if not moved and not regrouped and not dropped and not added:
+            # nothing the tables hold changed: shared, positions and all
+            self._tables_, self._version = t, parent._version
+            self._set_positions(carried)
+            if self._groups_sorted is None:
+                self._groups_sorted = parent._groups_sorted
             return
-        # the changed entries go to a small overlay over the parent's dict instead of a
-        # copy of it (a long schedule on a deep program edits a few names per step);
-        # the overlay is folded into a new dict once it grows
-        over = dict(parent._users_over)
-        copied: set[str] = set()
+        rec = _Undo(t)
+        known: dict[str, int] = carried
+        if moved:
+            self._move_positions(t, rec, old_stages, window or (0, 0, 0))
+            # the window's stages, and the carried ones outside it (shifted)
+            d = hi_new - hi_old
+            known = dict(zip(map(_name, stages[lo:hi_new]), count(lo)))
+            for k, v in carried.items():
+                if v < lo:
+                    known[k] = v
+                elif v >= hi_old:
+                    known[k] = v + d
+        if t.users is not None and (dropped or added):
+            _edit_users(t.users, rec.users, dropped, added)
+        if regrouped:
+            self._regroup(t, rec, pp.groups, self.groups)
+        elif self._groups_sorted is None:
+            # a step that moves grouped stages makes new groups (fuse, overlap); the
+            # others keep the stages' order, and so the groups'
+            self._groups_sorted = parent._groups_sorted
+        t.log.append(rec)
+        if len(t.log) > _LOG_LIMIT:
+            del t.log[0]
+        t.version = next(_VERSIONS)
+        self._tables_, self._version = t, t.version
+        self._set_positions(known)
 
-        def own(r: str) -> set[str]:
-            if r not in copied:
-                copied.add(r)
-                cur = over.get(r)
-                over[r] = set(base.get(r, ()) if cur is None else cur)
-            return over[r]
+    def _move_positions(
+        self, t: _Tables, rec: _Undo, old_stages: tuple[Stage, ...], window: Window
+    ) -> None:
+        lo, hi_new, hi_old = window
+        pos = t.pos
+        n_old = t.n
+        # move `split` into the window: the stages between it and the window change sides
+        if t.split < lo:
+            conv = list(map(_name, old_stages[t.split : lo]))
+            base = t.split
+        elif t.split > hi_old:
+            conv = list(map(_name, old_stages[hi_old : t.split]))
+            base = hi_old - n_old
+        else:
+            conv, base = [], 0
+        old_names = list(map(_name, old_stages[lo:hi_old]))
+        new_names = list(map(_name, self.stages[lo:hi_new]))
+        saved = rec.pos  # every entry's value before any of them changes
+        saved.update(zip(conv, map(pos.get, conv), strict=True))
+        saved.update(zip(old_names, map(pos.get, old_names), strict=True))
+        saved.update(zip(new_names, map(pos.get, new_names), strict=True))
+        pos.update(zip(conv, count(base)))
+        for nm in old_names:
+            pos.pop(nm, None)
+        # the window's stages go before `split`, where the next edit is likely to be
+        pos.update(zip(new_names, count(lo)))
+        t.split = hi_new
+        t.n = len(self.stages)
 
-        for r, n in dropped:
-            own(r).discard(n)
-        for r, n in added:
-            own(r).add(n)
-        if len(over) > _USERS_OVERLAY:
-            base, over = {**base, **over}, {}
-        self._users, self._users_over = base, over
-
-    def _all_users(self) -> dict[str, set[str]]:
-        """The users of each name, but for the names of the overlay (`_users_over`),
-        whose entries replace these."""
-        if self._users is None:
-            users: dict[str, set[str]] = {}
-            for s in self.stages:
-                for r in reads_of(s):
-                    users.setdefault(r, set()).add(s.name)
-            self._users = users
-        return self._users
+    def _regroup(
+        self, t: _Tables, rec: _Undo, old: tuple[Group, ...], new: tuple[Group, ...]
+    ) -> None:
+        """Group membership edited for the groups that differ."""
+        if t.grouped == len(t.groups):  # no stage in two groups: edited in place
+            lo, hi_new, hi_old = _changed_window(old, new)  # identity, in C
+            old_ids = set(map(id, old[lo:hi_old]))
+            new_ids = set(map(id, new[lo:hi_new]))
+            table, saved = t.groups, rec.groups
+            for g in old[lo:hi_old]:
+                if id(g) not in new_ids:
+                    for nm in g.stages():
+                        if nm not in saved:
+                            saved[nm] = table.get(nm)
+                        if table.pop(nm, None) is not None:
+                            t.grouped -= 1
+            for g in new[lo:hi_new]:
+                if id(g) not in old_ids:
+                    for nm in g.stages():
+                        if nm not in saved:
+                            saved[nm] = table.get(nm)
+                        table[nm] = g
+                        t.grouped += 1
+            if t.grouped == len(table):
+                return
+            _restore(table, saved)  # a stage in two groups: the whole table instead
+            saved.clear()
+        rec.all_groups = t.groups
+        t.groups, t.grouped = _group_table(new)
 
     # --- lookups -------------------------------------------------------------------
+    @property
+    def pos(self) -> PositionsView:
+        """Stage name → position (a mapping; `position` is the fast lookup)."""
+        return PositionsView(self)
+
+    def find(self, name: str) -> int | None:
+        """The position of stage `name`, None if it is not a stage."""
+        try:
+            return self.position(name)
+        except KeyError:
+            return None
+
     def stage(self, name: str) -> Stage:
-        return self.stages[self.pos[name]]
+        return self.stages[self.position(name)]
 
     def is_stage(self, name: str) -> bool:
-        return name in self.pos
+        if name in self._positions:
+            return True
+        with _LOCK:
+            return name in self._tables().pos
+
+    def distinct_stages(self) -> int:
+        """How many distinct stage names (fewer than stages if a name is bound twice)."""
+        with _LOCK:
+            return len(self._tables().pos)
 
     def is_bound(self, name: str) -> bool:
-        return name in self.pos or name in self.inputs or name in self.params or name in self.dims
+        return (
+            self.is_stage(name) or name in self.inputs or name in self.params or name in self.dims
+        )
 
     def type_of(self, name: str) -> TensorType:
-        if name in self.pos:
+        if self.is_stage(name):
             return self.stage(name).ty
         if name in self.inputs:
             return self.inputs[name].ty
@@ -264,38 +535,84 @@ class Index:
     def reads(self, name: str) -> frozenset[str]:
         return reads_of(self.stage(name))
 
+    # --- groups ------------------------------------------------------------------------
     def group_of(self, name: str) -> Group | None:
-        gi = self.group_index.get(name)
-        return None if gi is None else self.program.groups[gi]
+        """The top-level group holding stage `name`, if any."""
+        with _LOCK:
+            return self._tables().groups.get(name)
+
+    def group_table(self) -> dict[str, Group]:
+        """Stage → its top-level group (a copy)."""
+        with _LOCK:
+            return dict(self._tables().groups)
+
+    @property
+    def groups_exact(self) -> bool:
+        """Whether no stage is in two groups."""
+        with _LOCK:
+            t = self._tables()
+            return t.grouped == len(t.groups)
+
+    @property
+    def groups_sorted(self) -> bool:
+        """Whether the groups are in the order of their first stages (as `regroup`
+        keeps them)."""
+        if self._groups_sorted is None:
+            firsts = [self.find(next(g.stages(), "")) for g in self.groups]
+            found = [p for p in firsts if p is not None]
+            self._groups_sorted = len(found) == len(firsts) and all(
+                a < b for a, b in zip(found, found[1:], strict=False)
+            )
+        return self._groups_sorted
 
     # --- edges -----------------------------------------------------------------------
+    def _all_users(self) -> dict[str, set[str]]:
+        """The users table (the caller holds `_LOCK`)."""
+        t = self._tables()
+        if t.users is None:
+            users: dict[str, set[str]] = {}
+            for s in self.stages:
+                for r in reads_of(s):
+                    users.setdefault(r, set()).add(s.name)
+            t.users = users
+            t.log.clear()  # the logged edits did not keep the users
+        return t.users
+
     def users(self, name: str) -> list[str]:
         """Stages that read `name` (data edges), in program order."""
-        found = self._users_over.get(name)
-        if found is None:
+        with _LOCK:
             found = self._all_users().get(name)
-        if not found:
-            return []
-        if len(found) == 1:
-            return list(found)
-        return sorted(found, key=self.pos.__getitem__)
+            if not found:
+                return []
+            out = list(found)
+        if len(out) > 1:
+            out.sort(key=self.position)
+        return out
 
-    def preds(self, name: str) -> set[str]:
+    def preds(self, name: str) -> frozenset[str]:
         """Stages that must run before stage `name`: data and update-ordering edges."""
-        out = {r for r in self.reads(name) if r in self.pos}
-        tgt = self.update_target.get(name)
-        if tgt is not None:
-            out.update(u for u in self.users(tgt) if u != name)
-        return out
+        hit = self._preds.get(name)  # asked again and again by the region searches
+        if hit is None:
+            reads = self.reads(name)
+            with _LOCK:
+                out = self._tables().pos.keys() & reads  # the reads that are stages, in C
+            tgt = self.update_target.get(name)
+            if tgt is not None:
+                out.update(u for u in self.users(tgt) if u != name)
+            hit = self._preds[name] = frozenset(out)
+        return hit
 
-    def succs(self, name: str) -> set[str]:
+    def succs(self, name: str) -> frozenset[str]:
         """Stages that must run after stage `name`."""
-        out = set(self.users(name))
-        for r in self.reads(name):
-            u = self.updates.get(r)
-            if u is not None and u != name:
-                out.add(u)
-        return out
+        hit = self._succs.get(name)
+        if hit is None:
+            out = set(self.users(name))
+            for r in self.reads(name):
+                u = self.updates.get(r)
+                if u is not None and u != name:
+                    out.add(u)
+            hit = self._succs[name] = frozenset(out)
+        return hit
 
     # --- names -----------------------------------------------------------------------
     def fresh(self, base: str, taken: Iterable[str] = ()) -> str:
@@ -313,22 +630,47 @@ class Index:
         return f"{base}_{k}"
 
 
+def _edit_users(
+    users: dict[str, set[str]],
+    saved: dict[str, set[str] | None],
+    dropped: set[tuple[str, str]],
+    added: set[tuple[str, str]],
+) -> None:
+    """Apply the changed read edges to the users table, saving each entry's old set (the
+    sets are replaced, never changed in place, so the saved ones stay intact)."""
+    copied: set[str] = set()
+
+    def own(r: str) -> set[str]:
+        if r not in copied:
+            copied.add(r)
+            cur = users.get(r)
+            if r not in saved:
+                saved[r] = cur
+            users[r] = set() if cur is None else set(cur)
+        return users[r]
+
+    for r, n in dropped:
+        own(r).discard(n)
+    for r, n in added:
+        own(r).add(n)
+    for r in copied:
+        if not users[r]:
+            del users[r]
+
+
 _name = operator.attrgetter("name")
 
-_USERS_OVERLAY = 256
-"""Names whose users an index keeps beside its parent's dict before it folds them in."""
 
-
-def _changed_window(old: tuple[Stage, ...], new: tuple[Stage, ...]) -> tuple[int, int, int]:
-    """(lo, hi_new, hi_old): `new[:lo]` and `old[:lo]` hold the same stage objects, and
-    so do `new[hi_new:]` and `old[hi_old:]` (compared by identity, in C)."""
+def _changed_window(old: Sequence[Any], new: Sequence[Any]) -> Window:
+    """(lo, hi_new, hi_old): `new[:lo]` and `old[:lo]` hold the same objects, and so do
+    `new[hi_new:]` and `old[hi_old:]` (compared by identity, in C)."""
     n = min(len(old), len(new))
     prefix = _first_differing(old, new, n)
     suffix = min(_first_differing(reversed(old), reversed(new), n), n - prefix)
     return prefix, len(new) - suffix, len(old) - suffix
 
 
-def _first_differing(old: Iterable[Stage], new: Iterable[Stage], n: int) -> int:
+def _first_differing(old: Iterable[Any], new: Iterable[Any], n: int) -> int:
     """The first index where the objects differ (n when none does among the first n): a
     lazy scan in C that stops there (`indexOf` counts without making an int per item)."""
     try:
@@ -344,13 +686,27 @@ def _first_differing(old: Iterable[Stage], new: Iterable[Stage], n: int) -> int:
 class Edit:
     """What a rewrite produced: the new program (dirty stages not yet re-typed), the
     stages to re-type, inputs whose type changed, names that no longer exist, and stages
-    that only moved (checked, not re-typed)."""
+    that only moved (checked, not re-typed). `window` is where the new stage tuple differs
+    from the old one (None: found by comparing them), and `groups_sorted` says that the
+    new program's groups are in the order of their first stages: both spare the index of
+    the new program a pass over the whole program."""
 
     program: Program
     dirty: set[str] = field(default_factory=set)
     changed_inputs: set[str] = field(default_factory=set)
     removed: set[str] = field(default_factory=set)
     moved: set[str] = field(default_factory=set)
+    window: Window | None = None
+    groups_sorted: bool | None = None
+
+
+def splice(
+    program: Program, lo: int, hi: int, middle: Sequence[Stage], **changes: Any
+) -> tuple[Program, Window]:
+    """`program` with stages `lo:hi` replaced by `middle` (and other fields changed),
+    and the window of the edit."""
+    stages = program.stages[:lo] + tuple(middle) + program.stages[hi:]
+    return dataclasses.replace(program, stages=stages, **changes), (lo, lo + len(middle), hi)
 
 
 def substitute(e: Expr, mapping: dict[str, Expr]) -> Expr:
@@ -486,11 +842,11 @@ class Transformation(abc.ABC):
         return self._run(program, verify=False)
 
     def _run(self, program: Program, verify: bool) -> Program:
-        from cocoviz.ir.transforms.retype import TypeFailure, finish
+        from cocoviz.ir.transforms.retype import TypeFailure, finish_edit
 
         edit = self.rewrite(program)
         try:
-            out = finish(program, edit, self, verify=verify)
+            out, window = finish_edit(program, edit, self, verify=verify)
         except TypeFailure as tf:
             user = self.type_error(tf, program)
             if user is not None:
@@ -501,41 +857,46 @@ class Transformation(abc.ABC):
                 f"step `{self}`: re-typing '{tf.stage}' failed after the step: {tf.error.message}"
             ) from None
         if out.groups and not self.makes_groups:
-            self._check_changed_groups(program, out)
+            self._check_changed_groups(program, out, window)
         return out
 
-    def _check_changed_groups(self, before: Program, after: Program) -> None:
+    def _check_changed_groups(self, before: Program, after: Program, window: Window) -> None:
         """Groups whose stages the step changed (re-typed, rewrote, removed) still obey
         the rules of the step that made them (e.g. slicing an input read inside an
-        overlapped group can make it illegal there)."""
+        overlapped group can make it illegal there). `window` is where the stage tuples
+        differ: outside it they hold the same objects."""
         from cocoviz.ir.transforms.grouping import group_error
 
-        old, new = index(before), index(after)
-        # the stages that are not the same objects as before, found in the window where
-        # the stage lists differ (outside it they are the same objects)
-        lo, hi, _ = _changed_window(before.stages, after.stages)
-        changed = {
-            s.name
-            for s in after.stages[lo:hi]
-            if not (old.is_stage(s.name) and old.stage(s.name) is s)
-        }
-        before_ids = {id(g) for g in before.groups}
-        unchanged: set[Group] | None = None
-        exact = new.grouped == len(new.group_index)  # no stage in two groups
-        touched = {new.group_index[n] for n in changed if n in new.group_index}
+        new = index(after)
+        lo, hi_new, hi_old = window
+        old_stages = {s.name: s for s in before.stages[lo:hi_old]}
+        changed = {s.name for s in after.stages[lo:hi_new] if old_stages.get(s.name) is not s}
+        touched: dict[int, Group] = {}
+        for n in changed:
+            g = new.group_of(n)
+            if g is not None:
+                touched[id(g)] = g
+        exact = new.groups_exact
+        if after.groups is not before.groups or not exact:
+            # groups rebuilt (a stage removed from one) or overlapping: look at them all
+            before_ids = {id(g) for g in before.groups}
+            unchanged: set[Group] | None = None
+            for g in after.groups:
+                if id(g) not in before_ids:
+                    if unchanged is None:
+                        unchanged = set(before.groups)
+                    if g not in unchanged:
+                        touched[id(g)] = g  # a new group
+                        continue
+                if exact:
+                    continue  # touched already holds it if one of its stages changed
+                if any(n in changed or not new.is_stage(n) for n in g.stages()):
+                    touched[id(g)] = g
+        if not touched:
+            return
         for gi, g in enumerate(after.groups):
-            if id(g) not in before_ids:
-                if unchanged is None:
-                    unchanged = set(before.groups)
-                if g not in unchanged:
-                    touched.add(gi)  # a new group
-                    continue
-            if exact:
-                continue  # touched already holds it if one of its stages changed
-            if any(n in changed or n not in new.pos for n in g.stages()):
-                touched.add(gi)
-        for gi in sorted(touched):
-            g = after.groups[gi]
+            if id(g) not in touched:
+                continue
             err = group_error(after, gi)
             if err is None:
                 continue

@@ -80,28 +80,26 @@ class Fuse(Transformation):
                 stage=idx.stage(path[1]),
                 hint="include that group's stages in this fuse, or fuse fewer stages",
             )
-        order = sorted(members, key=idx.pos.__getitem__)
+        order = sorted(members, key=idx.position)
         group = Group(GroupKind.FUSED, tuple(order))
-        new, moved = regroup(program, idx, group, absorbed)
-        return Edit(new, moved=moved)
+        return regroup(program, idx, group, absorbed)
 
-    def _members(self, idx: Index, listed: set[str]) -> tuple[set[str], set[int]]:
+    def _members(self, idx: Index, listed: set[str]) -> tuple[set[str], dict[int, Group]]:
         members = set(listed)
-        absorbed: set[int] = set()
+        absorbed: dict[int, Group] = {}  # by id
         while True:
             members = hull(idx, members)
             grew = False
-            for m in sorted(members, key=idx.pos.__getitem__):
-                gi = idx.group_index.get(m)
-                if gi is None or gi in absorbed:
+            for m in sorted(members, key=idx.position):
+                g = idx.group_of(m)
+                if g is None or id(g) in absorbed:
                     continue
-                g = idx.program.groups[gi]
                 if g.kind is GroupKind.OVERLAPPED:
                     raise self.error(
                         f"'{m}' is in an overlapped group; fuse stages before overlapping them",
                         stage=idx.stage(m),
                     )
-                absorbed.add(gi)
+                absorbed[id(g)] = g
                 new = set(g.stages()) - members
                 if new:
                     members |= new
@@ -110,7 +108,7 @@ class Fuse(Transformation):
                 return members, absorbed
 
     def _check_pattern(self, idx: Index, members: set[str]) -> None:
-        order = sorted(members, key=idx.pos.__getitem__)
+        order = sorted(members, key=idx.position)
         stages = [idx.stage(n) for n in order]
         for s in stages:
             op = s.expr.op
@@ -138,7 +136,7 @@ class Fuse(Transformation):
         firsts = rss + sends
         if len(firsts) > 1 or (sends and ags):
             a, b = (firsts[0], firsts[1]) if len(firsts) > 1 else (sends[0], ags[0])
-            a, b = sorted((a, b), key=lambda s: idx.pos[s.name])
+            a, b = sorted((a, b), key=lambda s: idx.position(s.name))
             raise self.error(
                 f"the group would hold two collectives, {a.expr.op.value} '{a.name}' and "
                 f"{b.expr.op.value} '{b.name}'; a fused group holds one reducescatter (with "

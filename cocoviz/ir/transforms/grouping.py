@@ -10,19 +10,20 @@ stays between the set's first and last position: all searches here are bounded b
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 
 from cocoviz.errors import ScheduleError
 from cocoviz.ir.nodes import Group, GroupKind, Program
-from cocoviz.ir.transforms.base import Index, Transformation, index
+from cocoviz.ir.transforms.base import Edit, Index, Transformation, index, splice
 
 
 def hull(idx: Index, names: Iterable[str]) -> set[str]:
     """The convex hull of `names` over data and ordering edges (groups not contracted)."""
     members = set(names)
-    pos = [idx.pos[n] for n in members]
+    pos = [idx.position(n) for n in members]
     lo, hi = min(pos), max(pos)
     down: set[str] = set()
     for i in range(lo, hi + 1):
@@ -45,33 +46,33 @@ def _group_members(idx: Index, name: str) -> list[str]:
 def cycle_through_groups(idx: Index, members: set[str]) -> tuple[list[str], Group] | None:
     """A path that leaves `members` and comes back through an existing group (which
     would make the contracted graph cyclic), as (path, that group); None if none."""
-    hi = max(idx.pos[n] for n in members)
+    hi = max(idx.position(n) for n in members)
     parent: dict[str, str] = {}
     queue: deque[str] = deque()
-    for m in sorted(members, key=idx.pos.__getitem__):
-        for s in sorted(idx.succs(m), key=idx.pos.__getitem__):
-            if s not in members and s not in parent and idx.pos[s] <= hi:
+    for m in sorted(members, key=idx.position):
+        for s in sorted(idx.succs(m), key=idx.position):
+            if s not in members and s not in parent and idx.position(s) <= hi:
                 parent[s] = m
                 queue.append(s)
-    expanded: set[int] = set()
+    expanded: set[int] = set()  # groups, by id
     while queue:
         n = queue.popleft()
-        gi = idx.group_index.get(n)
-        if gi is not None and gi in expanded:
+        g = idx.group_of(n)
+        if g is not None and id(g) in expanded:
             continue
-        if gi is not None:
-            expanded.add(gi)
+        if g is not None:
+            expanded.add(id(g))
         expand = _group_members(idx, n)
         for k in expand:
             parent.setdefault(k, n)
         for k in expand:
-            for s in sorted(idx.succs(k), key=idx.pos.__getitem__):
+            for s in sorted(idx.succs(k), key=idx.position):
                 if s in members:
                     path = _path(parent, k, members) + [s]
                     group = next(idx.group_of(p) for p in path if idx.group_of(p) is not None)
                     assert group is not None
                     return path, group
-                if s not in parent and idx.pos[s] <= hi:
+                if s not in parent and idx.position(s) <= hi:
                     parent[s] = k
                     queue.append(s)
     return None
@@ -104,17 +105,18 @@ def regroup(
     program: Program,
     idx: Index,
     new_group: Group,
-    absorbed: set[int],
-) -> tuple[Program, set[str]]:
-    """`program` with `new_group` added (replacing the absorbed groups) and its stages
-    moved together: between its first and last member, the stages it depends on go
-    before it and the others after it, each in their old order. Returns the program and
-    the stages whose position may have changed."""
+    absorbed: Mapping[int, Group],
+) -> Edit:
+    """`program` with `new_group` added (replacing the `absorbed` groups, keyed by id)
+    and its stages moved together: between its first and last member, the stages it
+    depends on go before it and the others after it, each in their old order. The
+    edit's `moved` are the stages whose position may have changed."""
     members = list(new_group.stages())
     mset = set(members)
-    pos = [idx.pos[n] for n in members]
+    position = idx.position
+    pos = [position(n) for n in members]
     lo, hi = min(pos), max(pos)
-    span = [idx.stages[i].name for i in range(lo, hi + 1)]
+    span = [s.name for s in idx.stages[lo : hi + 1]]
     before: set[str] = set()
     changed = True
     while changed:
@@ -132,19 +134,30 @@ def regroup(
         + sorted(members, key=rank.__getitem__)
         + [n for n in span if n not in before and n not in mset]
     )
-    stages = program.stages[:lo] + tuple(idx.stage(n) for n in ordered) + program.stages[hi + 1 :]
-    groups = [g for gi, g in enumerate(program.groups) if gi not in absorbed] + [new_group]
     moved = {n: lo + i for i, n in enumerate(ordered)}
 
     def first(g: Group) -> int:
         n = next(iter(g.stages()))
-        return moved[n] if n in moved else idx.pos[n]
+        return moved[n] if n in moved else position(n)
 
-    groups.sort(key=first)
-    return (
-        dataclasses.replace(program, stages=stages, groups=tuple(groups)),
-        set(span),
-    )
+    old = program.groups
+    if idx.groups_sorted:
+        # Groups are kept in the order of their first stages. Only those that start in
+        # the span move (the absorbed ones among them); the others keep their places.
+        def first_before(g: Group) -> int:
+            return position(next(iter(g.stages())))
+
+        a = bisect.bisect_left(old, lo, key=first_before)
+        b = bisect.bisect_right(old, hi, key=first_before)
+        inner = [g for g in old[a:b] if id(g) not in absorbed] + [new_group]
+        inner.sort(key=first)
+        groups = old[:a] + tuple(inner) + old[b:]
+    else:
+        unsorted = [g for g in old if id(g) not in absorbed] + [new_group]
+        unsorted.sort(key=first)
+        groups = tuple(unsorted)
+    new, window = splice(program, lo, hi + 1, [idx.stage(n) for n in ordered], groups=groups)
+    return Edit(new, moved=set(span), window=window, groups_sorted=True)
 
 
 def group_error(program: Program, gi: int) -> ScheduleError | None:
@@ -166,7 +179,7 @@ def group_error(program: Program, gi: int) -> ScheduleError | None:
         steps.append(Overlap(items=items, chunks=g.chunks))
     p = dataclasses.replace(program, groups=program.groups[:gi] + program.groups[gi + 1 :])
     index(program)
-    index(p, parent=program)  # derived from the program's: the same stages
+    index(p, parent=program, window=(0, 0, 0))  # derived from the program's: the same stages
     for t in steps:
         try:
             p = t.run_unverified(p)

@@ -134,7 +134,7 @@ class Overlap(Transformation):
         members = set().union(*sets)
         out1 = min(
             (s for s in sets[0] if any(s in idx.reads(m) for m in sets[1])),
-            key=idx.pos.__getitem__,
+            key=idx.position,
         )
         first = idx.stage(out1)
         rows = rows_of(first) if first.ty.shape else 0
@@ -148,7 +148,7 @@ class Overlap(Transformation):
                 stage=first,
                 hint=legal or "its output has too few rows to chunk",
             )
-        order = sorted(members, key=idx.pos.__getitem__)
+        order = sorted(members, key=idx.position)
         if leading_chunks(idx.program, members):
             self._leading(idx, order, members, first)
         else:
@@ -158,7 +158,7 @@ class Overlap(Transformation):
             self._divisible(idx, order, rows)
         h = hull(idx, members)
         if h != members:
-            between = min(h - members, key=idx.pos.__getitem__)
+            between = min(h - members, key=idx.position)
             raise self.error(
                 f"{describe_stage(idx.stage(between))} lies between items but is not in the "
                 "overlapped group",
@@ -173,30 +173,28 @@ class Overlap(Transformation):
                 f"{{{', '.join(group.stages())}}}: {render_cycle(path, group)}",
                 stage=idx.stage(path[1]),
             )
-        absorbed = {idx.group_index[n] for n in members if n in idx.group_index}
+        absorbed = {id(g): g for n in members if (g := idx.group_of(n)) is not None}
         group = Group(GroupKind.OVERLAPPED, tuple(items), K)
-        new, moved = regroup(program, idx, group, absorbed)
-        return Edit(new, moved=moved)
+        return regroup(program, idx, group, absorbed)
 
     def _items(self, idx: Index) -> list[str | Group]:
         items: list[str | Group] = []
-        owners: dict[int, str] = {}
+        owners: dict[int, str] = {}  # by the group's id
         for k, n in enumerate(self.items):
             s = self.lookup_stage(idx.program, n, k)
-            gi = idx.group_index.get(n)
-            if gi is None:
+            g = idx.group_of(n)
+            if g is None:
                 if n in items:
                     raise self.error(f"'{n}' is listed twice", arg=k)
                 items.append(n)
                 continue
-            g = idx.program.groups[gi]
             if g.kind is GroupKind.OVERLAPPED:
                 raise self.error(f"'{n}' is already in an overlapped group", stage=s, arg=k)
-            if gi in owners:
+            if id(g) in owners:
                 raise self.error(
-                    f"'{owners[gi]}' and '{n}' name the same fused group", stage=s, arg=k
+                    f"'{owners[id(g)]}' and '{n}' name the same fused group", stage=s, arg=k
                 )
-            owners[gi] = n
+            owners[id(g)] = n
             items.append(g)
         return items
 

@@ -19,6 +19,7 @@ from cocoviz.ir.transforms.base import (
     Transformation,
     describe_stage,
     index,
+    splice,
     substitute,
 )
 from cocoviz.ir.transforms.retype import _Env, finish
@@ -33,12 +34,12 @@ class _Downstream:
 
     def __init__(self, idx: Index, root: str) -> None:
         self.idx = idx
-        self.start = idx.pos[root]
+        self.start = idx.position(root)
         self.upto = self.start
         self.down = {root}
 
     def __call__(self, name: str) -> bool:
-        i = self.idx.pos[name]
+        i = self.idx.position(name)
         if i <= self.start:
             return name in self.down
         while self.upto < i:
@@ -153,7 +154,7 @@ class Reorder(Transformation):
             return None
         for r in sorted(ag.expr.args[0].refs()):
             upd = idx.updates.get(r)
-            if upd is not None and upd != s.name and idx.pos[upd] < idx.pos[s.name]:
+            if upd is not None and upd != s.name and idx.position(upd) < idx.position(s.name):
                 return (
                     f"'{s.name}' comes after '{upd}', which updates '{r}' in place: on "
                     f"slices it would read '{r}' after the update"
@@ -193,7 +194,7 @@ class Reorder(Transformation):
             raise self.error(
                 f"nothing reads '{ag.name}', so there is nothing to move across it", stage=ag
             )
-        return sorted(region, key=idx.pos.__getitem__)
+        return sorted(region, key=idx.position)
 
     def _forward(
         self, idx: Index, ag: Stage, down: _Downstream
@@ -201,7 +202,7 @@ class Reorder(Transformation):
         """The movable stages reachable from `ag` whose every predecessor downstream of
         `ag` is among them, and the first reader of `ag` that cannot move (with why)."""
         region: set[str] = set()
-        heap = [idx.pos[u] for u in idx.users(ag.name)]
+        heap = [idx.position(u) for u in idx.users(ag.name)]
         heapq.heapify(heap)
         seen: set[int] = set()
         first_reason: tuple[Stage, str] | None = None
@@ -220,7 +221,7 @@ class Reorder(Transformation):
                 continue
             region.add(s.name)
             for u in idx.users(s.name):
-                heapq.heappush(heap, idx.pos[u])
+                heapq.heappush(heap, idx.position(u))
         return region, first_reason
 
     def _stop_at_gathered(
@@ -241,7 +242,7 @@ class Reorder(Transformation):
             if not drop:
                 return region
             region -= drop
-            for m in sorted(region, key=idx.pos.__getitem__):
+            for m in sorted(region, key=idx.position):
                 if not self._closed_under(idx, m, ag.name, region, down):
                     region.discard(m)
 
@@ -264,7 +265,7 @@ class Reorder(Transformation):
         self, idx: Index, ag: Stage, region: set[str], down: _Downstream, inputs: set[str]
     ) -> set[str]:
         """Those of `inputs` whose update's gather `asslice` removes after this reorder."""
-        members = sorted(region, key=idx.pos.__getitem__)
+        members = sorted(region, key=idx.position)
         try:
             self._check_operands(idx, ag, members)
             edit = self._rewrite(idx.program, idx, ag, members, down)
@@ -318,12 +319,12 @@ class Reorder(Transformation):
                     hint=f"leave '{s.name}' out of the region, or write it before the update",
                 )
         # Closed: nothing outside the region lies on a path from `ag` or a member to a member.
-        order = sorted(names, key=idx.pos.__getitem__)
-        lo = idx.pos[ag.name]
-        hi = idx.pos[order[-1]]
+        order = sorted(names, key=idx.position)
+        lo = idx.position(ag.name)
+        hi = idx.position(order[-1])
         reach = {ag.name} | names  # reached from ag or a member
         between: set[str] = set()
-        for i in range(min(lo, idx.pos[order[0]]), hi + 1):
+        for i in range(min(lo, idx.position(order[0])), hi + 1):
             n = idx.stages[i].name
             if n in reach:
                 continue
@@ -331,12 +332,12 @@ class Reorder(Transformation):
                 reach.add(n)
                 between.add(n)
         for m in order:
-            bad = sorted((idx.preds(m) & between), key=idx.pos.__getitem__)
+            bad = sorted((idx.preds(m) & between), key=idx.position)
             if bad:
                 hull = self._hull(idx, names, between)
                 culprit = idx.stage(bad[0])
                 src = [p for p in idx.preds(culprit.name) if p in reach]
-                frm = min(src, key=idx.pos.__getitem__) if src else ag.name
+                frm = min(src, key=idx.position) if src else ag.name
                 raise self.error(
                     f"the region is not closed: {describe_stage(culprit)} lies between "
                     f"'{frm}' and '{m}' but is not in it",
@@ -372,7 +373,7 @@ class Reorder(Transformation):
             n = idx.stages[i].name
             if n in between and idx.succs(n) & need:
                 need.add(n)
-        return sorted(need, key=idx.pos.__getitem__)
+        return sorted(need, key=idx.position)
 
     def _check_operands(self, idx: Index, ag: Stage, region: list[str]) -> None:
         inside = set(region)
@@ -400,7 +401,7 @@ class Reorder(Transformation):
         ag_shape = shape_values(ag.ty.shape)
         dim = operand.type.layout.dim
         env = _Env(idx)
-        inf = Inferencer(program.grid, env, set(idx.inputs))
+        inf = Inferencer(program.grid, env, idx.input_names)
         exprs: dict[str, Expr] = {}
         for m in region:
             s = idx.stage(m)
@@ -450,22 +451,20 @@ class Reorder(Transformation):
             and all(u in inside for u in idx.users(ag.name))
             and not _completes_update(idx, ag)
         )
-        marks = sorted(idx.pos[n] for n in replaced)
+        marks = sorted(idx.position(n) for n in replaced)
         if drop_ag:
-            marks = sorted([*marks, idx.pos[ag.name]])
-        stages: list[Stage] = []
-        prev = 0
+            marks = sorted([*marks, idx.position(ag.name)])
+        # only the stages from the first mark to the last change
+        lo, hi = marks[0], marks[-1] + 1
+        middle: list[Stage] = []
+        prev = lo
         for i in marks:
-            stages.extend(program.stages[prev:i])
-            stages.extend(replaced.get(program.stages[i].name, ()))
+            middle.extend(program.stages[prev:i])
+            middle.extend(replaced.get(program.stages[i].name, ()))
             prev = i + 1
-        stages.extend(program.stages[prev:])
+        new, window = splice(program, lo, hi, middle)
         dirty = set(region) | set(renames.values())
-        return Edit(
-            dataclasses.replace(program, stages=tuple(stages)),
-            dirty=dirty,
-            removed={ag.name} if drop_ag else set(),
-        )
+        return Edit(new, dirty=dirty, removed={ag.name} if drop_ag else set(), window=window)
 
     @staticmethod
     def _slice_whole(
@@ -521,7 +520,7 @@ def group_reorder_hint(idx: Index, members: set[str], rs: Stage) -> str | None:
             return None
         ag = m.group(1)
     region: list[str] = []
-    for n in sorted(members, key=idx.pos.__getitem__):
+    for n in sorted(members, key=idx.position):
         if idx.stage(n).expr.op in COLLECTIVES:
             continue
         name = next((u for u in idx.users(n) if _gathers_value(idx.stage(u), n)), n)

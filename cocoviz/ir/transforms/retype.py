@@ -17,12 +17,13 @@ from __future__ import annotations
 import dataclasses
 import heapq
 import os
+from collections.abc import Iterable
 from typing import Any
 
 from cocoviz.errors import InputError, InternalError, ScheduleError
 from cocoviz.ir.infer import Inferencer, infer_program
-from cocoviz.ir.nodes import Group, GroupKind, Op, Program
-from cocoviz.ir.transforms.base import Edit, Index, index, reads_of
+from cocoviz.ir.nodes import Group, GroupKind, Op, Program, Stage
+from cocoviz.ir.transforms.base import Edit, Index, Window, _changed_window, index, reads_of
 from cocoviz.ir.types import REPLICATED, TensorType
 
 FULL_VERIFY_LIMIT = 400
@@ -50,7 +51,7 @@ class _Env(dict[str, TensorType]):
         if dict.__contains__(self, key):
             return dict.__getitem__(self, key)
         idx = self.idx
-        i = idx.pos.get(key)
+        i = idx.find(key)
         if i is not None:
             return idx.stages[i].expr.ty
         if key in idx.inputs:
@@ -63,36 +64,63 @@ class _Env(dict[str, TensorType]):
 
 def finish(before: Program, edit: Edit, step: object, verify: bool = True) -> Program:
     """Re-type what `edit` touched, then (with `verify`) check the IR invariants."""
+    return finish_edit(before, edit, step, verify)[0]
+
+
+def finish_edit(
+    before: Program, edit: Edit, step: object, verify: bool = True
+) -> tuple[Program, Window]:
+    """`finish`, also returning the window where the result's stages differ from
+    `before`'s (the edit's, widened to the users re-typed outside it)."""
     prog = edit.program
-    old = index(before)
-    idx = index(prog, parent=before)
+    window = edit.window
+    if window is None:
+        window = _changed_window(before.stages, prog.stages)
+    lo, hi_new, hi_old = window
+    index(before)
+    idx = index(prog, parent=before, window=window, groups_sorted=edit.groups_sorted)
+    # the type a stage had before the step: outside the window, a stage is the object
+    # `before` holds (not yet re-typed here); inside it, the old stage of that name
+    old_window = {s.name: s for s in before.stages[lo:hi_old]}
     env = _Env(idx)
-    inf = Inferencer(prog.grid, env, set(idx.inputs))
-    heap = [idx.pos[n] for n in edit.dirty if n in idx.pos]
+    inf = Inferencer(prog.grid, env, idx.input_names)
+    position = idx.position
+    heap = [position(n) for n in edit.dirty if idx.is_stage(n)]
     for name in edit.changed_inputs:
-        heap.extend(idx.pos[u] for u in idx.users(name))
+        heap.extend(map(position, idx.users(name)))
     heapq.heapify(heap)
-    stages = list(prog.stages)
-    done: set[int] = set()
+    stages = prog.stages
+    done: dict[int, Stage] = {}  # position → re-typed stage
     retyped: list[str] = []
+    first, last = lo, hi_new - 1
     while heap:
         i = heapq.heappop(heap)
         if i in done:
             continue
-        done.add(i)
         s = stages[i]
         try:
             expr = inf.infer(s.expr)
         except InputError as err:
             raise TypeFailure(s.name, err) from None
         env[s.name] = expr.type
-        stages[i] = dataclasses.replace(s, expr=expr)
+        done[i] = dataclasses.replace(s, expr=expr)
         retyped.append(s.name)
-        before_ty = old.type_of(s.name) if old.is_stage(s.name) else None
+        if lo <= i < hi_new:
+            old = old_window.get(s.name)
+            before_ty = old.ty if old is not None else None
+        else:
+            before_ty = s.ty
+            first, last = min(first, i), max(last, i)
         if before_ty != expr.type:
-            heap.extend(idx.pos[u] for u in idx.users(s.name) if idx.pos[u] not in done)
+            heap.extend(p for p in map(position, idx.users(s.name)) if p not in done)
             heapq.heapify(heap)
-    out = dataclasses.replace(prog, stages=tuple(stages)) if retyped else prog
+    out = prog
+    if done:
+        a, b = min(done), max(done) + 1
+        middle = list(stages[a:b])
+        for i, st in done.items():
+            middle[i - a] = st
+        out = dataclasses.replace(prog, stages=stages[:a] + tuple(middle) + stages[b:])
     index(out, parent=prog, replaced=retyped)
     _check_updates(out, retyped)
     if verify:
@@ -102,7 +130,8 @@ def finish(before: Program, edit: Edit, step: object, verify: bool = True) -> Pr
             verify_program(out, step)
         else:
             verify_touched(out, step, set(retyped) | edit.moved, edit.removed)
-    return out
+    d = hi_new - hi_old
+    return out, (min(first, lo), max(last + 1, hi_new), max(last + 1, hi_new) - d)
 
 
 def _check_updates(program: Program, retyped: list[str]) -> None:
@@ -168,22 +197,23 @@ def verify_touched(program: Program, step: object, touched: set[str], removed: s
     idx = index(program)
     _check_names(program, idx, step, fast=touched)
     for name in removed:
-        if name in idx.pos:
+        if idx.is_stage(name):
             continue
         users = idx.users(name)
         if users:
             raise _broken(step, f"'{users[0]}' reads '{name}', which the step removed")
-    _check_refs(program, idx, step, [n for n in touched if n in idx.pos])
-    _check_groups(program, idx, step, near={idx.pos[n] for n in touched if n in idx.pos})
+    near = [(n, p) for n in touched if (p := idx.find(n)) is not None]
+    _check_refs(program, idx, step, [n for n, _ in near])
+    _check_groups(program, idx, step, near={p for _, p in near})
 
 
 def _check_names(program: Program, idx: Index, step: object, fast: set[str] | None = None) -> None:
     n = len(program.dims) + len(program.params) + len(program.inputs) + len(program.stages)
     if fast is not None:
         clash = any(t in idx.inputs or t in idx.params or t in idx.dims for t in fast)
-        bad = len(idx.pos) != len(program.stages) or clash
+        bad = idx.distinct_stages() != len(program.stages) or clash
     else:
-        bad = len(idx.pos) != len(program.stages) or len(program.names()) != n
+        bad = idx.distinct_stages() != len(program.stages) or len(program.names()) != n
     if bad:
         seen: set[str] = set()
         for name in (
@@ -196,7 +226,7 @@ def _check_names(program: Program, idx: Index, step: object, fast: set[str] | No
                 raise _broken(step, f"'{name}' is bound twice")
             seen.add(name)
     for o in program.outputs:
-        if o not in idx.pos:
+        if not idx.is_stage(o):
             raise _broken(step, f"output '{o}' is not a stage")
     if len(idx.outputs) != len(program.outputs):
         raise _broken(step, "an output is listed twice")
@@ -204,12 +234,12 @@ def _check_names(program: Program, idx: Index, step: object, fast: set[str] | No
 
 def _check_refs(program: Program, idx: Index, step: object, names: list[str]) -> None:
     for name in names:
-        i = idx.pos[name]
+        i = idx.position(name)
         s = program.stages[i]
         if s.expr.ty is None:
             raise _broken(step, f"stage '{name}' is untyped")
         for r in reads_of(s):
-            j = idx.pos.get(r)
+            j = idx.find(r)
             if j is None:
                 if r not in idx.inputs and r not in idx.params:
                     raise _broken(step, f"'{name}' reads '{r}', which is not defined")
@@ -218,11 +248,11 @@ def _check_refs(program: Program, idx: Index, step: object, names: list[str]) ->
         tgt = idx.update_target.get(name)
         if tgt is not None:
             for u in idx.users(tgt):
-                if u != name and idx.pos[u] > i:
+                if u != name and idx.position(u) > i:
                     raise _broken(step, f"'{u}' reads '{tgt}' after its update '{name}'")
         for r in reads_of(s):
             upd = idx.updates.get(r)
-            if upd is not None and upd != name and idx.pos[upd] < i:
+            if upd is not None and upd != name and idx.position(upd) < i:
                 raise _broken(step, f"'{name}' reads '{r}' after its update '{upd}'")
 
 
@@ -233,29 +263,27 @@ def _check_groups(program: Program, idx: Index, step: object, near: set[int] | N
     positions a step touched), only the groups that reach those positions are checked
     in full."""
     seen: set[str] = set()
-    check: set[int] | None = None
-    if near is not None:
-        check = set()
+    groups: Iterable[Group] = program.groups
+    if near is not None and idx.groups_exact:
+        near_groups: dict[int, Group] = {}
         for p in range(
             max(min(near, default=0) - 1, 0), min(max(near, default=-2) + 2, len(program.stages))
         ):
-            gi = idx.group_index.get(program.stages[p].name)
-            if gi is not None:
-                check.add(gi)
-        if idx.grouped != len(idx.group_index):
-            check = None
-    for gi, g in enumerate(program.groups):
-        if check is not None and gi not in check:
-            continue
+            g = idx.group_of(program.stages[p].name)
+            if g is not None:
+                near_groups[id(g)] = g
+        # in program order (the groups are kept in the order of their first stages)
+        groups = sorted(near_groups.values(), key=lambda g: idx.find(next(g.stages(), "")) or 0)
+    for g in groups:
         _check_group_shape(g, step, top=True)
         names = list(g.stages())
         for n in names:
-            if n not in idx.pos:
+            if not idx.is_stage(n):
                 raise _broken(step, f"a {g.kind.value} group holds '{n}', which is not a stage")
             if n in seen:
                 raise _broken(step, f"'{n}' is in two groups")
             seen.add(n)
-        lo = idx.pos[names[0]]
+        lo = idx.position(names[0])
         run = [s.name for s in program.stages[lo : lo + len(names)]]
         if run != names:
             raise _broken(

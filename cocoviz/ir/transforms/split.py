@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from cocoviz.ir.nodes import Expr, Op, Program, Stage, StepCall, ref
-from cocoviz.ir.transforms.base import Edit, Transformation, describe_stage, index
+from cocoviz.ir.transforms.base import Edit, Transformation, describe_stage, index, splice
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -64,9 +64,9 @@ class Split(Transformation):
         rs_name = idx.fresh(f"{s.name}_rs")
         rs = Stage(rs_name, Expr(Op.REDUCESCATTER, e.args, rop=e.rop, span=e.span), s.span)
         ag = dataclasses.replace(s, expr=Expr(Op.ALLGATHER, (ref(rs_name, e.span),), span=e.span))
-        i = idx.pos[s.name]
-        stages = program.stages[:i] + (rs, ag) + program.stages[i + 1 :]
-        return Edit(dataclasses.replace(program, stages=stages), dirty={rs_name, s.name})
+        i = idx.position(s.name)
+        new, window = splice(program, i, i + 1, (rs, ag))
+        return Edit(new, dirty={rs_name, s.name}, window=window)
 
     def _allreduces(self, program: Program) -> str:
         names = [s.name for s in program.stages if s.expr.op is Op.ALLREDUCE]
