@@ -27,7 +27,7 @@ from typing import Any
 
 from cocoviz.errors import Source, Span
 from cocoviz.ir import syntax
-from cocoviz.ir.nodes import Expr, Op, StepCall
+from cocoviz.ir.nodes import MAX_EXPR_DEPTH, Expr, Op, StepCall
 from cocoviz.ir.syntax import (
     Assign,
     Call,
@@ -83,18 +83,27 @@ _PUNCT = {
     "@": "AT",
 }
 _NUMBER = r"(?:[0-9]+\.[0-9]*|\.[0-9]+|[0-9]+)(?:[eE][-+]?[0-9]+)?"
+# One alternative per group of tokens the loop below treats alike, the most frequent
+# first. Alternatives are tried in order: CMP comes before PUNCT so that `==` is not
+# read as `=` (the others start with distinct characters). BAD takes any other
+# character, so that every match starts where the previous one ended.
 _REGEX = re.compile(
     r"[ \t\f\r]*(?:"
-    r"(?P<COMMENT>#[^\n]*)"
-    rf"|(?P<NUMBER>{_NUMBER})"
-    r"|(?P<NAME>[A-Za-z_][A-Za-z0-9_]*)"
+    r"(?P<NAME>[A-Za-z_][A-Za-z0-9_]*)"
     r"|(?P<CMP><=|>=|==|!=|<|>)"
+    r"|(?P<PUNCT>[\-+*/=,:@])"
+    r"|(?P<OPEN>[(\[{])"
+    r"|(?P<CLOSE>[)\]}])"
     r"|(?P<SEP>[\n;][\n; \t\f\r]*)"
-    r"|(?P<PUNCT>[()\[\]{}\-+*/=,:@])"
+    rf"|(?P<NUMBER>{_NUMBER})"
+    r"|(?P<COMMENT>#[^\n]*)"
+    r"|(?P<BAD>.)"
     r")"
 )
+_NAME, _CMP, _PUNCT_G, _OPEN, _CLOSE, _SEP, _NUMBER_G, _COMMENT, _BAD = range(1, 10)
 _TRAILING_BLANKS = re.compile(r"[ \t\f\r]*")
 _STMT_START = frozenset({"_NL", "SEMICOLON", "LBRACE", "RBRACE"})
+_CLOSER_OF = {")": "(", "]": "[", "}": "{"}
 
 # How deep the expression parser recurses before it leaves the text to lark (deeper
 # nests are rare and lark parses them without recursion).
@@ -107,85 +116,99 @@ def tokenize(text: str) -> list[Tok]:
     """The tokens of `text` as syntax._Lexer makes them (separators: kind `_NL` or
     `SEMICOLON`), followed by an `$END` token. Raises `Fallback` on a bad character,
     an over-long integer, or a source over the statement or token limits."""
-    # the limits, read when called (tests lower them)
-    max_digits, max_statements = syntax.MAX_NUMBER_DIGITS, syntax.MAX_STATEMENTS
-    max_tokens = syntax.MAX_STATEMENT_TOKENS
+    max_digits = syntax.MAX_NUMBER_DIGITS  # read when called (tests lower it)
     toks: list[Tok] = []
     append = toks.append
-    keywords, punct = _KEYWORDS, _PUNCT
+    keywords, punct, stmt_start = _KEYWORDS, _PUNCT, _STMT_START
     opened: list[str] = []  # the open brackets: "(", "[" or "{"
     depth = 0  # open ( and [ since the innermost {
     outer: list[int] = []  # for each open bracket, `depth` before it
     line, line_start = 1, 0
     prev = "_NL"
-    statements = 0
-    tokens = 0
     pos = 0
     for m in _REGEX.finditer(text):
-        if m.start() != pos:
-            raise Fallback  # a character no token starts with
-        kind: str = m.lastgroup  # type: ignore[assignment]
-        end = m.end()
-        if kind == "COMMENT":
-            pos = end
-            continue
-        start = m.start(kind)
-        if kind == "SEP":
+        group: int = m.lastindex  # type: ignore[assignment]  # every alternative is a group
+        start, pos = m.span(group)
+        if group == _NAME:
+            value = text[start:pos]
+            kind = keywords.get(value, "NAME") if prev in stmt_start else "NAME"
+        elif group == _PUNCT_G:
+            value = text[start]
+            kind = punct[value]
+        elif group == _SEP:
             if depth == 0:
                 if prev != "_NL" and prev != "SEMICOLON":
+                    col = start - line_start + 1
                     if text[start] == "\n":
                         prev = "_NL"
-                        append(("_NL", "\n", line, start - line_start + 1, 1))
+                        append(("_NL", "\n", line, col, 1))
                     else:
                         prev = "SEMICOLON"
-                        col = start - line_start + 1
                         append(("SEMICOLON", ";", line, col, col + 1))
-            elif text.find(";", start, end) >= 0:
+            elif text.find(";", start, pos) >= 0:
                 raise Fallback  # `;` inside brackets: a syntax error
-            nl = text.rfind("\n", start, end)
+            nl = text.rfind("\n", start, pos)
             if nl >= 0:
-                line += text.count("\n", start, end)
+                line += text.count("\n", start, pos)
                 line_start = nl + 1
-            pos = end
             continue
-        value = m.group(kind)
-        if kind == "PUNCT":
+        elif group == _OPEN:
+            value = text[start]
             kind = punct[value]
-            if value in "([{":
-                opened.append(value)
-                outer.append(depth)
-                depth = 0 if value == "{" else depth + 1
-            elif value in ")]}":
-                want = "(" if value == ")" else "[" if value == "]" else "{"
-                if not opened or opened[-1] != want:
-                    raise Fallback  # a mismatched or unmatched closer: a syntax error
-                opened.pop()
-                depth = outer.pop()
-        elif kind == "NAME":
-            if prev in _STMT_START and value in keywords:
-                kind = keywords[value]
-        elif kind == "NUMBER":
+            opened.append(value)
+            outer.append(depth)
+            depth = 0 if value == "{" else depth + 1
+        elif group == _CLOSE:
+            value = text[start]
+            kind = punct[value]
+            if not opened or opened[-1] != _CLOSER_OF[value]:
+                raise Fallback  # a mismatched or unmatched closer: a syntax error
+            opened.pop()
+            depth = outer.pop()
+        elif group == _NUMBER_G:
+            value = text[start:pos]
+            kind = "NUMBER"
             if len(value) > max_digits and value.isdigit():
                 raise Fallback
-        if prev in _STMT_START:
-            statements += 1
-            tokens = 0
-            if statements > max_statements:
-                raise Fallback
-        tokens += 1
-        if tokens > max_tokens:
-            raise Fallback
+        elif group == _CMP:
+            value = text[start:pos]
+            kind = "CMP"
+        elif group == _COMMENT:
+            continue
+        else:
+            raise Fallback  # a character no token starts with
         prev = kind
         col = start - line_start + 1
-        append((kind, value, line, col, col + end - start))
-        pos = end
+        append((kind, value, line, col, col + pos - start))
     if pos != len(text):
         if _TRAILING_BLANKS.match(text, pos).end() != len(text):  # type: ignore[union-attr]
             raise Fallback
     if opened:
         raise Fallback  # an unclosed bracket: a syntax error
+    if len(toks) > min(syntax.MAX_STATEMENTS, syntax.MAX_STATEMENT_TOKENS):
+        _check_limits(toks)  # only then can a limit be passed (there are fewer tokens)
     append(("$END", "", line, 1, 1))
     return toks
+
+
+def _check_limits(toks: list[Tok]) -> None:
+    """Raise `Fallback` if the tokens hold more statements, or a statement more tokens,
+    than syntax's limits allow (counted as syntax._Lexer counts them)."""
+    max_statements, max_tokens = syntax.MAX_STATEMENTS, syntax.MAX_STATEMENT_TOKENS
+    prev = "_NL"
+    statements = tokens = 0
+    for tok in toks:
+        kind = tok[0]
+        if kind != "_NL" and kind != "SEMICOLON":
+            if prev in _STMT_START:
+                statements += 1
+                tokens = 0
+                if statements > max_statements:
+                    raise Fallback
+            tokens += 1
+            if tokens > max_tokens:
+                raise Fallback
+        prev = kind
 
 
 class _Parser:
@@ -211,15 +234,22 @@ class _Parser:
     def join(self, a: Span, b: Span) -> Span:
         return Span(self.source, a.line, a.col, b.end_line, b.end_col)
 
+    # name() and num() are the most frequent calls: expect() and tspan() inlined
     def name(self) -> Any:
-
-        tok = self.expect("NAME")
-        return Name(tok[1], self.tspan(tok))
+        tok = self.toks[self.i]
+        if tok[0] != "NAME":
+            raise Fallback
+        self.i += 1
+        line = tok[2]
+        return Name(tok[1], Span(self.source, line, tok[3], line, tok[4]))
 
     def num(self) -> Any:
-
-        tok = self.expect("NUMBER")
-        return Num(tok[1], self.tspan(tok))
+        tok = self.toks[self.i]
+        if tok[0] != "NUMBER":
+            raise Fallback
+        self.i += 1
+        line = tok[2]
+        return Num(tok[1], Span(self.source, line, tok[3], line, tok[4]))
 
     def signed(self) -> tuple[Any, bool]:
 
@@ -247,14 +277,17 @@ class _Parser:
     def items(self, item: Any, closer: str | None) -> list[Any]:
         """`_sep* (item _sep+)* item?` up to `closer` (None: the end of the text)."""
         end = closer or "$END"
+        toks = self.toks
         out: list[Any] = []
         self.skip_seps()
-        while not self.at(end):
+        while toks[self.i][0] != end:
             out.append(item())
-            if self.at(end):
+            kind = toks[self.i][0]
+            if kind == end:
                 break
-            if not self.at("_NL") and not self.at("SEMICOLON"):
+            if kind != "_NL" and kind != "SEMICOLON":
                 raise Fallback
+            self.i += 1
             self.skip_seps()
         return out
 
@@ -328,31 +361,38 @@ class _Parser:
         return ParamStmt(tuple(items), self.join(self.tspan(kw), items[-1][2].span))
 
     def input_stmt(self) -> Any:
-
-        kw = self.expect("INPUT")
+        toks, source = self.toks, self.source
+        kw = toks[self.i]  # INPUT (the statement dispatch saw it)
+        self.i += 1
         name = self.name()
         self.expect("COLON")
         dtype = self.name()
         self.expect("LSQB")
         sizes = []
-        if not self.at("RSQB"):
+        if toks[self.i][0] != "RSQB":
             while True:
                 factors = [self.size_atom()]
-                while self.accept("STAR"):
+                while toks[self.i][0] == "STAR":
+                    self.i += 1
                     factors.append(self.size_atom())
-                sizes.append(SizeExpr(tuple(factors), self.join(factors[0].span, factors[-1].span)))
-                if not self.accept("COMMA"):
+                a, b = factors[0].span, factors[-1].span
+                span = Span(source, a.line, a.col, b.end_line, b.end_col)
+                sizes.append(SizeExpr(tuple(factors), span))
+                if toks[self.i][0] != "COMMA":
                     break
+                self.i += 1
         self.expect("RSQB")
         layout = self.name()
         layout_arg = None
         layout_span = layout.span
-        if self.accept("LPAR"):
+        if toks[self.i][0] == "LPAR":
+            self.i += 1
             layout_arg = self.signed()
             rpar = self.expect("RPAR")
-            layout_span = self.join(layout.span, self.tspan(rpar))
+            layout_span = Span(source, layout_span.line, layout_span.col, rpar[2], rpar[4])
         stage_kw = stage = None
-        if self.accept("AT"):
+        if toks[self.i][0] == "AT":
+            self.i += 1
             stage_kw = self.name()
             stage = self.num()
         end = stage.span if stage is not None else layout_span
@@ -364,14 +404,18 @@ class _Parser:
             layout_arg,
             stage_kw,
             stage,
-            self.join(self.tspan(kw), end),
+            Span(source, kw[2], kw[3], end.end_line, end.end_col),
             layout_span,
         )
 
     def size_atom(self) -> Any:
-        if self.at("NUMBER"):
-            return self.num()
-        return self.name()
+        tok = self.toks[self.i]
+        cls = Num if tok[0] == "NUMBER" else Name
+        if cls is Name and tok[0] != "NAME":
+            raise Fallback
+        self.i += 1
+        line = tok[2]
+        return cls(tok[1], Span(self.source, line, tok[3], line, tok[4]))
 
     def output_stmt(self) -> Any:
 
@@ -382,12 +426,17 @@ class _Parser:
         return OutputStmt(tuple(names), self.join(self.tspan(kw), names[-1].span))
 
     def assign(self) -> Any:
-
         name = self.name()
         self.expect("EQUAL")
+        first = self.i
         expr = self.expr(0)
-        _check_depth(name, expr)  # an InputError: lark reports it in source order
-        return Assign(name, expr, self.join(name.span, expr.span))
+        # Each operator or call on a path of the tree has a token of its own, so an
+        # expression of at most MAX_EXPR_DEPTH tokens cannot nest deeper: only a longer
+        # one needs the walk.
+        if self.i - first > MAX_EXPR_DEPTH:
+            _check_depth(name, expr)  # an InputError: lark reports it in source order
+        a, b = name.span, expr.span
+        return Assign(name, expr, Span(self.source, a.line, a.col, b.end_line, b.end_col))
 
     def schedule_block(self) -> Any:
 
@@ -464,7 +513,9 @@ class _Parser:
                 return left
             self.i += 1
             right = self.product(depth)
-            left = Expr(op, (left, right), span=self.join(left.span, right.span))
+            a, b = left.span, right.span
+            span = Span(self.source, a.line, a.col, b.end_line, b.end_col)
+            left = Expr(op, (left, right), span=span)
 
     def product(self, depth: int) -> Any:
         toks = self.toks
@@ -479,20 +530,26 @@ class _Parser:
                 return left
             self.i += 1
             right = self.unary(depth)
-            left = Expr(op, (left, right), span=self.join(left.span, right.span))
+            a, b = left.span, right.span
+            span = Span(self.source, a.line, a.col, b.end_line, b.end_col)
+            left = Expr(op, (left, right), span=span)
 
     def unary(self, depth: int) -> Any:
-        tok = self.toks[self.i]
+        toks = self.toks
+        i = self.i
+        tok = toks[i]
         kind = tok[0]
-        self.i += 1
+        self.i = i + 1
         if kind == "NAME":
-            if self.toks[self.i][0] == "LPAR":
+            if toks[i + 1][0] == "LPAR":
                 return self.call(tok, depth)
-            return Expr(Op.REF, name=tok[1], span=self.tspan(tok))
+            line = tok[2]
+            return Expr(Op.REF, name=tok[1], span=Span(self.source, line, tok[3], line, tok[4]))
         if kind == "NUMBER":
             text = tok[1]
             value = int(text) if text.isdigit() else float(text)
-            return Expr(Op.CONST, value=value, span=self.tspan(tok))
+            line = tok[2]
+            return Expr(Op.CONST, value=value, span=Span(self.source, line, tok[3], line, tok[4]))
         if kind == "MINUS":
             if depth > _MAX_RECURSION:
                 raise Fallback
@@ -505,7 +562,6 @@ class _Parser:
         raise Fallback
 
     def call(self, name_tok: Tok, depth: int) -> Any:
-
         self.i += 1  # (
         toks = self.toks
         args: list[Any] = []
@@ -513,7 +569,18 @@ class _Parser:
             while True:
                 tok = toks[self.i]
                 kind = tok[0]
-                if kind == "NAME" and toks[self.i + 1][0] == "EQUAL":
+                after = toks[self.i + 1][0]
+                if (
+                    kind == "NAME"
+                    and (after == "COMMA" or after == "RPAR")
+                    and depth < _MAX_RECURSION
+                ):
+                    # a name alone, the most frequent argument: what expr() makes of it
+                    self.i += 1
+                    line = tok[2]
+                    span = Span(self.source, line, tok[3], line, tok[4])
+                    args.append(Expr(Op.REF, name=tok[1], span=span))
+                elif kind == "NAME" and after == "EQUAL":
                     self.i += 2
                     value = self.expr(depth + 1)
                     name = Name(tok[1], self.tspan(tok))
@@ -533,9 +600,15 @@ class _Parser:
                 if toks[self.i][0] != "COMMA":
                     break
                 self.i += 1
-        close = self.expect("RPAR")
+        close = toks[self.i]
+        if close[0] != "RPAR":
+            raise Fallback
+        self.i += 1
+        line, col = name_tok[2], name_tok[3]
         return Call(
-            Name(name_tok[1], self.tspan(name_tok)), tuple(args), self.span(name_tok, close)
+            Name(name_tok[1], Span(self.source, line, col, line, name_tok[4])),
+            tuple(args),
+            Span(self.source, line, col, close[2], close[4]),
         )
 
 

@@ -108,6 +108,9 @@ def check_divisible(shape: Shape, layout: Layout, group: int, span: Span | None,
 
 def broadcast_shapes(shapes: Sequence[tuple[Shape, Span | None]]) -> Shape:
     """Numpy trailing-dimension broadcasting; sizes compared by value."""
+    first = shapes[0][0] if shapes else ()
+    if all(shape is first for shape, _ in shapes):
+        return first  # one shape object (most operands are typed by the same declaration)
     rank = max((len(s) for s, _ in shapes), default=0)
     out: list[Size] = []
     for i in range(rank):
@@ -140,10 +143,8 @@ class Inferencer:
         self.grid = grid
         self.env = env
         self.inputs = inputs
-
-    @property
-    def G(self) -> int:
-        return self.grid.group
+        self.G = grid.group
+        """Ranks a collective runs over (the grid's group; read at every node)."""
 
     # --- helpers --------------------------------------------------------------------
     def _pstage(self, args: Sequence[Expr], span: Span | None) -> int | None:
@@ -205,7 +206,11 @@ class Inferencer:
             lay = a.type.layout
             if lay.is_replicated:
                 continue
-            if lay.is_sliced and shape_values(a.type.shape) != shape_values(shape):
+            if (
+                lay.is_sliced
+                and a.type.shape is not shape
+                and shape_values(a.type.shape) != shape_values(shape)
+            ):
                 lower_sliced.append(a)
                 continue
             if result is None:
@@ -275,7 +280,9 @@ class Inferencer:
     def _slice_replicated(self, e: Expr, layout: Layout, shape: Shape) -> Expr:
         """Canonicalize: a replicated operand of the result's shape becomes `slice(x[, d])`."""
         ty = e.type
-        if not ty.layout.is_replicated or shape_values(ty.shape) != shape_values(shape):
+        if not ty.layout.is_replicated or (
+            ty.shape is not shape and shape_values(ty.shape) != shape_values(shape)
+        ):
             return e
         if e.op in BINARY_INFIX | BINARY_CALLS | UNARY_CALLS | {
             Op.NEG,
@@ -298,6 +305,11 @@ class Inferencer:
 
     # --- the rules ------------------------------------------------------------------
     def infer(self, e: Expr, top: bool = True) -> Expr:
+        if e.op is Op.REF:  # the most frequent node: typed here, without a rule call
+            ty = self.env.get(e.name)  # type: ignore[arg-type]
+            if ty is not None:
+                return _replace(e, ty=ty)
+            return self._ref(e)  # raises the error
         rule = _RULES.get(e.op)
         if rule is None:
             return self._elementwise(e)
@@ -315,7 +327,7 @@ class Inferencer:
         return _replace(e, ty=TensorType(dt, (), REPLICATED, None))
 
     def _elementwise(self, e: Expr) -> Expr:
-        args = tuple(self.infer(a, False) for a in e.args)
+        args = tuple([self.infer(a, False) for a in e.args])
         if e.op is Op.WHERE:
             cond, a, b = args
             operands: tuple[Expr, ...] = (cond, a, b)

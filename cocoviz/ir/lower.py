@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import gc
 import heapq
 import math
@@ -57,6 +58,7 @@ from cocoviz.ir.types import (
 )
 
 LAYOUT_WORDS = ("replicated", "local", "sliced")
+_WHOLE_RHS_OR_UPDATE = WHOLE_RHS | {Op.UPDATE}
 REDUCE_WORDS = {
     "+": ReduceOp.SUM,
     "*": ReduceOp.PROD,
@@ -201,7 +203,14 @@ class _Lowerer:
         self.bound: dict[str, Span | None] = {}
         self.assign: syn.Assign | None = None  # the stage being resolved
         self.bad_dims: set[str] = set()  # dimensions whose declaration failed
-        self.source_names = _source_words(module.source.text)
+        self.saw_dropout = False  # whether the stage being resolved calls dropout
+        self.dim_sizes: dict[str, Size] = {}  # the Size of each dimension name (as _size makes it)
+        self.shapes: dict[Shape, Shape] = {}  # the inputs' shapes, one object per value
+
+    @functools.cached_property
+    def source_names(self) -> set[str]:
+        """The words of the source (only a hint needs them: found when first asked)."""
+        return _source_words(self.module.source.text)
 
     # --- declarations -----------------------------------------------------------------
     def _bind(self, name: syn.Name) -> None:
@@ -368,9 +377,12 @@ class _Lowerer:
                 self.bag.add(err)
                 continue
             self.assign = a
+            self.saw_dropout = False
             try:
                 expr = self._expr(a.expr, defined, later, a.name.text, top=True)
-                raw.append((a, _tag_dropouts(expr, a.name.text)))
+                if self.saw_dropout:  # no other stage has a dropout to tag: no walk
+                    expr = _tag_dropouts(expr, a.name.text)
+                raw.append((a, expr))
             except _AlreadyReported:
                 pass  # a reshape size naming a failed dimension
             except InputError as err:
@@ -515,6 +527,20 @@ class _Lowerer:
         return Param(pn.text, dt, v, pn.span)
 
     def _size(self, se: syn.SizeExpr) -> Size:
+        factors = se.factors
+        if len(factors) == 1:
+            # most sizes are one dimension name: one Size object per name serves all
+            # (sizes are values; a large program declares thousands of inputs)
+            size = self.dim_sizes.get(factors[0].text)
+            if size is not None and isinstance(factors[0], syn.Name):
+                return size
+            size = self._size_of(se)
+            if isinstance(factors[0], syn.Name):
+                self.dim_sizes[factors[0].text] = size
+            return size
+        return self._size_of(se)
+
+    def _size_of(self, se: syn.SizeExpr) -> Size:
         value = 1
         texts: list[str] = []
         for f in se.factors:
@@ -547,7 +573,9 @@ class _Lowerer:
                 st.dtype.span,
                 hint=did_you_mean(st.dtype.text, DTYPE_NAMES) or "dtypes: " + " ".join(DTYPE_NAMES),
             )
-        shape = tuple(self._size(s) for s in st.sizes)
+        shape = tuple([self._size(s) for s in st.sizes])
+        # one tuple per distinct shape: inference then finds equal shapes by identity
+        shape = self.shapes.setdefault(shape, shape)
         if numel(shape) > _MAX_SIZE:
             raise InputError(
                 f"input '{st.name.text}' has {numel(shape)} elements, too many (at most 2^62)",
@@ -597,7 +625,7 @@ class _Lowerer:
                 v = node.args[0].value
                 assert v is not None
                 return _check_number(Expr(Op.CONST, value=-v, span=node.span))
-            args = tuple(self._collect(a, defined, later, stage) for a in node.args)
+            args = tuple([self._expr(a, defined, later, stage, False) for a in node.args])
             if args == node.args:
                 return node
             return Expr(node.op, args, span=node.span)
@@ -616,9 +644,6 @@ class _Lowerer:
         if isinstance(node, syn.Kw):
             raise InputError(f"unexpected keyword argument '{node.name.text}'", node.span)
         raise InputError("unexpected expression", getattr(node, "span", None))
-
-    def _collect(self, node: Any, defined: set[str], later: dict[str, Any], stage: str) -> Expr:
-        return self._expr(node, defined, later, stage, top=False)
 
     def _name_error(
         self, node: Expr, defined: set[str], later: dict[str, Any], stage: str
@@ -691,13 +716,13 @@ class _Lowerer:
                 c.name.span,
                 hint=did_you_mean(fname, CALL_NAMES),
             )
-        if op in WHOLE_RHS | {Op.UPDATE} and not top:
+        if op in _WHOLE_RHS_OR_UPDATE and not top:
             raise InputError(
                 f"{fname}(...) must be the whole right-hand side of a named stage",
                 c.span,
                 hint=self._name_it_first(c, stage),
             )
-        a = _CallArgs(c, op, lambda node: self._collect(node, defined, later, stage))
+        a = _CallArgs(c, op, lambda node: self._expr(node, defined, later, stage, False))
         if op in COLLECTIVES:
             return self._collective_call(a)
         if op is Op.MATMUL or op is Op.UPDATE:
@@ -709,6 +734,7 @@ class _Lowerer:
         if op is Op.CAST:
             return _cast_call(a)
         if op is Op.DROPOUT:
+            self.saw_dropout = True
             return _dropout_call(a)
         if op is Op.SLICE:
             return _slice_call(a)

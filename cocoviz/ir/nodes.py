@@ -75,6 +75,11 @@ class Op(enum.Enum):
     SEND = "send"
     ALLTOALL = "alltoall"
 
+    # Members are singletons compared by identity, so the identity hash is equivalent to
+    # Enum's (a Python-level hash of the name) and several times cheaper: inference and
+    # lowering test an op against sets and tables of ops at every node.
+    __hash__ = object.__hash__
+
 
 BINARY_INFIX = {Op.ADD, Op.SUB, Op.MUL, Op.DIV}
 BINARY_CALLS = {Op.MAX, Op.MIN, Op.POW}
@@ -128,6 +133,8 @@ class ReduceOp(enum.Enum):
     MIN = "min"
     AVG = "avg"
 
+    __hash__ = object.__hash__  # as Op's
+
 
 @dataclass(frozen=True)
 class Expr:
@@ -150,6 +157,34 @@ class Expr:
     shape_arg: Shape | None = None
     ty: TensorType | None = None
     span: Span | None = field(default=None, compare=False, hash=False, repr=False)
+
+    def __init__(
+        self,
+        op: Op,
+        args: tuple[Expr, ...] = (),
+        name: str | None = None,
+        value: float | int | None = None,
+        rop: ReduceOp | None = None,
+        dtype_arg: DType | None = None,
+        tag: str | None = None,
+        shape_arg: Shape | None = None,
+        ty: TensorType | None = None,
+        span: Span | None = None,
+    ) -> None:
+        # Parsing and inference make a node per operand: as Span's, the fields go
+        # straight into __dict__, at a fraction of the cost of the generated frozen
+        # __init__ (an object.__setattr__ call for each of the ten fields).
+        d = self.__dict__
+        d["op"] = op
+        d["args"] = args
+        d["name"] = name
+        d["value"] = value
+        d["rop"] = rop
+        d["dtype_arg"] = dtype_arg
+        d["tag"] = tag
+        d["shape_arg"] = shape_arg
+        d["ty"] = ty
+        d["span"] = span
 
     @property
     def type(self) -> TensorType:
@@ -224,6 +259,8 @@ class Stage:
 class GroupKind(enum.Enum):
     FUSED = "fused"
     OVERLAPPED = "overlapped"
+
+    __hash__ = object.__hash__  # as Op's
 
 
 GroupItem = Union[str, "Group"]

@@ -41,11 +41,26 @@ class Name:
     text: str
     span: Span
 
+    # The syntax objects the parser makes most (one per name, number, size, call,
+    # assignment and input) store their fields straight into __dict__, as Span's: the
+    # generated frozen __init__ makes an object.__setattr__ call per field and costs
+    # about twice as much. Fields, equality and hashing are the dataclass's.
+    def __init__(self, text: str, span: Span) -> None:
+        d = self.__dict__
+        d["text"] = text
+        d["span"] = span
+
 
 @dataclass(frozen=True)
 class Num:
     text: str
     span: Span
+
+    def __init__(self, text: str, span: Span) -> None:
+        # as Name's
+        d = self.__dict__
+        d["text"] = text
+        d["span"] = span
 
     @property
     def is_int(self) -> bool:
@@ -63,6 +78,13 @@ class Call:
     name: Name
     args: tuple[Any, ...]
     span: Span
+
+    def __init__(self, name: Name, args: tuple[Any, ...], span: Span) -> None:
+        # as Name's
+        d = self.__dict__
+        d["name"] = name
+        d["args"] = args
+        d["span"] = span
 
 
 @dataclass(frozen=True)
@@ -118,6 +140,12 @@ class SizeExpr:
     factors: tuple[Name | Num, ...]
     span: Span
 
+    def __init__(self, factors: tuple[Name | Num, ...], span: Span) -> None:
+        # as Name's
+        d = self.__dict__
+        d["factors"] = factors
+        d["span"] = span
+
 
 @dataclass(frozen=True)
 class InputStmt:
@@ -131,6 +159,30 @@ class InputStmt:
     span: Span
     layout_span: Span | None = None  # the layout word and its argument
 
+    def __init__(
+        self,
+        name: Name,
+        dtype: Name,
+        sizes: tuple[SizeExpr, ...],
+        layout: Name,
+        layout_arg: tuple[Num, bool] | None,
+        stage_kw: Name | None,
+        stage: Num | None,
+        span: Span,
+        layout_span: Span | None = None,
+    ) -> None:
+        # as Name's
+        d = self.__dict__
+        d["name"] = name
+        d["dtype"] = dtype
+        d["sizes"] = sizes
+        d["layout"] = layout
+        d["layout_arg"] = layout_arg
+        d["stage_kw"] = stage_kw
+        d["stage"] = stage
+        d["span"] = span
+        d["layout_span"] = layout_span
+
 
 @dataclass(frozen=True)
 class OutputStmt:
@@ -143,6 +195,13 @@ class Assign:
     name: Name
     expr: Any
     span: Span
+
+    def __init__(self, name: Name, expr: Any, span: Span) -> None:
+        # as Name's
+        d = self.__dict__
+        d["name"] = name
+        d["expr"] = expr
+        d["span"] = span
 
 
 @dataclass(frozen=True)

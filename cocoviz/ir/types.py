@@ -12,6 +12,7 @@ from __future__ import annotations
 import enum
 import math
 from dataclasses import dataclass
+from functools import cached_property
 
 
 @dataclass(frozen=True)
@@ -55,6 +56,10 @@ class DType(enum.Enum):
     I32 = "i32"
     I64 = "i64"
 
+    # Members are singletons compared by identity: the identity hash is equivalent to
+    # Enum's Python-level one and cheaper (dtypes key tables looked up at every node).
+    __hash__ = object.__hash__
+
     @property
     def facts(self) -> DTypeFacts:
         return _FACTS[self]
@@ -88,10 +93,7 @@ class DType(enum.Enum):
 
     @staticmethod
     def parse(text: str) -> DType | None:
-        try:
-            return DType(text)
-        except ValueError:
-            return None
+        return _DTYPE_BY_NAME.get(text)
 
 
 _FACTS: dict[DType, DTypeFacts] = {
@@ -123,6 +125,7 @@ _FACTS: dict[DType, DTypeFacts] = {
 """The dtype table (field order as in `DTypeFacts`)."""
 
 DTYPE_NAMES = tuple(d.value for d in DType)
+_DTYPE_BY_NAME = {d.value: d for d in DType}
 
 
 @dataclass(frozen=True)
@@ -144,7 +147,7 @@ def numel(shape: Shape) -> int:
 
 
 def shape_values(shape: Shape) -> tuple[int, ...]:
-    return tuple(s.value for s in shape)
+    return tuple([s.value for s in shape])  # a list first: cheaper than a generator
 
 
 def format_shape(shape: Shape, numeric: bool = False) -> str:
@@ -155,6 +158,8 @@ class LayoutKind(enum.Enum):
     REPLICATED = "replicated"
     LOCAL = "local"
     SLICED = "sliced"
+
+    __hash__ = object.__hash__  # as DType's
 
 
 @dataclass(frozen=True)
@@ -169,15 +174,17 @@ class Layout:
     kind: LayoutKind
     dim: int | None = None
 
-    @property
+    # Cached in the instance's __dict__ (outside the fields: equality and hashing ignore
+    # them): inference asks them several times per node, of a handful of layout objects.
+    @cached_property
     def is_sliced(self) -> bool:
         return self.kind is LayoutKind.SLICED
 
-    @property
+    @cached_property
     def is_replicated(self) -> bool:
         return self.kind is LayoutKind.REPLICATED
 
-    @property
+    @cached_property
     def is_local(self) -> bool:
         return self.kind is LayoutKind.LOCAL
 
@@ -197,9 +204,20 @@ def sliced(dim: int | None, shape: Shape) -> Layout:
     if dim is None:
         return FLAT
     d = dim + len(shape) if dim < 0 else dim
-    if all(s.value == 1 for s in shape[:d]):
+    for s in shape[:d]:
+        if s.value != 1:
+            break
+    else:
         return FLAT
-    return Layout(LayoutKind.SLICED, d)
+    layout = _SLICED.get(d)
+    if layout is None:
+        layout = _SLICED[d] = Layout(LayoutKind.SLICED, d)
+    return layout
+
+
+_SLICED: dict[int, Layout] = {}
+"""`sliced(d)` by d: layouts are values, so one object per dimension serves every tensor
+(a large program declares thousands of sliced inputs)."""
 
 
 def block_dim(layout: Layout, shape: Shape, group: int) -> int | None:
@@ -260,8 +278,19 @@ class TensorType:
     layout: Layout
     pstage: int | None = 0  # None: on every pipeline stage (params, literals)
 
-    @property
+    def __init__(self, dtype: DType, shape: Shape, layout: Layout, pstage: int | None = 0) -> None:
+        # inference types every node: as Span's, the fields go straight into __dict__,
+        # at half the cost of the generated frozen __init__'s object.__setattr__ calls
+        d = self.__dict__
+        d["dtype"] = dtype
+        d["shape"] = shape
+        d["layout"] = layout
+        d["pstage"] = pstage
+
+    @cached_property
     def numel(self) -> int:
+        # kept in the instance's __dict__ (outside the fields: equality and hashing
+        # ignore it); the simulator and the emitter ask for it again and again
         return numel(self.shape)
 
     @property
