@@ -8,20 +8,30 @@ import json
 from collections.abc import Iterable
 from typing import Any
 
-from cocoviz.ir.nodes import COLLECTIVES, REDUCTIONS, Expr, Group, GroupKind, Op, Program, Stage
+from cocoviz.ir.nodes import (
+    COLLECTIVES,
+    REDUCTIONS,
+    Expr,
+    Group,
+    GroupKind,
+    Op,
+    Program,
+    Stage,
+    expr_reads,
+)
 from cocoviz.ir.types import format_shape
 from cocoviz.style import kind_fill
 
 
-def stage_reads(s: Stage) -> set[str]:
-    """Names (inputs, params, stages) a stage's expression reads."""
-    return set(s.expr.refs())
+def stage_reads(s: Stage) -> frozenset[str]:
+    """Names (inputs, params, stages) a stage's expression reads (cached on it)."""
+    return expr_reads(s.expr)
 
 
 def data_deps(program: Program) -> dict[str, set[str]]:
     """Stage → the stages it reads (data edges only)."""
     names = {s.name for s in program.stages}
-    return {s.name: stage_reads(s) & names for s in program.stages}
+    return {s.name: names & stage_reads(s) for s in program.stages}
 
 
 def deps(program: Program) -> dict[str, set[str]]:

@@ -207,6 +207,38 @@ class Expr:
                 yield e.name
 
 
+# The names an expression reads live on the expression itself (a private attribute
+# outside the dataclass fields, so equality, hashing and `dataclasses.replace` ignore
+# it): computed once per expression object and dropped with it.
+_READS_ATTR = "_cocoviz_reads"
+
+
+def expr_reads(e: Expr) -> frozenset[str]:
+    """The names `e` reads (`Expr.refs` as a set), cached on the expression object."""
+    d = e.__dict__
+    names: frozenset[str] | None = d.get(_READS_ATTR)
+    if names is None:
+        names = d[_READS_ATTR] = _refs(e)
+    return names
+
+
+def _refs(e: Expr) -> frozenset[str]:
+    """One loop over the nodes (`Expr.refs` stacks two generators)."""
+    ref_op = Op.REF
+    if e.op is ref_op:
+        return frozenset(() if e.name is None else (e.name,))
+    found: list[str] = []
+    todo = list(e.args)
+    while todo:
+        x = todo.pop()
+        if x.op is ref_op:
+            if x.name is not None:
+                found.append(x.name)
+        elif x.args:
+            todo.extend(x.args)
+    return frozenset(found)
+
+
 def ref(name: str, span: Span | None = None) -> Expr:
     return Expr(Op.REF, name=name, span=span)
 

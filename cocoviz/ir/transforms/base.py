@@ -38,44 +38,16 @@ from cocoviz.ir.nodes import (
     Program,
     Stage,
     StepCall,
+    expr_reads,
 )
 from cocoviz.ir.types import REPLICATED, TensorType
 
 # --- reads, cached on the expression ----------------------------------------------------
 
-# The names an expression reads live on the expression itself (a private attribute
-# outside the dataclass fields, so equality, hashing and `dataclasses.replace` ignore
-# it): looked up once per expression object and dropped with it.
-_READS_ATTR = "_cocoviz_reads"
-
 
 def reads_of(stage: Stage) -> frozenset[str]:
     """Names a stage's expression reads (cached per expression object)."""
-    e = stage.expr
-    d = e.__dict__
-    names: frozenset[str] | None = d.get(_READS_ATTR)
-    if names is None:
-        names = d[_READS_ATTR] = _refs(e)
-    return names
-
-
-def _refs(e: Expr) -> frozenset[str]:
-    """The names `e` reads (one loop over its nodes: `Expr.refs` stacks two generators)."""
-    if e.op is _REF:
-        return frozenset(() if e.name is None else (e.name,))
-    found: list[str] = []
-    todo = list(e.args)
-    while todo:
-        x = todo.pop()
-        if x.op is _REF:
-            if x.name is not None:
-                found.append(x.name)
-        elif x.args:
-            todo.extend(x.args)
-    return frozenset(found)
-
-
-_REF = Op.REF  # a module global: an enum member looked up on its class costs more
+    return expr_reads(stage.expr)
 
 
 # The index of a program lives on the program itself (a private attribute outside the
