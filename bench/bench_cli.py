@@ -52,7 +52,13 @@ def run(cmd: list[str], env: dict[str, str]) -> tuple[float, float]:
     command fails."""
     r0 = resource.getrusage(resource.RUSAGE_CHILDREN)
     t0 = time.perf_counter()
-    proc = subprocess.run(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    # cwd: a directory without a cocoviz package (`python -m` puts the working directory
+    # first on sys.path, ahead of PYTHONPATH, so a run from the repository root would time
+    # this tree under --compare's name too)
+    proc = subprocess.run(
+        cmd, env=env, cwd=env["COCOVIZ_BENCH_CWD"], stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )  # fmt: skip
     dt = time.perf_counter() - t0
     r1 = resource.getrusage(resource.RUSAGE_CHILDREN)
     if proc.returncode != 0:
@@ -110,10 +116,11 @@ def main() -> None:
             "apply": [*cocoviz, "apply", str(src), fused_steps(out)],
             "simulate": [*cocoviz, "simulate", str(src), "--schedule", "fused"],
         }
-        trees = {"": env}
+        env["COCOVIZ_BENCH_CWD"] = tmp
+        trees = {"": dict(env, PYTHONPATH=str(Path(__file__).resolve().parent.parent))}
         if args.compare is not None:
             other = dict(env, PYTHONPATH=str(args.compare.resolve()))
-            trees = {"": env, "before": other}
+            trees["before"] = other
         if not args.no_warm:
             for cmd in cmds.values():
                 for tenv in trees.values():
