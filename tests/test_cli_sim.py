@@ -136,3 +136,48 @@ def test_model_table_refuses_what_the_model_cannot_do(capsys):
     assert main(["model-table", "--hw", "v100-dgx2", "--algo", "nvls"]) == 2
     assert "NVLink SHARP" in capsys.readouterr().err
     assert main(["model-table", "-b", "lots"]) == 2
+
+
+def test_stage_table_draws_what_rich_table_draws():
+    """The per-stage table lays itself out when it fits the console and hands over to
+    rich's Table when it does not: every sample x schedule (and a 3-stage pipeline),
+    narrow to wide, plain and in colour, gives the same bytes both ways."""
+    import io
+    import itertools
+
+    from rich.console import Console
+
+    from cocoviz import samples
+    from cocoviz.ir.lower import load_file
+    from cocoviz.schedule import apply_schedule_arg
+    from cocoviz.sim.hardware import load_profile
+    from cocoviz.sim.textview import render_stage_table
+    from cocoviz.sim.timeline import simulate
+
+    hw = load_profile("h100-dgx")
+    timelines = [simulate(sp.program(sp.PIPE_RS), hw)]
+    for name in samples.names():
+        p = load_file(samples.path(name))
+        timelines += [simulate(apply_schedule_arg(p, b.name, hw), hw) for b in p.schedules]
+    direct = 0
+    for tl, width, colour in itertools.product(timelines, (40, 100, 160), (False, True)):
+        drawn = []
+        table = render_stage_table(tl)
+        reference = table.rich_table()  # type: ignore[attr-defined]
+        handed_over: list[object] = []
+
+        def hand_over(seen: list[object] = handed_over, t: object = reference) -> object:
+            seen.append(t)
+            return t
+
+        table.rich_table = hand_over  # type: ignore[attr-defined]
+        for r in (table, reference):
+            out = Console(
+                file=io.StringIO(), width=width, force_terminal=colour,
+                color_system="truecolor" if colour else None, highlight=False,
+            )  # fmt: skip
+            out.print(r)
+            drawn.append(out.file.getvalue())  # type: ignore[attr-defined]
+        assert drawn[0] == drawn[1], (tl.program, width, colour)
+        direct += not handed_over
+    assert direct > 20  # most were laid out directly (the rest by rich's Table)

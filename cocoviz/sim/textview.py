@@ -6,8 +6,11 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
+from rich.cells import cell_len
+from rich.console import Console, ConsoleOptions, RenderableType, RenderResult
 from rich.console import Group as RichGroup
-from rich.console import RenderableType
+from rich.segment import Segment
+from rich.style import Style
 from rich.table import Table
 from rich.text import Text
 
@@ -80,6 +83,8 @@ def _row(events: Sequence[Event], width: int, t0: float, span: float) -> Text:
     for e in events:
         a = max(0, int(math.ceil((e.start - t0) / dt)))
         b = min(width, int((e.end - t0) / dt))
+        if b - a < 3:
+            continue  # too narrow for any label (a character and the spaces around it)
         label = e.label if e.chunk is None else f"{e.name}{e.chunk + 1}"
         if b - a >= len(label) + 2:
             style = f"bold black on {kind_colour(e.kind)}"
@@ -180,7 +185,7 @@ def _bytes(n: float) -> str:
     return f"{n:.1f} GiB"
 
 
-def render_stage_table(timeline: Timeline, limit: int = 40) -> Table:
+def render_stage_table(timeline: Timeline, limit: int = 40) -> RenderableType:
     """The per-stage table; beyond ``limit`` rows, the longest ``limit`` in time order."""
     rows = timeline.summary.stages
     title = "per stage (one rank per pipeline stage)"
@@ -188,34 +193,112 @@ def render_stage_table(timeline: Timeline, limit: int = 40) -> Table:
         keep = set(sorted(rows, key=lambda r: -r.busy_s)[:limit])
         rows = tuple(r for r in rows if r in keep)
         title += f": the {limit} longest of {len(timeline.summary.stages)} (--json has all)"
-    table = Table(title=title, title_justify="left")
     multi = timeline.pp > 1
-    table.add_column("stage")
+    columns = [("stage", False)]
     if multi:
-        table.add_column("pp", justify="right")
-    table.add_column("kind")
-    table.add_column("stream")
-    table.add_column("calls", justify="right")
-    table.add_column("time", justify="right")
-    table.add_column("start", justify="right")
-    table.add_column("end", justify="right")
-    table.add_column("bytes", justify="right")
-    table.add_column("detail", overflow="fold")
+        columns.append(("pp", True))
+    columns += [("kind", False), ("stream", False), ("calls", True), ("time", True)]
+    columns += [("start", True), ("end", True), ("bytes", True), ("detail", False)]
+    cells: list[list[tuple[str, str]]] = []  # per row: (text, style) per column
     for r in rows:
-        # Text cells: plain text, not console markup (a str cell would be parsed for
-        # `[style]` tags, and a detail like `[2048, 2048] x …` is not one)
-        cells: list[Text] = [Text(r.name)]
+        row = [(r.name, "")]
         if multi:
-            cells.append(Text(str(r.pstage)))
-        cells += [
-            Text(r.kind, style=kind_colour(r.kind)),
-            Text(r.stream),
-            Text(str(r.calls)),
-            Text(format_time(r.busy_s)),
-            Text(format_time(r.start_s)),
-            Text(format_time(r.end_s)),
-            Text(_bytes(r.bytes)),
-            Text(r.detail),
+            row.append((str(r.pstage), ""))
+        row += [
+            (r.kind, kind_colour(r.kind)),
+            (r.stream, ""),
+            (str(r.calls), ""),
+            (format_time(r.busy_s), ""),
+            (format_time(r.start_s), ""),
+            (format_time(r.end_s), ""),
+            (_bytes(r.bytes), ""),
+            (r.detail, ""),
         ]
-        table.add_row(*cells)
-    return table
+        cells.append(row)
+    return _StageTable(title, columns, cells)
+
+
+class _StageTable:
+    """A rich table of plain cells, laid out directly when it fits the console (the
+    common case: rich's general layout measures and wraps every cell, which cost more than
+    the simulation it shows); otherwise rich's `Table`, which shrinks and folds columns.
+    Both draw the same characters and styles (tests/test_cli_sim.py compares them)."""
+
+    def __init__(
+        self, title: str, columns: list[tuple[str, bool]], cells: list[list[tuple[str, str]]]
+    ) -> None:
+        self.title = title
+        self.columns = columns  # (header, right-justified)
+        self.cells = cells
+
+    def rich_table(self) -> Table:
+        table = Table(title=self.title, title_justify="left")
+        for header, right in self.columns:
+            if right:
+                table.add_column(header, justify="right")
+            elif header == "detail":
+                table.add_column(header, overflow="fold")
+            else:
+                table.add_column(header)
+        for row in self.cells:
+            # Text cells: plain text, not console markup (a str cell would be parsed for
+            # `[style]` tags, and a detail like `[2048, 2048] x …` is not one)
+            table.add_row(*(Text(text, style=style) for text, style in row))
+        return table
+
+    def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
+        widths = [cell_len(h) for h, _ in self.columns]
+        for row in self.cells:
+            for i, (text, _) in enumerate(row):
+                widths[i] = max(widths[i], cell_len(text))
+        total = sum(widths) + 3 * len(widths) + 1  # one space each side, the rules
+        if (
+            total > options.max_width
+            or cell_len(self.title) > total
+            or "\n" in "".join(t for row in self.cells for t, _ in row)
+        ):
+            yield self.rich_table()
+            return
+        head = console.get_style("table.header")
+        new_line = Segment.line()
+        yield Segment(
+            self.title + " " * (total - cell_len(self.title)), console.get_style("table.title")
+        )
+        yield new_line
+        rights = [right for _, right in self.columns]
+
+        def rule(left: str, mid: str, right: str, fill: str) -> Segment:
+            return Segment(left + mid.join(fill * (w + 2) for w in widths) + right)
+
+        yield rule("┏", "┳", "┓", "━")
+        yield new_line
+        yield Segment("┃")
+        for (header, right), w in zip(self.columns, widths, strict=True):
+            yield Segment(" ", head)
+            yield Segment(_pad(header, w, right), head)
+            yield Segment(" ", head)
+            yield Segment("┃")
+        yield new_line
+        yield rule("┡", "╇", "┩", "━")
+        yield new_line
+        styles: dict[str, Style] = {}
+        for row in self.cells:
+            yield Segment("│")
+            for (text, style), w, right in zip(row, widths, rights, strict=True):
+                yield Segment(" ")
+                if style:
+                    st = styles.get(style)
+                    if st is None:
+                        st = styles[style] = console.get_style(style)
+                    yield Segment(_pad(text, w, right), st)
+                else:
+                    yield Segment(_pad(text, w, right))
+                yield Segment(" │")
+            yield new_line
+        yield rule("└", "┴", "┘", "─")
+        yield new_line
+
+
+def _pad(text: str, width: int, right: bool) -> str:
+    pad = " " * (width - cell_len(text))
+    return pad + text if right else text + pad
