@@ -165,6 +165,11 @@ async def test_the_history_updated_line_by_line_is_the_history_drawn_afresh(tmp_
             fresh.show(app.wb.recorded_steps, app.wb.position, shown)
             assert _history_lines(history) == _history_lines(fresh)
             assert history.highlighted == app.wb.position
+            # The lines drawn (from the options' drawings that the update kept) are those
+            # the options draw afresh.
+            drawn = [list(history.render_line(y)) for y in range(history.size.height)]
+            history._clear_caches()
+            assert [list(history.render_line(y)) for y in range(history.size.height)] == drawn
 
         for step in ("split(sum)", "reorder(sum)", "fuse(sum_rs, out)"):
             assert app.apply_step(step)
@@ -466,6 +471,37 @@ async def test_selection_is_shared_by_graph_source_and_timeline(tmp_path) -> Non
         area.move_cursor((out_line - 1, 0))
         await settle(pilot)
         assert app.selected == "out"
+
+
+@pytest.mark.parametrize("wrap", [False, True])
+@run_async
+async def test_the_shaded_source_line_follows_the_selection(tmp_path, wrap: bool) -> None:  # type: ignore[no-untyped-def]
+    """Only the rows of the lines selected before and after are drawn again (the others
+    come from the editor's cache); wrapped or not, the shade moves with the selection."""
+    from cocoviz.tui.widgets.source import COCO_THEME
+
+    shade = COCO_THEME.syntax_styles["selected"].bgcolor
+    app = make_app(tmp_path, "megatron_mlp")
+    async with app.run_test(size=(120, 40)) as pilot:
+        await settle(pilot)
+        area = app.query_one(CocoTextArea)
+        area.soft_wrap = wrap
+        await settle(pilot)
+
+        def shaded_rows() -> set[int]:
+            out = set()
+            for y in range(area.scrollable_content_region.height):
+                segments = list(area.render_line(y))
+                if any(s.style is not None and s.style.bgcolor == shade for s in segments):
+                    out.add(y + area.scroll_offset.y)
+            return out
+
+        assert app.wb.base is not None
+        for name in ("layer", "sum", "layer"):
+            app.selected = name
+            await settle(pilot)
+            line = app.wb.base.stage(name).span.line  # type: ignore[union-attr]
+            assert shaded_rows() == set(area._rows_of(line - 1)), name
 
 
 @run_async

@@ -163,3 +163,33 @@ def test_a_step_lays_out_again_only_the_blocks_it_changed_and_draws_the_same() -
         assert (cold.width, cold.height, cold.layers) == (d.width, d.height, d.layers)
         for y in range(d.height):
             assert cold.render_row(y, "l1_y", Style()) == d.render_row(y, "l1_y", Style())
+
+
+def _programs_and_their_steps(name: str) -> list:  # type: ignore[type-arg]
+    """A sample and the program after each step of its last schedule block."""
+    from cocoviz.schedule import Session
+    from cocoviz.sim.hardware import DEFAULT_PROFILE, load_profile
+
+    program = load_program(samples.text(name), name)
+    out = [program]
+    if program.schedules:
+        session = Session(program, load_profile(DEFAULT_PROFILE))
+        for step in program.schedules[-1].steps:
+            session.apply(str(step))
+            out.append(session.program)
+    return out
+
+
+@pytest.mark.parametrize("name", samples.names())
+def test_the_layout_reads_the_graph_as_the_ir_does(name: str) -> None:
+    """The layout's per-stage memo gives `deps`, `layers` and `implicit_reductions`."""
+    from cocoviz.ir.draw import layers
+    from cocoviz.ir.graph import deps, implicit_reductions
+    from cocoviz.tui import graph_layout
+
+    for program in _programs_and_their_steps(name):
+        d = graph_layout._deps(program)
+        assert d == deps(program)
+        assert graph_layout._layers(program, d) == layers(program)
+        reduces = {s.name for s in program.stages if graph_layout._facts(s)[1]}
+        assert reduces == {n for n, _ in implicit_reductions(program)}

@@ -25,7 +25,7 @@ from textual import on, work
 from textual.app import App, ComposeResult, SystemCommand
 from textual.binding import Binding
 from textual.containers import Container, Vertical
-from textual.reactive import reactive
+from textual.reactive import var
 from textual.screen import Screen
 from textual.widgets import Footer, Static, TabbedContent, TabPane
 from textual.worker import Worker, WorkerState
@@ -134,8 +134,9 @@ class CocovizApp(App[None]):
         ],
     ]
 
-    selected: reactive[str | None] = reactive(None, init=False)
-    """The selected stage, shared by graph, source, timeline and palette."""
+    selected: var[str | None] = var(None, init=False)
+    """The selected stage, shared by graph, source, timeline and palette (a `var`: its
+    watcher redraws what shows it, not the whole screen)."""
 
     def __init__(self, workbench: Workbench[TimelineRows], *, target: str = "cuda") -> None:
         super().__init__()

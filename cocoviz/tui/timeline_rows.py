@@ -196,18 +196,21 @@ def render_bars(row: Row, t0: float, per_cell: float, width: int) -> list[tuple[
     it fits; the timeline pane colours a bar's cells by its kind (`cocoviz.style`).
     """
     cells: list[tuple[str, str, str]] = [(" ", "", "")] * width
+    if width <= 0:
+        return cells
     for b in row.bars:
         c0 = int((b.start - t0) / per_cell)
         c1 = max(c0 + 1, int(round((b.end - t0) / per_cell)))
         if c1 <= 0 or c0 >= width:
             continue
         c0, c1 = max(c0, 0), min(c1, width)
+        n = c1 - c0
+        if n == 1:  # most bars of a large program: no room for a name or an edge
+            cells[c0] = (" ", b.kind, b.stage)
+            continue
         name = b.label or b.stage
-        label = name if c1 - c0 > len(name) + 1 else ""
-        for i in range(c0, c1):
-            if i - c0 < len(label):
-                ch = label[i - c0]
-            else:
-                ch = "▏" if i == c0 and c1 - c0 > 1 else " "
-            cells[i] = (ch, b.kind, b.stage)
+        chars = name if n > len(name) + 1 else "▏"
+        chars += " " * (n - len(chars))
+        kind, stage = b.kind, b.stage
+        cells[c0:c1] = [(ch, kind, stage) for ch in chars]
     return cells

@@ -5,10 +5,12 @@ its time, and where the winner changes (`cocoviz tune FILE --sweep`)."""
 
 from __future__ import annotations
 
-from rich.console import Group
+from rich.console import Group, RenderableType
+from rich.segment import Segment, SegmentLines
 from rich.table import Table
 from rich.text import Text
-from textual.widgets import Static
+from textual.geometry import Size
+from textual.widget import Widget
 
 from cocoviz.ir.summary import Summary, format_bytes
 from cocoviz.schedule.tune import SweepResult, block_of
@@ -16,8 +18,17 @@ from cocoviz.timefmt import format_time
 from cocoviz.tui.timeline_rows import CostFigures
 
 
-class CostSummary(Static):
-    """Shows the figures it is given; says what is missing instead of inventing it."""
+class CostSummary(Widget):
+    """Shows the figures it is given; says what is missing instead of inventing it.
+
+    What it shows is drawn once, at the pane's width, into lines that every paint and
+    layout reuse (a rich table measures its columns each time it renders: as a `Static`
+    it rendered three times per step). The pane's height changes after the step's
+    figures are on the screen, not before: the pending state is as tall as the figures
+    before it, and figures that need fewer lines than the pane has are drawn in it first
+    (blank lines below them) and the pane shrinks to them after that paint. Only figures
+    that need more lines lay the screen out before they are shown (a layout redraws
+    every scrollbar on the screen and each pane that moves)."""
 
     DEFAULT_CSS = """
     CostSummary { height: auto; padding: 0 1; }
@@ -26,8 +37,19 @@ class CostSummary(Static):
     compact = False
     """Three lines at most (set by the app on small terminals)."""
 
-    _height = -1
-    """The lines of what is shown (-1: not measured)."""
+    def __init__(self, *, id: str | None = None) -> None:
+        super().__init__(id=id)
+        self.content: RenderableType = ""
+        """What the pane shows (without the blank lines that keep its height)."""
+        self._pad_to = 0
+        """The lines `content` takes at least (blank ones below it)."""
+        self._figures = False
+        """`content` is the figures (not their pending state)."""
+        self._figures_height = 0
+        """The lines the last figures took, unpadded, at the drawn width."""
+        self._width = -1
+        """The width `_lines` were drawn at (-1: not drawn)."""
+        self._lines: list[list[Segment]] = []
 
     def show(
         self,
@@ -43,7 +65,8 @@ class CostSummary(Static):
         computed: their rows are kept, each value `…`, so that the pane keeps its height
         and the panes below it stay put."""
         if self.compact:
-            self._set(self._compact(summary, figures, base, note, pending))
+            compact = self._compact(summary, figures, base, note, pending)
+            self._set(compact, pending=pending, figures=not pending)
             return
         t = Table.grid(padding=(0, 1))
         t.add_column(style="dim")
@@ -80,9 +103,7 @@ class CostSummary(Static):
             )
         if hw:
             t.add_row("hardware", hw)
-        # pending: no shorter than what it replaces (the figures' warning rows come back
-        # with the figures), so the pane is not laid out twice per step
-        self._set(t, keep_height=pending)
+        self._set(t, pending=pending, figures=not pending)
 
     def show_crossover(self, result: SweepResult | str | None, current: int | None) -> None:
         """The sweep (`current`: the program's own size, marked), why there is none, or
@@ -117,21 +138,48 @@ class CostSummary(Static):
             )
         self._set(Group(t, Text("\n".join(lines), style="bold")))
 
-    def _set(self, content: Table | Group | Text, *, keep_height: bool = False) -> None:
-        """Show `content`; the screen is laid out again only when its height changed
-        (a new layout also redraws every scrollbar on the screen). `keep_height`: blank
-        lines below it keep the pane at least as tall as it is."""
-        width = self.content_size.width
-        height = -1
-        if width > 0:  # counted as Textual counts it for a layout
-            console = self.app.console
-            options = console.options.update_width(width).update(highlight=False)
-            height = sum(text.count("\n") for text, _, _ in console.render(content, options))
-            if keep_height and 0 <= height < self._height:
-                content = Group(content, Text("\n" * (self._height - height - 1)))
-                height = self._height
-        self.update(content, layout=height < 0 or height != self._height)
-        self._height = height
+    def _set(
+        self, content: Table | Group | Text, *, pending: bool = False, figures: bool = False
+    ) -> None:
+        """Show `content`: the cost figures (`figures`), their pending state (`pending`),
+        or anything else (see the class). The screen is laid out again only when the
+        pane's height changes."""
+        before, width = len(self._lines), self._width
+        self.content, self._figures, self._width = content, figures, -1
+        self._pad_to = self._figures_height if pending else before if figures else 0
+        if width >= 0:
+            self._draw(width)
+        self.refresh(layout=self._width < 0 or len(self._lines) != before)
+        if figures and self._width >= 0 and len(self._lines) > self._figures_height:
+            self.call_after_refresh(self._fit, content)
+
+    def _fit(self, content: RenderableType) -> None:
+        """Shrink the pane to the figures `content` (drawn padded), if still shown."""
+        if content is self.content and self._pad_to:
+            self._pad_to, self._width = 0, -1
+            self.refresh(layout=True)
+
+    def _draw(self, width: int) -> list[list[Segment]]:
+        """The lines of `content` at `width` cells (kept until the content or the width
+        changes)."""
+        if width == self._width:
+            return self._lines
+        if self._width >= 0:  # another width: the heights at the old one say nothing
+            self._pad_to = self._figures_height = 0
+        app = self.app
+        options = app.console_options.update(highlight=False).update_width(max(1, width))
+        lines = app.console.render_lines(self.content, options, pad=False)
+        if self._figures:
+            self._figures_height = len(lines)
+        lines += [[] for _ in range(self._pad_to - len(lines))]
+        self._lines, self._width = lines, width
+        return lines
+
+    def render(self) -> RenderableType:
+        return SegmentLines(self._draw(self.content_size.width), new_lines=True)
+
+    def get_content_height(self, container: Size, viewport: Size, width: int) -> int:
+        return len(self._draw(width)) if width > 0 else 0
 
     @staticmethod
     def _compact(

@@ -52,7 +52,7 @@ class HistoryList(SteadyOptionList):
                 self.remove_option_at_index(i)
             for i in range(same):
                 if old[i][1] != rows[i][1]:
-                    self.replace_option_prompt_at_index(i, self._prompt(*rows[i]))
+                    self.replace_prompt_at_index(i, self._prompt(*rows[i]))
             if len(rows) > same:
                 self.add_options([self._option(oid, shown) for oid, shown in rows[same:]])
         self._rows = rows

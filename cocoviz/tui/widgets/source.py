@@ -54,8 +54,9 @@ class CocoTextArea(TextArea, SteadyScrollbars):
     error_spans: reactive[tuple[tuple[int, int, int, int], ...]] = reactive((), init=False)
     """(line, col, end line, end col), 1-based, of every diagnostic to mark."""
 
-    selected_line: reactive[int | None] = reactive(None, init=False)
-    """1-based line of the selected stage, shaded."""
+    selected_line: var[int | None] = var(None, init=False)
+    """1-based line of the selected stage, shaded (a `var`: its watcher redraws the rows
+    of the two lines, not the whole editor)."""
 
     def __init__(self, text: str = "", **kwargs: object) -> None:
         self._lexed: dict[str, list[tuple[int, int, str]]] = {}
@@ -76,13 +77,25 @@ class CocoTextArea(TextArea, SteadyScrollbars):
             highlights[old - 1] = [h for h in highlights[old - 1] if h[2] != "selected"]
         if new is not None and 0 < new <= lines:
             highlights[new - 1].insert(0, (0, None, "selected"))
-        self._line_cache.clear()
-        if self.soft_wrap:
-            self.refresh()
-            return
+        rows: set[int] = set()
         for line in (old, new):
             if line is not None and 0 < line <= lines:
-                self.refresh_line(line - 1)
+                rows.update(self._rows_of(line - 1))
+        # Only those rows' drawn lines are forgotten: the others are drawn again from
+        # the cache when the editor scrolls to the new selection (a step's next paint).
+        cache = self._line_cache
+        for key in [k for k in cache.keys() if k[2] in rows]:  # (size, scroll x, row, …)
+            cache.discard(key)
+        for row in rows:
+            self.refresh_line(row)
+
+    def _rows_of(self, index: int) -> range:
+        """The rows (of the whole text, wrapped or not) that show line `index` (0-based)."""
+        if not self.soft_wrap:
+            return range(index, index + 1)
+        wrapped = self.wrapped_document
+        top = wrapped.location_to_offset((index, 0)).y
+        return range(top, top + len(wrapped.get_offsets(index)) + 1)
 
     def _build_highlight_map(self) -> None:
         self._line_cache.clear()

@@ -10,9 +10,13 @@ was a hundred scrollbar cells and both lists drawn twice, for nothing.
 
 from __future__ import annotations
 
+from typing import cast
+
 from textual import events
+from textual.css.styles import RulesMap
 from textual.geometry import Size
 from textual.scroll_view import ScrollView
+from textual.visual import VisualType
 from textual.widgets import OptionList
 
 
@@ -37,13 +41,43 @@ class SteadyScrollbars(ScrollView):
 
 
 class SteadyOptionList(OptionList, SteadyScrollbars):
-    """An `OptionList` that draws its options again only when their width changed."""
+    """An `OptionList` that draws its options again only when their width changed, and
+    an option whose prompt is replaced alone (`replace_prompt_at_index`)."""
 
     _options_width = -1
     """The width the options were last drawn at (-1: not yet)."""
 
-    def _on_resize(self, event: events.Resize) -> None:
+    def _size_updated(
+        self, size: Size, virtual_size: Size, container_size: Size, layout: bool = True
+    ) -> bool:
+        changed = super()._size_updated(size, virtual_size, container_size, layout)
+        # The options are drawn again when their width changes: with the widget's size,
+        # or with a scrollbar that comes or goes (which sends no `Resize`).
         width = self.scrollable_content_region.width
-        if width == self._options_width:
-            event.prevent_default()  # OptionList's handler would drop the drawn options
-        self._options_width = width
+        if width != self._options_width:
+            if self._options_width >= 0:
+                self._clear_caches()
+            self._options_width = width
+        return changed
+
+    def _on_resize(self, event: events.Resize) -> None:
+        event.prevent_default()  # OptionList's handler drops the drawn options, always
+
+    def replace_prompt_at_index(self, index: int, prompt: VisualType) -> None:
+        """`replace_option_prompt_at_index`, which forgets the drawn lines of that option
+        only, when it keeps its height: Textual's forgets every option's drawing and
+        measures every option again (a history of a hundred steps, at each step)."""
+        option = self.get_option_at_index(index)
+        height = self._heights.get(index)
+        option._set_prompt(prompt)
+        width = self.scrollable_content_region.width - self._get_left_gutter_width()
+        padding = self.get_component_styles("option-list--option").padding
+        visual = self._get_visual(option)
+        rules = cast(RulesMap, self.styles)  # as OptionList measures its options
+        if height != visual.get_height(rules, width - padding.width) + option._divider:
+            self._clear_caches()
+            return
+        cache = self._option_render_cache
+        for key in [k for k in cache.keys() if k[0] is option]:  # (option, style, padding)
+            cache.discard(key)
+        self.refresh_lines(self._index_to_line[index], height)

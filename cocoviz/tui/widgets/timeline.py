@@ -4,6 +4,8 @@ comparison timeline (docs/cost-model.md)."""
 
 from __future__ import annotations
 
+import functools
+
 from rich.segment import Segment
 from rich.style import Style
 from textual import events
@@ -22,6 +24,19 @@ GUTTER = 14
 HEADER = 2  # the axis and the details line (more when the details wrap)
 MAX_DETAIL_LINES = 3
 AXIS_TAIL = 8
+
+
+@functools.lru_cache(maxsize=256)
+def _bar_style(base: Style, kind: str, highlighted: bool, cursor: bool) -> Style:
+    """The style of a bar's cells (idle cells: `kind` empty), highlighted when they run
+    (part of) the selected stage, reversed under the cursor."""
+    if kind:
+        st = base + Style(bgcolor=kind_colour(kind), color="black")
+        if highlighted:
+            st += Style(bold=True, underline=True, bgcolor="bright_white")
+    else:
+        st = base + Style(dim=True)
+    return st + Style(reverse=True) if cursor else st
 
 
 class TimelineView(SteadyScrollbars, can_focus=True):
@@ -67,6 +82,8 @@ class TimelineView(SteadyScrollbars, can_focus=True):
         self.hover: tuple[int, int] | None = None
         """(row, column) of the cell under the mouse, described instead of the cursor's."""
         self._header = HEADER
+        self._base: Style | None = None
+        """The widget's `rich_style` (until its styles change)."""
 
     # --- attributes down --------------------------------------------------------------
     def show(
@@ -191,17 +208,22 @@ class TimelineView(SteadyScrollbars, can_focus=True):
             lines[-1] = lines[-1][: width - 1] + "…"
         return [x[:width] for x in lines]
 
+    def notify_style_update(self) -> None:
+        self._base = None
+        super().notify_style_update()
+
     def render_line(self, y: int) -> Strip:
         width = self.size.width
-        base = self.rich_style
+        base = self._base
+        if base is None:  # `rich_style` walks the ancestors' styles: once, not per line
+            base = self._base = self.rich_style
         if self.data is None:
             text = self.message_text if y == 0 else ""
             return Strip([Segment(text[:width].ljust(width), base + Style(italic=True))])
         scroll_x, scroll_y = self.scroll_offset
         per_cell = self._per_cell()
-        bar_cells = int(self._bar_width() * self.zoom)
         if y == 0:
-            return self._axis(width, scroll_x, per_cell, bar_cells, base)
+            return self._axis(width, scroll_x, per_cell, base)
         header = self._header
         if y < header:
             lines = self._detail_lines()
@@ -212,31 +234,30 @@ class TimelineView(SteadyScrollbars, can_focus=True):
         if idx >= len(rows):
             return Strip.blank(width, base)
         label, row = rows[idx]
-        is_cursor = idx == self.cursor_row and self.has_focus
-        gutter_style = base + Style(bold=True, reverse=is_cursor)
         if isinstance(row, str):
             return Strip([Segment(row[:width].ljust(width), base + Style(dim=True))])
+        assert isinstance(row, Row)
+        focus = self.has_focus
+        gutter_style = base + Style(bold=True, reverse=idx == self.cursor_row and focus)
         segs = [Segment(label[: GUTTER - 1].ljust(GUTTER), gutter_style)]
-        t0 = scroll_x * per_cell
-        cells = render_bars(row, t0, per_cell, max(0, width - GUTTER))  # type: ignore[arg-type]
-        cursor_x = self.cursor_col - scroll_x if idx == self.cursor_row else -1
+        cells = render_bars(row, scroll_x * per_cell, per_cell, max(0, width - GUTTER))
+        cursor_x = self.cursor_col - scroll_x if idx == self.cursor_row and focus else -1
         highlight = self._highlighted_stages()
+        # One segment per run of cells drawn alike (kind, highlighted, under the cursor).
+        run: list[str] = []
+        run_key: tuple[str, bool, bool] | None = None
         for i, (ch, kind, stage) in enumerate(cells):
-            if kind:
-                color = kind_colour(kind)
-                st = base + Style(bgcolor=color, color="black")
-                if stage in highlight:
-                    st += Style(bold=True, underline=True, bgcolor="bright_white")
-            else:
-                st = base + Style(dim=True)
-            if i == cursor_x and self.has_focus:
-                st += Style(reverse=True)
-            segs.append(Segment(ch, st))
+            key = (kind, stage in highlight, i == cursor_x)
+            if key != run_key:
+                if run_key is not None:
+                    segs.append(Segment("".join(run), _bar_style(base, *run_key)))
+                run, run_key = [], key
+            run.append(ch)
+        if run_key is not None:
+            segs.append(Segment("".join(run), _bar_style(base, *run_key)))
         return Strip(segs).simplify().crop(0, width)
 
-    def _axis(
-        self, width: int, scroll_x: int, per_cell: float, bar_cells: int, base: Style
-    ) -> Strip:
+    def _axis(self, width: int, scroll_x: int, per_cell: float, base: Style) -> Strip:
         n = max(0, width - GUTTER)
         chars = axis_labels(n, scroll_x * per_cell, per_cell)
         return Strip(
