@@ -235,6 +235,8 @@ def _main(argv: Sequence[str] | None) -> int:
         if handler is None:
             parser.print_help()
             return ExitCode.USAGE
+        if getattr(args, "bounded", False):
+            return _without_collector(handler, args)
         return int(handler(args))
     except CocovizError as err:
         _emit_error(err)
@@ -273,6 +275,22 @@ def _main(argv: Sequence[str] | None) -> int:
         return int(diag.exit_code)
     except Exception as err:  # noqa: BLE001 - the one boundary that turns bugs into exit 70
         return _internal(err)
+
+
+def _without_collector(handler: Handler, args: argparse.Namespace) -> int:
+    """Run a command whose work is bounded by its input (check, show, apply, simulate)
+    with the cyclic collector off. Their objects form no reference cycles (programs,
+    indexes, operations and timelines are trees; an index holds its program weakly): on
+    the 96-layer GPT stack a whole `simulate` leaves about 2,000 objects for the collector,
+    while its passes over the young objects cost 5-8% of the command. Commands that run
+    long or repeat work (tui, tune, run, emit's builds) keep it."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        return int(handler(args))
+    finally:
+        if enabled:
+            gc.enable()
 
 
 def _internal(err: BaseException) -> int:

@@ -31,7 +31,7 @@ def register(sub: Any) -> None:
     )
     add_program_options(p, schedule=False)
     add_json_option(p)
-    p.set_defaults(handler=cmd_check)
+    p.set_defaults(handler=cmd_check, bounded=True)
 
     p = sub.add_parser(
         "show",
@@ -50,7 +50,7 @@ def register(sub: Any) -> None:
     )
     p.add_argument("--graph", action="store_true", help="draw the dataflow graph in the terminal")
     add_json_option(p)
-    p.set_defaults(handler=cmd_show)
+    p.set_defaults(handler=cmd_show, bounded=True)
 
     p = sub.add_parser(
         "samples",

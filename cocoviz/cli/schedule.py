@@ -46,7 +46,7 @@ def register(sub: Any) -> None:
         "after the given steps, and why the others do not",
     )
     add_json_option(p)
-    p.set_defaults(handler=cmd_apply, intermixed="steps")
+    p.set_defaults(handler=cmd_apply, intermixed="steps", bounded=True)
 
     p = sub.add_parser(
         "verify",

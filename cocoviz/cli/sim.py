@@ -35,7 +35,7 @@ def register(sub: Any) -> None:
         "--width", type=int, default=None, help="width of the drawn timeline (default: terminal)"
     )
     add_json_option(p)
-    p.set_defaults(handler=cmd_simulate)
+    p.set_defaults(handler=cmd_simulate, bounded=True)
 
     p = sub.add_parser(
         "tune",
