@@ -210,6 +210,22 @@ def emulation_lib(cache: Path) -> Path:
     return lib
 
 
+def build_emulated_program(program: Path, out: Path, cache: Path) -> Path:
+    """A hand-written CUDA test program (tests/programs/*.cu) built against the emulation
+    as `out`, warning-free."""
+    from cocoviz.emit.toolchain import find_toolchain
+
+    lib = emulation_lib(cache)
+    tc = find_toolchain()
+    assert tc.mpi is not None
+    cmd = [str(tc.mpi.mpicxx), "-std=c++17", "-O0", "-Wall", "-Wno-unknown-pragmas"]
+    cmd += ["-DCOCOVIZ_EMULATION", f"-I{EMU_SOURCES / 'include'}", "-x", "c++", str(program)]
+    cmd += ["-x", "none", str(lib), "-o", str(out)]
+    res = subprocess.run(cmd, capture_output=True, text=True, check=False, timeout=300)
+    assert res.returncode == 0 and "warning" not in res.stderr, res.stderr
+    return out
+
+
 EMU_TEST_FLAGS = "EMU_CXXFLAGS=-std=c++17 -O0 -Wall -Wno-unknown-pragmas"
 """Emulation builds in the tests: -O0 compiles twice as fast, and the sizes are small."""
 

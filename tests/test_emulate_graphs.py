@@ -22,13 +22,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from emit_support import build_emulated, emit_files, emulation_lib
+from emit_support import build_emulated, build_emulated_program, emit_files
 from test_emit_emulate import run_emulated
 
 from cocoviz.emit.toolchain import find_toolchain
 
 PROGRAM = Path(__file__).parent / "programs" / "emu_capture.cu"
-EMU_INCLUDE = Path(__file__).resolve().parent.parent / "cocoviz" / "emulation" / "include"
 
 GRAPH_CASES = [
     ("adam", "fused", "4"),
@@ -85,16 +84,8 @@ def test_capture_failure_falls_back_to_the_host(emu_cache: Path) -> None:
 
 @pytest.fixture(scope="module")
 def capture_program(emu_cache: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    lib = emulation_lib(emu_cache)
-    tc = find_toolchain()
-    assert tc.mpi is not None
     out = tmp_path_factory.mktemp("capture") / "emu_capture"
-    cmd = [str(tc.mpi.mpicxx), "-std=c++17", "-O0", "-Wall", "-Wno-unknown-pragmas"]
-    cmd += ["-DCOCOVIZ_EMULATION", f"-I{EMU_INCLUDE}", "-x", "c++", str(PROGRAM)]
-    cmd += ["-x", "none", str(lib), "-o", str(out)]
-    res = subprocess.run(cmd, capture_output=True, text=True, check=False, timeout=300)
-    assert res.returncode == 0 and "warning" not in res.stderr, res.stderr
-    return out
+    return build_emulated_program(PROGRAM, out, emu_cache)
 
 
 def _run_capture(program: Path, what: str, tmp_path: Path) -> subprocess.CompletedProcess[str]:

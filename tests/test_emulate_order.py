@@ -23,13 +23,12 @@ import time
 from pathlib import Path
 
 import pytest
-from emit_support import build_emulated, emit_files, emulation_lib
+from emit_support import build_emulated, build_emulated_program, emit_files
 from test_emit_emulate import run_emulated
 
 from cocoviz.emit.toolchain import find_toolchain
 
 PROGRAM = Path(__file__).parent / "programs" / "emu_cross_comm.cu"
-EMU_INCLUDE = Path(__file__).resolve().parent.parent / "cocoviz" / "emulation" / "include"
 
 # (schedule, seeds): the overlapped schedule gets the most; each run is about a second
 PIPELINE_SEEDS = [("fused", 20), ("rs_p2p_c_ag", 3), ("ar_p2p_c", 3)]
@@ -79,16 +78,8 @@ def test_pipeline_without_implicit_launch_order_shares_one_stream(emu_cache: Pat
 
 @pytest.fixture(scope="session")
 def cross_comm(emu_cache: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    lib = emulation_lib(emu_cache)
-    tc = find_toolchain()
-    assert tc.mpi is not None
     out = tmp_path_factory.mktemp("cross") / "emu_cross_comm"
-    cmd = [str(tc.mpi.mpicxx), "-std=c++17", "-O0", "-Wall", "-Wno-unknown-pragmas"]
-    cmd += ["-DCOCOVIZ_EMULATION", f"-I{EMU_INCLUDE}", "-x", "c++", str(PROGRAM)]
-    cmd += ["-x", "none", str(lib), "-o", str(out)]
-    res = subprocess.run(cmd, capture_output=True, text=True, check=False, timeout=300)
-    assert res.returncode == 0 and "warning" not in res.stderr, res.stderr
-    return out
+    return build_emulated_program(PROGRAM, out, emu_cache)
 
 
 def _run(

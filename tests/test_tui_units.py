@@ -181,15 +181,16 @@ def _programs_and_their_steps(name: str) -> list:  # type: ignore[type-arg]
 
 
 @pytest.mark.parametrize("name", samples.names())
-def test_the_layout_reads_the_graph_as_the_ir_does(name: str) -> None:
-    """The layout's per-stage memo gives `deps`, `layers` and `implicit_reductions`."""
-    from cocoviz.ir.draw import layers
-    from cocoviz.ir.graph import deps, implicit_reductions
-    from cocoviz.tui import graph_layout
+def test_the_ir_caches_give_what_walking_the_expressions_gives(name: str) -> None:
+    """The layout reads the graph through the IR's per-expression caches (reads, sliced
+    reductions) over every step of a schedule: what a fresh walk of each expression gives."""
+    from cocoviz.ir.graph import stage_reads, stage_reductions
+    from cocoviz.ir.nodes import REDUCTIONS
 
     for program in _programs_and_their_steps(name):
-        d = graph_layout._deps(program)
-        assert d == deps(program)
-        assert graph_layout._layers(program, d) == layers(program)
-        reduces = {s.name for s in program.stages if graph_layout._facts(s)[1]}
-        assert reduces == {n for n, _ in implicit_reductions(program)}
+        for s in program.stages:
+            assert stage_reads(s) == set(s.expr.refs())
+            walked = [
+                e for e in s.expr.walk() if e.op in REDUCTIONS and e.args[0].type.layout.is_sliced
+            ]
+            assert list(stage_reductions(s)) == walked

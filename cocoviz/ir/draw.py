@@ -19,9 +19,10 @@ from cocoviz.ir.types import format_shape
 from cocoviz.style import kind_colour
 
 
-def layers(program: Program) -> list[list[str]]:
-    """Stage names by layer (longest path from the inputs)."""
-    d = deps(program)
+def layers(program: Program, d: dict[str, set[str]] | None = None) -> list[list[str]]:
+    """Stage names by layer (longest path from the inputs); `d` is `deps(program)` when
+    the caller has it."""
+    d = deps(program) if d is None else d
     depth: dict[str, int] = {}
     for s in program.stages:  # program order is topological
         depth[s.name] = 1 + max((depth[x] for x in d[s.name]), default=-1)

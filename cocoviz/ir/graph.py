@@ -159,14 +159,20 @@ def implicit_reductions(program: Program) -> list[tuple[str, Expr]]:
     cross-rank collective, shown as `<stage>.reduce` in the graph, timeline and manifest."""
     out: list[tuple[str, Expr]] = []
     for s in program.stages:
-        d = s.expr.__dict__  # cached on the expression, as its reads (nodes.expr_reads)
-        found: tuple[Expr, ...] | None = d.get(_REDUCTIONS_ATTR)
-        if found is None:
-            found = d[_REDUCTIONS_ATTR] = tuple(
-                e for e in s.expr.walk() if e.op in REDUCTIONS and e.args[0].type.layout.is_sliced
-            )
-        out.extend((s.name, e) for e in found)
+        out.extend((s.name, e) for e in stage_reductions(s))
     return out
+
+
+def stage_reductions(s: Stage) -> tuple[Expr, ...]:
+    """The reductions of sliced values in a stage (`implicit_reductions`), cached on its
+    expression as its reads are (`nodes.expr_reads`)."""
+    d = s.expr.__dict__
+    found: tuple[Expr, ...] | None = d.get(_REDUCTIONS_ATTR)
+    if found is None:
+        found = d[_REDUCTIONS_ATTR] = tuple(
+            e for e in s.expr.walk() if e.op in REDUCTIONS and e.args[0].type.layout.is_sliced
+        )
+    return found
 
 
 _REDUCTIONS_ATTR = "_cocoviz_sliced_reductions"

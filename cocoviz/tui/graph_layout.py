@@ -20,8 +20,9 @@ from dataclasses import dataclass, field
 from rich.segment import Segment
 from rich.style import Style
 
-from cocoviz.ir.graph import op_kind, stage_reads
-from cocoviz.ir.nodes import REDUCTIONS, Group, GroupKind, Op, Program, Stage
+from cocoviz.ir.draw import layers
+from cocoviz.ir.graph import deps, op_kind, stage_reads, stage_reductions
+from cocoviz.ir.nodes import Group, GroupKind, Op, Program, Stage
 from cocoviz.ir.types import format_shape
 from cocoviz.style import kind_colour
 
@@ -254,49 +255,6 @@ def _box_styles(base: Style, kind: str, sel: bool) -> tuple[Style, Style, tuple[
 # a step, so a step on a large program re-describes only the stages it touched.
 _LINES: dict[int, tuple[Stage, int, tuple[str, ...], int]] = {}
 
-# What a stage's expression reads, and whether it reduces a sliced value, by stage object
-# (as `_LINES`): walking every expression of a large program took a third of a step's
-# layout.
-_FACTS: dict[int, tuple[Stage, frozenset[str], bool]] = {}
-
-
-def _facts(s: Stage) -> tuple[frozenset[str], bool]:
-    """`stage_reads(s)`, and whether `s` holds an implicit reduction (a reduction of a
-    sliced value: `cocoviz.ir.graph.implicit_reductions`)."""
-    hit = _FACTS.get(id(s))
-    if hit is not None and hit[0] is s:
-        return hit[1], hit[2]
-    reads = frozenset(stage_reads(s))
-    reduces = any(e.op in REDUCTIONS and e.args[0].type.layout.is_sliced for e in s.expr.walk())
-    if len(_FACTS) > 20000:
-        _FACTS.clear()
-    _FACTS[id(s)] = (s, reads, reduces)
-    return reads, reduces
-
-
-def _deps(program: Program) -> dict[str, set[str]]:
-    """`cocoviz.ir.graph.deps` (data edges, and the ordering edges of `update`: every
-    other read of an updated input runs before the write), from `_facts`."""
-    names = {s.name for s in program.stages}
-    reads = {s.name: _facts(s)[0] for s in program.stages}
-    d = {n: set(r & names) for n, r in reads.items()}
-    for t, u in program.updates().items():
-        for n, r in reads.items():
-            if n != u and t in r:
-                d[u].add(n)
-    return d
-
-
-def _layers(program: Program, d: dict[str, set[str]]) -> list[list[str]]:
-    """`cocoviz.ir.draw.layers` (by longest path from the inputs) from the deps `d`."""
-    depth: dict[str, int] = {}
-    for s in program.stages:  # program order is topological
-        depth[s.name] = 1 + max((depth[x] for x in d[s.name]), default=-1)
-    out: list[list[str]] = [[] for _ in range(max(depth.values(), default=-1) + 1)]
-    for s in program.stages:
-        out[depth[s.name]].append(s.name)
-    return out
-
 
 def _node_lines(
     s: Stage, group: int, stage_names: set[str] | frozenset[str]
@@ -316,7 +274,7 @@ def _node_lines(
         op = " ".join(ops) if ops else "copy"
     per_rank = f" 1/{group}" if t.layout.is_sliced else ""
     ty = f"{t.dtype.value}{format_shape(t.shape)}"
-    inputs = sorted(r for r in _facts(s)[0] if r not in stage_names)
+    inputs = sorted(r for r in stage_reads(s) if r not in stage_names)
     detail = f"{t.layout}{per_rank}"
     if inputs:
         detail += " ← " + ",".join(inputs)
@@ -380,8 +338,8 @@ _BLOCKS: dict[tuple[object, ...], _Block] = {}
 
 def layout_graph(program: Program) -> GraphDrawing:
     """Place every stage and route every stage-to-stage edge."""
-    d = _deps(program)
-    by_layer = _layers(program, d)
+    d = deps(program)
+    by_layer = layers(program, d)
     layer_of = {n: i for i, row in enumerate(by_layer) for n in row}
     group_rank: dict[str, int] = {}
     for gi, g in enumerate(program.groups):
@@ -464,7 +422,7 @@ def layout_graph(program: Program) -> GraphDrawing:
         frames.append(Frame(label, g.kind.value, max(0, x0), max(0, fy0), x1, fy1))
         width = max(width, x1 + 2)
 
-    red = {s.name for s in program.stages if _facts(s)[1]}
+    red = {s.name for s in program.stages if stage_reductions(s)}
     header = f"{program.name}: {len(program.stages)} stages on {program.grid.world} ranks" + (
         f"; implicit reductions in {', '.join(sorted(red))}" if red else ""
     )
