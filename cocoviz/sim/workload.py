@@ -38,7 +38,7 @@ from functools import lru_cache
 from cocoviz.batching import batch_runs
 from cocoviz.errors import UsageError
 from cocoviz.ir.collectives import Blocks, alltoall_copies
-from cocoviz.ir.graph import implicit_reductions, reduce_name
+from cocoviz.ir.graph import deps, implicit_reductions, reduce_name, users
 from cocoviz.ir.nodes import (
     COLLECTIVES,
     REDUCTIONS,
@@ -266,11 +266,10 @@ class Operation:
     (`batch_reductions`): the accumulator's size and the reduction (sum or max)."""
 
 
-# Facts of each dtype by the member's identity (an enum member is a singleton; looking it
-# up by identity skips `Enum.__hash__` and the enum's properties on the hottest paths).
-_ITEMSIZE = {id(d): d.itemsize for d in DType}
-_IS_FLOAT = {id(d): d.is_float for d in DType}
-_DTYPE_NAME = {id(d): d.value for d in DType}
+# Facts of each dtype read on the hottest paths, one dict lookup each (the DType
+# properties go through `facts`).
+_ITEMSIZE = {d: d.itemsize for d in DType}
+_IS_FLOAT = {d: d.is_float for d in DType}
 _ITEMSIZE_BY_NAME = {d.value: d.itemsize for d in DType}
 
 
@@ -295,8 +294,10 @@ class Context:
                 f"unknown collectives lowering '{self.collectives}'",
                 hint=f"use one of {', '.join(COLLECTIVE_MODES)}",
             )
+        # (the reads behind both are cached on each expression: a program a schedule
+        # made shares nearly all of them with the one it came from)
+        self.deps, self.users = deps(self.program), users(self.program)
         updates = self.program.updates()
-        self.deps, self.users = _deps_and_users(self.program, updates)
         self.reductions = {}
         for stage, e in implicit_reductions(self.program):
             self.reductions.setdefault(stage, []).append(e)
@@ -350,7 +351,7 @@ class Context:
         n = ty.numel
         if ty.layout.kind is LayoutKind.SLICED:  # as `per_rank_numel`
             n //= self.group
-        return n * _ITEMSIZE[id(ty.dtype)]
+        return n * _ITEMSIZE[ty.dtype]
 
     def stored_type(self, name: str) -> TensorType | None:
         """The type of an input or stage (None for a param: not read from memory)."""
@@ -359,33 +360,6 @@ class Context:
     def type_of(self, name: str) -> TensorType:
         ty = self.types.get(name)
         return ty if ty is not None else self.program.type_of(name)
-
-
-def _deps_and_users(
-    program: Program, updates: dict[str, str]
-) -> tuple[dict[str, set[str]], dict[str, list[str]]]:
-    """`graph.deps` and `graph.users` of a program (whose `updates()` are ``updates``),
-    from one read of each stage (the reads the transformations cached per expression,
-    when a schedule made the program)."""
-    names = {s.name for s in program.stages}
-    reads = [(s.name, reads_of(s)) for s in program.stages]
-    d: dict[str, set[str]] = {n: names & r for n, r in reads}
-    if updates:
-        for n, r in reads:
-            for t, u in updates.items():
-                if n != u and t in r:
-                    d[u].add(n)
-    # each list in program order (the order of a name's reads within a stage does not
-    # matter: callers look names up)
-    out: dict[str, list[str]] = {}
-    for n, r in reads:
-        for x in r:
-            hit = out.get(x)
-            if hit is None:
-                out[x] = [n]
-            else:
-                hit.append(n)
-    return d, out
 
 
 def make_context(program: Program, hw: Hardware, collectives: str = "nccl") -> Context:
@@ -444,13 +418,13 @@ def _has_local_reduction(ctx: Context, name: str) -> bool:
 
 def _wide_dtype(types: Iterable[TensorType]) -> str:
     """The widest float dtype among ``types`` (the first of equal widths), else f32."""
-    best = None
+    best: DType | None = None
     size = 0
     for t in types:
-        key = id(t.dtype)
-        if _IS_FLOAT[key] and (best is None or _ITEMSIZE[key] > size):
-            best, size = key, _ITEMSIZE[key]
-    return _DTYPE_NAME[best] if best is not None else "f32"
+        d = t.dtype
+        if _IS_FLOAT[d] and (best is None or _ITEMSIZE[d] > size):
+            best, size = d, _ITEMSIZE[d]
+    return best.value if best is not None else "f32"
 
 
 def matmul_dims(ctx: Context, stage: Stage) -> MatmulSpec:
@@ -671,7 +645,7 @@ def lower_stage(ctx: Context, name: str, chunks: int = 1, chunk: int = 0) -> lis
     entries: list[_StageEntry] | None = s.__dict__.get(_OPS_ATTR)
     if entries is None:
         entries = s.__dict__[_OPS_ATTR] = []  # Stage is frozen: its __dict__ is not
-    deps = ctx.deps.get(name, set())
+    preds = ctx.deps.get(name, set())
     writes = name in ctx.written
     reads = reads_of(s)
     stored = ctx.types
@@ -683,11 +657,11 @@ def lower_stage(ctx: Context, name: str, chunks: int = 1, chunk: int = 0) -> lis
             and e_reads is reads
             and e_model == model
             and e_types == types
-            and e_deps == deps
+            and e_deps == preds
         ):
             return list(ops)
     ops = tuple(_lower_stage(ctx, name, 1, 0))
-    entries.append((model, set(deps), writes, reads, types, ops))
+    entries.append((model, set(preds), writes, reads, types, ops))
     return list(ops)
 
 
