@@ -23,6 +23,15 @@ def _loop(cu: str) -> str:
     return run[start:end]
 
 
+def _in_order(text: str, patterns: list[str]) -> None:
+    """Each pattern matches `text` after the previous one's match."""
+    pos = 0
+    for pattern in patterns:
+        m = re.compile(pattern).search(text, pos)
+        assert m is not None, f"{pattern} not found after offset {pos} in:\n{text}"
+        pos = m.end()
+
+
 def test_each_chunk_gemm_event_wait_collective_in_order() -> None:
     files = emit_files("megatron_mlp", "fused", "cuda", small=False)
     loop = _loop(files["megatron_mlp.cu"])
@@ -35,11 +44,7 @@ def test_each_chunk_gemm_event_wait_collective_in_order() -> None:
         r"COCOVIZ_LAUNCH\(k_sch_out_s, \d+, kThreads, 0, S->comm\)\(B, C, P, tp, k\)",
         r"ncclAllGather\(B\.v_sch_out_s \+ \(\d+ \* k\), B\.v_sch_out \+ \(\d+ \* k\), .*S->comm\)",
     ]
-    pos = 0
-    for pattern in steps:
-        m = re.compile(pattern).search(loop, pos)
-        assert m is not None, f"{pattern} not found after offset {pos} in:\n{loop}"
-        pos = m.end()
+    _in_order(loop, steps)
 
 
 def test_comm_stream_has_highest_priority_and_joins_main() -> None:
@@ -67,11 +72,7 @@ def test_pipeline_overlap_runs_each_communicator_on_its_stream() -> None:
         r"if \(ctx\.pp == 1\) CHECK_CUDA\(.*cudaStreamWaitEvent\(S->comm, S->ev_\w+\[2\]\[k\], 0\)",
         r"ncclAllGather\(.*ctx\.nccl_group, S->comm\)",
     ]
-    pos = 0
-    for pattern in steps:
-        m = re.compile(pattern).search(loop, pos)
-        assert m is not None, f"{pattern} not found after offset {pos} in:\n{loop}"
-        pos = m.end()
+    _in_order(loop, steps)
     # the p2p stream exists only under NCCL's implicit launch order, which main() sets
     cu = files["pipeline_stage.cu"]
     assert "version >= NCCL_VERSION(2, 26, 0)" in cu and "S->p2p = S->comm;" in cu
