@@ -16,6 +16,7 @@ from cocoviz.errors import Source, Span
 from cocoviz.ir import syntax
 from cocoviz.ir.nodes import Expr, Op
 from cocoviz.ir.types import REPLICATED, DType, Size, TensorType
+from cocoviz.sim.workload import COMPUTE, KernelSpec, Kind, Operation
 
 HAND_WRITTEN = [
     Span,
@@ -27,6 +28,7 @@ HAND_WRITTEN = [
     syntax.SizeExpr,
     syntax.InputStmt,
     syntax.Assign,
+    Operation,
 ]
 
 
@@ -67,6 +69,23 @@ def test_hand_written_init_sets_every_field_as_the_generated_one(cls: type) -> N
         syntax.Call: {"name": name, "args": (name,), "span": span},
         syntax.SizeExpr: {"factors": (name,), "span": span},
         syntax.Assign: {"name": name, "expr": name, "span": span},
+        Operation: {
+            "name": "x",
+            "stage": "x",
+            "members": ("x",),
+            "needs": frozenset({"y"}),
+            "makes": ("x",),
+            "stream": COMPUTE,
+            "kind": Kind.COMPUTE,
+            "pstage": 0,
+            "spec": KernelSpec(1.0, 2.0, "f16"),
+            "flops": 1.0,
+            "nbytes": 2.0,
+            "detail": "1 stage",
+            "sync": True,
+            "dest": 1,
+            "batch_key": "4:sum",
+        },  # fmt: skip
     }
     if cls is syntax.InputStmt:
         params = list(inspect.signature(cls.__init__).parameters)[1:]

@@ -55,6 +55,28 @@ def users(program: Program) -> dict[str, list[str]]:
     return out
 
 
+def dataflow(program: Program) -> tuple[dict[str, set[str]], dict[str, list[str]]]:
+    """`deps` and `users` (each name's list in program order) in one pass over the
+    stages, for a caller that needs both (the simulator's context); the ordering edges of
+    an update come from the users of its target."""
+    stages = program.stages
+    names = {s.name for s in stages}
+    before: dict[str, set[str]] = {}
+    read_by: dict[str, list[str]] = {}
+    for s in stages:
+        reads = expr_reads(s.expr)
+        before[s.name] = names & reads
+        for r in reads:
+            found = read_by.get(r)
+            if found is None:
+                read_by[r] = [s.name]
+            else:
+                found.append(s.name)
+    for t, u in program.updates().items():
+        before[u].update(n for n in read_by.get(t, ()) if n != u)
+    return before, read_by
+
+
 def successors(program: Program) -> dict[str, set[str]]:
     out: dict[str, set[str]] = {s.name: set() for s in program.stages}
     for n, ds in deps(program).items():

@@ -66,6 +66,10 @@ class CostModelError(InputError, ValueError):
     layout): an input error (exit 1), and a ValueError for callers that try a value."""
 
 
+_COLL_OF: dict[Op, Coll] = {}
+"""`Coll.of` of each operator asked for (an enum lookup by value is a slow call)."""
+
+
 class Coll(StrEnum):
     """The collectives the cost model prices: each row of the collectives table
     (`cocoviz.ir.collectives`) names its member in ``cost_name``; the formulas below are
@@ -83,7 +87,10 @@ class Coll(StrEnum):
     @classmethod
     def of(cls, op: Op) -> Coll:
         """The cost model's name of a collective operator."""
-        return cls(collective(op).cost_name)
+        found = _COLL_OF.get(op)
+        if found is None:
+            found = _COLL_OF[op] = cls(collective(op).cost_name)
+        return found
 
     @property
     def row(self) -> Collective:

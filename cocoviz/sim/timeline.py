@@ -36,7 +36,7 @@ import bisect
 import dataclasses
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 from cocoviz.ir.graph import contracted_order
 from cocoviz.ir.nodes import Group, GroupKind, Program, unscheduled
@@ -75,9 +75,12 @@ __all__ = [
 ]
 
 
-@dataclass(frozen=True, slots=True)
-class Event:
-    """One slice of a stream: times in seconds from the start of the program."""
+class Event(NamedTuple):
+    """One slice of a stream: times in seconds from the start of the program.
+
+    A named tuple (immutable, compared and hashed by its fields like a frozen
+    dataclass): a simulation makes one per operation and rank class, and a tuple is made
+    at a fraction of the cost of a frozen dataclass's per-field ``object.__setattr__``."""
 
     rank: int
     stream: str
@@ -241,7 +244,7 @@ class Timeline:
 
 def _moved(e: Event, rank: int, tp: int) -> Event:
     peer = None if e.peer is None else e.peer + (rank - e.rank)
-    return dataclasses.replace(e, rank=rank, peer=peer)
+    return e._replace(rank=rank, peer=peer)
 
 
 # ---------------------------------------------------------------------------------------
@@ -259,7 +262,11 @@ class _LaneState:
         self.record = record
         """Whether events are kept (a makespan-only run keeps only the times)."""
         self.free = {s: 0.0 for s in STREAMS}
-        self.ready: dict[tuple[str, int], tuple[float, int]] = {}
+        self.ready: dict[str, tuple[float, int]] = {}
+        """When each value is ready on this lane (whole values: every chunk of a chunked
+        group's value once the group is done), with the index of the event that made it."""
+        self.ready_chunk: dict[tuple[str, int], tuple[float, int]] = {}
+        """The same for one chunk of a value made inside a chunked group."""
         self.events: list[Event] = []
         self.flows: list[tuple[int, int]] = []
         self.streams: list[str] = []
@@ -272,13 +279,16 @@ class _LaneState:
         across communicators (NCCL_LAUNCH_ORDER_IMPLICIT, which the emitted launcher sets)."""
 
     def need(self, needs: Iterable[str], chunk: int) -> tuple[float, list[int]]:
+        """When the values ``needs`` are all ready (a chunk's own value first, else the
+        whole value), and the events that made them."""
         t = 0.0
         srcs: list[int] = []
         ready = self.ready
+        by_chunk = self.ready_chunk if chunk >= 0 and self.ready_chunk else None
         for key in needs:
-            hit = ready.get((key, chunk)) if chunk >= 0 else None
+            hit = None if by_chunk is None else by_chunk.get((key, chunk))
             if hit is None:
-                hit = ready.get((key, -1))
+                hit = ready.get(key)
                 if hit is None:
                     continue
             if hit[0] > t:
@@ -311,9 +321,15 @@ class _LaneState:
             free[stream] = end
         if end > self.end:
             self.end = end
-        ready = self.ready
-        for key in makes:
-            ready[(key, chunk)] = (end, idx)
+        made = (end, idx)
+        if chunk >= 0:
+            by_chunk = self.ready_chunk
+            for key in makes:
+                by_chunk[(key, chunk)] = made
+        else:
+            ready = self.ready
+            for key in makes:
+                ready[key] = made
         return idx
 
     def add_comm_interval(self, start: float, end: float, c: Contention) -> None:
@@ -436,21 +452,20 @@ class _Engine:
                 lane.add(stream, end, e, srcs, op.makes, chunk)
                 lane.add_comm_interval(start, end, c)
             return
+        base = self._duration(op)
+        slowed = stream == COMPUTE and is_compute(op)  # by communication running beside it
         for lane in lanes:
             t, srcs = lane.need(op.needs, chunk)
             free = lane.free[stream]
             start = t if t > free else free
-            if stream == COMPUTE and is_compute(op):
-                base = self._duration(op)
+            if slowed and bisect.bisect_right(lane.comm_ends, start) < len(lane.comm_ends):
                 end = self._run_compute(lane, op, start, base)
-                if self.record:
-                    slowdown = (end - start) / base if base > 0 else 1.0
-                    e = self._event(lane, op, start, end, chunk, chunks, slowdown=slowdown)
-                else:
-                    e = None
             else:
-                end = start + self._duration(op)
-                e = self._event(lane, op, start, end, chunk, chunks)
+                end = start + base
+            e = None
+            if self.record:
+                slowdown = (end - start) / base if slowed and base > 0 else 1.0
+                e = self._event(lane, op, start, end, chunk, chunks, slowdown=slowdown)
             lane.add(stream, end, e, srcs, op.makes, chunk)
             if stream == COMM:
                 lane.add_comm_interval(start, end, self._contention_of(op))
@@ -527,14 +542,15 @@ class _Engine:
     def _merge_chunks(self, made: set[str], k: int) -> None:
         """After a chunked group: a value is ready when its last chunk is."""
         for lane in self.lanes:
+            by_chunk = lane.ready_chunk
             for key in made:
                 best: tuple[float, int] | None = None
                 for c in range(k):
-                    hit = lane.ready.get((key, c))
+                    hit = by_chunk.get((key, c))
                     if hit is not None and (best is None or hit[0] >= best[0]):
                         best = hit
                 if best is not None:
-                    lane.ready[(key, -1)] = best
+                    lane.ready[key] = best
 
     def lanes_out(self) -> tuple[Lane, ...]:
         return tuple(
@@ -607,38 +623,31 @@ def _stage_rows(lanes: Sequence[Lane]) -> tuple[StageRow, ...]:
     """Per stage, from the lane that finishes last on each pipeline stage: the summary's
     critical lane on its own stage, so the table and the summary describe the same rank
     (a measured run's ranks differ; a simulated stage's lanes usually agree)."""
-    rows: dict[tuple[str, int], dict[str, Any]] = {}
+    # each row as a list of StageRow's fields, in their order
+    rows: dict[tuple[str, int], list[Any]] = {}
     slowest: dict[int, Lane] = {}
     for lane in lanes:
         best = slowest.get(lane.pstage)
         if best is None or (lane.end, -lane.index) > (best.end, -best.index):
             slowest[lane.pstage] = lane
     for lane in sorted(slowest.values(), key=lambda ln: ln.index):
+        p = lane.pstage
         for e in lane.events:
-            key = (e.name, lane.pstage)
+            key = (e.name, p)
             r = rows.get(key)
             if r is None:
-                rows[key] = {
-                    "name": e.name,
-                    "pstage": lane.pstage,
-                    "kind": e.kind.value,
-                    "stream": e.stream,
-                    "calls": 1,
-                    "busy_s": e.duration,
-                    "start_s": e.start,
-                    "end_s": e.end,
-                    "bytes": e.bytes,
-                    "flops": e.flops,
-                    "detail": e.detail,
-                }
+                rows[key] = [
+                    e.name, p, e.kind.value, e.stream, 1, e.end - e.start, e.start, e.end,
+                    e.bytes, e.flops, e.detail,
+                ]  # fmt: skip
             else:
-                r["calls"] += 1
-                r["busy_s"] += e.duration
-                r["start_s"] = min(r["start_s"], e.start)
-                r["end_s"] = max(r["end_s"], e.end)
-                r["bytes"] += e.bytes
-                r["flops"] += e.flops
-    out = [StageRow(**r) for r in rows.values()]
+                r[4] += 1
+                r[5] += e.end - e.start
+                r[6] = min(r[6], e.start)
+                r[7] = max(r[7], e.end)
+                r[8] += e.bytes
+                r[9] += e.flops
+    out = [StageRow(*r) for r in rows.values()]
     out.sort(key=lambda r: (r.start_s, r.pstage, r.name))
     return tuple(out)
 

@@ -38,7 +38,7 @@ from functools import lru_cache
 from cocoviz.batching import batch_runs
 from cocoviz.errors import UsageError
 from cocoviz.ir.collectives import Blocks, alltoall_copies
-from cocoviz.ir.graph import deps, implicit_reductions, reduce_name, users
+from cocoviz.ir.graph import dataflow, reduce_name, stage_reductions
 from cocoviz.ir.nodes import (
     COLLECTIVES,
     REDUCTIONS,
@@ -50,7 +50,6 @@ from cocoviz.ir.nodes import (
     Program,
     Stage,
 )
-from cocoviz.ir.summary import per_rank_numel
 from cocoviz.ir.transforms.base import reads_of
 from cocoviz.ir.transforms.overlap import leading_chunks
 from cocoviz.ir.types import DType, LayoutKind, TensorType, block_dim, numel, shape_values
@@ -98,6 +97,9 @@ class Kind(StrEnum):
 
 
 COMM_KINDS = frozenset({Kind.COLLECTIVE, Kind.REDUCE, Kind.P2P, Kind.DEVICE})
+
+_UNPRICED = COLLECTIVES | {Op.MATMUL}
+"""Operators `_expr_work` leaves to their own pricing (collectives, GEMMs)."""
 
 # FLOPs per output element (per input element for reductions). Memory-bound either way;
 # these only decide the rare compute-bound elementwise kernel.
@@ -265,6 +267,44 @@ class Operation:
     """Scalar reductions (``Kind.REDUCE``) with the same key can share one allreduce
     (`batch_reductions`): the accumulator's size and the reduction (sum or max)."""
 
+    def __init__(
+        self,
+        name: str,
+        stage: str,
+        members: tuple[str, ...],
+        needs: frozenset[str],
+        makes: tuple[str, ...],
+        stream: str,
+        kind: Kind,
+        pstage: int | None,
+        spec: Spec,
+        flops: float = 0.0,
+        nbytes: float = 0.0,
+        detail: str = "",
+        sync: bool = False,
+        dest: int | None = None,
+        batch_key: str = "",
+    ) -> None:
+        # A simulation lowers an operation per stage: the fields go straight into
+        # __dict__ (as Expr's, tests/test_fast_init.py), at a fraction of the cost of the
+        # generated frozen __init__'s object.__setattr__ per field.
+        d = self.__dict__
+        d["name"] = name
+        d["stage"] = stage
+        d["members"] = members
+        d["needs"] = needs
+        d["makes"] = makes
+        d["stream"] = stream
+        d["kind"] = kind
+        d["pstage"] = pstage
+        d["spec"] = spec
+        d["flops"] = flops
+        d["nbytes"] = nbytes
+        d["detail"] = detail
+        d["sync"] = sync
+        d["dest"] = dest
+        d["batch_key"] = batch_key
+
 
 # Facts of each dtype read on the hottest paths, one dict lookup each (the DType
 # properties go through `facts`).
@@ -296,17 +336,19 @@ class Context:
             )
         # (the reads behind both are cached on each expression: a program a schedule
         # made shares nearly all of them with the one it came from)
-        self.deps, self.users = deps(self.program), users(self.program)
+        self.deps, self.users = dataflow(self.program)
         updates = self.program.updates()
+        stages = self.program.stages
         self.reductions = {}
-        for stage, e in implicit_reductions(self.program):
-            self.reductions.setdefault(stage, []).append(e)
+        for s in stages:
+            found = stage_reductions(s)
+            if found:
+                self.reductions[s.name] = list(found)
         self.outputs = set(self.program.outputs)
         self.updates = set(updates.values())
-        self.written = {n for n, us in self.users.items() if any(u != n for u in us)}
+        self.written = {n for n, us in self.users.items() if len(us) > 1 or us[0] != n}
         """Values stored to memory: read by another stage, an output or an update."""
         self.written |= self.outputs | self.updates
-        stages = self.program.stages
         names = [s.name for s in stages]
         self.stage_names = set(names)
         self._stages = dict(zip(names, stages, strict=True))
@@ -315,6 +357,7 @@ class Context:
         """The type of each input and stage by name (params are not stored)."""
         self.types.update(zip(names, [s.ty for s in stages], strict=True))
         self.params = {p.name for p in self.program.params}
+        self._ranks_per_node: dict[int, int] = {}
         self.model = (self.hw, self.collectives, self.program.grid)
         """What lowering reads of the model and the grid (`lower_stage`'s key)."""
         self.fused_ops: dict[tuple[int, int], tuple[Group, tuple[Operation, ...]]] = {}
@@ -337,11 +380,14 @@ class Context:
 
     def ranks_per_node(self, pstage: int) -> int:
         """How many ranks of the tp group of ``pstage`` share the fullest node."""
-        t = self.program.grid.tp
-        counts: dict[int, int] = {}
-        for r in range(pstage * t, pstage * t + t):
-            counts[self.node(r)] = counts.get(self.node(r), 0) + 1
-        return max(counts.values())
+        found = self._ranks_per_node.get(pstage)
+        if found is None:
+            t = self.program.grid.tp
+            counts: dict[int, int] = {}
+            for r in range(pstage * t, pstage * t + t):
+                counts[self.node(r)] = counts.get(self.node(r), 0) + 1
+            found = self._ranks_per_node[pstage] = max(counts.values())
+        return found
 
     def pstage_of(self, name: str) -> int:
         p = self.stage(name).ty.pstage
@@ -374,7 +420,8 @@ def _expr_work(ctx: Context, e: Expr) -> tuple[dict[str, int], float]:
     """What an expression costs one rank: the bytes of each name it reads (``slice(x)``
     reads a slice; an update's target is written, not read) and its FLOPs (collectives
     and GEMMs are priced on their own), in one walk."""
-    params, group = ctx.params, ctx.group
+    params, group, types = ctx.params, ctx.group, ctx.types
+    per_rank_bytes = ctx.per_rank_bytes
     reads: dict[str, int] = {}
     flops = 0.0
     todo = [e]
@@ -384,22 +431,27 @@ def _expr_work(ctx: Context, e: Expr) -> tuple[dict[str, int], float]:
         if op is Op.REF:
             name = node.name
             if name is not None and name not in params:
-                nb = ctx.per_rank_bytes(ctx.type_of(name))
+                ty = types.get(name)
+                nb = per_rank_bytes(ty if ty is not None else ctx.type_of(name))
                 if nb > reads.get(name, 0):
                     reads[name] = nb
             continue
         if op is Op.SLICE and node.args and node.args[0].op is Op.REF:
             name = node.args[0].name
             assert name is not None
-            nb = ctx.per_rank_bytes(node.type)
+            nb = per_rank_bytes(node.type)
             if nb > reads.get(name, 0):
                 reads[name] = nb
             continue  # a slice and a reference: no FLOPs
-        if op not in COLLECTIVES and op is not Op.MATMUL:
+        if op not in _UNPRICED:
             per = _FLOPS.get(op, 1)
             if per:
-                ty = node.args[0].type if op in REDUCTIONS else node.type
-                flops += per * per_rank_numel(ty, group)
+                ty = node.args[0].ty if op in REDUCTIONS else node.ty
+                assert ty is not None
+                n = ty.numel
+                if ty.layout.kind is LayoutKind.SLICED:  # as `per_rank_numel`
+                    n //= group
+                flops += per * n
         if op is Op.UPDATE:
             todo.extend(node.args[1:])  # the target (a reference) costs no FLOPs either
         else:
@@ -605,10 +657,6 @@ def _alltoall_copies(ctx: Context, s: Stage) -> tuple[Blocks | None, Blocks | No
     )
 
 
-def _stage_needs(ctx: Context, name: str) -> set[str]:
-    return set(ctx.deps.get(name, set()))
-
-
 # Operations of whole (unchunked) stages, kept on the stage object itself (in its
 # __dict__, outside the dataclass fields: equality, hashing and `dataclasses.replace`
 # ignore it, and it goes with the stage): a scheduled program shares most of its stage
@@ -673,7 +721,7 @@ def forget_lowered(program: Program) -> None:
 
 def _lower_stage(ctx: Context, name: str, chunks: int, chunk: int) -> list[Operation]:
     s = ctx.stage(name)
-    needs = _stage_needs(ctx, name)
+    needs = ctx.deps.get(name, ())
     if s.expr.op in COLLECTIVES:
         return _coll_op(ctx, name, chunks, needs)
     pstage = ctx.pstage_of(name)
@@ -757,37 +805,45 @@ def _compute_ops(
         members[0] if len(members) == 1 else f"fused({members[0]}…{members[-1]})"
     )
     for pi, phase in enumerate(phases):
-        made = set(phase)
-        reads: dict[str, int] = {}
-        flops = 0.0
-        for m in phase:
-            m_reads, m_flops = _expr_work(ctx, ctx.stage(m).expr)
-            for n, b in m_reads.items():
-                if n not in made and b > reads.get(n, 0):
-                    reads[n] = b
-            flops += m_flops
         types = [ctx.types[m] for m in phase]
-        writes = 0
-        for m, ty in zip(phase, types, strict=True):
-            if m not in ctx.written:
-                continue  # read by no other stage, not an output nor an update
-            if m in ctx.outputs or m in ctx.updates or len(phase) == 1:
-                writes += ctx.per_rank_bytes(ty)
-                continue
-            for u in ctx.users.get(m, ()):
-                if u not in made:
+        if len(phase) == 1:  # most kernels: one stage, nothing of it made inside
+            (m,) = phase
+            reads, flops = _expr_work(ctx, ctx.stage(m).expr)
+            reads.pop(m, None)
+            writes = ctx.per_rank_bytes(types[0]) if m in ctx.written else 0
+            phase_needs = set(ctx.deps.get(m, ()))
+            phase_needs.discard(m)
+        else:
+            made = set(phase)
+            reads = {}
+            flops = 0.0
+            for m in phase:
+                m_reads, m_flops = _expr_work(ctx, ctx.stage(m).expr)
+                for n, b in m_reads.items():
+                    if n not in made and b > reads.get(n, 0):
+                        reads[n] = b
+                flops += m_flops
+            writes = 0
+            for m, ty in zip(phase, types, strict=True):
+                if m not in ctx.written:
+                    continue  # read by no other stage, not an output nor an update
+                if m in ctx.outputs or m in ctx.updates:
                     writes += ctx.per_rank_bytes(ty)
-                    break
+                    continue
+                for u in ctx.users.get(m, ()):
+                    if u not in made:
+                        writes += ctx.per_rank_bytes(ty)
+                        break
+            phase_needs = set()
+            for m in phase:
+                phase_needs.update(ctx.deps.get(m, ()))
+            phase_needs.difference_update(made)
         dtype = _wide_dtype(types)
         sync_us = 0.0 if launch else ctx.hw.gpu.kernel_gap_us
         nbytes = float(sum(reads.values()) + writes)
         if chunks != 1:  # as `_scaled`
             flops, nbytes = flops / chunks, nbytes / chunks
         spec = KernelSpec(flops, nbytes, dtype, launch, sync_us)
-        phase_needs: set[str] = set()
-        for m in phase:
-            phase_needs.update(ctx.deps.get(m, ()))
-        phase_needs.difference_update(made)
         reducing = [m for m in phase if m in ctx.reductions]
         # Values that wait for a cross-rank reduction are made by the reduce op.
         if reducing:
@@ -852,6 +908,9 @@ def batch_reductions(ctx: Context, ops: Sequence[Operation]) -> list[Operation]:
     pipeline stage that do not need what the run makes, up to the next ``.reduce`` with
     the same key, and the run of them is one allreduce of their values together (one
     launch latency instead of several)."""
+
+    if not any(op.batch_key for op in ops):
+        return list(ops)  # no scalar reduction to batch
 
     def key(op: Operation) -> Hashable | None:
         return (op.batch_key, op.pstage) if op.kind is Kind.REDUCE and op.batch_key else None
