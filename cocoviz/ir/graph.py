@@ -191,10 +191,22 @@ def stage_reductions(s: Stage) -> tuple[Expr, ...]:
     d = s.expr.__dict__
     found: tuple[Expr, ...] | None = d.get(_REDUCTIONS_ATTR)
     if found is None:
-        found = d[_REDUCTIONS_ATTR] = tuple(
-            e for e in s.expr.walk() if e.op in REDUCTIONS and e.args[0].type.layout.is_sliced
-        )
+        found = d[_REDUCTIONS_ATTR] = _sliced_reductions(s.expr)
     return found
+
+
+def _sliced_reductions(e: Expr) -> tuple[Expr, ...]:
+    """`stage_reductions` uncached: the nodes in `Expr.walk`'s pre-order, in one loop
+    (the generator costs a resumption per node)."""
+    found: list[Expr] = []
+    todo = [e]
+    while todo:
+        x = todo.pop()
+        if x.args:
+            if x.op in REDUCTIONS and x.args[0].type.layout.is_sliced:
+                found.append(x)
+            todo.extend(reversed(x.args))
+    return tuple(found)
 
 
 _REDUCTIONS_ATTR = "_cocoviz_sliced_reductions"

@@ -5,19 +5,22 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from rich.cells import cell_len
 from rich.console import Console, ConsoleOptions, RenderableType, RenderResult
 from rich.console import Group as RichGroup
 from rich.segment import Segment
 from rich.style import Style
-from rich.table import Table
 from rich.text import Text
 
 from cocoviz.sim.timeline import Event, Lane, Summary, Timeline
 from cocoviz.sim.workload import COMM, COMPUTE, P2P, Kind
 from cocoviz.style import kind_colour
 from cocoviz.timefmt import format_time, time_unit
+
+if TYPE_CHECKING:
+    from rich.table import Table
 
 _STREAM_SHORT = {COMPUTE: "compute", COMM: "comm", P2P: "p2p"}
 
@@ -232,6 +235,8 @@ class _StageTable:
         self.cells = cells
 
     def rich_table(self) -> Table:
+        from rich.table import Table  # only a table too wide for the console comes here
+
         table = Table(title=self.title, title_justify="left")
         for header, right in self.columns:
             if right:

@@ -141,9 +141,9 @@ class CrossFlow:
     rank_offset: int
 
 
-@dataclass(frozen=True)
-class StageRow:
-    """One line of the per-stage table (a stage, a fused kernel, a collective)."""
+class StageRow(NamedTuple):
+    """One line of the per-stage table (a stage, a fused kernel, a collective); a named
+    tuple, as `Event` (a simulation makes one per stage)."""
 
     name: str
     pstage: int
@@ -338,6 +338,9 @@ class _LaneState:
             self.comm_ends.append(end)
 
 
+_COST_ATTR = "_cocoviz_cost"
+
+
 class _Engine:
     def __init__(self, ctx: Context, record: bool = True) -> None:
         """``record=False``: a makespan-only run (no events, no flows), for baselines
@@ -368,34 +371,34 @@ class _Engine:
                 self.by_pstage.setdefault(p, []).append(lane)
                 self.by_key[(p, c)] = lane
         self.cross: list[CrossFlow] = []
-        # Per operation spec (by identity; the entry keeps the spec alive): the time
-        # without contention and the contention it causes. Lowered operations are shared
-        # (`lower_stage`'s memo, a fused group per chunk count), so most specs repeat.
-        self._costs: dict[int, tuple[object, float, Contention | None]] = {}
 
     def lanes_for(self, pstage: int | None) -> list[_LaneState]:
         if pstage is None:
             return self.lanes
         return self.by_pstage.get(pstage, [])
 
-    def _cost(self, op: Operation) -> tuple[object, float, Contention | None]:
-        hit = self._costs.get(id(op.spec))
-        if hit is None or hit[0] is not op.spec:
-            d = duration(self.hw, op) if op.dest is None else 0.0
-            hit = (op.spec, d, None)
-            self._costs[id(op.spec)] = hit
+    def _cost(self, op: Operation) -> list[Any]:
+        """The time of an operation without contention and the contention it causes,
+        kept on its spec for the hardware last asked about (in the spec's __dict__,
+        outside its fields). Lowered operations are shared (`lower_stage`'s memo on the
+        stage, a fused group per chunk count), so most specs repeat: across the chunks of
+        a group, and across runs, as the baseline's and the warnings' of a simulation."""
+        d = op.spec.__dict__
+        hit: list[Any] | None = d.get(_COST_ATTR)
+        if hit is None or hit[0] is not self.hw:
+            # (a send's spec is priced per pair, by `p2p_duration`)
+            hit = d[_COST_ATTR] = [self.hw, duration(self.hw, op) if op.dest is None else 0.0, None]
         return hit
 
     def _duration(self, op: Operation) -> float:
         """``duration(hw, op)`` (no contention), once per spec."""
-        return self._cost(op)[1]
+        return self._cost(op)[1]  # type: ignore[no-any-return]
 
     def _contention_of(self, op: Operation) -> Contention:
-        spec, d, c = self._cost(op)
-        if c is None:
-            c = comm_contention_of(self.hw, op)
-            self._costs[id(op.spec)] = (spec, d, c)
-        return c
+        hit = self._cost(op)
+        if hit[2] is None:
+            hit[2] = comm_contention_of(self.hw, op)
+        return hit[2]  # type: ignore[no-any-return]
 
     def _event(
         self,
