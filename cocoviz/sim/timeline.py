@@ -59,6 +59,7 @@ from cocoviz.sim.workload import (
 )
 
 _COMM_KINDS = frozenset(k for k in Kind if k.is_comm)
+_KIND_NAME = {k: k.value for k in Kind}  # (`.value` of a member is a Python-level property)
 
 __all__ = [
     "Event",
@@ -640,7 +641,7 @@ def _stage_rows(lanes: Sequence[Lane]) -> tuple[StageRow, ...]:
             r = rows.get(key)
             if r is None:
                 rows[key] = [
-                    e.name, p, e.kind.value, e.stream, 1, e.end - e.start, e.start, e.end,
+                    e.name, p, _KIND_NAME[e.kind], e.stream, 1, e.end - e.start, e.start, e.end,
                     e.bytes, e.flops, e.detail,
                 ]  # fmt: skip
             else:

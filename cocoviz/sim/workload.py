@@ -49,8 +49,8 @@ from cocoviz.ir.nodes import (
     Op,
     Program,
     Stage,
+    expr_reads,
 )
-from cocoviz.ir.transforms.base import reads_of
 from cocoviz.ir.transforms.overlap import leading_chunks
 from cocoviz.ir.types import DType, LayoutKind, TensorType, block_dim, numel, shape_values
 from cocoviz.sim.collectives import (
@@ -311,6 +311,7 @@ class Operation:
 _ITEMSIZE = {d: d.itemsize for d in DType}
 _IS_FLOAT = {d: d.is_float for d in DType}
 _ITEMSIZE_BY_NAME = {d.value: d.itemsize for d in DType}
+_NAME = {d: d.value for d in DType}
 
 
 # ---------------------------------------------------------------------------------------
@@ -351,29 +352,28 @@ class Context:
         self.written |= self.outputs | self.updates
         names = [s.name for s in stages]
         self.stage_names = set(names)
-        self._stages = dict(zip(names, stages, strict=True))
+        self.by_name = dict(zip(names, stages, strict=True))
+        """Each stage by its name (`stage`, without the call on hot paths)."""
         self.position = dict(zip(names, range(len(names)), strict=True))
         self.types: dict[str, TensorType] = {i.name: i.ty for i in self.program.inputs}
         """The type of each input and stage by name (params are not stored)."""
-        self.types.update(zip(names, [s.ty for s in stages], strict=True))
+        self.types.update(zip(names, [s.expr.type for s in stages], strict=True))
         self.params = {p.name for p in self.program.params}
+        self.group = self.program.grid.group
+        """Ranks a collective runs over (G)."""
         self._ranks_per_node: dict[int, int] = {}
         self.model = (self.hw, self.collectives, self.program.grid)
         """What lowering reads of the model and the grid (`lower_stage`'s key)."""
         self.fused_ops: dict[tuple[int, int], tuple[Group, tuple[Operation, ...]]] = {}
+        """`lower_item`'s operations of fused groups, by group and chunk count."""
         self.gemms: dict[str, tuple[Stage, MatmulSpec]] = {}
         """`matmul_dims` of each matmul stage asked for (with the stage it was for)."""
         self.chunk_ops: dict[tuple[str, int, int], tuple[Operation, ...]] = {}
         """`lower_stage`'s operations of a stage's chunk, by stage, chunk count and the
         chunk's GEMM rows (0 for a stage that is not a matmul: its chunks are alike)."""
-        """`lower_item`'s operations of fused groups, by group and chunk count."""
-
-    @property
-    def group(self) -> int:
-        return self.program.grid.group
 
     def stage(self, name: str) -> Stage:
-        return self._stages[name]
+        return self.by_name[name]
 
     def node(self, rank: int) -> int:
         return rank // self.hw.gpus_per_node
@@ -390,7 +390,7 @@ class Context:
         return found
 
     def pstage_of(self, name: str) -> int:
-        p = self.stage(name).ty.pstage
+        p = self.types[name].pstage
         return 0 if p is None else p
 
     def per_rank_bytes(self, ty: TensorType) -> int:
@@ -464,7 +464,7 @@ def _has_cross_rank_reduction(ctx: Context, name: str) -> bool:
 
 
 def _has_local_reduction(ctx: Context, name: str) -> bool:
-    s = ctx.stage(name)
+    s = ctx.by_name[name]
     return any(n.op in REDUCTIONS and not n.args[0].type.layout.is_sliced for n in s.expr.walk())
 
 
@@ -476,7 +476,7 @@ def _wide_dtype(types: Iterable[TensorType]) -> str:
         d = t.dtype
         if _IS_FLOAT[d] and (best is None or _ITEMSIZE[d] > size):
             best, size = d, _ITEMSIZE[d]
-    return best.value if best is not None else "f32"
+    return _NAME[best] if best is not None else "f32"
 
 
 def matmul_dims(ctx: Context, stage: Stage) -> MatmulSpec:
@@ -528,7 +528,7 @@ def _matmul_dims(ctx: Context, stage: Stage) -> MatmulSpec:
 
 def output_rows(ctx: Context, name: str) -> int:
     """Global rows of a stage's value (all dimensions but the last, flattened)."""
-    ty = ctx.stage(name).ty
+    ty = ctx.by_name[name].ty
     return numel(ty.shape[:-1]) if ty.shape else 1
 
 
@@ -549,7 +549,7 @@ def _chunk_bytes(nbytes: int, chunks: int) -> int:
 
 
 def _coll_op(ctx: Context, name: str, chunks: int, needs: Iterable[str]) -> list[Operation]:
-    s = ctx.stage(name)
+    s = ctx.by_name[name]
     x = s.expr.args[0].type
     pstage = ctx.pstage_of(name)
     if s.expr.op is Op.SEND:
@@ -680,7 +680,7 @@ _StageEntry = tuple[
 
 def lower_stage(ctx: Context, name: str, chunks: int = 1, chunk: int = 0) -> list[Operation]:
     """An ungrouped stage (or an overlapped item that is a single stage)."""
-    s = ctx.stage(name)
+    s = ctx.by_name[name]
     if chunks != 1:
         rows = 0
         if s.expr.op is Op.MATMUL:
@@ -695,9 +695,9 @@ def lower_stage(ctx: Context, name: str, chunks: int = 1, chunk: int = 0) -> lis
         entries = s.__dict__[_OPS_ATTR] = []  # Stage is frozen: its __dict__ is not
     preds = ctx.deps.get(name, set())
     writes = name in ctx.written
-    reads = reads_of(s)
-    stored = ctx.types
-    types = tuple([stored.get(r) for r in reads])  # in the order of this very set
+    reads = expr_reads(s.expr)
+    stored = ctx.types.get
+    types = tuple([stored(r) for r in reads])  # in the order of this very set
     model = ctx.model
     for e_model, e_deps, e_writes, e_reads, e_types, ops in entries:
         if (
@@ -720,7 +720,7 @@ def forget_lowered(program: Program) -> None:
 
 
 def _lower_stage(ctx: Context, name: str, chunks: int, chunk: int) -> list[Operation]:
-    s = ctx.stage(name)
+    s = ctx.by_name[name]
     needs = ctx.deps.get(name, ())
     if s.expr.op in COLLECTIVES:
         return _coll_op(ctx, name, chunks, needs)
@@ -768,7 +768,7 @@ def _phases(ctx: Context, members: Sequence[str]) -> list[list[str]]:
             cut = (
                 _has_cross_rank_reduction(ctx, d)
                 or _has_local_reduction(ctx, d)
-                or ctx.stage(d).expr.op in ROWWISE
+                or ctx.by_name[d].expr.op in ROWWISE
             )
             p = max(p, phase[d] + (1 if cut else 0))
         phase[m] = p
@@ -808,7 +808,7 @@ def _compute_ops(
         types = [ctx.types[m] for m in phase]
         if len(phase) == 1:  # most kernels: one stage, nothing of it made inside
             (m,) = phase
-            reads, flops = _expr_work(ctx, ctx.stage(m).expr)
+            reads, flops = _expr_work(ctx, ctx.by_name[m].expr)
             reads.pop(m, None)
             writes = ctx.per_rank_bytes(types[0]) if m in ctx.written else 0
             phase_needs = set(ctx.deps.get(m, ()))
@@ -818,7 +818,7 @@ def _compute_ops(
             reads = {}
             flops = 0.0
             for m in phase:
-                m_reads, m_flops = _expr_work(ctx, ctx.stage(m).expr)
+                m_reads, m_flops = _expr_work(ctx, ctx.by_name[m].expr)
                 for n, b in m_reads.items():
                     if n not in made and b > reads.get(n, 0):
                         reads[n] = b
@@ -948,18 +948,20 @@ def _group_lower(ctx: Context, g: Group, chunks: int, nccl_device: bool) -> list
     needs: set[str] = set()
     for m in members:
         needs |= {d for d in ctx.deps.get(m, ()) if d not in inside}
-    colls = [m for m in members if ctx.stage(m).expr.op in COLLECTIVES]
+    colls = [m for m in members if ctx.by_name[m].expr.op in COLLECTIVES]
     compute = [m for m in members if m not in colls]
     label = f"fused({members[0]}…{members[-1]})"
     pstage = ctx.pstage_of(compute[0]) if compute else ctx.pstage_of(members[0])
-    rs = [m for m in colls if ctx.stage(m).expr.op is Op.REDUCESCATTER]
-    ags = [m for m in colls if ctx.stage(m).expr.op is Op.ALLGATHER]
+    rs = [m for m in colls if ctx.by_name[m].expr.op is Op.REDUCESCATTER]
+    ags = [m for m in colls if ctx.by_name[m].expr.op is Op.ALLGATHER]
     if rs and nccl_device:
         return _device_lower(ctx, members, rs, ags, compute, needs, chunks, label)
     ops: list[Operation] = []
     stream = COMM if rs else COMPUTE
     head = [
-        m for m in colls if m in rs or ctx.stage(m).expr.op is Op.SEND and _before(ctx, m, compute)
+        m
+        for m in colls
+        if m in rs or ctx.by_name[m].expr.op is Op.SEND and _before(ctx, m, compute)
     ]
     tail = [m for m in colls if m not in head]
     for m in head:
@@ -994,26 +996,26 @@ def _device_lower(
             hint="use --collectives nccl, or fewer ranks",
         )
     reduce_bytes = sum(
-        ctx.stage(m).expr.args[0].type.numel * ctx.stage(m).expr.args[0].type.dtype.itemsize
+        ctx.by_name[m].expr.args[0].type.numel * ctx.by_name[m].expr.args[0].type.dtype.itemsize
         for m in rs
     )
-    gather_bytes = sum(ctx.stage(m).ty.numel * ctx.stage(m).ty.dtype.itemsize for m in ags)
+    gather_bytes = sum(ctx.by_name[m].ty.numel * ctx.by_name[m].ty.dtype.itemsize for m in ags)
     flops = 0.0
     reads: dict[str, int] = {}
     made = set(members)
     for m in compute:
-        m_reads, m_flops = _expr_work(ctx, ctx.stage(m).expr)
+        m_reads, m_flops = _expr_work(ctx, ctx.by_name[m].expr)
         flops += m_flops
         for n, b in m_reads.items():
             if n not in made and b > reads.get(n, 0):
                 reads[n] = b
     writes = sum(
-        ctx.per_rank_bytes(ctx.stage(m).ty)
+        ctx.per_rank_bytes(ctx.by_name[m].ty)
         for m in compute
         if m in ctx.updates or m in ctx.outputs or any(u not in made for u in ctx.users.get(m, ()))
     )
     kspec = KernelSpec(flops / chunks, (sum(reads.values()) + writes) / chunks,
-                       _wide_dtype(ctx.stage(m).ty for m in compute), launch=False)  # fmt: skip
+                       _wide_dtype(ctx.by_name[m].ty for m in compute), launch=False)  # fmt: skip
     spec = DeviceSpec(
         ctx.group,
         _chunk_bytes(reduce_bytes, chunks),
@@ -1100,13 +1102,13 @@ def chunks_legal(ctx: Context, g: Group, k: int) -> bool:
     if k < 1:
         return False
     if leading_chunks(ctx.program, tuple(g.stages())):
-        lead = ctx.stage(item_name_of(g.items[0])).ty.shape
+        lead = ctx.by_name[item_name_of(g.items[0])].ty.shape
         return bool(lead) and lead[0].value % k == 0
     if overlap_rows(ctx, g) % k:
         return False
     rowwise = False
     for n in g.stages():
-        s = ctx.stage(n)
+        s = ctx.by_name[n]
         if s.expr.op is Op.REDUCESCATTER:
             if (s.expr.args[0].type.numel // k) % ctx.group or s.expr.args[0].type.numel % k:
                 return False
