@@ -7,6 +7,7 @@ import argparse
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -94,3 +95,40 @@ def test_an_unknown_option_or_argument_is_still_a_usage_error(capsys) -> None:  
     assert "unrecognized arguments: --bogus" in capsys.readouterr().err
     assert main(["show", "sgd", "extra"]) == 2
     assert "unrecognized arguments: extra" in capsys.readouterr().err
+
+
+@pytest.mark.skipif(not Path("/dev/full").exists(), reason="needs /dev/full (Linux)")
+@pytest.mark.parametrize(
+    "argv",
+    [["simulate", "adam"], ["check", "adam"], ["show", "adam"], ["tune", "sgd"]],
+    ids=lambda a: " ".join(a),
+)
+def test_output_to_a_full_disk_is_a_clear_error(argv: list[str]) -> None:
+    """/dev/full fails every write with ENOSPC: the command says its output could not be
+    written (exit 2), never an internal error nor Python's "Exception ignored"."""
+    with open("/dev/full", "w") as full:
+        proc = subprocess.run(
+            [sys.executable, "-m", "cocoviz", *argv], stdout=full, stderr=subprocess.PIPE,
+            timeout=120, env={**os.environ, "COLUMNS": "120"},
+        )  # fmt: skip
+    err = proc.stderr.decode()
+    assert proc.returncode == 2, err
+    assert "cannot write the output" in err and "the file system is full" in err, err
+    assert "internal error" not in err and "Exception ignored" not in err, err
+
+
+@pytest.mark.parametrize(
+    "argv", [["simulate", "adam"], ["show", "adam"], ["check", "adam"]], ids=" ".join
+)
+def test_a_bounded_command_ends_with_all_of_its_output(  # type: ignore[no-untyped-def]
+    argv: list[str], capsys, monkeypatch
+) -> None:
+    """Check, show, apply and simulate end the process without finalizing its objects
+    (`cli.entry`): what they printed is flushed first, byte for byte what `main` prints."""
+    monkeypatch.setenv("COLUMNS", "120")
+    proc = subprocess.run(
+        [sys.executable, "-m", "cocoviz", *argv], capture_output=True, timeout=120
+    )
+    assert proc.returncode == 0, proc.stderr.decode()
+    assert main(argv) == 0
+    assert proc.stdout.decode() == capsys.readouterr().out

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import errno
 import gc
 import importlib
 import os
@@ -66,8 +67,7 @@ def add_program_options(p: argparse.ArgumentParser, schedule: bool = True) -> No
             "--schedule",
             "-s",
             metavar="S",
-            help="a schedule block name, or a .sched file (default: none, the program as "
-            "written)",
+            help="a schedule block name, or a .sched file (default: none, the program as written)",
         )
     p.add_argument(
         "-D",
@@ -78,7 +78,10 @@ def add_program_options(p: argparse.ArgumentParser, schedule: bool = True) -> No
     )
     p.add_argument("--ranks", metavar="N|tp=T,pp=P", help="override the rank count or grid")
     p.add_argument(
-        "--seed", type=_seed, default=0, help="seed of the input and dropout generator (0 .. 2^64-1)"
+        "--seed",
+        type=_seed,
+        default=0,
+        help="seed of the input and dropout generator (0 .. 2^64-1)",
     )
     add_hw_option(p)
 
@@ -265,6 +268,8 @@ def _main(argv: Sequence[str] | None) -> int:
         return int(ExitCode.INPUT)
     except OSError as err:
         if err.filename is None:
+            if err.errno in _OUTPUT_ERRNOS:
+                return _output_failed(err)
             return _internal(err)
         # a file the user named (or its directory) could not be read or written: the same
         # diagnostic the writers give, never an internal error
@@ -277,6 +282,34 @@ def _main(argv: Sequence[str] | None) -> int:
         return _internal(err)
 
 
+_OUTPUT_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EIO})
+"""Errors of a write without a file name: the command's output (stdout) could not be
+written, as to a full disk."""
+
+
+def _output_failed(err: OSError) -> int:
+    """Report that the output could not be written (a user's disk, not a bug); what is
+    still buffered goes nowhere, so that flushing it at exit does not fail again."""
+    from cocoviz.fsio import os_error
+
+    diag = os_error(err, "<stdout>", "write the output to")
+    with contextlib.suppress(OSError):
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    with contextlib.suppress(OSError):
+        _emit_error(diag)
+    return int(diag.exit_code)
+
+
+class _Ending:
+    """How the process ends after `main` (`entry`)."""
+
+    without_teardown = False
+    """Set by a bounded command: its objects (the program, the timeline) need no
+    finalization, and freeing them one by one at interpreter exit cost about as much as
+    `--version`'s imports take to run (mypy's fast exit, for the same reason)."""
+
+
 def _without_collector(handler: Handler, args: argparse.Namespace) -> int:
     """Run a command whose work is bounded by its input (check, show, apply, simulate)
     with the cyclic collector off. Their objects form no reference cycles (programs,
@@ -286,6 +319,7 @@ def _without_collector(handler: Handler, args: argparse.Namespace) -> int:
     long or repeat work (tui, tune, run, emit's builds) keep it."""
     enabled = gc.isenabled()
     gc.disable()
+    _Ending.without_teardown = True
     try:
         return int(handler(args))
     finally:
@@ -312,4 +346,22 @@ def _default(parser: argparse.ArgumentParser) -> int:
 
 
 def entry() -> None:
-    sys.exit(main())
+    code = main()
+    if _Ending.without_teardown:
+        _exit_now(code)
+    sys.exit(code)
+
+
+def _exit_now(code: int) -> None:
+    """End the process at once: the output flushed (a failure to write it reported as
+    `main` reports it), no atexit work (a bounded command registers none, opens no
+    temporary files and starts no processes), no freeing of every object."""
+    try:
+        sys.stdout.flush()
+    except BrokenPipeError:
+        pass  # the reader stopped early (`| head`): not an error, as in `main`
+    except OSError as err:
+        code = _output_failed(err) if err.errno in _OUTPUT_ERRNOS else _internal(err)
+    with contextlib.suppress(OSError):
+        sys.stderr.flush()
+    os._exit(code)
