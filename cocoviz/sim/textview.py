@@ -62,15 +62,18 @@ def _row(events: Sequence[Event], width: int, t0: float, span: float) -> Text:
     cover: list[dict[Kind, float]] = [{} for _ in range(width)]
     dt = span / width
     for e in events:
-        if e.end <= e.start:
+        start, end, kind = e.start, e.end, e.kind
+        if end <= start:
             continue
-        a = max(0, int((e.start - t0) / dt))
-        b = min(width - 1, int((e.end - t0) / dt))
+        a = max(0, int((start - t0) / dt))
+        b = min(width - 1, int((end - t0) / dt))
         for c in range(a, b + 1):
-            lo = max(e.start, t0 + c * dt)
-            hi = min(e.end, t0 + (c + 1) * dt)
+            left, right = t0 + c * dt, t0 + (c + 1) * dt
+            lo = left if left > start else start  # max(start, left), min(end, right)
+            hi = right if right < end else end
             if hi > lo:
-                cover[c][e.kind] = cover[c].get(e.kind, 0.0) + (hi - lo) / dt
+                here = cover[c]
+                here[kind] = here.get(kind, 0.0) + (hi - lo) / dt
     for c in range(width):
         if cover[c]:
             kind = max(cover[c], key=lambda k: cover[c][k])

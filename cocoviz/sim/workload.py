@@ -464,8 +464,17 @@ def _has_cross_rank_reduction(ctx: Context, name: str) -> bool:
 
 
 def _has_local_reduction(ctx: Context, name: str) -> bool:
-    s = ctx.by_name[name]
-    return any(n.op in REDUCTIONS and not n.args[0].type.layout.is_sliced for n in s.expr.walk())
+    """Whether a stage reduces a value that is not sliced (cached on its expression)."""
+    e = ctx.by_name[name].expr
+    found: bool | None = e.__dict__.get(_LOCAL_REDUCTION_ATTR)
+    if found is None:
+        found = e.__dict__[_LOCAL_REDUCTION_ATTR] = any(
+            n.op in REDUCTIONS and not n.args[0].type.layout.is_sliced for n in e.walk()
+        )
+    return found
+
+
+_LOCAL_REDUCTION_ATTR = "_cocoviz_local_reduction"
 
 
 def _wide_dtype(types: Iterable[TensorType]) -> str:
@@ -576,13 +585,14 @@ def _coll_op(ctx: Context, name: str, chunks: int, needs: Iterable[str]) -> list
     nbytes = _chunk_bytes(full // ctx.group if coll is Coll.ALLTOALL else full, chunks)
     spec = CollSpec(coll, nbytes, ctx.group, ctx.ranks_per_node(pstage), _registered(ctx, coll))
     cost = spec.cost(ctx.hw)
+    permuted = _needs_permute(ctx, s)
     ops = [
         Operation(
             name=name,
             stage=name,
             members=(name,),
             needs=frozenset(needs),
-            makes=(name,) if not _needs_permute(ctx, s) else (f"{name}#gathered",),
+            makes=(f"{name}#gathered",) if permuted else (name,),
             stream=COMM,
             kind=Kind.COLLECTIVE,
             pstage=pstage,
@@ -614,7 +624,7 @@ def _coll_op(ctx: Context, name: str, chunks: int, needs: Iterable[str]) -> list
             ),
         )
         ops[1] = dataclasses.replace(ops[1], needs=frozenset({packed}))
-    if _needs_permute(ctx, s):
+    if permuted:
         # A sliced(d) gather (an alltoall's blocks) lands in a staging buffer and is permuted
         # into place (docs/codegen.md).
         out_bytes = s.ty.numel * s.ty.dtype.itemsize
