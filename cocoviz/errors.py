@@ -45,7 +45,7 @@ class Source:
         return lines[n - 1] if 0 < n <= len(lines) else ""
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, init=False)  # its __init__ is written by hand
 class Span:
     """A 1-based (line, col) range in a source; excluded from IR equality."""
 

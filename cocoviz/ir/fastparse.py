@@ -86,7 +86,9 @@ _NUMBER = r"(?:[0-9]+\.[0-9]*|\.[0-9]+|[0-9]+)(?:[eE][-+]?[0-9]+)?"
 # One alternative per group of tokens the loop below treats alike, the most frequent
 # first. Alternatives are tried in order: CMP comes before PUNCT so that `==` is not
 # read as `=` (the others start with distinct characters). BAD takes any other
-# character, so that every match starts where the previous one ended.
+# character but a blank, so that every match starts where the previous one ended
+# and only blanks at the end of the line match nothing. It is matched against one
+# line at a time: a separator is a `;` there (newlines end the lines).
 _REGEX = re.compile(
     r"[ \t\f\r]*(?:"
     r"(?P<NAME>[A-Za-z_][A-Za-z0-9_]*)"
@@ -94,16 +96,19 @@ _REGEX = re.compile(
     r"|(?P<PUNCT>[\-+*/=,:@])"
     r"|(?P<OPEN>[(\[{])"
     r"|(?P<CLOSE>[)\]}])"
-    r"|(?P<SEP>[\n;][\n; \t\f\r]*)"
+    r"|(?P<SEP>;[; \t\f\r]*)"
     rf"|(?P<NUMBER>{_NUMBER})"
     r"|(?P<COMMENT>#[^\n]*)"
-    r"|(?P<BAD>.)"
+    r"|(?P<BAD>[^ \t\f\r])"
     r")"
 )
 _NAME, _CMP, _PUNCT_G, _OPEN, _CLOSE, _SEP, _NUMBER_G, _COMMENT, _BAD = range(1, 10)
-_TRAILING_BLANKS = re.compile(r"[ \t\f\r]*")
+_NUMBER_RE = re.compile(_NUMBER)
 _STMT_START = frozenset({"_NL", "SEMICOLON", "LBRACE", "RBRACE"})
 _CLOSER_OF = {")": "(", "]": "[", "}": "{"}
+_BRACKETS = frozenset({"LPAR", "RPAR", "LSQB", "RSQB", "LBRACE", "RBRACE"})
+# Characters that `str.split` takes for blanks and the lexer does not (in ASCII text).
+_OTHER_SPACES = "\v\x1c\x1d\x1e\x1f"
 
 # How deep the expression parser recurses before it leaves the text to lark (deeper
 # nests are rare and lark parses them without recursion).
@@ -112,82 +117,127 @@ _MAX_RECURSION = 200
 Tok = tuple[str, str, int, int, int]  # kind, text, line, col, end col (one line each)
 
 
+def _spaced_lines(text: str) -> list[str] | None:
+    """The lines of `text` with a blank either side of each punctuation character, so
+    that `str.split` cuts them into words at token boundaries (None if `str.split` would
+    also cut at a character the lexer refuses)."""
+    if any(c in text for c in _OTHER_SPACES):
+        return None
+    for c in _PUNCT:
+        text = text.replace(c, f" {c} ")
+    return text.split("\n")
+
+
 def tokenize(text: str) -> list[Tok]:
     """The tokens of `text` as syntax._Lexer makes them (separators: kind `_NL` or
     `SEMICOLON`), followed by an `$END` token. Raises `Fallback` on a bad character,
-    an over-long integer, or a source over the statement or token limits."""
+    an over-long integer, or a source over the statement or token limits.
+
+    Most lines are names, numbers and punctuation between blanks: their words (found
+    with `str.split` once the punctuation is spaced out) are their tokens, each found in
+    the line with `str.find`, several times cheaper than a regular-expression match per
+    token. From the first word that is not a name, a number or a punctuation character
+    (a comment, a comparison, an exponent with a sign, a character no token starts
+    with, …), `_REGEX` lexes the rest of the line; it lexes whole lines that are not
+    ASCII (`str.isidentifier` takes other letters) or that hold `==` (spaced out, two
+    `=`). tests/test_load_fast.py compares the tokens with lark's lexer's.
+    """
     max_digits = syntax.MAX_NUMBER_DIGITS  # read when called (tests lower it)
     toks: list[Tok] = []
     append = toks.append
-    keywords, punct, stmt_start = _KEYWORDS, _PUNCT, _STMT_START
+    keywords, punct, stmt_start, brackets = _KEYWORDS, _PUNCT, _STMT_START, _BRACKETS
+    number = _NUMBER_RE.fullmatch
     opened: list[str] = []  # the open brackets: "(", "[" or "{"
     depth = 0  # open ( and [ since the innermost {
     outer: list[int] = []  # for each open bracket, `depth` before it
-    line, line_start = 1, 0
     prev = "_NL"
-    pos = 0
-    for m in _REGEX.finditer(text):
-        group: int = m.lastindex  # type: ignore[assignment]  # every alternative is a group
-        start, pos = m.span(group)
-        if group == _NAME:
-            value = text[start:pos]
-            kind = keywords.get(value, "NAME") if prev in stmt_start else "NAME"
-        elif group == _PUNCT_G:
-            value = text[start]
-            kind = punct[value]
-        elif group == _SEP:
-            if depth == 0:
-                if prev != "_NL" and prev != "SEMICOLON":
-                    col = start - line_start + 1
-                    if text[start] == "\n":
-                        prev = "_NL"
-                        append(("_NL", "\n", line, col, 1))
+    lines = text.split("\n")
+    last = len(lines)
+    spaced = _spaced_lines(text)
+    for line_no, line in enumerate(lines, 1):
+        rest: int | None = 0  # where _REGEX takes over (None: nowhere)
+        if spaced is not None and line.isascii() and "==" not in line:
+            rest = None
+            end = 0  # where the last token ended
+            for value in spaced[line_no - 1].split():
+                start = line.find(value, end)  # only blanks lie between two words
+                kind = punct.get(value)
+                if kind is None:
+                    if value.isidentifier():
+                        kind = keywords.get(value, "NAME") if prev in stmt_start else "NAME"
+                    elif value.isdigit() or number(value):
+                        kind = "NUMBER"
+                        if len(value) > max_digits and value.isdigit():
+                            raise Fallback
                     else:
+                        rest = start
+                        break
+                elif kind in brackets:
+                    if value in _CLOSER_OF:
+                        if not opened or opened[-1] != _CLOSER_OF[value]:
+                            raise Fallback  # a mismatched or unmatched closer
+                        opened.pop()
+                        depth = outer.pop()
+                    else:
+                        opened.append(value)
+                        outer.append(depth)
+                        depth = 0 if value == "{" else depth + 1
+                end = start + len(value)
+                prev = kind
+                append((kind, value, line_no, start + 1, end + 1))
+        if rest is not None:
+            for m in _REGEX.finditer(line, rest):
+                group: int = m.lastindex  # type: ignore[assignment]  # every alternative is a group
+                start, end = m.span(group)
+                if group == _NAME:
+                    value = line[start:end]
+                    kind = keywords.get(value, "NAME") if prev in stmt_start else "NAME"
+                elif group == _PUNCT_G:
+                    value = line[start]
+                    kind = punct[value]
+                elif group == _SEP:
+                    if depth:
+                        raise Fallback  # `;` inside brackets: a syntax error
+                    if prev != "_NL" and prev != "SEMICOLON":
                         prev = "SEMICOLON"
-                        append(("SEMICOLON", ";", line, col, col + 1))
-            elif text.find(";", start, pos) >= 0:
-                raise Fallback  # `;` inside brackets: a syntax error
-            nl = text.rfind("\n", start, pos)
-            if nl >= 0:
-                line += text.count("\n", start, pos)
-                line_start = nl + 1
-            continue
-        elif group == _OPEN:
-            value = text[start]
-            kind = punct[value]
-            opened.append(value)
-            outer.append(depth)
-            depth = 0 if value == "{" else depth + 1
-        elif group == _CLOSE:
-            value = text[start]
-            kind = punct[value]
-            if not opened or opened[-1] != _CLOSER_OF[value]:
-                raise Fallback  # a mismatched or unmatched closer: a syntax error
-            opened.pop()
-            depth = outer.pop()
-        elif group == _NUMBER_G:
-            value = text[start:pos]
-            kind = "NUMBER"
-            if len(value) > max_digits and value.isdigit():
-                raise Fallback
-        elif group == _CMP:
-            value = text[start:pos]
-            kind = "CMP"
-        elif group == _COMMENT:
-            continue
-        else:
-            raise Fallback  # a character no token starts with
-        prev = kind
-        col = start - line_start + 1
-        append((kind, value, line, col, col + pos - start))
-    if pos != len(text):
-        if _TRAILING_BLANKS.match(text, pos).end() != len(text):  # type: ignore[union-attr]
-            raise Fallback
+                        append(("SEMICOLON", ";", line_no, start + 1, start + 2))
+                    continue
+                elif group == _OPEN:
+                    value = line[start]
+                    kind = punct[value]
+                    opened.append(value)
+                    outer.append(depth)
+                    depth = 0 if value == "{" else depth + 1
+                elif group == _CLOSE:
+                    value = line[start]
+                    kind = punct[value]
+                    if not opened or opened[-1] != _CLOSER_OF[value]:
+                        raise Fallback  # a mismatched or unmatched closer: a syntax error
+                    opened.pop()
+                    depth = outer.pop()
+                elif group == _NUMBER_G:
+                    value = line[start:end]
+                    kind = "NUMBER"
+                    if len(value) > max_digits and value.isdigit():
+                        raise Fallback
+                elif group == _CMP:
+                    value = line[start:end]
+                    kind = "CMP"
+                elif group == _COMMENT:
+                    continue
+                else:
+                    raise Fallback  # a character no token starts with
+                prev = kind
+                append((kind, value, line_no, start + 1, end + 1))
+        # The newline ends a statement outside ( ) and [ ], once after other tokens.
+        if depth == 0 and prev != "_NL" and prev != "SEMICOLON" and line_no < last:
+            prev = "_NL"
+            append(("_NL", "\n", line_no, len(line) + 1, 1))
     if opened:
         raise Fallback  # an unclosed bracket: a syntax error
     if len(toks) > min(syntax.MAX_STATEMENTS, syntax.MAX_STATEMENT_TOKENS):
         _check_limits(toks)  # only then can a limit be passed (there are fewer tokens)
-    append(("$END", "", line, 1, 1))
+    append(("$END", "", last, 1, 1))
     return toks
 
 
@@ -233,6 +283,10 @@ class _Parser:
 
     def join(self, a: Span, b: Span) -> Span:
         return Span(self.source, a.line, a.col, b.end_line, b.end_col)
+
+    def span_from(self, first: Tok, b: Span) -> Span:
+        """From token `first` to the end of `b` (`join` without a span for the token)."""
+        return Span(self.source, first[2], first[3], b.end_line, b.end_col)
 
     # name() and num() are the most frequent calls: expect() and tspan() inlined
     def name(self) -> Any:
@@ -316,14 +370,14 @@ class _Parser:
 
         kw = self.expect("PROGRAM")
         name = self.name()
-        return ProgramStmt(name, self.join(self.tspan(kw), name.span))
+        return ProgramStmt(name, self.span_from(kw, name.span))
 
     def ranks_stmt(self) -> Any:
 
         kw = self.expect("RANKS")
         if self.at("NUMBER"):
             n = self.num()
-            return RanksStmt(self.join(self.tspan(kw), n.span), n=n)
+            return RanksStmt(self.span_from(kw, n.span), n=n)
         a = self.name()
         self.expect("EQUAL")
         an = self.num()
@@ -331,7 +385,7 @@ class _Parser:
         b = self.name()
         self.expect("EQUAL")
         bn = self.num()
-        return RanksStmt(self.join(self.tspan(kw), bn.span), grid=((a, an), (b, bn)))
+        return RanksStmt(self.span_from(kw, bn.span), grid=((a, an), (b, bn)))
 
     def dim_stmt(self) -> Any:
 
@@ -343,7 +397,7 @@ class _Parser:
             items.append((name, self.num()))
             if not self.accept("COMMA"):
                 break
-        return DimStmt(tuple(items), self.join(self.tspan(kw), items[-1][1].span))
+        return DimStmt(tuple(items), self.span_from(kw, items[-1][1].span))
 
     def param_stmt(self) -> Any:
 
@@ -358,7 +412,7 @@ class _Parser:
             items.append((name, dtype, num, neg))
             if not self.accept("COMMA"):
                 break
-        return ParamStmt(tuple(items), self.join(self.tspan(kw), items[-1][2].span))
+        return ParamStmt(tuple(items), self.span_from(kw, items[-1][2].span))
 
     def input_stmt(self) -> Any:
         toks, source = self.toks, self.source
@@ -375,8 +429,10 @@ class _Parser:
                 while toks[self.i][0] == "STAR":
                     self.i += 1
                     factors.append(self.size_atom())
-                a, b = factors[0].span, factors[-1].span
-                span = Span(source, a.line, a.col, b.end_line, b.end_col)
+                span = factors[0].span  # spans are values: one factor's is its size's
+                if len(factors) > 1:
+                    b = factors[-1].span
+                    span = Span(source, span.line, span.col, b.end_line, b.end_col)
                 sizes.append(SizeExpr(tuple(factors), span))
                 if toks[self.i][0] != "COMMA":
                     break
@@ -423,7 +479,7 @@ class _Parser:
         names = [self.name()]
         while self.accept("COMMA"):
             names.append(self.name())
-        return OutputStmt(tuple(names), self.join(self.tspan(kw), names[-1].span))
+        return OutputStmt(tuple(names), self.span_from(kw, names[-1].span))
 
     def assign(self) -> Any:
         name = self.name()
@@ -469,7 +525,7 @@ class _Parser:
             name.text,
             tuple(a.text for a in pos),
             tuple(kwargs),
-            span=self.join(name.span, self.tspan(close)),
+            span=Span(self.source, name.span.line, name.span.col, close[2], close[4]),
             arg_spans=tuple(a.span for a in pos),
         )
 
@@ -554,7 +610,7 @@ class _Parser:
             if depth > _MAX_RECURSION:
                 raise Fallback
             inner = self.unary(depth + 1)
-            return Expr(Op.NEG, (inner,), span=self.join(self.tspan(tok), inner.span))
+            return Expr(Op.NEG, (inner,), span=self.span_from(tok, inner.span))
         if kind == "LPAR":
             inner = self.expr(depth + 1)
             close = self.expect("RPAR")

@@ -139,12 +139,30 @@ def broadcast_shapes(shapes: Sequence[tuple[Shape, Span | None]]) -> Shape:
 class Inferencer:
     """Types expressions against an environment of named values."""
 
-    def __init__(self, grid: Grid, env: dict[str, TensorType], inputs: set[str]) -> None:
+    def __init__(
+        self,
+        grid: Grid,
+        env: dict[str, TensorType],
+        inputs: set[str],
+        memoize: bool = False,
+    ) -> None:
         self.grid = grid
         self.env = env
         self.inputs = inputs
         self.G = grid.group
         """Ranks a collective runs over (the grid's group; read at every node)."""
+        self.memoize = memoize
+        """Whether the memoized rules look their key up (for typing a whole program, as
+        lowering does: a large one applies each rule to a handful of distinct operand
+        types over and over, every layer of a stack alike; a few stages typed after a
+        step would only pay for the keys)."""
+        self.known: dict[tuple[Any, ...], tuple[TensorType, ...]] = {}
+        """The type each memoized rule gave, by `_type_key`, with the operand types of
+        the key (held, so that no other object takes their ids)."""
+        self.types: dict[TensorType, TensorType] = {}
+        """One object for each value of the types memoized rules gave, so that types
+        equal in value are equal in identity too, and so are the keys of the rules
+        reading them (the next layer of a stack finds every rule known)."""
 
     # --- helpers --------------------------------------------------------------------
     def _pstage(self, args: Sequence[Expr], span: Span | None) -> int | None:
@@ -303,6 +321,28 @@ class Inferencer:
             span=e.span,
         )
 
+    def _memoized(
+        self, e: Expr, args: tuple[Expr, ...], rule: Callable[[Expr, tuple[Expr, ...]], Expr]
+    ) -> Expr:
+        """`rule(e, args)`, for a rule that only types `e` over its typed operands `args`
+        (the result holds them as they are): the type it gave before for the same key
+        (`_type_key`), else what it gives now."""
+        if not self.memoize:
+            return rule(e, args)
+        key = _type_key(e, args)
+        known = None if key is None else self.known.get(key)
+        if known is not None:
+            return _replace(e, args=args, ty=known[0])
+        typed = rule(e, args)
+        return typed if key is None else self._remember(key, typed, args)
+
+    def _remember(self, key: tuple[Any, ...], typed: Expr, args: tuple[Expr, ...]) -> Expr:
+        """`typed`, what a rule gave for `key` (its type made the one object of its
+        value), with its type kept for `key`."""
+        ty = self.types.setdefault(typed.type, typed.type)
+        self.known[key] = (ty, *[a.type for a in args])
+        return typed if ty is typed.ty else _replace(typed, ty=ty)
+
     # --- the rules ------------------------------------------------------------------
     def infer(self, e: Expr, top: bool = True) -> Expr:
         if e.op is Op.REF:  # the most frequent node: typed here, without a rule call
@@ -328,6 +368,17 @@ class Inferencer:
 
     def _elementwise(self, e: Expr) -> Expr:
         args = tuple([self.infer(a, False) for a in e.args])
+        key = _type_key(e, args) if self.memoize else None
+        known = None if key is None else self.known.get(key)
+        if known is None:
+            typed = self._elementwise_rule(e, args)
+            return typed if key is None else self._remember(key, typed, args)
+        ty = known[0]
+        if ty.layout.is_sliced:  # canonicalized as the rule does
+            args = tuple([self._slice_replicated(a, ty.layout, ty.shape) for a in args])
+        return _replace(e, args=args, ty=ty)
+
+    def _elementwise_rule(self, e: Expr, args: tuple[Expr, ...]) -> Expr:
         if e.op is Op.WHERE:
             cond, a, b = args
             operands: tuple[Expr, ...] = (cond, a, b)
@@ -441,7 +492,9 @@ class Inferencer:
                     hint="gather it first (allgather), or slice along another dimension",
                 )
         pstage = self._pstage(args, e.span)
-        return _replace(e, args=args, ty=_replace(ty, pstage=pstage))
+        # x's own type object when the stage is x's (as a dropout's), so that a memoized
+        # rule reading the result knows its type
+        return _replace(e, args=args, ty=ty if pstage == ty.pstage else _replace(ty, pstage=pstage))
 
     def _reduction(self, e: Expr) -> Expr:
         (x,) = (self.infer(a, False) for a in e.args)
@@ -455,6 +508,10 @@ class Inferencer:
 
     def _matmul(self, e: Expr) -> Expr:
         a, b = (self.infer(x, False) for x in e.args)
+        return self._memoized(e, (a, b), self._matmul_rule)
+
+    def _matmul_rule(self, e: Expr, args: tuple[Expr, ...]) -> Expr:
+        a, b = args
         at, bt = a.type, b.type
         if len(at.shape) < 2:
             raise InputError(
@@ -645,8 +702,14 @@ class Inferencer:
         return _replace(e, args=(t, v), ty=TensorType(tt.dtype, tt.shape, layout, pstage))
 
     def _collective(self, e: Expr) -> Expr:
-        """The layout rule of a collective, from its row of the collectives table."""
         (x,) = (self.infer(a, False) for a in e.args)
+        if not self.memoize or collective(e.op).reslices:
+            return self._collective_rule(e, (x,))  # (a reslice normalizes `value`, `tag`)
+        return self._memoized(e, (x,), self._collective_rule)
+
+    def _collective_rule(self, e: Expr, args: tuple[Expr, ...]) -> Expr:
+        """The layout rule of a collective, from its row of the collectives table."""
+        (x,) = args
         ty = x.type
         op = e.op
         G = self.G
@@ -730,6 +793,18 @@ class Inferencer:
         along = Layout(LayoutKind.SLICED, to)
         check_divisible(ty.shape, along, self.G, e.span, f"{fname} of {describe(x)}")
         return _replace(e, args=(x,), value=to, tag=str(d), ty=_replace(ty, layout=layout))
+
+
+def _type_key(e: Expr, args: tuple[Expr, ...]) -> tuple[Any, ...] | None:
+    """All that a memoized rule's outcome depends on: the operator, the attributes it
+    reads and the types of the operands, by identity (None for a literal operand, whose
+    value the rules read too)."""
+    key: list[Any] = [e.op, e.value, e.dtype_arg]
+    for a in args:
+        if a.op is Op.CONST:
+            return None
+        key.append(id(a.ty))
+    return tuple(key)
 
 
 def _update_hint(t: Expr, v: Expr) -> str:

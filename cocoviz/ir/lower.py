@@ -203,9 +203,11 @@ class _Lowerer:
         self.bound: dict[str, Span | None] = {}
         self.assign: syn.Assign | None = None  # the stage being resolved
         self.bad_dims: set[str] = set()  # dimensions whose declaration failed
-        self.saw_dropout = False  # whether the stage being resolved calls dropout
+        self.dropouts = 0  # the dropout calls of the stage being resolved, so far
         self.dim_sizes: dict[str, Size] = {}  # the Size of each dimension name (as _size makes it)
         self.shapes: dict[Shape, Shape] = {}  # the inputs' shapes, one object per value
+        self.input_types: dict[tuple[Any, ...], TensorType] = {}
+        """The type of each distinct declaration (`_declared_type`) checked so far."""
 
     @functools.cached_property
     def source_names(self) -> set[str]:
@@ -377,12 +379,9 @@ class _Lowerer:
                 self.bag.add(err)
                 continue
             self.assign = a
-            self.saw_dropout = False
+            self.dropouts = 0
             try:
-                expr = self._expr(a.expr, defined, later, a.name.text, top=True)
-                if self.saw_dropout:  # no other stage has a dropout to tag: no walk
-                    expr = _tag_dropouts(expr, a.name.text)
-                raw.append((a, expr))
+                raw.append((a, self._expr(a.expr, defined, later, a.name.text, top=True)))
             except _AlreadyReported:
                 pass  # a reshape size naming a failed dimension
             except InputError as err:
@@ -433,7 +432,7 @@ class _Lowerer:
         """Type and layout inference of the resolved stages, in source order, over the
         declarations of `prog`."""
         env = program_env(prog)
-        inf = Inferencer(prog.grid, env, {i.name for i in prog.inputs})
+        inf = Inferencer(prog.grid, env, {i.name for i in prog.inputs}, memoize=True)
         stages: list[Stage] = []
         for a, expr in raw:
             typed = inf.infer(expr)
@@ -566,6 +565,17 @@ class _Lowerer:
         return Size("*".join(texts), value)
 
     def _input(self, st: syn.InputStmt) -> Input:
+        # A large program declares thousands of inputs with a handful of distinct types
+        # (every layer's weights alike): each distinct declaration is checked and typed
+        # once. Only a declaration that passed is kept, and whether one passes does not
+        # depend on the input's name, so the others fail with their own messages.
+        key = _declared_type(st)
+        ty = self.input_types.get(key)
+        if ty is None:
+            ty = self.input_types[key] = self._input_type(st)
+        return Input(st.name.text, ty, st.name.span)
+
+    def _input_type(self, st: syn.InputStmt) -> TensorType:
         dt = DType.parse(st.dtype.text)
         if dt is None:
             raise InputError(
@@ -585,8 +595,7 @@ class _Lowerer:
         check_divisible(
             shape, layout, self.grid.group, st.layout_span or st.span, f"input '{st.name.text}'"
         )
-        pstage = self._input_stage(st)
-        return Input(st.name.text, TensorType(dt, shape, layout, pstage), st.name.span)
+        return TensorType(dt, shape, layout, self._input_stage(st))
 
     def _input_stage(self, st: syn.InputStmt) -> int:
         """The pipeline stage of `input ... @stage K` (0 without `@stage`)."""
@@ -734,8 +743,11 @@ class _Lowerer:
         if op is Op.CAST:
             return _cast_call(a)
         if op is Op.DROPOUT:
-            self.saw_dropout = True
-            return _dropout_call(a)
+            # its stable id `<stage>#<k>`: k counts the stage's dropout calls in source
+            # order (of their opening `dropout(`), so it is taken before the operand's
+            tag = f"{stage}#{self.dropouts}"
+            self.dropouts += 1
+            return _dropout_call(a, tag)
         if op is Op.SLICE:
             return _slice_call(a)
         if op in ROWWISE:
@@ -874,6 +886,20 @@ class _Lowerer:
         )
 
 
+def _declared_type(st: syn.InputStmt) -> tuple[Any, ...]:
+    """All that an `input` statement says about the type of its value, as source text:
+    its dtype, sizes, layout and pipeline stage (not its name, nor where it is)."""
+    arg, stage_kw, stage = st.layout_arg, st.stage_kw, st.stage
+    return (
+        st.dtype.text,
+        tuple([tuple([f.text for f in s.factors]) for s in st.sizes]),
+        st.layout.text,
+        None if arg is None else (arg[0].text, arg[1]),
+        None if stage_kw is None else stage_kw.text,
+        None if stage is None else stage.text,
+    )
+
+
 def _input_layout(st: syn.InputStmt, shape: Shape) -> Layout:
     """The layout an `input` statement declares for a value of `shape`."""
     word = st.layout.text
@@ -976,8 +1002,9 @@ def _cast_call(a: _CallArgs) -> Expr:
     return Expr(a.op, (a.sub(a.pos[1]),), dtype_arg=dt, span=a.call.span)
 
 
-def _dropout_call(a: _CallArgs) -> Expr:
-    """`dropout(x, p)`, optionally `id=STAGE, k=K` (the tag of a dropout a step copied)."""
+def _dropout_call(a: _CallArgs, tag: str) -> Expr:
+    """`dropout(x, p)`, optionally `id=STAGE, k=K` (the tag of a dropout a step copied,
+    which replaces the stable id `tag` the call is given in its stage)."""
     a.no_kw(("id", "k"))
     a.arity(2, "x, p")
     p = a.literal(a.pos[1], "the probability p")
@@ -985,7 +1012,6 @@ def _dropout_call(a: _CallArgs) -> Expr:
         raise InputError(
             f"dropout: p must be in [0, 1), got {p}", getattr(a.pos[1], "span", a.call.span)
         )
-    tag = None
     if "id" in a.kws:
         idv = a.kws["id"].value
         if not (isinstance(idv, Expr) and idv.op is Op.REF):
@@ -1054,26 +1080,6 @@ def _checked_grid(grid: Grid, span: Span | None) -> Grid:
     if span is None:
         raise UsageError(f"--ranks: {message}")
     raise InputError(message, span)
-
-
-def _tag_dropouts(expr: Expr, stage: str) -> Expr:
-    """Give each dropout its stable id `<stage>#<k>`, k counting the dropout calls of the
-    stage's expression in source order (the order of their opening `dropout(`)."""
-    if not any(e.op is Op.DROPOUT for e in expr.walk()):
-        return expr
-    counter = [0]
-
-    def go(e: Expr) -> Expr:
-        tag = e.tag
-        if e.op is Op.DROPOUT:
-            tag = e.tag or f"{stage}#{counter[0]}"
-            counter[0] += 1
-        args = tuple(go(a) for a in e.args)
-        if args == e.args and tag == e.tag:
-            return e
-        return dataclasses.replace(e, args=args, tag=tag)
-
-    return go(expr)
 
 
 def _order_reads_before_updates(program: Program) -> Program:

@@ -136,7 +136,7 @@ class ReduceOp(enum.Enum):
     __hash__ = object.__hash__  # as Op's
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, init=False)  # its __init__ is written by hand
 class Expr:
     """One expression node: an operator, its operands, and its few attributes.
 

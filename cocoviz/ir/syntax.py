@@ -36,8 +36,10 @@ if TYPE_CHECKING:
 
 
 # --- syntax objects ---------------------------------------------------------------------
-@dataclass(frozen=True)
+@dataclass(frozen=True, init=False)  # its __init__ is written by hand
 class Name:
+    """A name as written: a stage, input, dimension, dtype, layout or function name."""
+
     text: str
     span: Span
 
@@ -51,8 +53,10 @@ class Name:
         d["span"] = span
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, init=False)  # its __init__ is written by hand
 class Num:
+    """A number literal as written (`value` converts it)."""
+
     text: str
     span: Span
 
@@ -71,7 +75,7 @@ class Num:
         return int(self.text) if self.is_int else float(self.text)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, init=False)  # its __init__ is written by hand
 class Call:
     """`name(args)` before it is resolved to an operator."""
 
@@ -89,6 +93,8 @@ class Call:
 
 @dataclass(frozen=True)
 class Cmp:
+    """`lhs OP rhs`: a comparison, the first argument of `where(…)`."""
+
     op: Op
     lhs: Any
     rhs: Any
@@ -97,6 +103,8 @@ class Cmp:
 
 @dataclass(frozen=True)
 class Kw:
+    """`name=value`: a keyword argument of a call."""
+
     name: Name
     value: Any
     span: Span
@@ -112,12 +120,16 @@ class RedTok:
 
 @dataclass(frozen=True)
 class ProgramStmt:
+    """`program NAME`."""
+
     name: Name
     span: Span
 
 
 @dataclass(frozen=True)
 class RanksStmt:
+    """`ranks N` (`n`) or `ranks tp=T, pp=P` (`grid`)."""
+
     span: Span
     n: Num | None = None
     grid: tuple[tuple[Name, Num], tuple[Name, Num]] | None = None
@@ -125,18 +137,24 @@ class RanksStmt:
 
 @dataclass(frozen=True)
 class DimStmt:
+    """`dim NAME = SIZE, …`."""
+
     items: tuple[tuple[Name, Num], ...]
     span: Span
 
 
 @dataclass(frozen=True)
 class ParamStmt:
+    """`param NAME : DTYPE = DEFAULT, …`."""
+
     items: tuple[tuple[Name, Name, Num, bool], ...]  # name, dtype, default, negative
     span: Span
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, init=False)  # its __init__ is written by hand
 class SizeExpr:
+    """One size of an input's shape: dimension names and integers multiplied (`4*H`)."""
+
     factors: tuple[Name | Num, ...]
     span: Span
 
@@ -147,8 +165,10 @@ class SizeExpr:
         d["span"] = span
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, init=False)  # its __init__ is written by hand
 class InputStmt:
+    """`input NAME : DTYPE[SIZE, …] LAYOUT`, optionally `@stage K`."""
+
     name: Name
     dtype: Name
     sizes: tuple[SizeExpr, ...]
@@ -186,12 +206,16 @@ class InputStmt:
 
 @dataclass(frozen=True)
 class OutputStmt:
+    """`output NAME, …`."""
+
     names: tuple[Name, ...]
     span: Span
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, init=False)  # its __init__ is written by hand
 class Assign:
+    """`NAME = EXPR`: a stage."""
+
     name: Name
     expr: Any
     span: Span
@@ -206,6 +230,8 @@ class Assign:
 
 @dataclass(frozen=True)
 class ScheduleStmt:
+    """`schedule NAME { STEP … }`."""
+
     name: Name
     steps: tuple[StepCall, ...]
     span: Span
@@ -213,12 +239,16 @@ class ScheduleStmt:
 
 @dataclass(frozen=True)
 class FusedStmt:
+    """`fused { STAGE … }`: a printed fused group."""
+
     items: tuple[Assign, ...]
     span: Span
 
 
 @dataclass(frozen=True)
 class OverlappedStmt:
+    """`overlapped chunks=K { … }`: a printed overlapped group of stages and fused blocks."""
+
     chunks_kw: Name
     chunks: Num
     items: tuple[Assign | FusedStmt, ...]
@@ -227,6 +257,8 @@ class OverlappedStmt:
 
 @dataclass(frozen=True)
 class Module:
+    """The statements of a `.coco` text, in source order."""
+
     statements: tuple[Any, ...]
     source: Source = field(compare=False)
 

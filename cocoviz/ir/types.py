@@ -269,7 +269,7 @@ def same_slicing(a: Layout, a_shape: Shape, b: Layout, b_shape: Shape, group: in
     return pa.dim_from_end == pb.dim_from_end
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, init=False)  # its __init__ is written by hand
 class TensorType:
     """What a value is: element type, global shape, layout and pipeline stage."""
 
