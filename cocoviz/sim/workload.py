@@ -239,7 +239,7 @@ class DeviceSpec:
 Spec = KernelSpec | MatmulSpec | CollSpec | P2PSpec | DeviceSpec
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, init=False)  # its __init__ is written by hand
 class Operation:
     """One thing a rank runs: it waits for ``needs``, then makes ``makes`` available.
 
