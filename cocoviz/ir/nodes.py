@@ -245,6 +245,8 @@ def ref(name: str, span: Span | None = None) -> Expr:
 
 @dataclass(frozen=True)
 class DimDecl:
+    """`dim NAME = VALUE`: a named size."""
+
     name: str
     value: int
     span: Span | None = field(default=None, compare=False, hash=False, repr=False)
@@ -262,6 +264,8 @@ class Param:
 
 @dataclass(frozen=True)
 class Input:
+    """`input NAME : TYPE`: a value the program reads, with its type."""
+
     name: str
     ty: TensorType
     span: Span | None = field(default=None, compare=False, hash=False, repr=False)
@@ -331,6 +335,8 @@ class StepCall:
 
 @dataclass(frozen=True)
 class ScheduleBlock:
+    """`schedule NAME { … }`: a named list of schedule steps."""
+
     name: str
     steps: tuple[StepCall, ...]
     span: Span | None = field(default=None, compare=False, hash=False, repr=False)
@@ -359,6 +365,8 @@ class Grid:
 
 @dataclass(frozen=True)
 class Program:
+    """A whole program: its grid, declarations, stages, outputs and schedule groups."""
+
     name: str
     grid: Grid
     dims: tuple[DimDecl, ...]

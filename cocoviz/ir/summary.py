@@ -18,6 +18,8 @@ def per_rank_numel(ty: TensorType, group: int) -> int:
 
 @dataclass(frozen=True)
 class CommOp:
+    """One collective of a program as the summary lists it."""
+
     name: str
     op: str
     dtype: str
@@ -27,6 +29,8 @@ class CommOp:
 
 @dataclass(frozen=True)
 class Summary:
+    """What a program holds and moves: counts of its stages and its communication."""
+
     program: str
     ranks: str
     world: int

@@ -185,6 +185,8 @@ class CollCost:
 
 @dataclass(frozen=True)
 class _Topo:
+    """Where the ranks of a collective sit: how many, per node, and on how many nodes."""
+
     nranks: int
     ranks_per_node: int
     nnodes: int

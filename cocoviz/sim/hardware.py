@@ -143,6 +143,8 @@ class PerScale:
 
 @dataclass(frozen=True)
 class GpuSpec:
+    """One GPU of a profile: SMs, memory bandwidth, peaks and launch costs."""
+
     arch: str
     sms: int
     hbm_gbps: float
@@ -160,6 +162,8 @@ class GpuSpec:
 
 @dataclass(frozen=True)
 class NodeSpec:
+    """One node of a profile: GPUs per node and the links between them."""
+
     gpus_per_node: int
     cpu_vendor: str
     intra_link: Link
@@ -173,6 +177,8 @@ class NodeSpec:
 
 @dataclass(frozen=True)
 class NcclSpec:
+    """NCCL's tuning model of a profile: channels, latencies, bandwidth factors."""
+
     channels: int
     ring_plateau: float
     net_overhead_us: float
@@ -202,6 +208,8 @@ class NcclSpec:
 
 @dataclass(frozen=True)
 class OverlapSpec:
+    """How communication running beside a kernel slows it."""
+
     compute_slowdown_nvlink: float
     compute_slowdown_net: float
     hbm_bytes_per_reduce_byte: float
@@ -210,6 +218,8 @@ class OverlapSpec:
 
 @dataclass(frozen=True)
 class DeviceSpec:
+    """The device-initiated (nccl-device) collectives of a profile."""
+
     peer_gbps: float
     barrier_us: float
 

@@ -176,6 +176,8 @@ class SimWarning:
 
 @dataclass(frozen=True)
 class Summary:
+    """The figures of a simulation on its critical rank, and the per-stage table."""
+
     makespan_s: float
     compute_s: float
     """Busy time of computation on the critical rank (union of its kernels)."""
@@ -193,6 +195,8 @@ class Summary:
 
 @dataclass(frozen=True)
 class Timeline:
+    """A simulated run: the lanes of identical ranks, their events, the summary."""
+
     program: str
     hardware: str
     collectives: str
@@ -686,6 +690,8 @@ def summarize(lanes: Sequence[Lane], baseline_s: float | None = None) -> Summary
 
 @dataclass
 class _Run:
+    """One simulation of a program: its items issued in order on an engine."""
+
     ctx: Context
     record: bool = True
     engine: _Engine = field(init=False)

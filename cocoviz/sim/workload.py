@@ -162,6 +162,8 @@ class KernelSpec:
 
 @dataclass(frozen=True)
 class MatmulSpec:
+    """A GEMM of one rank: ``[m, k] × [k, n]`` (``batch`` of them)."""
+
     m: int
     n: int
     k: int
@@ -209,6 +211,8 @@ class CollSpec:
 
 @dataclass(frozen=True)
 class P2PSpec:
+    """A send/recv of ``nbytes`` between two pipeline stages."""
+
     nbytes: int
 
 
