@@ -7,6 +7,8 @@ the TUI and the CLI call it. The hardware profile is a `Hardware` value passed d
 the caller's boundary, never a global.
 """
 
+from typing import TYPE_CHECKING, Any
+
 from cocoviz.schedule.files import (
     SCHED_HEADER,
     check_sched_output,
@@ -15,7 +17,6 @@ from cocoviz.schedule.files import (
     save_sched,
 )
 from cocoviz.schedule.palette import PaletteEntry, palette
-from cocoviz.schedule.session import HistoryEntry, Session, StepFailure
 from cocoviz.schedule.steps import (
     apply_block,
     apply_blocks,
@@ -28,6 +29,24 @@ from cocoviz.schedule.steps import (
     resolve_schedule,
     schedule_arg_steps,
 )
+
+if TYPE_CHECKING:
+    from cocoviz.schedule.session import HistoryEntry, Session, StepFailure
+
+_SESSION_NAMES = frozenset({"HistoryEntry", "Session", "StepFailure"})
+
+
+def __getattr__(name: str) -> Any:
+    """Sessions are imported when first asked for: a command that only applies a
+    schedule (`--schedule`) does not pay for creating their classes."""
+    if name in _SESSION_NAMES:
+        from cocoviz.schedule import session
+
+        value = getattr(session, name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 __all__ = [
     "SCHED_HEADER",

@@ -505,7 +505,7 @@ class Index:
         return TensorType(p.dtype, (), REPLICATED, None)
 
     def reads(self, name: str) -> frozenset[str]:
-        return reads_of(self.stage(name))
+        return expr_reads(self.stages[self.position(name)].expr)
 
     # --- groups ------------------------------------------------------------------------
     def group_of(self, name: str) -> Group | None:
@@ -538,22 +538,30 @@ class Index:
         return self._groups_sorted
 
     # --- edges -----------------------------------------------------------------------
-    def _all_users(self) -> dict[str, set[str]]:
-        """The users table (the caller holds `_LOCK`)."""
-        t = self._tables()
-        if t.users is None:
-            users: dict[str, set[str]] = {}
-            for s in self.stages:
-                for r in reads_of(s):
-                    users.setdefault(r, set()).add(s.name)
-            t.users = users
-            t.log.clear()  # the logged edits did not keep the users
-        return t.users
+    def _build_users(self, t: _Tables) -> dict[str, set[str]]:
+        """The users table, built once for a line of programs (the caller holds `_LOCK`)."""
+        # one pass over every stage of a large program: a set made only for a name not
+        # seen yet
+        users: dict[str, set[str]] = {}
+        known = users.get
+        for s in self.stages:
+            name = s.name
+            for r in expr_reads(s.expr):
+                found = known(r)
+                if found is None:
+                    users[r] = {name}
+                else:
+                    found.add(name)
+        t.users = users
+        t.log.clear()  # the logged edits did not keep the users
+        return users
 
     def users(self, name: str) -> list[str]:
         """Stages that read `name` (data edges), in program order."""
         with _LOCK:
-            found = self._all_users().get(name)
+            t = self._tables()
+            table = t.users if t.users is not None else self._build_users(t)
+            found = table.get(name)
             if not found:
                 return []
             out = list(found)
@@ -661,7 +669,12 @@ class Edit:
     that only moved (checked, not re-typed). `window` is where the new stage tuple differs
     from the old one (None: found by comparing them), and `groups_sorted` says that the
     new program's groups are in the order of their first stages: both spare the index of
-    the new program a pass over the whole program."""
+    the new program a pass over the whole program.
+
+    `typed` are stages the rewrite built already typed, as re-typing would have typed
+    them (`retype.typed_stage`, against the new program's values): they are checked, and
+    their users re-typed where a type changed, but the stages themselves are not typed
+    again. A rewrite that types everything it builds so spares `finish` a second program."""
 
     program: Program
     dirty: set[str] = field(default_factory=set)
@@ -670,6 +683,18 @@ class Edit:
     moved: set[str] = field(default_factory=set)
     window: Window | None = None
     groups_sorted: bool | None = None
+    typed: set[str] = field(default_factory=set)
+
+
+_PROGRAM_FIELDS = tuple(f.name for f in dataclasses.fields(Program))
+
+
+def edit_program(program: Program, **changes: Any) -> Program:
+    """`dataclasses.replace(program, **changes)`, without its walk over the class's
+    field table (every step makes a program, and the walk cost more than the stage
+    tuple it usually changes)."""
+    d = program.__dict__
+    return Program(**{f: changes[f] if f in changes else d[f] for f in _PROGRAM_FIELDS})
 
 
 def splice(
@@ -678,7 +703,7 @@ def splice(
     """`program` with stages `lo:hi` replaced by `middle` (and other fields changed),
     and the window of the edit."""
     stages = program.stages[:lo] + tuple(middle) + program.stages[hi:]
-    return dataclasses.replace(program, stages=stages, **changes), (lo, lo + len(middle), hi)
+    return edit_program(program, stages=stages, **changes), (lo, lo + len(middle), hi)
 
 
 def substitute(e: Expr, mapping: dict[str, Expr]) -> Expr:
@@ -816,8 +841,9 @@ class Transformation(abc.ABC):
     def _run(self, program: Program, verify: bool) -> Program:
         from cocoviz.ir.transforms.retype import TypeFailure, finish_edit
 
-        edit = self.rewrite(program)
         try:
+            # a rewrite that types the stages it builds (`Edit.typed`) fails as re-typing does
+            edit = self.rewrite(program)
             out, window = finish_edit(program, edit, self, verify=verify)
         except TypeFailure as tf:
             user = self.type_error(tf, program)

@@ -17,7 +17,7 @@ from collections.abc import Iterable, Mapping
 
 from cocoviz.errors import ScheduleError
 from cocoviz.ir.nodes import Group, GroupKind, Program
-from cocoviz.ir.transforms.base import Edit, Index, Transformation, index, splice
+from cocoviz.ir.transforms.base import Edit, Index, Transformation, edit_program, index, splice
 
 
 def hull(idx: Index, names: Iterable[str]) -> set[str]:
@@ -26,15 +26,19 @@ def hull(idx: Index, names: Iterable[str]) -> set[str]:
     pos = [idx.position(n) for n in members]
     lo, hi = min(pos), max(pos)
     down: set[str] = set()
+    below = set(members)  # the members and `down`
     for i in range(lo, hi + 1):
         n = idx.stages[i].name
-        if n not in members and idx.preds(n) & (members | down):
+        if n not in members and not idx.preds(n).isdisjoint(below):
             down.add(n)
+            below.add(n)
     up: set[str] = set()
+    above = set(members)  # the members and `up`
     for i in range(hi, lo - 1, -1):
         n = idx.stages[i].name
-        if n not in members and idx.succs(n) & (members | up):
+        if n not in members and not idx.succs(n).isdisjoint(above):
             up.add(n)
+            above.add(n)
     return members | (down & up)
 
 
@@ -101,6 +105,15 @@ def _path(parent: dict[str, str], end: str, members: set[str]) -> list[str]:
     return list(reversed(path))
 
 
+def first_stage(g: Group) -> str:
+    """`next(g.stages())` without a generator per nested group (a bisection over the
+    groups asks for many)."""
+    it = g.items[0]
+    while isinstance(it, Group):
+        it = it.items[0]
+    return it
+
+
 def regroup(
     program: Program,
     idx: Index,
@@ -110,7 +123,8 @@ def regroup(
     """`program` with `new_group` added (replacing the `absorbed` groups, keyed by id)
     and its stages moved together: between its first and last member, the stages it
     depends on go before it and the others after it, each in their old order. The
-    edit's `moved` are the stages whose position may have changed."""
+    edit's `moved` are the stages whose position may have changed (none when the stages
+    already run in that order: the stage tuple is then kept)."""
     members = list(new_group.stages())
     mset = set(members)
     position = idx.position
@@ -137,7 +151,7 @@ def regroup(
     moved = {n: lo + i for i, n in enumerate(ordered)}
 
     def first(g: Group) -> int:
-        n = next(iter(g.stages()))
+        n = first_stage(g)
         return moved[n] if n in moved else position(n)
 
     old = program.groups
@@ -145,7 +159,7 @@ def regroup(
         # Groups are kept in the order of their first stages. Only those that start in
         # the span move (the absorbed ones among them); the others keep their places.
         def first_before(g: Group) -> int:
-            return position(next(iter(g.stages())))
+            return position(first_stage(g))
 
         a = bisect.bisect_left(old, lo, key=first_before)
         b = bisect.bisect_right(old, hi, key=first_before)
@@ -156,6 +170,12 @@ def regroup(
         unsorted = [g for g in old if id(g) not in absorbed] + [new_group]
         unsorted.sort(key=first)
         groups = tuple(unsorted)
+    if ordered == span:
+        # the stages already run together (the usual case): only the groups change, and
+        # the new program keeps the stage tuple, which spares the index and the checks
+        # a pass over stages that did not move
+        same = edit_program(program, groups=groups)
+        return Edit(same, window=(lo, lo, lo), groups_sorted=True)
     new, window = splice(program, lo, hi + 1, [idx.stage(n) for n in ordered], groups=groups)
     return Edit(new, moved=set(span), window=window, groups_sorted=True)
 

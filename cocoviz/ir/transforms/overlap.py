@@ -218,7 +218,8 @@ class Overlap(Transformation):
             )
         if op is Op.RESHAPE:
             refuse("reshape regroups the elements, so its chunks are not the rows being chunked")
-        if any(e.op in REDUCTIONS for e in s.expr.walk()):
+        nodes = list(s.expr.walk())
+        if any(e.op in REDUCTIONS for e in nodes):
             refuse("it reduces a whole tensor to a scalar, which needs every chunk")
         if not s.ty.shape or rows_of(s) != rows:
             refuse(
@@ -230,7 +231,7 @@ class Overlap(Transformation):
             if any(r in members for r in right.refs()):
                 refuse("it reads the chunked value as its right operand")
         G = idx.program.grid.group
-        operands = [s.expr.args[0]] if op is Op.MATMUL else list(s.expr.walk())
+        operands = [s.expr.args[0]] if op is Op.MATMUL else nodes
         for e in operands:
             if e.op is not Op.REF or e.name in members or e.name in idx.params:
                 continue

@@ -19,10 +19,11 @@ from cocoviz.ir.transforms.base import (
     Transformation,
     describe_stage,
     index,
+    reads_of,
     splice,
     substitute,
 )
-from cocoviz.ir.transforms.retype import _Env, finish
+from cocoviz.ir.transforms.retype import _Env, finish, typed_stage
 from cocoviz.ir.types import shape_values
 
 MOVABLE = "elementwise, row-wise and reduction stages, update, send, and a listed matmul"
@@ -39,15 +40,22 @@ class _Downstream:
         self.down = {root}
 
     def __call__(self, name: str) -> bool:
-        i = self.idx.position(name)
+        idx = self.idx
+        i = idx.position(name)
         if i <= self.start:
             return name in self.down
+        down = self.down
         while self.upto < i:
             self.upto += 1
-            n = self.idx.stages[self.upto].name
-            if any(p in self.down for p in self.idx.preds(n)):
-                self.down.add(n)
-        return name in self.down
+            s = idx.stages[self.upto]
+            # `down` holds stage names only, so the data edges in are the reads it holds
+            # (no `preds` to build for every stage swept); an update's ordering edges
+            # come from `preds`
+            if not down.isdisjoint(reads_of(s)) or (
+                s.name in idx.update_target and not down.isdisjoint(idx.preds(s.name))
+            ):
+                down.add(s.name)
+        return name in down
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -402,6 +410,8 @@ class Reorder(Transformation):
         dim = operand.type.layout.dim
         env = _Env(idx)
         inf = Inferencer(program.grid, env, idx.input_names)
+        # typed as re-typing the new stages would type them (`Edit.typed`): the new
+        # names below read the types the old names have here
         exprs: dict[str, Expr] = {}
         for m in region:
             s = idx.stage(m)
@@ -413,7 +423,7 @@ class Reorder(Transformation):
             except InputError as err:
                 raise self._illegal(s, err) from None
             env[m] = typed.type
-            exprs[m] = e
+            exprs[m] = typed
         renames: dict[str, str] = {}
         taken: set[str] = set()
         inside = set(region)
@@ -427,7 +437,10 @@ class Reorder(Transformation):
             if live and t.layout.is_sliced:
                 renames[m] = idx.fresh(f"{m}_s", taken)
                 taken.add(renames[m])
-        new_refs = {old: ref(new) for old, new in renames.items()}
+        # the live-outs' new names, typed as the values they name
+        new_refs = {m: Expr(Op.REF, name=n, ty=env[m]) for m, n in renames.items()}
+        for m, n in renames.items():
+            env[n] = env[m]
         replaced: dict[str, list[Stage]] = {}
         for m in region:
             s = idx.stage(m)
@@ -440,7 +453,7 @@ class Reorder(Transformation):
                     if ag.expr.op is Op.ALLTOALL
                     else Expr(Op.ALLGATHER, (moved,), span=s.expr.span)
                 )
-                gather = Stage(m, back, s.span)
+                gather = typed_stage(inf, Stage(m, back, s.span))
                 replaced[m] = [c_s, gather]
             else:
                 replaced[m] = [dataclasses.replace(s, expr=e)]
@@ -463,8 +476,8 @@ class Reorder(Transformation):
             middle.extend(replaced.get(program.stages[i].name, ()))
             prev = i + 1
         new, window = splice(program, lo, hi, middle)
-        dirty = set(region) | set(renames.values())
-        return Edit(new, dirty=dirty, removed={ag.name} if drop_ag else set(), window=window)
+        built = set(region) | set(renames.values())
+        return Edit(new, typed=built, removed={ag.name} if drop_ag else set(), window=window)
 
     @staticmethod
     def _slice_whole(

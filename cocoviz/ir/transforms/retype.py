@@ -23,7 +23,15 @@ from typing import Any
 from cocoviz.errors import InputError, InternalError, ScheduleError
 from cocoviz.ir.infer import Inferencer, infer_program
 from cocoviz.ir.nodes import Group, GroupKind, Op, Program, Stage
-from cocoviz.ir.transforms.base import Edit, Index, Window, _changed_window, index, reads_of
+from cocoviz.ir.transforms.base import (
+    Edit,
+    Index,
+    Window,
+    _changed_window,
+    edit_program,
+    index,
+    reads_of,
+)
 from cocoviz.ir.types import REPLICATED, TensorType
 
 FULL_VERIFY_LIMIT = 400
@@ -88,8 +96,13 @@ def finish_edit(
     heap = [position(n) for n in edit.dirty if idx.is_stage(n)]
     for name in edit.changed_inputs:
         heap.extend(map(position, idx.users(name)))
-    heapq.heapify(heap)
     stages = prog.stages
+    typed = edit.typed  # in the window, typed by the rewrite: only their users may need it
+    for name in typed:
+        old = old_window.get(name)
+        if old is None or old.ty != idx.stage(name).ty:
+            heap.extend(p for p in map(position, idx.users(name)) if stages[p].name not in typed)
+    heapq.heapify(heap)
     done: dict[int, Stage] = {}  # position → re-typed stage
     retyped: list[str] = []
     first, last = lo, hi_new - 1
@@ -120,18 +133,33 @@ def finish_edit(
         middle = list(stages[a:b])
         for i, st in done.items():
             middle[i - a] = st
-        out = dataclasses.replace(prog, stages=stages[:a] + tuple(middle) + stages[b:])
+        out = edit_program(prog, stages=stages[:a] + tuple(middle) + stages[b:])
     index(out, parent=prog, replaced=retyped)
-    _check_updates(out, retyped)
+    # the stages the step typed or re-typed, in program order
+    checked = sorted([*typed, *retyped], key=position) if typed else retyped
+    _check_updates(out, checked)
     if verify:
         mode = os.environ.get("COCOVIZ_VERIFY", "")
         full = mode == "full" or (mode != "fast" and len(out.stages) <= FULL_VERIFY_LIMIT)
         if full:
             verify_program(out, step)
         else:
-            verify_touched(out, step, set(retyped) | edit.moved, edit.removed)
+            made = _new_groups(before.groups, out.groups)
+            verify_touched(out, step, set(checked) | edit.moved, edit.removed, made)
     d = hi_new - hi_old
     return out, (min(first, lo), max(last + 1, hi_new), max(last + 1, hi_new) - d)
+
+
+def typed_stage(inf: Inferencer, stage: Stage) -> Stage:
+    """`stage` typed by `inf`, for a rewrite that types the stages it builds (`Edit.typed`):
+    `inf` must read the values the new program will hold (the rewrite stores each typed
+    stage's type in its environment before typing the stages that read it). A failure is
+    the `TypeFailure` re-typing the stage after the step would raise."""
+    try:
+        expr = inf.infer(stage.expr)
+    except InputError as err:
+        raise TypeFailure(stage.name, err) from None
+    return dataclasses.replace(stage, expr=expr)
 
 
 def _check_updates(program: Program, retyped: list[str]) -> None:
@@ -192,8 +220,24 @@ def verify_program(program: Program, step: object = None) -> None:
     _check_groups(program, idx, step)
 
 
-def verify_touched(program: Program, step: object, touched: set[str], removed: set[str]) -> None:
-    """The invariants restricted to what a step touched, plus the cheap global ones."""
+def _new_groups(old: tuple[Group, ...], new: tuple[Group, ...]) -> list[Group]:
+    """The groups of `new` that are not (the same objects as) groups of `old`."""
+    if new is old:
+        return []
+    lo, hi_new, hi_old = _changed_window(old, new)
+    kept = set(map(id, old[lo:hi_old]))
+    return [g for g in new[lo:hi_new] if id(g) not in kept]
+
+
+def verify_touched(
+    program: Program,
+    step: object,
+    touched: set[str],
+    removed: set[str],
+    groups: Iterable[Group] = (),
+) -> None:
+    """The invariants restricted to what a step touched (stages, and `groups` it made),
+    plus the cheap global ones."""
     idx = index(program)
     _check_names(program, idx, step, fast=touched)
     for name in removed:
@@ -204,7 +248,7 @@ def verify_touched(program: Program, step: object, touched: set[str], removed: s
             raise _broken(step, f"'{users[0]}' reads '{name}', which the step removed")
     near = [(n, p) for n in touched if (p := idx.find(n)) is not None]
     _check_refs(program, idx, step, [n for n, _ in near])
-    _check_groups(program, idx, step, near={p for _, p in near})
+    _check_groups(program, idx, step, near={p for _, p in near}, made=groups)
 
 
 def _check_names(program: Program, idx: Index, step: object, fast: set[str] | None = None) -> None:
@@ -256,12 +300,18 @@ def _check_refs(program: Program, idx: Index, step: object, names: list[str]) ->
                 raise _broken(step, f"'{name}' reads '{r}' after its update '{upd}'")
 
 
-def _check_groups(program: Program, idx: Index, step: object, near: set[int] | None = None) -> None:
+def _check_groups(
+    program: Program,
+    idx: Index,
+    step: object,
+    near: set[int] | None = None,
+    made: Iterable[Group] = (),
+) -> None:
     """Groups hold existing stages, are disjoint, and each is a contiguous run of the
     stage order in item order. With a topological stage order (checked by `_check_refs`)
     that makes every group convex and the contracted graph acyclic. With `near` (the
-    positions a step touched), only the groups that reach those positions are checked
-    in full."""
+    positions a step touched), only the groups that reach those positions, and the
+    groups the step `made`, are checked in full."""
     seen: set[str] = set()
     groups: Iterable[Group] = program.groups
     if near is not None and idx.groups_exact:
@@ -272,6 +322,8 @@ def _check_groups(program: Program, idx: Index, step: object, near: set[int] | N
             g = idx.group_of(program.stages[p].name)
             if g is not None:
                 near_groups[id(g)] = g
+        for g in made:
+            near_groups[id(g)] = g
         # in program order (the groups are kept in the order of their first stages)
         groups = sorted(near_groups.values(), key=lambda g: idx.find(next(g.stages(), "")) or 0)
     for g in groups:

@@ -6,8 +6,10 @@ import dataclasses
 from dataclasses import dataclass
 from typing import ClassVar
 
+from cocoviz.ir.infer import Inferencer
 from cocoviz.ir.nodes import Expr, Op, Program, Stage, StepCall, ref
 from cocoviz.ir.transforms.base import Edit, Transformation, describe_stage, index, splice
+from cocoviz.ir.transforms.retype import _Env, typed_stage
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -64,9 +66,16 @@ class Split(Transformation):
         rs_name = idx.fresh(f"{s.name}_rs")
         rs = Stage(rs_name, Expr(Op.REDUCESCATTER, e.args, rop=e.rop, span=e.span), s.span)
         ag = dataclasses.replace(s, expr=Expr(Op.ALLGATHER, (ref(rs_name, e.span),), span=e.span))
+        # typed here, so that the step makes one program: both read only values that
+        # come before `s`, and the allgather the reducescatter
+        env = _Env(idx)
+        inf = Inferencer(program.grid, env, idx.input_names)
+        rs = typed_stage(inf, rs)
+        env[rs_name] = rs.ty
+        ag = typed_stage(inf, ag)
         i = idx.position(s.name)
         new, window = splice(program, i, i + 1, (rs, ag))
-        return Edit(new, dirty={rs_name, s.name}, window=window)
+        return Edit(new, typed={rs_name, s.name}, window=window)
 
     def _allreduces(self, program: Program) -> str:
         names = [s.name for s in program.stages if s.expr.op is Op.ALLREDUCE]
