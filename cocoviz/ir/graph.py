@@ -37,13 +37,7 @@ def data_deps(program: Program) -> dict[str, set[str]]:
 def deps(program: Program) -> dict[str, set[str]]:
     """Stage → the stages that must run before it: data edges plus the ordering edges of
     `update` (every other read of an updated input runs before the write)."""
-    d = data_deps(program)
-    updates = program.updates()
-    for s in program.stages:
-        for t, u in updates.items():
-            if s.name != u and t in stage_reads(s):
-                d[u].add(s.name)
-    return d
+    return dataflow(program)[0]
 
 
 def users(program: Program) -> dict[str, list[str]]:
@@ -57,8 +51,7 @@ def users(program: Program) -> dict[str, list[str]]:
 
 def dataflow(program: Program) -> tuple[dict[str, set[str]], dict[str, list[str]]]:
     """`deps` and `users` (each name's list in program order) in one pass over the
-    stages, for a caller that needs both (the simulator's context); the ordering edges of
-    an update come from the users of its target."""
+    stages; the ordering edges of an update come from the users of its target."""
     stages = program.stages
     names = {s.name for s in stages}
     before: dict[str, set[str]] = {}

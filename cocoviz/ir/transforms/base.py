@@ -27,6 +27,7 @@ from itertools import count
 from typing import Any, ClassVar
 
 from cocoviz.errors import ScheduleError, Span, did_you_mean
+from cocoviz.ir.graph import stage_reads
 from cocoviz.ir.nodes import (
     COLLECTIVES,
     Expr,
@@ -41,14 +42,6 @@ from cocoviz.ir.nodes import (
     expr_reads,
 )
 from cocoviz.ir.types import REPLICATED, TensorType
-
-# --- reads, cached on the expression ----------------------------------------------------
-
-
-def reads_of(stage: Stage) -> frozenset[str]:
-    """Names a stage's expression reads (cached per expression object)."""
-    return expr_reads(stage.expr)
-
 
 # The index of a program lives on the program itself (a private attribute outside the
 # dataclass fields, so equality, hashing and `dataclasses.replace` ignore it): the index
@@ -363,8 +356,8 @@ class Index:
         # the read edges (name read, stage) that differ; a stage re-typed or rebuilt with
         # the same reads changes none (and then, if nothing else changed either, the two
         # indexes share the tables' version, whatever builds the users table later)
-        before = {(r, s.name) for s in gone for r in reads_of(s)}
-        after = {(r, s.name) for s in new for r in reads_of(s)}
+        before = {(r, s.name) for s in gone for r in stage_reads(s)}
+        after = {(r, s.name) for s in new for r in stage_reads(s)}
         dropped, added = before - after, after - before
         regrouped = pp.groups is not self.groups
         # the positions the parent was asked for (while there are few; a snapshot, as

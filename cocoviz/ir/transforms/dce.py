@@ -6,8 +6,9 @@ import dataclasses
 from dataclasses import dataclass
 from typing import ClassVar
 
+from cocoviz.ir.graph import stage_reads
 from cocoviz.ir.nodes import Op, Program, StepCall
-from cocoviz.ir.transforms.base import Edit, Transformation, drop_from_groups, index, reads_of
+from cocoviz.ir.transforms.base import Edit, Transformation, drop_from_groups, index
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -37,7 +38,7 @@ class DCE(Transformation):
         idx = index(program)
         uses: dict[str, int] = {}
         for s in program.stages:
-            for r in reads_of(s):
+            for r in stage_reads(s):
                 uses[r] = uses.get(r, 0) + 1
         keep = idx.outputs | set(idx.update_target)
         for s in program.stages:
@@ -53,7 +54,7 @@ class DCE(Transformation):
             if s.name in keep or uses.get(s.name, 0):
                 continue
             dead.add(s.name)
-            for r in reads_of(s):
+            for r in stage_reads(s):
                 uses[r] -= 1
         return [s.name for s in program.stages if s.name in dead]
 

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from cocoviz.errors import CocovizError, InputError, ScheduleError
+from cocoviz.ir.graph import stage_reads
 from cocoviz.ir.infer import Inferencer
 from cocoviz.ir.nodes import COLLECTIVES, Expr, Op, Program, Stage, StepCall, ref
 from cocoviz.ir.transforms.asslice import AsSlice
@@ -19,7 +20,6 @@ from cocoviz.ir.transforms.base import (
     Transformation,
     describe_stage,
     index,
-    reads_of,
     splice,
     substitute,
 )
@@ -51,7 +51,7 @@ class _Downstream:
             # `down` holds stage names only, so the data edges in are the reads it holds
             # (no `preds` to build for every stage swept); an update's ordering edges
             # come from `preds`
-            if not down.isdisjoint(reads_of(s)) or (
+            if not down.isdisjoint(stage_reads(s)) or (
                 s.name in idx.update_target and not down.isdisjoint(idx.preds(s.name))
             ):
                 down.add(s.name)

@@ -21,6 +21,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from cocoviz.errors import InputError, InternalError, ScheduleError
+from cocoviz.ir.graph import stage_reads
 from cocoviz.ir.infer import Inferencer, infer_program
 from cocoviz.ir.nodes import Group, GroupKind, Op, Program, Stage
 from cocoviz.ir.transforms.base import (
@@ -30,7 +31,6 @@ from cocoviz.ir.transforms.base import (
     _changed_window,
     edit_program,
     index,
-    reads_of,
 )
 from cocoviz.ir.types import REPLICATED, TensorType
 
@@ -282,7 +282,7 @@ def _check_refs(program: Program, idx: Index, step: object, names: list[str]) ->
         s = program.stages[i]
         if s.expr.ty is None:
             raise _broken(step, f"stage '{name}' is untyped")
-        for r in reads_of(s):
+        for r in stage_reads(s):
             j = idx.find(r)
             if j is None:
                 if r not in idx.inputs and r not in idx.params:
@@ -294,7 +294,7 @@ def _check_refs(program: Program, idx: Index, step: object, names: list[str]) ->
             for u in idx.users(tgt):
                 if u != name and idx.position(u) > i:
                     raise _broken(step, f"'{u}' reads '{tgt}' after its update '{name}'")
-        for r in reads_of(s):
+        for r in stage_reads(s):
             upd = idx.updates.get(r)
             if upd is not None and upd != name and idx.position(upd) < i:
                 raise _broken(step, f"'{name}' reads '{r}' after its update '{upd}'")
