@@ -253,11 +253,8 @@ def _main(argv: Sequence[str] | None) -> int:
         print("interrupted", file=sys.stderr)
         return 130
     except BrokenPipeError:
-        # the reader stopped early (`| head`): not an error; the rest of the output goes
-        # nowhere, so that flushing it at exit does not fail again
-        with contextlib.suppress(OSError):
-            devnull = os.open(os.devnull, os.O_WRONLY)
-            os.dup2(devnull, sys.stdout.fileno())
+        # the reader stopped early (`| head`): not an error
+        _discard_stdout()
         return int(ExitCode.OK)
     except MemoryError:
         print(
@@ -288,17 +285,22 @@ written, as to a full disk."""
 
 
 def _output_failed(err: OSError) -> int:
-    """Report that the output could not be written (a user's disk, not a bug); what is
-    still buffered goes nowhere, so that flushing it at exit does not fail again."""
+    """Report that the output could not be written (a user's disk, not a bug)."""
     from cocoviz.fsio import os_error
 
     diag = os_error(err, "<stdout>", "write the output to")
-    with contextlib.suppress(OSError):
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.stdout.fileno())
+    _discard_stdout()
     with contextlib.suppress(OSError):
         _emit_error(diag)
     return int(diag.exit_code)
+
+
+def _discard_stdout() -> None:
+    """Send the rest of the output nowhere (after the reader stopped or the disk filled),
+    so that flushing what is still buffered at exit does not fail again."""
+    with contextlib.suppress(OSError):
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
 
 
 class _Ending:
