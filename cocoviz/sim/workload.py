@@ -51,6 +51,7 @@ from cocoviz.ir.nodes import (
     Stage,
     expr_reads,
 )
+from cocoviz.ir.summary import per_rank_numel
 from cocoviz.ir.transforms.overlap import leading_chunks
 from cocoviz.ir.types import DType, LayoutKind, TensorType, block_dim, numel, shape_values
 from cocoviz.sim.collectives import (
@@ -450,12 +451,8 @@ def _expr_work(ctx: Context, e: Expr) -> tuple[dict[str, int], float]:
         if op not in _UNPRICED:
             per = _FLOPS.get(op, 1)
             if per:
-                ty = node.args[0].ty if op in REDUCTIONS else node.ty
-                assert ty is not None
-                n = ty.numel
-                if ty.layout.kind is LayoutKind.SLICED:  # as `per_rank_numel`
-                    n //= group
-                flops += per * n
+                ty = node.args[0].type if op in REDUCTIONS else node.type
+                flops += per * per_rank_numel(ty, group)
         if op is Op.UPDATE:
             todo.extend(node.args[1:])  # the target (a reference) costs no FLOPs either
         else:
