@@ -206,7 +206,7 @@ def test_asslice_of_a_whole_read() -> None:
         (
             "frobnicate(sum)",
             "unknown step 'frobnicate'",
-            "the steps are split, reorder, asslice, dce, fuse, overlap",
+            "the steps are split, reorder, asslice, dce, fuse, overlap, decompose",
         ),
         (
             "split(sum, out)",

@@ -244,6 +244,7 @@ def to_json(program: Program) -> dict[str, Any]:
         return {
             "kind": g.kind.value,
             "chunks": g.chunks,
+            "by_shard": g.by_shard,
             "items": [group(i) if isinstance(i, Group) else i for i in g.items],
         }
 
@@ -318,7 +319,8 @@ def to_dot(program: Program) -> str:
     def cluster(g: Group, indent: str) -> None:
         counter[0] += 1
         lines.append(f"{indent}subgraph cluster_{counter[0]} {{")
-        chunks = f" chunks={g.chunks}" if g.kind is GroupKind.OVERLAPPED else ""
+        kw = "shards" if g.by_shard else "chunks"
+        chunks = f" {kw}={g.chunks}" if g.kind is GroupKind.OVERLAPPED else ""
         lines.append(
             f'{indent}  label="{g.kind.value}{chunks}"; style=filled; color="{kind_fill(g.kind.value)}";'
         )

@@ -1172,8 +1172,10 @@ def _group(st: Any) -> Group:
             )
         return Group(GroupKind.FUSED, tuple(a.name.text for a in st.items))
     assert isinstance(st, syn.OverlappedStmt)
-    if st.chunks_kw.text != "chunks":
-        raise InputError(f"expected 'chunks=K', got '{st.chunks_kw.text}'", st.chunks_kw.span)
+    if st.chunks_kw.text not in ("chunks", "shards"):
+        raise InputError(
+            f"expected 'chunks=K' or 'shards=G', got '{st.chunks_kw.text}'", st.chunks_kw.span
+        )
     if len(st.items) < 2:
         raise InputError(
             "an 'overlapped' block needs at least two members (stages or fused blocks)",
@@ -1182,7 +1184,8 @@ def _group(st: Any) -> Group:
     items: list[str | Group] = []
     for it in st.items:
         items.append(_group(it) if isinstance(it, syn.FusedStmt) else it.name.text)
-    return Group(GroupKind.OVERLAPPED, tuple(items), _int(st.chunks, "chunks"))
+    kw = st.chunks_kw.text
+    return Group(GroupKind.OVERLAPPED, tuple(items), _int(st.chunks, kw), by_shard=kw == "shards")
 
 
 def _check_groups(program: Program, blocks: list[syn.FusedStmt | syn.OverlappedStmt]) -> None:

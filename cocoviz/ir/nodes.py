@@ -304,11 +304,16 @@ GroupItem = Union[str, "Group"]
 
 @dataclass(frozen=True)
 class Group:
-    """A fused group (stage names) or an overlapped group (stage names or fused groups)."""
+    """A fused group (stage names) or an overlapped group (stage names or fused groups).
+
+    An overlapped group is either row-chunked (`overlap`: `chunks` = K) or decomposed by
+    shard (`decompose`: `by_shard`, `chunks` = G, one step per shard; the group's
+    geometry is `cocoviz.ir.shards.shard_plan`)."""
 
     kind: GroupKind
     items: tuple[GroupItem, ...]
     chunks: int | None = None
+    by_shard: bool = False
 
     def stages(self) -> Iterator[str]:
         for it in self.items:

@@ -115,7 +115,8 @@ def _group_lines(g: Group, stages: dict[str, Stage], indent: str) -> list[str]:
     if g.kind is GroupKind.FUSED:
         head = f"{indent}fused {{"
     else:
-        head = f"{indent}overlapped chunks={g.chunks} {{"
+        kw = "shards" if g.by_shard else "chunks"
+        head = f"{indent}overlapped {kw}={g.chunks} {{"
     lines = [head]
     for it in g.items:
         if isinstance(it, Group):

@@ -2,7 +2,7 @@
 query used by the TUI palette and `cocoviz apply --explain`.
 
 One module per transformation (`split`, `reorder`, `asslice`, `dce`, `fuse`,
-`overlap`); the shared machinery lives in `base` (the `Transformation` base class, the
+`overlap`, `decompose`); the shared machinery lives in `base` (the `Transformation` base class, the
 graph `Index`), `grouping` (hulls and cycles) and `retype` (incremental re-typing and
 the IR invariant checks).
 """
@@ -17,13 +17,14 @@ from cocoviz.ir.nodes import COLLECTIVES, Op, Program, StepCall
 from cocoviz.ir.transforms.asslice import AsSlice
 from cocoviz.ir.transforms.base import Index, Transformation, index
 from cocoviz.ir.transforms.dce import DCE
+from cocoviz.ir.transforms.decompose import Decompose
 from cocoviz.ir.transforms.fuse import Fuse
 from cocoviz.ir.transforms.overlap import DEFAULT_CHUNKS, Overlap
 from cocoviz.ir.transforms.reorder import Reorder
 from cocoviz.ir.transforms.split import Split
 
 REGISTRY: dict[str, type[Transformation]] = {
-    t.name: t for t in (Split, Reorder, AsSlice, DCE, Fuse, Overlap)
+    t.name: t for t in (Split, Reorder, AsSlice, DCE, Fuse, Overlap, Decompose)
 }
 """Step name → transformation class, in the order steps are usually applied."""
 
@@ -74,6 +75,14 @@ def _builders() -> dict[str, Callable[[StepCall], Transformation]]:
         chunks = dict(c.kwargs).get("chunks")
         return Overlap(items=tuple(c.args), chunks=chunks, call=c)
 
+    def decompose(c: StepCall) -> Transformation:
+        if len(c.args) != 2:
+            raise _arity_error(
+                c, Decompose, "takes two stages (an allgather and a matmul, or a matmul and a "
+                "reducescatter)"
+            )
+        return Decompose(items=tuple(c.args), call=c)
+
     return {
         "split": split,
         "reorder": reorder,
@@ -81,6 +90,7 @@ def _builders() -> dict[str, Callable[[StepCall], Transformation]]:
         "dce": dce,
         "fuse": fuse,
         "overlap": overlap,
+        "decompose": decompose,
     }
 
 

@@ -185,6 +185,7 @@ def group_error(program: Program, gi: int) -> ScheduleError | None:
     of its stages in `program` without it (same rules, members and stage order); None
     when it is. Groups from source text, and groups whose stages a later step re-typed,
     are checked so: every group obeys the rules its step checked."""
+    from cocoviz.ir.transforms.decompose import Decompose
     from cocoviz.ir.transforms.fuse import Fuse
     from cocoviz.ir.transforms.overlap import Overlap
 
@@ -196,7 +197,10 @@ def group_error(program: Program, gi: int) -> ScheduleError | None:
         inner = [it for it in g.items if isinstance(it, Group)]
         steps = [Fuse(stages=tuple(map(str, f.items))) for f in inner]
         items = tuple(next(it.stages()) if isinstance(it, Group) else it for it in g.items)
-        steps.append(Overlap(items=items, chunks=g.chunks))
+        if g.by_shard:
+            steps.append(Decompose(items=items))
+        else:
+            steps.append(Overlap(items=items, chunks=g.chunks))
     p = dataclasses.replace(program, groups=program.groups[:gi] + program.groups[gi + 1 :])
     index(program)
     index(p, parent=program, window=(0, 0, 0))  # derived from the program's: the same stages

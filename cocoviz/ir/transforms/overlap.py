@@ -28,6 +28,7 @@ from cocoviz.ir.transforms.base import (
     describe_stage,
     index,
 )
+from cocoviz.ir.transforms.decompose import decompose_hint
 from cocoviz.ir.transforms.grouping import cycle_through_groups, hull, regroup, render_cycle
 from cocoviz.ir.types import TensorType, block_dim, format_shape
 
@@ -242,9 +243,13 @@ class Overlap(Transformation):
                 and math.prod(x.value for x in t.shape[:-1]) == rows
                 and block_dim(t.layout, t.shape, G) != len(t.shape) - 1
             ):
-                refuse(
-                    f"it reads '{e.name}', sliced by rows outside the group ({t.layout}); "
-                    "inside an overlapped group each rank holds a part of every chunk instead"
+                raise self.error(
+                    f"{describe_stage(s)} cannot run chunk by chunk: it reads '{e.name}', "
+                    f"sliced by rows outside the group ({t.layout}); inside an overlapped "
+                    "group each rank holds a part of every chunk instead",
+                    stage=s,
+                    hint=decompose_hint(idx.program, self.items)
+                    or "leave it out of the overlapped group",
                 )
 
     def _leading(self, idx: Index, order: list[str], members: set[str], first: Stage) -> None:
@@ -325,7 +330,8 @@ class Overlap(Transformation):
                     f"'{n}' is {s.ty.layout} and {why}; inside an overlapped group "
                     "slices are laid out chunk by chunk, so no slice may leave it",
                     stage=s,
-                    hint="include its readers, or gather it inside the group",
+                    hint=decompose_hint(idx.program, self.items)
+                    or "include its readers, or gather it inside the group",
                 )
 
     def _divisible(self, idx: Index, order: list[str], rows: int) -> None:
