@@ -36,7 +36,8 @@ class Gemm:
     element `a_off + b·a_stride` with rows `lda` apart (likewise B and C). For the gather
     pattern the gathered operand's offsets are into the shard (the sending rank's part of
     the allgather's operand, as that rank stores it); every other offset is into the array
-    a rank stores. `accumulate`: add to C (shards after the first of a contraction split)."""
+    a rank stores. `accumulate`: the shards split the contraction, so each step adds its
+    product to C — except a rank's first step (s = 0), which writes it."""
 
     m: int
     n: int
@@ -176,7 +177,7 @@ def gather_plan(ag: Stage, mm: Stage, G: int) -> ShardPlan:
                 kc = part[-1]
                 rows = math.prod(part[:-1])
                 gemms.append(
-                    Gemm(rows, n_out, kc, 0, kc, 0, c * kc * nb, nb, 0, 0, n_out, 0, 1, c > 0)
+                    Gemm(rows, n_out, kc, 0, kc, 0, c * kc * nb, nb, 0, 0, n_out, 0, 1, True)
                 )
                 continue
             # rows: shard c is block c of dimension d: P batches of rc rows each
@@ -208,7 +209,7 @@ def gather_plan(ag: Stage, mm: Stage, G: int) -> ShardPlan:
         kx, nx = part
         for c in range(G):
             if mode == "accumulate":  # shard c: rows c·K/G … of the right operand
-                gemms.append(Gemm(rows, nx, kx, c * kx, K, 0, 0, nx, 0, 0, n_out, 0, 1, c > 0))
+                gemms.append(Gemm(rows, nx, kx, c * kx, K, 0, 0, nx, 0, 0, n_out, 0, 1, True))
             else:  # cols: shard c is columns c·N/G … of the right operand and the result
                 gemms.append(Gemm(rows, nx, kx, 0, K, 0, 0, nx, 0, c * nx, n_out, 0, 1, False))
     return ShardPlan("gather", ag.name, mm.name, G, operand, mode, math.prod(part), tuple(gemms))
