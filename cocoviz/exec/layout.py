@@ -16,6 +16,11 @@ For a `TensorType` and a group of G ranks:
 between the global value and the per-rank arrays, and `global_flat_index` gives the
 global flat index of each element a rank stores (dropout, inputs and broadcast operands
 use it).
+
+Inside an overlapped group that chunks rows (docs/schedules.md, overlap) chunk k of a
+value on a rank is laid out as the emitter lays it out (`cocoviz.emit.plan.View`):
+`chunk_positions` says which elements it holds, `locate` finds wanted elements among
+held ones.
 """
 
 from __future__ import annotations
@@ -31,11 +36,15 @@ from cocoviz.ir.types import TensorType, block_dim, shape_values
 __all__ = [
     "alltoall_pack",
     "alltoall_unpack",
+    "chunk_positions",
     "chunk_range",
+    "chunked_slices",
     "global_flat_index",
     "global_shape",
     "is_contiguous_chunk",
     "join_global",
+    "locate",
+    "rank_positions",
     "rank_shape",
     "rank_slices",
     "split_global",
@@ -213,3 +222,74 @@ def block_flat_index(shape: tuple[int, ...], index: tuple[slice, ...]) -> IndexA
         ax = np.arange(lo, hi, dtype=np.int64) * np.int64(strides[j])
         out = out[..., None] + ax
     return out
+
+
+# ---------------------------------------------------------- overlapped groups (rows)
+
+
+def chunked_slices(ty: TensorType) -> bool:
+    """Whether a value of type `ty` made inside an overlapped group that chunks rows is laid
+    out chunk by chunk: a flat `sliced` value (`sliced(0)` is its normal form). A value
+    sliced along a later dimension keeps its blocks, like a whole value (the emitter's
+    `chunked` and `block` views, `cocoviz.emit.body.view_of`)."""
+    return ty.layout.is_sliced and not ty.layout.dim
+
+
+def rank_positions(ty: TensorType, group: int, rank: int) -> IndexArray:
+    """The position of each element `rank` stores, in storage order (flat): its row-major
+    index in the value's declared shape — for a local value, in the rank's own tensor."""
+    if ty.layout.is_local:
+        return np.arange(ty.numel, dtype=np.int64)
+    return global_flat_index(ty, group, rank).reshape(-1)
+
+
+def chunk_positions(ty: TensorType, group: int, rank: int, chunks: int, k: int) -> IndexArray:
+    """The positions (as `rank_positions`) of the elements of chunk `k` of a value of type
+    `ty` that `rank` holds inside an overlapped group of `chunks` chunks that chunks rows,
+    in storage order (docs/schedules.md, overlap; `cocoviz.emit.plan.View`):
+
+    - a value laid out chunk by chunk (`chunked_slices`): in chunk k rank r holds the
+      global elements from ``k·n/K + r·n/(K·G)`` on, ``n/(K·G)`` of them;
+    - any other value: the k-th contiguous 1/K of the rank's storage — block k of the rows
+      of a replicated or local value, or of the rank's block of a `sliced(d)` value.
+
+    Chunk k of every value is the k-th 1/K of the rank's storage of it, which is why a
+    matmul's rows, a collective's buffers and an elementwise kernel's elements line up."""
+    n = ty.numel
+    if chunked_slices(ty):
+        c = n // (chunks * group)
+        lo = k * (n // chunks) + rank * c
+        return np.arange(lo, lo + c, dtype=np.int64)
+    held = rank_positions(ty, group, rank)
+    c = held.size // chunks
+    return held[k * c : (k + 1) * c]
+
+
+def locate(held: IndexArray, wanted: IndexArray) -> slice | IndexArray | None:
+    """Where each of the `wanted` positions is among the `held` ones (both flat): None
+    when they are the same sequence, a slice when they are a contiguous run of it, else
+    an index array. Raises `LookupError` when a wanted position is not held."""
+    if held.size == wanted.size and np.array_equal(held, wanted):
+        return None
+    if held.size == 0:
+        if wanted.size == 0:
+            return slice(0, 0)
+        raise LookupError(f"position {int(wanted[0])} is not held (nothing is)")
+    lo = int(held[0])
+    if int(held[-1]) - lo == held.size - 1 and (held.size < 2 or bool(np.all(np.diff(held) == 1))):
+        idx = wanted - np.int64(lo)
+    else:
+        order = np.argsort(held, kind="stable")
+        srt = held[order]
+        at = np.minimum(np.searchsorted(srt, wanted), srt.size - 1)
+        if not np.array_equal(srt[at], wanted):
+            miss = wanted[srt[at] != wanted]
+            raise LookupError(f"position {int(miss[0])} is not held")
+        idx = order[at]
+    if idx.size and (int(idx.min()) < 0 or int(idx.max()) >= held.size):
+        bad = wanted[(idx < 0) | (idx >= held.size)]
+        raise LookupError(f"position {int(bad[0])} is not held")
+    if idx.size and int(idx[-1]) - int(idx[0]) == idx.size - 1:
+        if idx.size < 2 or bool(np.all(np.diff(idx) == 1)):
+            return slice(int(idx[0]), int(idx[0]) + idx.size)
+    return idx.astype(np.int64, copy=False)

@@ -5,7 +5,9 @@ round-trips, groups included). The launcher validates everything it can before l
 (tools present, inputs' dtypes and shapes), then runs ``mpiexec -n N python -m
 cocoviz.exec.mpi_worker`` with a deadline. A rank that raises reports itself and calls
 MPI_Abort; a rank that dies is noticed by mpiexec, which ends the others; the launcher
-reads the per-rank status files to name the ranks that failed. It never waits past its
+reads the per-rank status files to name the ranks that failed — and reports a failure
+of the executor itself (an exception in a worker that is not the user's) as an internal
+error (exit 70), not as a failed build or run (exit 5). It never waits past its
 deadline, and nothing of a run outlives it (`MpiJob`, `cocoviz.exec.mpi_guard`): on
 timeout, error, Ctrl-C, SIGTERM — or its own SIGKILL — every process of the run ends and
 its job directory is removed. Rank counts beyond what the machine runs are refused before
@@ -37,7 +39,7 @@ from typing import Any
 import numpy as np
 
 from cocoviz import numerics as nx
-from cocoviz.errors import BuildError, InputError, UsageError, did_you_mean
+from cocoviz.errors import BuildError, InputError, InternalError, UsageError, did_you_mean
 from cocoviz.exec.layout import global_shape
 from cocoviz.exec.mpi_guard import (
     ALIVE,
@@ -55,6 +57,9 @@ from cocoviz.ir.types import TensorType, format_shape
 
 KILLED_HINT = "a rank killed by SIGKILL is often the out-of-memory killer: try smaller -D sizes"
 INSTALL_HINT = "install the MPI extra: pip install 'cocoviz[mpi]' (mpi4py and the mpich wheel)"
+INTERNAL_STATUS = "internal: "
+"""The status of a rank whose executor failed (`mpi_worker.is_internal`: a cocoviz bug,
+reported as an internal error); a user's or the machine's error is ``error: …``."""
 
 
 def find_mpiexec() -> str:
@@ -260,7 +265,11 @@ class MpiRun:
             for j, ev in enumerate(out):
                 for src in d.get(ev.stage, ()):
                     i = index.get((r, src, ev.chunk), index.get((r, src, None)))
-                    if i is not None and out[i].stream != ev.stream and out[i].end <= ev.start + 1e-9:
+                    if (
+                        i is not None
+                        and out[i].stream != ev.stream
+                        and out[i].end <= ev.start + 1e-9
+                    ):
                         flows.append((i, j))
             lanes.append(Lane(r, r // T, (r,), tuple(out), tuple(flows)))
         cross = []
@@ -630,6 +639,7 @@ def run_mpi(
         dead = job.wait(deadline)
         if dead is not None or job.proc.returncode is None:
             job.kill()
+            _raise_if_internal(job.dir, world)
             if dead is None:
                 raise BuildError(
                     f"the MPI run did not finish within {timeout_s:g} s and was stopped",
@@ -643,6 +653,7 @@ def run_mpi(
             )
         wall = time.perf_counter() - t0
         if job.proc.returncode != 0:
+            _raise_if_internal(job.dir, world)
             err = job.output("err")
             why = _failed_ranks(job.dir, world, job.output("out") + err)
             raise BuildError(
@@ -722,6 +733,22 @@ def _rank_list(ranks: list[int], shown: int = 8) -> str:
 def _first(items: list[str], shown: int = 4) -> str:
     more = f" (and {len(items) - shown} more ranks)" if len(items) > shown else ""
     return "; ".join(items[:shown]) + more
+
+
+def _raise_if_internal(job: Path, world: int) -> None:
+    """Raise `InternalError` when a rank reported a failure of the executor itself: the
+    first such rank and its exception (the run's processes end as the error leaves
+    `run_mpi`'s job)."""
+    failed = [
+        (r, s[len(INTERNAL_STATUS) :])
+        for r, s in _statuses(job, world).items()
+        if s.startswith(INTERNAL_STATUS)
+    ]
+    if failed:
+        r, why = failed[0]
+        n = len(failed) - 1
+        more = f" (and on {n} more rank{'s' if n > 1 else ''})" if n else ""
+        raise InternalError(f"the MPI executor failed on rank {r}: {why}{more}")
 
 
 def _failed_ranks(job: Path, world: int, stderr: str) -> str:

@@ -13,9 +13,13 @@ reference); collectives go through mpi4py on numpy buffers:
 - an overlapped group runs as a K-chunk pipeline of non-blocking collectives
   (Ireduce_scatter_block, Iallgather, Iallreduce, Isend/Irecv) issued in the same
   deterministic chunk-major order on every rank, so that chunk k+1's matmul runs while
-  chunk k's collectives are in flight. Chunk k of rank r holds global flat elements
-  ``k·n/K + r·n/(K·G) + i``: exactly the flat chunk of virtual rank k·G + r in a group of
-  K·G, which is how compute inside the pipeline is evaluated.
+  chunk k's collectives are in flight. Chunk k of a value on a rank is laid out as the
+  emitter lays it out (`layout.chunk_positions`): the k-th 1/K of the rank's storage
+  (rows of a whole value, of the rank's block of a `sliced(d)` one), except that of a
+  value sliced flat inside the group rank r holds global elements ``k·n/K + r·n/(K·G) +
+  i``. Each stage reads its operands at the positions of its chunk's elements
+  (`ChunkPipeline`). A group with an alltoall chunks dimension 0 instead
+  (`LeadingChunkPipeline`).
 
 Timed iterations reuse memory: a stage's expression is evaluated by
 `ops.stage_value_pooled` (the same bits as `ops.stage_value`, with `out=` buffers and
@@ -23,10 +27,12 @@ temporaries recycled through a `ops.BufferPool`), collectives widen, receive and
 into persistent per-stage buffers, and an allgather of a flat-chunked value is its
 receive buffer.
 
-Each rank writes `status.<rank>` (started / done / error: …) and `result.<rank>.json`
+Each rank writes `status.<rank>` (started / done / error: … / internal: …) and `result.<rank>.json`
 (the makespan and events of the median-makespan iteration, `iteration_report`) into the
 job directory; rank 0 writes the global outputs as `.npy`.
-Any exception is reported with the rank and ends the job with MPI_Abort.
+Any exception is reported with the rank and ends the job with MPI_Abort: one of the
+user's or the machine's as ``error: …``, a failure of the executor itself as
+``internal: …`` (`is_internal`), which the launcher reports as an internal error.
 """
 
 from __future__ import annotations
@@ -36,6 +42,7 @@ import json
 import os
 import sys
 import time
+import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -48,17 +55,31 @@ from cocoviz.exec import ops
 from cocoviz.exec.layout import (
     alltoall_pack,
     alltoall_unpack,
+    chunk_positions,
     chunk_range,
+    chunked_slices,
     global_flat_index,
     is_contiguous_chunk,
     join_global,
+    locate,
+    rank_positions,
     rank_shape,
     take_rank_part,
 )
 from cocoviz.ir.graph import ordered_items
-from cocoviz.ir.nodes import COLLECTIVES, Expr, Group, GroupKind, Op, Program, ReduceOp, Stage
+from cocoviz.ir.nodes import (
+    COLLECTIVES,
+    REDUCTIONS,
+    Expr,
+    Group,
+    GroupKind,
+    Op,
+    Program,
+    ReduceOp,
+    Stage,
+)
 from cocoviz.ir.transforms.overlap import leading_chunks
-from cocoviz.ir.types import Size, TensorType, shape_values
+from cocoviz.ir.types import REPLICATED, DType, Size, TensorType, shape_values
 
 Array = npt.NDArray[Any]
 
@@ -91,7 +112,8 @@ class Event:
 
 @dataclass
 class _Ctx:
-    """`ops.RankContext` of this process (or of a virtual rank inside a chunk pipeline)."""
+    """`ops.RankContext` of this process; `extra` binds the arrays a stage of an overlapped
+    group reads in one chunk."""
 
     values: dict[str, Array]
     rank_: int
@@ -151,6 +173,9 @@ class Worker:
         self.pool = ops.BufferPool()
         self.stage_bufs: list[Array] = []
         self.items = ordered_items(program)
+        # how each stage of a chunk pipeline reads its operands in chunk k, planned on the
+        # first iteration (`ChunkPipeline.plan`)
+        self.chunk_plans: dict[tuple[str, int], Any] = {}
         self.events: list[Event] = []
         self.t0 = 0.0
 
@@ -427,17 +452,13 @@ def iteration_report(
     }
 
 
-class ChunkPipeline:
-    """An overlapped group as a K-chunk software pipeline of non-blocking collectives.
+class _Pipeline:
+    """The issue loop of an overlapped group: K chunks through the group's stages.
 
-    Every chunk passes through the group's stages in order. At tick t chunk k runs step
-    t − k, chunks in increasing order; every rank issues the same collectives in the same
-    order (chunk-major), so non-blocking collectives match. A step that needs a previous
-    step's collective waits for it first; the next chunk's matmul meanwhile overlaps it.
-    Values that are whole on a rank (the matmul's rows, gathered or all-reduced results)
-    are stitched from their chunk blocks at the end; sliced values exist only as chunk
-    pieces (the transformation forbids their use outside the group).
-    """
+    At tick t chunk k runs step t − k, chunks in increasing order; every rank issues the
+    same collectives in the same order (chunk-major), so non-blocking collectives match.
+    A step that needs a previous step's collective waits for it first; the next chunk's
+    matmul meanwhile overlaps it."""
 
     def __init__(self, w: Worker, g: Group) -> None:
         self.w = w
@@ -460,19 +481,11 @@ class ChunkPipeline:
                 self.complete(k, name)
         self.join()
 
-    def join(self) -> None:
-        """Whole values stitched from their chunks (sliced ones stay chunk pieces)."""
-        for s in self.stages:
-            if s.ty.layout.is_sliced or not all(s.name in p for p in self.pieces):
-                continue
-            blocks = [p[s.name] for p in self.pieces]
-            self.w.values[s.name] = np.concatenate(blocks).reshape(rank_shape(s.ty, self.w.T))
+    def step(self, k: int, s: Stage) -> None:
+        raise NotImplementedError
 
-    def rows_chunk(self, a: Array, k: int) -> Array:
-        """Chunk k of a value that is whole on this rank: its k-th block of rows."""
-        flat = np.ascontiguousarray(a).reshape(-1)
-        n = flat.size // self.K
-        return flat[k * n : (k + 1) * n]
+    def join(self) -> None:
+        raise NotImplementedError
 
     def value(self, k: int, name: str) -> Array:
         if name in self.pending[k]:
@@ -485,13 +498,131 @@ class ChunkPipeline:
         self.pieces[k][name] = finish()
         self.w.record(name, "comm", self.w.program.stage(name).expr.op.value, start, chunk=k)
 
-    def input(self, k: int, x: Expr) -> Array:
-        if x.op is Op.REF and x.name in self.names:
-            return self.value(k, x.name)
-        if x.op is Op.REF:
-            assert x.name is not None
-            return self.rows_chunk(self.w.values[x.name], k)
-        raise RuntimeError("an overlapped collective must read a named stage")
+
+@dataclass(frozen=True)
+class _Read:
+    """A value read in chunk k: the elements `index` of its flat storage on this rank (of
+    its chunk piece, for a member of the group; None: all of it), shaped `shape`."""
+
+    source: str
+    member: bool
+    index: slice | npt.NDArray[np.int64] | None
+    shape: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class _Dropout:
+    """A dropout of a chunk expression, drawn at the generator indices `where`."""
+
+    key: str
+    arg: Expr
+    tag: str
+    p: float
+    dtype: DType
+    where: npt.NDArray[np.int64]
+
+
+@dataclass(frozen=True)
+class _ChunkExpr:
+    """A stage's expression over one chunk: every tensor it reads is a `_Read` (bound to
+    its key in the context), every dropout a `_Dropout`; what is left is elementwise and
+    row-wise arithmetic on arrays of the chunk's shape, all typed replicated, so that
+    `ops` evaluates it exactly as the reference evaluates each element."""
+
+    expr: Expr
+    reads: tuple[tuple[str, _Read], ...]
+    dropouts: tuple[_Dropout, ...]
+
+
+@dataclass(frozen=True)
+class _CollPlan:
+    """A collective or send of chunk k: its operand, the elements of the chunk it
+    receives (`count`) and where each element of the result's piece is among them
+    (`order`, as `locate`)."""
+
+    operand: _Read
+    count: int
+    order: slice | npt.NDArray[np.int64] | None = None
+
+
+_NOT_IN_CHUNKS = frozenset({Op.MATMUL, Op.RESHAPE, *REDUCTIONS, *COLLECTIVES})
+"""Operations a chunk expression cannot hold: a matmul is a stage of its own, the rest
+the `overlap` step refuses (docs/schedules.md)."""
+
+
+class ChunkPipeline(_Pipeline):
+    """An overlapped group that chunks rows (docs/schedules.md, overlap) as a K-chunk
+    software pipeline of non-blocking collectives.
+
+    Chunk k of every value on a rank is laid out as the emitter lays it out
+    (`layout.chunk_positions`): the k-th 1/K of the rank's storage, except for values
+    sliced flat inside the group, of which rank r holds global elements
+    ``k·n/K + r·n/(K·G) + i``. Every read of a stage in chunk k is planned once from those
+    positions (`_Read`: a view, a slice or a gather of the piece or of the stored value;
+    a replicated operand read at global positions, a broadcast operand, `slice(x)`), and
+    every dropout is drawn at the global positions of the chunk's elements; the plans are
+    kept across iterations. Values not sliced flat are joined from their chunks at the
+    end; flat slices exist only as chunk pieces (the transformation forbids their use
+    outside the group).
+    """
+
+    def __init__(self, w: Worker, g: Group) -> None:
+        super().__init__(w, g)
+        self.G = w.T
+
+    # --- positions and plans ----------------------------------------------------------
+    def positions(self, ty: TensorType, k: int) -> npt.NDArray[np.int64]:
+        """The positions of chunk k of a value of type `ty` on this rank."""
+        return chunk_positions(ty, self.G, self.w.tp, self.K, k)
+
+    def plan(self, k: int, s: Stage, make: Any) -> Any:
+        key = (s.name, k)
+        plans = self.w.chunk_plans
+        if key not in plans:
+            plans[key] = make()
+        return plans[key]
+
+    def read_plan(
+        self,
+        k: int,
+        name: str,
+        ty: TensorType,
+        wanted: npt.NDArray[np.int64],
+        shape: tuple[int, ...],
+    ) -> _Read:
+        """How chunk k reads the elements of `name` at positions `wanted`."""
+        member = name in self.names
+        held = self.positions(ty, k) if member else rank_positions(ty, self.G, self.w.tp)
+        try:
+            index = locate(held, wanted)
+        except LookupError as err:
+            raise RuntimeError(
+                f"chunk {k} reads elements of '{name}' ({ty}) that rank {self.w.tp} does not "
+                f"hold: {err}"
+            ) from None
+        return _Read(name, member, index, shape)
+
+    def operand_plan(self, k: int, s: Stage, x: Expr) -> _Read:
+        """Chunk k of the named operand of a matmul, a collective or a send."""
+        if x.op is not Op.REF or x.name is None:
+            raise RuntimeError(f"'{s.name}' in an overlapped group must read a named value")
+        pos = self.positions(x.type, k)
+        return self.read_plan(k, x.name, x.type, pos, (pos.size,))
+
+    def read(self, k: int, r: _Read) -> Array:
+        src = self.value(k, r.source) if r.member else self.w.values[r.source]
+        flat = src.reshape(-1)
+        part = flat if r.index is None else flat[r.index]
+        return part.reshape(r.shape)
+
+    # --- steps --------------------------------------------------------------------------
+    def join(self) -> None:
+        """Values not sliced flat, joined from their chunks (flat slices stay pieces)."""
+        for s in self.stages:
+            if chunked_slices(s.ty) or not all(s.name in p for p in self.pieces):
+                continue
+            blocks = [p[s.name] for p in self.pieces]
+            self.w.values[s.name] = np.concatenate(blocks).reshape(rank_shape(s.ty, self.G))
 
     def step(self, k: int, s: Stage) -> None:
         w = self.w
@@ -504,85 +635,193 @@ class ChunkPipeline:
         if e.op in COLLECTIVES:
             self.collective(k, s)
             return
-        # inputs first: waiting for a predecessor's collective is not this stage's time
-        ctx = None if e.op is Op.MATMUL else self.chunk_ctx(k, s)
-        start = w.now()
         if e.op is Op.MATMUL:
-            a, b = e.args
-            a_arr = ops.to_compute(w.operand(a), a.type.dtype)
-            b_arr = ops.to_compute(w.operand(b), b.type.dtype)
-            rows = a_arr.reshape(-1, b_arr.shape[0])
-            m = rows.shape[0] // self.K
-            acc = np.float64 if s.ty.dtype.value == "f64" else np.float32
-            out = rows[k * m : (k + 1) * m].astype(acc, copy=False) @ b_arr.astype(acc, copy=False)
-            self.pieces[k][s.name] = ops.round_to(out, s.ty.dtype).reshape(-1)
-            w.record(s.name, "compute", "matmul", start, chunk=k)
-        else:
-            assert ctx is not None
-            v = ops.stage_value(e, ctx)
-            self.pieces[k][s.name] = np.ascontiguousarray(v).reshape(-1)
-            w.record(s.name, "compute", "compute", start, chunk=k)
+            self.matmul(k, s)
+            return
+        plan: _ChunkExpr = self.plan(k, s, lambda: _ChunkExprBuilder(self, k, s).build())
+        # inputs first: waiting for a predecessor's collective is not this stage's time
+        extra = {key: self.read(k, r) for key, r in plan.reads}
+        start = w.now()
+        ctx = _Ctx(w.values, w.tp, self.G, w.seed, w.comm, self.G, extra)
+        for d in plan.dropouts:
+            x = ops.evaluate(d.arg, ctx)
+            keep = nx.dropout_keep_at(d.tag, w.seed, d.p, d.where).reshape(x.shape)
+            extra[d.key] = ops.to_compute(nx.dropout_apply(x, keep, d.p, d.dtype), d.dtype)
+        v = ops.stage_value(plan.expr, ctx)
+        self.pieces[k][s.name] = np.ascontiguousarray(v).reshape(-1)
+        w.record(s.name, "compute", "compute", start, chunk=k)
 
-    def chunk_ctx(self, k: int, s: Stage) -> _Ctx:
-        """Compute on chunk pieces: virtual rank k·G + r of a group of K·G."""
+    def matmul(self, k: int, s: Stage) -> None:
+        """Chunk k of the left operand's rows (its k-th 1/K) times the whole right operand."""
         w = self.w
-        G, K = w.T, self.K
-        extra: dict[str, Array] = {}
-        for name in s.expr.refs():
-            if name in self.names:
-                ty = w.program.stage(name).ty
-                piece = self.value(k, name)
-                extra[name] = piece.reshape(rank_shape(ty, K * G)) if ty.layout.is_sliced else piece
-        return _Ctx(w.values, k * G + w.tp, K * G, w.seed, w.comm, G, extra)
+        a, b = s.expr.args
+        if len(b.type.shape) > 2 or any(n in self.names for n in b.refs()):
+            raise RuntimeError(
+                f"matmul '{s.name}' cannot run chunk by chunk (a batched matmul, or its right "
+                "operand made in the group)"
+            )
+        plan: _Read = self.plan(k, s, lambda: self.operand_plan(k, s, a))
+        a_part = self.read(k, plan)
+        start = w.now()
+        a_arr = ops.to_compute(a_part, a.type.dtype)
+        b_arr = ops.to_compute(w.operand(b), b.type.dtype)
+        acc = np.float64 if s.ty.dtype.value == "f64" else np.float32
+        rows = a_arr.reshape(-1, b_arr.shape[0]).astype(acc, copy=False)
+        out = rows @ b_arr.astype(acc, copy=False)
+        self.pieces[k][s.name] = ops.round_to(out, s.ty.dtype).reshape(-1)
+        w.record(s.name, "compute", "matmul", start, chunk=k)
 
     def send(self, k: int, s: Stage) -> None:
         w = self.w
         (x,) = s.expr.args
         src_stage = x.type.pstage if x.type.pstage is not None else 0
         if w.pp == src_stage:
-            data = np.ascontiguousarray(self.input(k, x))
+            plan: _Read = self.plan(k, s, lambda: self.operand_plan(k, s, x))
+            data = np.ascontiguousarray(self.read(k, plan))
             start = w.now()
             req = w.world.Isend(data, dest=w.wrank + w.T, tag=100 + k)
             self.pending[k][s.name] = (req, lambda d=data: d, start)
         elif w.pp == src_stage + 1:
-            n = s.ty.numel // (self.K * w.T)
+            n = self.positions(s.ty, k).size
             buf = np.empty(n, dtype=ops.storage_dtype(s.ty.dtype))
             start = w.now()
             req = w.world.Irecv(buf, source=w.wrank - w.T, tag=100 + k)
             self.pending[k][s.name] = (req, lambda b=buf: b, start)
 
+    def collective_plan(self, k: int, s: Stage) -> _CollPlan:
+        """The operand of collective `s` in chunk k, and where the elements it receives
+        go in the result's piece."""
+        e = s.expr
+        (src,) = e.args
+        G, tp = self.G, self.w.tp
+        operand = self.operand_plan(k, s, src)
+        sent = self.positions(src.type, k)
+        if e.op is Op.ALLGATHER:  # every rank's piece, in rank order
+            got = np.concatenate([chunk_positions(src.type, G, q, self.K, k) for q in range(G)])
+        elif e.op is Op.REDUCESCATTER:  # the rank's 1/G of the reduced chunk
+            c = sent.size // G
+            got = sent[tp * c : (tp + 1) * c]
+        elif e.op is Op.ALLREDUCE:
+            got = sent
+        else:
+            raise RuntimeError(f"{e.op.value} cannot run inside an overlapped group")
+        try:
+            order = locate(got, self.positions(s.ty, k))
+        except LookupError as err:
+            raise RuntimeError(f"'{s.name}': chunk {k} does not receive its piece: {err}") from None
+        return _CollPlan(operand, got.size, order)
+
     def collective(self, k: int, s: Stage) -> None:
         w = self.w
         e = s.expr
         (src,) = e.args
-        G = w.T
-        data = self.input(k, src)
+        G = self.G
+        plan: _CollPlan = self.plan(k, s, lambda: self.collective_plan(k, s))
+        data = self.read(k, plan.operand)
+        order = plan.order
         start = w.now()
         if e.op is Op.ALLGATHER:
             send = np.ascontiguousarray(data).reshape(-1)
-            recv = np.empty(send.size * G, dtype=send.dtype)
+            recv = np.empty(plan.count, dtype=send.dtype)
             req = w.comm.Iallgather(send, recv)
-            self.pending[k][s.name] = (req, lambda r=recv: r, start)
+            self.pending[k][s.name] = (
+                req,
+                lambda r=recv: r if order is None else r[order],
+                start,
+            )
             return
-        if e.rop is None or e.op not in (Op.REDUCESCATTER, Op.ALLREDUCE):
-            raise RuntimeError(f"{e.op.value} cannot run inside an overlapped group")
+        assert e.rop is not None
         dtype = src.type.dtype
         rop = e.rop
         c = w.compute_buffer(data, dtype).reshape(-1)
+        acc = np.empty(plan.count, dtype=c.dtype)
         if e.op is Op.REDUCESCATTER:
-            acc = np.empty(c.size // G, dtype=c.dtype)
             req = w.comm.Ireduce_scatter_block(c, acc, op=w.mpi_op(rop))
         else:
-            acc = np.empty_like(c)
             req = w.comm.Iallreduce(c, acc, op=w.mpi_op(rop))
-        self.pending[k][s.name] = (
-            req,
-            lambda a=acc: w.finish(a, rop, dtype, G).reshape(-1),
-            start,
-        )
+
+        def finish(a: Array = acc) -> Array:
+            out = w.finish(a, rop, dtype, G).reshape(-1)
+            return out if order is None else out[order]
+
+        self.pending[k][s.name] = (req, finish, start)
 
 
-class LeadingChunkPipeline(ChunkPipeline):
+class _ChunkExprBuilder:
+    """Builds the `_ChunkExpr` of a stage in chunk k: each node is evaluated at the
+    positions of the chunk's elements in its own shape (a broadcast operand at the
+    positions each element reads, as `ops.operand_flat_index`; `slice(x)` at its own)."""
+
+    def __init__(self, pipe: ChunkPipeline, k: int, s: Stage) -> None:
+        self.pipe = pipe
+        self.k = k
+        self.s = s
+        self.reads: list[tuple[str, _Read]] = []
+        self.dropouts: list[_Dropout] = []
+        ty = s.ty
+        if ty.is_scalar:
+            raise RuntimeError(
+                f"'{s.name}' is a scalar: a whole-tensor reduction cannot run chunk by chunk"
+            )
+        self.pos = pipe.positions(ty, k)
+        shape = shape_values(ty.shape)
+        row = shape[-1] if chunked_slices(ty) else rank_shape(ty, pipe.G)[-1]
+        c = self.pos.size
+        self.shape = (c // row, row) if row and c % row == 0 else (c,)
+        self.sizes = tuple(Size(str(n), n) for n in self.shape)
+
+    def build(self) -> _ChunkExpr:
+        expr = self.conv(self.s.expr, self.pos)
+        return _ChunkExpr(expr, tuple(self.reads), tuple(self.dropouts))
+
+    def piece(self, ty: TensorType) -> TensorType:
+        return TensorType(ty.dtype, self.sizes, REPLICATED, ty.pstage)
+
+    def conv(self, e: Expr, pos: npt.NDArray[np.int64]) -> Expr:
+        ty = e.type
+        if ty.is_scalar:
+            made = [n for n in e.refs() if n in self.pipe.names]
+            if made:
+                raise RuntimeError(
+                    f"'{self.s.name}' reduces '{made[0]}' to a scalar inside an overlapped "
+                    "group; a whole-tensor reduction cannot run chunk by chunk"
+                )
+            return e  # a parameter, a literal or a scalar made outside: read whole
+        op = e.op
+        if op is Op.REF:
+            assert e.name is not None
+            key = f"{e.name}#{len(self.reads)}"  # '#' is in no name of a program
+            self.reads.append((key, self.pipe.read_plan(self.k, e.name, ty, pos, self.shape)))
+            return Expr(Op.REF, name=key, ty=self.piece(ty))
+        if op is Op.SLICE:  # the same shape: each element at its own position
+            return self.conv(e.args[0], pos)
+        if op is Op.DROPOUT:
+            (x,) = e.args
+            assert e.tag is not None and e.value is not None
+            where = pos + np.int64(self.pipe.w.tp * ty.numel) if ty.layout.is_local else pos
+            key = f"dropout#{len(self.dropouts)}"
+            arg = self.conv(x, self.at(e, x, pos))
+            self.dropouts.append(_Dropout(key, arg, e.tag, float(e.value), ty.dtype, where))
+            return Expr(Op.REF, name=key, ty=self.piece(ty))
+        if op in _NOT_IN_CHUNKS:
+            raise RuntimeError(f"{op.value} in '{self.s.name}' cannot run chunk by chunk")
+        if op is Op.UPDATE:  # the target is not read
+            target, body = e.args
+            args: tuple[Expr, ...] = (target, self.conv(body, self.at(e, body, pos)))
+        else:
+            args = tuple(self.conv(a, self.at(e, a, pos)) for a in e.args)
+        return dataclasses.replace(e, args=args, ty=self.piece(ty))
+
+    @staticmethod
+    def at(e: Expr, a: Expr, pos: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
+        """The positions operand `a` of node `e` is read at, for `e`'s elements at `pos`."""
+        shape, a_shape = shape_values(e.type.shape), shape_values(a.type.shape)
+        if a.type.is_scalar or a_shape == shape:
+            return pos
+        return ops.operand_flat_index(pos, shape, a_shape)
+
+
+class LeadingChunkPipeline(_Pipeline):
     """A group that chunks dimension 0 (one with an alltoall; docs/schedules.md,
     overlap): chunk k of every value in it is block k of the rank's array along dimension
     0, each sliced value keeping its layout. Each stage runs on its chunk as the same
@@ -675,9 +914,31 @@ def _status(job: Path, rank: int, text: str) -> None:
     (job / f"status.{rank}").write_text(text)
 
 
+def is_internal(err: BaseException) -> bool:
+    """Whether an exception inside a worker is a failure of the executor itself: anything
+    but a user's error (`CocovizError`), the machine running out of memory or failing a
+    file operation (`MemoryError`, `OSError`) and the process being stopped."""
+    from cocoviz.errors import CocovizError
+
+    stopped = (KeyboardInterrupt, SystemExit)
+    return not isinstance(err, (CocovizError, MemoryError, OSError, *stopped))
+
+
+def describe(err: BaseException) -> str:
+    """``Type: message (file:line in function)``, the place where it was raised."""
+    msg = f"{type(err).__name__}: {err}"
+    tb = traceback.extract_tb(err.__traceback__)
+    if tb:
+        last = tb[-1]
+        msg += f" ({Path(last.filename).name}:{last.lineno} in {last.name})"
+    return msg
+
+
 def main(argv: list[str]) -> int:
     from mpi4py import MPI
 
+    from cocoviz.errors import CocovizError, InternalError
+    from cocoviz.exec.mpi_run import INTERNAL_STATUS
     from cocoviz.ir.lower import load_program
 
     world = MPI.COMM_WORLD
@@ -686,7 +947,10 @@ def main(argv: list[str]) -> int:
     job = Path(spec["dir"])
     _status(job, rank, f"started pid={os.getpid()}")
     try:
-        program = load_program(spec["program"], spec.get("path", "<mpi>"))
+        try:
+            program = load_program(spec["program"], spec.get("path", "<mpi>"))
+        except CocovizError as err:  # the launcher printed it: not the user's to fix
+            raise InternalError(f"the scheduled program does not parse back: {err}") from err
         w = Worker(spec, program, world)
         w.load_inputs()
         iters = int(spec.get("iters", 1))
@@ -708,10 +972,16 @@ def main(argv: list[str]) -> int:
         _status(job, rank, "done")
         return 0
     except BaseException as err:  # noqa: BLE001 - report, then end the whole job
-        msg = f"{type(err).__name__}: {err}"
-        _status(job, rank, f"error: {msg}")
-        print(f"cocoviz: rank {rank}: {msg}", file=sys.stderr, flush=True)
-        world.Abort(1)
+        internal = is_internal(err)
+        msg = describe(err) if internal else f"{type(err).__name__}: {err}"
+        try:
+            _status(job, rank, (INTERNAL_STATUS if internal else "error: ") + msg)
+            print(f"cocoviz: rank {rank}: {msg}", file=sys.stderr, flush=True)
+            if internal:
+                traceback.print_exc()
+                sys.stderr.flush()
+        finally:
+            world.Abort(1)
         return 1
 
 
