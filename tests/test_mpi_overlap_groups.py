@@ -8,16 +8,13 @@ compared with the reference of the unscheduled program as `run` compares them.""
 
 from __future__ import annotations
 
-import json
 import os
-import shutil
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
+from mpi_support import mpi, run_and_compare  # noqa: F401 - mpi is a fixture
 
-from cocoviz import numerics as nx
 from cocoviz.cli import main
 from cocoviz.emit.body import view_of
 from cocoviz.errors import ExitCode, InputError, InternalError
@@ -30,19 +27,9 @@ from cocoviz.exec.layout import (
     rank_positions,
 )
 from cocoviz.exec.mpi_worker import is_internal
-from cocoviz.exec.reference import run_reference
-from cocoviz.ir.lower import RanksOverride, load_file, load_program
+from cocoviz.ir.lower import load_program
 
 needs_proc = pytest.mark.skipif(not Path("/proc/self/environ").exists(), reason="needs /proc")
-
-
-@pytest.fixture
-def mpi() -> None:
-    exe = Path(sys.executable).with_name("mpiexec")
-    if not exe.exists() and shutil.which("mpiexec") is None:
-        if os.environ.get("COCOVIZ_REQUIRE_MPI") or os.environ.get("COCOVIZ_REQUIRE_NVCC"):
-            pytest.fail("mpiexec is required (COCOVIZ_REQUIRE_MPI=1) but missing")
-        pytest.skip("mpiexec not installed")
 
 
 # the reproducer of the issue: every value replicated, no collective in the group
@@ -110,43 +97,11 @@ schedule all_rows {{
 """
 
 
-def _run_and_compare(tmp_path: Path, text: str, schedule: str, ranks: int, capsys) -> None:
-    """`cocoviz run --mpi --dump`: exit 0, the run's check passes, and every dumped array
-    equals the reference of the unscheduled program by `run`'s own comparison."""
-    src = tmp_path / "prog.coco"
-    src.write_text(text)
-    dump = tmp_path / "dump"
-    argv = [
-        "run",
-        str(src),
-        "--schedule",
-        schedule,
-        "--mpi",
-        "--ranks",
-        str(ranks),
-        "--dump",
-        str(dump),
-        "--json",
-    ]
-    rc = main(argv)
-    out, err = capsys.readouterr()
-    assert rc == 0, err
-    report = json.loads(out)
-    assert report["ok"] and report["check"], report
-    original = load_file(src, None, RanksOverride.parse(str(ranks)))
-    ref = run_reference(original)
-    for row in report["check"]:
-        name, dtype = row["name"], row["dtype"]
-        got = nx.load_npy(dump / f"{name}.npy", dtype)
-        c = nx.compare(got, ref.global_value(name), dtype)
-        assert c.ok, (name, c)
-
-
 @pytest.mark.build
 @pytest.mark.usefixtures("mpi")
 @pytest.mark.parametrize("dt", ["f32", "f16"])
 def test_group_without_collective_matches_reference(tmp_path: Path, dt: str, capsys) -> None:
-    _run_and_compare(tmp_path, REPLICATED_MLP.format(dt=dt), "ol", 2, capsys)
+    run_and_compare(tmp_path, REPLICATED_MLP.format(dt=dt), "ol", 2, capsys)
 
 
 @pytest.mark.build
@@ -157,7 +112,7 @@ def test_group_without_collective_matches_reference(tmp_path: Path, dt: str, cap
 def test_values_sliced_along_the_last_dimension(
     tmp_path: Path, schedule: str, ranks: int, dt: str, capsys
 ) -> None:
-    _run_and_compare(tmp_path, COLUMN_MLP.format(dt=dt), schedule, ranks, capsys)
+    run_and_compare(tmp_path, COLUMN_MLP.format(dt=dt), schedule, ranks, capsys)
 
 
 @pytest.mark.build
@@ -168,7 +123,7 @@ def test_values_sliced_along_the_last_dimension(
 def test_gathered_columns_dropout_and_rows(
     tmp_path: Path, schedule: str, ranks: int, dt: str, capsys
 ) -> None:
-    _run_and_compare(tmp_path, GATHERED_COLUMNS.format(dt=dt), schedule, ranks, capsys)
+    run_and_compare(tmp_path, GATHERED_COLUMNS.format(dt=dt), schedule, ranks, capsys)
 
 
 # --- the exit-code rule -------------------------------------------------------------

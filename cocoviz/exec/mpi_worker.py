@@ -10,6 +10,8 @@ reference); collectives go through mpi4py on numpy buffers:
   G. Implicit scalar reductions gather the partials and combine them in rank order
   through `ops.combine_ranks`, exactly as the reference.
 - `send` is MPI Send/Recv between the same tp index of consecutive pipeline stages.
+- a shard-decomposed group (`decompose`) runs as G steps of Isend/Irecv with the ring
+  neighbours around one GEMM each (`cocoviz.exec.shard_pipeline`).
 - an overlapped group runs as a K-chunk pipeline of non-blocking collectives
   (Ireduce_scatter_block, Iallgather, Iallreduce, Isend/Irecv) issued in the same
   deterministic chunk-major order on every rank, so that chunk k+1's matmul runs while
@@ -66,6 +68,7 @@ from cocoviz.exec.layout import (
     rank_shape,
     take_rank_part,
 )
+from cocoviz.exec.shard_pipeline import ShardPipeline
 from cocoviz.ir.graph import ordered_items
 from cocoviz.ir.nodes import (
     COLLECTIVES,
@@ -370,7 +373,9 @@ class Worker:
 
     # --- overlapped groups ------------------------------------------------------------
     def run_overlapped(self, g: Group) -> None:
-        if leading_chunks(self.program, tuple(g.stages())):
+        if g.by_shard:
+            ShardPipeline(self, g).run()
+        elif leading_chunks(self.program, tuple(g.stages())):
             LeadingChunkPipeline(self, g).run()
         else:
             ChunkPipeline(self, g).run()

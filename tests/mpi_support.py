@@ -1,0 +1,59 @@
+"""What the tests of `cocoviz run --mpi` share: the `mpi` fixture (a missing mpiexec
+fails under COCOVIZ_REQUIRE_MPI / COCOVIZ_REQUIRE_NVCC, else skips) and a run whose dumps
+are compared with the reference of the unscheduled program."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+
+from cocoviz import numerics as nx
+from cocoviz.cli import main
+from cocoviz.exec.reference import run_reference
+from cocoviz.ir.lower import RanksOverride, load_file
+
+
+@pytest.fixture
+def mpi() -> None:
+    exe = Path(sys.executable).with_name("mpiexec")
+    if not exe.exists() and shutil.which("mpiexec") is None:
+        if os.environ.get("COCOVIZ_REQUIRE_MPI") or os.environ.get("COCOVIZ_REQUIRE_NVCC"):
+            pytest.fail("mpiexec is required (COCOVIZ_REQUIRE_MPI=1) but missing")
+        pytest.skip("mpiexec not installed")
+
+
+def run_and_compare(tmp_path: Path, text: str, schedule: str, ranks: int, capsys) -> None:
+    """`cocoviz run --mpi --dump`: exit 0, the run's check passes, and every dumped array
+    equals the reference of the unscheduled program by `run`'s own comparison."""
+    src = tmp_path / "prog.coco"
+    src.write_text(text)
+    dump = tmp_path / "dump"
+    argv = [
+        "run",
+        str(src),
+        "--schedule",
+        schedule,
+        "--mpi",
+        "--ranks",
+        str(ranks),
+        "--dump",
+        str(dump),
+        "--json",
+    ]
+    rc = main(argv)
+    out, err = capsys.readouterr()
+    assert rc == 0, err
+    report = json.loads(out)
+    assert report["ok"] and report["check"], report
+    original = load_file(src, None, RanksOverride.parse(str(ranks)))
+    ref = run_reference(original)
+    for row in report["check"]:
+        name, dtype = row["name"], row["dtype"]
+        got = nx.load_npy(dump / f"{name}.npy", dtype)
+        c = nx.compare(got, ref.global_value(name), dtype)
+        assert c.ok, (name, c)
