@@ -434,9 +434,13 @@ def _cmd_sweep(args: argparse.Namespace) -> int:
                             },
                             "canonical": [{"name": n, "time_s": t} for n, t in pt.canonical],
                             "winner": pt.winner,
+                            "decomposed": _candidate_json(pt.decomposed),
+                            "undecomposed": _candidate_json(pt.undecomposed),
                         }
                         for pt in result.points
                     ],
+                    "decompose_pays_at": result.decompose_pays_at,
+                    "decompose_pays_from": result.decompose_pays_from,
                     "crossovers": [
                         {"value": c.value, "winner": c.winner, "loser": c.loser}
                         for c in result.crossovers
@@ -479,7 +483,41 @@ def _cmd_sweep(args: argparse.Namespace) -> int:
         )
     for c in crossings:
         print(f"{c.winner} beats {c.loser} from {dim} = {_pow2(c.value)} on {hw.name}")
+    line = _decompose_line(result, dim, hw.name)
+    if line:
+        print(line)
     return ExitCode.OK
+
+
+def _candidate_json(c: Any) -> dict[str, Any] | None:
+    if c is None:
+        return None
+    return {"name": c.name, "block": c.block, "time_s": c.time_s, "steps": list(c.steps)}
+
+
+def _decompose_line(result: Any, dim: str, hw: str) -> str | None:
+    """Where the tuner's best decomposed schedule (``decompose``) starts to beat every
+    schedule without one; None when decompose was legal at no size."""
+    from cocoviz.timefmt import format_time
+
+    if not result.decompose_tried:
+        return None
+    points = result.points
+    first, last = _pow2(points[0].value), _pow2(points[-1].value)
+    start = result.decompose_pays_from
+    if start is not None:
+        pt = next(p for p in points if p.value == start)
+        dec, plain = pt.decomposed, pt.undecomposed
+        where = f"from {dim} = {_pow2(start)}" if start != points[0].value else "at every size"
+        return (
+            f"decompose pays {where} on {hw}: {dec.name} {format_time(dec.time_s)} vs "
+            f"{plain.name} {format_time(plain.time_s)} at {dim} = {_pow2(start)}"
+        )
+    some = result.decompose_pays_at
+    if some:
+        at = ", ".join(_pow2(v) for v in some)
+        return f"decompose pays only at {dim} = {at} on {hw} (not up to {dim} = {last})"
+    return f"decompose does not pay at any size from {dim} = {first} to {last} on {hw}"
 
 
 # ---------------------------------------------------------------------------------------

@@ -11,7 +11,16 @@ schedule transformations (a step that does not apply is skipped):
 - that, fused into one collective (``fuse(RS-C-AG)``), or with a send fused into the
   computation on the receiver (``fuse(P2P-C)``);
 - ``overlap`` of every sub-chain of the producer → collective → … → allgather chain,
-  with 2, 4, 8 and 16 chunks.
+  with 2, 4, 8 and 16 chunks;
+- ``decompose`` of the producer matmul and the reducescatter a split made (unfused and
+  fused).
+
+Then, for each ``allgather`` and ``reducescatter`` not yet in a group (the program's
+own, and those the splits made), in program order: as it is, ``decompose`` of it and the
+matmul next to it (an allgather → the matmul reading it, the matmul making it → a
+reducescatter), and row-chunked ``overlap`` of the same pair (2–16 chunks), so the
+shard-decomposed overlap, the row-chunked one and none are ranked by predicted time
+wherever ``decompose`` is legal.
 
 The best choice for one collective is kept while the next is tuned (coordinate descent),
 and the program's own ``schedule`` blocks are evaluated too. Each candidate is ranked by
@@ -76,6 +85,8 @@ class Candidate:
     time_s: float
     block: str | None = None
     """The program's schedule block that gives the same program, if any."""
+    decomposed: bool = False
+    """Whether the schedule holds a group decomposed by shard (``decompose``)."""
 
     @property
     def title(self) -> str:
@@ -93,6 +104,10 @@ class TuneResult:
     @property
     def best(self) -> Candidate:
         return self.candidates[0]
+
+    def best_where(self, decomposed: bool) -> Candidate | None:
+        """The fastest candidate with (or without) a group decomposed by shard."""
+        return next((c for c in self.candidates if c.decomposed is decomposed), None)
 
 
 # ---------------------------------------------------------------------------------------
@@ -136,15 +151,18 @@ def _group_label(program: Program, g: Group) -> str:
         _group_label(program, it) if isinstance(it, Group) else "-".join(_tokens(program, [it]))
         for it in g.items
     ]
-    if g.chunks is not None:
+    if g.by_shard:
+        parts.append("DEC")  # decomposed by shard around the ring: one step per rank
+    elif g.chunks is not None:
         parts.append(f"K={g.chunks}")
     return f"ol({', '.join(parts)})"
 
 
 def schedule_label(program: Program) -> str:
     """A CoCoNet-style name for the structure of a program: ``MM-AR-C``,
-    ``fuse(RS-C-AG)``, ``ol(MM, fuse(RS-C-AG), K=4)``. ``C`` is one compute kernel (a
-    stage or a fused group), ``C×n`` n separate kernels."""
+    ``fuse(RS-C-AG)``, ``ol(MM, fuse(RS-C-AG), K=4)``, ``ol(AG, MM, DEC)`` (decomposed by
+    shard). ``C`` is one compute kernel (a stage or a fused group), ``C×n`` n separate
+    kernels."""
     order = contracted_order(program, program.groups) or [s.name for s in program.stages]
     parts: list[str] = []
     pending: list[str] = []
@@ -284,6 +302,35 @@ def _overlaps(program: Program, coll: str) -> Iterator[list[str]]:
                 yield [f"overlap({', '.join(chain[i:j])}, chunks={k})"]
 
 
+def _decompositions(program: Program, coll: str) -> Iterator[list[str]]:
+    """``decompose`` of a collective and the matmul next to it: an allgather and each
+    matmul reading it, or the matmul making a reducescatter's operand and it (refused
+    ones are skipped where they are applied)."""
+    op = program.stage(coll).expr.op
+    if op is Op.REDUCESCATTER:
+        mm = _producer_matmul(program, coll)
+        if mm is not None:
+            yield [f"decompose({mm}, {coll})"]
+    elif op is Op.ALLGATHER:
+        for s in program.stages:
+            if s.expr.op is Op.MATMUL and coll in {a.name for a in s.expr.args}:
+                yield [f"decompose({coll}, {s.name})"]
+
+
+def _pair_recipes(program: Program, coll: str) -> Iterator[list[str]]:
+    """Step lists for an allgather or a reducescatter (each relative to ``program``):
+    as it is, decomposed by shard with its matmul, and row-chunked overlaps of the
+    same pair (and, for a reducescatter, of the chain after it)."""
+    yield []
+    for dec in _decompositions(program, coll):
+        yield dec
+        a, b = dec[0][len("decompose(") : -1].split(", ")
+        for k in CHUNK_CHOICES:
+            yield [f"overlap({a}, {b}, chunks={k})"]
+    if program.stage(coll).expr.op is Op.REDUCESCATTER:
+        yield from _overlaps(program, coll)
+
+
 def _recipes(program: Program, coll: str, hw: Hardware) -> Iterator[list[str]]:
     """Step lists for one allreduce (each relative to ``program``)."""
     yield []
@@ -311,9 +358,7 @@ def _recipes(program: Program, coll: str, hw: Hardware) -> Iterator[list[str]]:
         yield from _after_reorder(moved, coll, split + r, hw)
 
 
-def _after_reorder(
-    moved: Program, coll: str, base: list[str], hw: Hardware
-) -> Iterator[list[str]]:
+def _after_reorder(moved: Program, coll: str, base: list[str], hw: Hardware) -> Iterator[list[str]]:
     """asslice (of inputs whose update is not an output: outputs keep their layout), dce,
     then fusions and overlaps."""
     outputs = set(moved.outputs)
@@ -348,6 +393,8 @@ def _after_reorder(
         return
     for ol in _overlaps(after, rs):
         yield rcag + ol
+    for dec in _decompositions(after, rs):
+        yield rcag + dec
     for fz in _rs_fusions(after, rs):
         fused = _apply(after, fz, hw)
         if fused is None:
@@ -355,6 +402,8 @@ def _after_reorder(
         yield rcag + fz
         for ol in _overlaps(fused, rs):
             yield rcag + fz + ol
+        for dec in _decompositions(fused, rs):
+            yield rcag + fz + dec
 
 
 # ---------------------------------------------------------------------------------------
@@ -377,10 +426,11 @@ def tune(
         hit = seen.get(p)
         if hit is not None:
             if hit.block is None and (block is not None or len(steps) < len(hit.steps)):
-                seen[p] = Candidate(tuple(steps), hit.name, hit.time_s, block)
+                seen[p] = Candidate(tuple(steps), hit.name, hit.time_s, block, hit.decomposed)
             return seen[p]
         t = makespan(p, hw, collectives)
-        c = Candidate(tuple(steps), schedule_label(p), t, block)
+        decomposed = any(g.by_shard for g in p.groups)
+        c = Candidate(tuple(steps), schedule_label(p), t, block, decomposed)
         seen[p] = c
         result.evaluated += 1
         if progress is not None:
@@ -390,12 +440,12 @@ def tune(
     evaluate((), program)
     current: Program = program
     current_steps: tuple[str, ...] = ()
-    colls = [s.name for s in program.stages if s.expr.op is Op.ALLREDUCE]
-    for coll in colls:
-        if coll not in _stage_names(current):
-            continue
+
+    def descend(coll: str, recipes: Iterator[list[str]]) -> None:
+        """Keep the fastest of ``recipes`` for one collective (coordinate descent)."""
+        nonlocal current, current_steps
         best: tuple[float, Program, tuple[str, ...]] | None = None
-        for steps in _recipes(current, coll, hw):
+        for steps in recipes:
             p = _apply(current, steps, hw)
             if p is None:
                 continue
@@ -407,6 +457,19 @@ def tune(
                 best = (c.time_s, p, (*current_steps, *steps))
         if best is not None:
             _, current, current_steps = best
+
+    colls = [s.name for s in program.stages if s.expr.op is Op.ALLREDUCE]
+    for coll in colls:
+        if coll in _stage_names(current):
+            descend(coll, _recipes(current, coll, hw))
+    pairs = [
+        s.name
+        for s in current.stages
+        if s.expr.op in (Op.ALLGATHER, Op.REDUCESCATTER) and current.group_of(s.name) is None
+    ]
+    for coll in pairs:
+        if coll in _stage_names(current) and current.group_of(coll) is None:
+            descend(coll, _pair_recipes(current, coll))
     for sched in program.schedules:
         block_steps = tuple(str(s) for s in sched.steps)
         p = _apply(program, block_steps, hw)
@@ -436,6 +499,19 @@ class SweepPoint:
     baseline_s: float
     best: Candidate
     canonical: tuple[tuple[str, float], ...]
+    decomposed: Candidate | None = None
+    """The tuner's best schedule with a group decomposed by shard (None: none legal)."""
+    undecomposed: Candidate | None = None
+    """Its best schedule without one."""
+
+    @property
+    def decompose_pays(self) -> bool:
+        """Whether the best decomposed schedule beats every schedule without one."""
+        return (
+            self.decomposed is not None
+            and self.undecomposed is not None
+            and self.decomposed.time_s < self.undecomposed.time_s
+        )
 
     @property
     def winner(self) -> str:
@@ -462,6 +538,28 @@ class SweepResult:
     hardware: str
     dim: str
     points: list[SweepPoint] = field(default_factory=list)
+
+    @property
+    def decompose_tried(self) -> bool:
+        """Whether ``decompose`` was legal at some size."""
+        return any(pt.decomposed is not None for pt in self.points)
+
+    @property
+    def decompose_pays_at(self) -> list[int]:
+        """The sizes at which the decomposition beats every schedule without one."""
+        return [pt.value for pt in self.points if pt.decompose_pays]
+
+    @property
+    def decompose_pays_from(self) -> int | None:
+        """The size from which the decomposition pays at every larger size of the sweep
+        (None when it does not pay at the largest)."""
+        start: int | None = None
+        for pt in self.points:
+            if not pt.decompose_pays:
+                start = None
+            elif start is None:
+                start = pt.value
+        return start
 
     @property
     def crossovers(self) -> list[Crossover]:
@@ -546,7 +644,9 @@ def sweep(
     progress: Callable[[int], None] | None = None,
 ) -> SweepResult:
     """Tune the program at each size of ``dim`` (``load(value)`` gives the program with
-    that size) and predict its canonical schedules there."""
+    that size) and predict its canonical schedules there; each point keeps the tuner's
+    best schedule with a decomposition and without one, so the sweep says from which
+    size ``decompose`` pays (`SweepResult.decompose_pays_from`)."""
     first = load(values[0]) if values else None
     result = SweepResult(first.name if first else "", hw.name, dim)
     for i, value in enumerate(values):
@@ -558,6 +658,8 @@ def sweep(
                 tuned.baseline_s,
                 tuned.best,
                 canonical_schedules(program, hw, collectives),
+                tuned.best_where(decomposed=True),
+                tuned.best_where(decomposed=False),
             )
         )
         if progress is not None:

@@ -11,6 +11,10 @@ when its stream is free and every value it needs is ready on that rank:
   on different nodes (world rank r on node ⌊r / gpus_per_node⌋, r = pp·T + tp);
 - an overlapped group issues its items chunk by chunk (chunk-major: s1₀ s2₀ s1₁ s2₁ …),
   so computation of chunk k+1 overlaps communication of chunk k;
+- a group decomposed by shard runs its G ring steps (`lower_decomposed`): each step's
+  GEMM on the compute stream, its exchange with the ring neighbours on the communication
+  stream, chained by what each step hands the next; events are labelled by step
+  (``h[3/8]``);
 - a compute kernel that runs while the communication stream is busy is slowed by the
   collective's contention (SMs held by its channels, HBM it consumes, interference),
   piece by piece over the overlapping intervals.
@@ -53,6 +57,7 @@ from cocoviz.sim.workload import (
     comm_contention_of,
     duration,
     is_compute,
+    lower_decomposed,
     lower_item,
     overlap_order,
     p2p_duration,
@@ -69,6 +74,7 @@ __all__ = [
     "Summary",
     "Timeline",
     "simulate",
+    "simulate_decomposed",
     "simulate_group",
     "simulate_ops",
     "summarize",
@@ -437,10 +443,14 @@ class _Engine:
             slowdown,
         )
 
-    def place(self, op: Operation, chunk: int = -1, chunks: int = 1) -> None:
+    def place(self, op: Operation, chunk: int = -1, chunks: int = 1, step: int = -1) -> None:
+        """Place an operation (of chunk ``chunk`` of a chunked group, whose values are
+        ready chunk by chunk; or of step ``step`` of a decomposed group, whose values are
+        keyed by step already: the step only labels its events)."""
         if op.dest is not None:
             self._place_p2p(op, chunk, chunks)
             return
+        label = chunk if chunk >= 0 else step
         lanes = self.lanes_for(op.pstage)
         stream = op.stream
         if op.sync:
@@ -456,7 +466,7 @@ class _Engine:
             end = start + self._duration(op)
             c = self._contention_of(op)
             for lane, (_, srcs) in zip(lanes, needs, strict=True):
-                e = self._event(lane, op, start, end, chunk, chunks)
+                e = self._event(lane, op, start, end, label, chunks)
                 lane.add(stream, end, e, srcs, op.makes, chunk)
                 lane.add_comm_interval(start, end, c)
             return
@@ -473,7 +483,7 @@ class _Engine:
             e = None
             if self.record:
                 slowdown = (end - start) / base if slowed and base > 0 else 1.0
-                e = self._event(lane, op, start, end, chunk, chunks, slowdown=slowdown)
+                e = self._event(lane, op, start, end, label, chunks, slowdown=slowdown)
             lane.add(stream, end, e, srcs, op.makes, chunk)
             if stream == COMM:
                 lane.add_comm_interval(start, end, self._contention_of(op))
@@ -530,7 +540,10 @@ class _Engine:
 
     def run_item(self, item: str | Group) -> None:
         if isinstance(item, Group) and item.kind is GroupKind.OVERLAPPED:
-            self.run_ordered(overlap_order(self.ctx, item), item.chunks or 1)
+            if item.by_shard:
+                self.run_decomposed(item)
+            else:
+                self.run_ordered(overlap_order(self.ctx, item), item.chunks or 1)
             return
         for op in lower_item(self.ctx, item):
             self.place(op)
@@ -546,6 +559,12 @@ class _Engine:
             made.update(op.makes)
         if k > 1:
             self._merge_chunks(made, k)
+
+    def run_decomposed(self, g: Group) -> None:
+        """A group decomposed by shard: its ring steps in order (`lower_decomposed`)."""
+        steps = g.chunks or self.ctx.group
+        for step, op in lower_decomposed(self.ctx, g):
+            self.place(op, chunks=steps, step=step)
 
     def _merge_chunks(self, made: set[str], k: int) -> None:
         """After a chunked group: a value is ready when its last chunk is."""
@@ -576,6 +595,15 @@ def simulate_group(ctx: Context, g: Group, chunks: int) -> float:
     program issues it (`overlap_order`), on fresh streams."""
     engine = _Engine(ctx, record=False)
     engine.run_ordered(overlap_order(ctx, g, chunks), chunks)
+    return engine.end
+
+
+def simulate_decomposed(ctx: Context, g: Group) -> float:
+    """Makespan of a group decomposed by shard alone, on fresh streams (every outside
+    value ready); ``g`` need not be one of the program's groups (a warning prices the
+    decomposition of a row-chunked group's items)."""
+    engine = _Engine(ctx, record=False)
+    engine.run_decomposed(g)
     return engine.end
 
 

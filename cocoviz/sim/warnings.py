@@ -6,6 +6,12 @@ Each check compares a step with its alternative on the same operations, simulate
 - ``overlap-slower``: an overlapped group is slower than running its items one after the
   other (per-chunk latency and smaller GEMMs cost more than the overlap hides);
 - ``overlap-chunks``: another chunk count is predicted at least 5% faster;
+- ``overlap-decompose``: the items of a row-chunked group are an allgather and its
+  matmul (or a matmul and its reducescatter), and ``decompose(…)`` of them is predicted
+  at least 5% faster;
+- ``decompose-slower``: a group decomposed by shard is slower than its items one after
+  the other (a group decomposed by shard is never offered row chunks instead: its
+  sliced values cannot enter a row-chunked group);
 - ``rs-c-ag-slower``: reducescatter → computation on 1/G → allgather (fused or not) is
   slower than allreduce → computation on the whole tensor (AR-C), as for a tiny tensor
   where collective latency dominates; ``split-alone`` when nothing moved between them;
@@ -14,12 +20,22 @@ Each check compares a step with its alternative on the same operations, simulate
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
+from typing import TypeVar
 
+from cocoviz.errors import ScheduleError
 from cocoviz.ir.nodes import COLLECTIVES, Group, GroupKind, Op
+from cocoviz.ir.transforms.decompose import Decompose
 from cocoviz.sim.collectives import Coll
 from cocoviz.sim.compute import NO_CONTENTION
-from cocoviz.sim.timeline import SimWarning, Summary, simulate_group, simulate_ops
+from cocoviz.sim.timeline import (
+    SimWarning,
+    Summary,
+    simulate_decomposed,
+    simulate_group,
+    simulate_ops,
+)
 from cocoviz.sim.workload import (
     CollSpec,
     Context,
@@ -27,10 +43,13 @@ from cocoviz.sim.workload import (
     Operation,
     chunks_legal,
     duration,
+    lower_decomposed,
     lower_item,
     lower_overlap,
 )
 from cocoviz.timefmt import format_time
+
+_T = TypeVar("_T")
 
 CHUNK_CANDIDATES = (1, 2, 4, 8, 16)
 _MARGIN = 1.02  # a step must lose by more than 2% to be reported
@@ -45,16 +64,71 @@ def overlap_step(g: Group, chunks: int | None = None) -> str:
     return f"overlap({names}, chunks={chunks if chunks is not None else g.chunks})"
 
 
+def decompose_step(g: Group) -> str:
+    return f"decompose({', '.join(item_name(it) for it in g.items)})"
+
+
 def chunk_times(
     ctx: Context, g: Group, candidates: Sequence[int] = CHUNK_CANDIDATES
 ) -> dict[int, float]:
     """Predicted time of an overlapped group alone for each legal chunk count (1 = no
-    overlap: the items one after the other)."""
+    overlap: the items one after the other). A group decomposed by shard has no row
+    chunks: only 1 is offered."""
     out: dict[int, float] = {}
     for k in sorted(set(candidates)):
-        if chunks_legal(ctx, g, k):
+        if (k == 1 or not g.by_shard) and chunks_legal(ctx, g, k):
             out[k] = simulate_group(ctx, g, k)
     return out
+
+
+def decomposition_of(ctx: Context, g: Group) -> Group | None:
+    """The group `decompose` would make of a row-chunked group's items, when it accepts
+    them (an allgather and the matmul reading it, a matmul and the reducescatter of its
+    result, possibly starting a fused group); else None."""
+    if g.by_shard or len(g.items) != 2:
+        return None
+    names = tuple(item_name(it) for it in g.items)
+    ops = tuple(ctx.by_name[n].expr.op for n in names)
+    if ops not in ((Op.ALLGATHER, Op.MATMUL), (Op.MATMUL, Op.REDUCESCATTER)):
+        return None
+    without = dataclasses.replace(
+        ctx.program, groups=tuple(x for x in ctx.program.groups if x is not g)
+    )
+    try:
+        Decompose(items=names).check(without)
+    except ScheduleError:
+        return None
+    return Group(GroupKind.OVERLAPPED, g.items, ctx.group, by_shard=True)
+
+
+def _decompose_warnings(ctx: Context, g: Group) -> list[SimWarning]:
+    """A group decomposed by shard against its items one after the other (the only
+    alternative offered: its values keep their layouts, which row chunks refuse)."""
+    key = (
+        ctx.hw,
+        ctx.collectives,
+        tuple((step, op.spec, op.stream, op.kind) for step, op in lower_decomposed(ctx, g)),
+    )
+    hit = _DECOMPOSED.get(key)
+    if hit is None:
+        hit = (simulate_decomposed(ctx, g), simulate_group(ctx, g, 1))
+        _keep(_DECOMPOSED, key, hit)
+    mine, plain = hit
+    if mine <= plain * _MARGIN:
+        return []
+    return [
+        SimWarning(
+            "decompose-slower",
+            f"{decompose_step(g)} is predicted slower than no overlap: {format_time(mine)} vs "
+            f"{format_time(plain)} (each ring step's GEMM of 1/{ctx.group} of the work, slowed "
+            "by the exchange beside it, and the exchanges' latency cost more than the overlap "
+            "hides)",
+            tuple(g.stages()),
+            mine,
+            plain,
+            "leave these stages without decompose",
+        )
+    ]
 
 
 # The chunk times of overlapped groups, by what decides them (hardware, collectives mode,
@@ -62,9 +136,21 @@ def chunk_times(
 # or in another layer of a stack, is not simulated again.
 _CHUNK_TIMES: dict[object, dict[int, float]] = {}
 _CHUNK_TIMES_KEPT = 4096
+_DECOMPOSED: dict[object, tuple[float, float]] = {}
+"""By the same kind of key, a decomposed group's time and its items' one after the other."""
+_DECOMPOSITIONS: dict[object, float | None] = {}
+"""By a row-chunked group's key, the time of `decompose` of its items (None: refused)."""
+
+
+def _keep(cache: dict[object, _T], key: object, value: _T) -> None:
+    while len(cache) >= _CHUNK_TIMES_KEPT:
+        cache.pop(next(iter(cache)), None)
+    cache[key] = value
 
 
 def _overlap_warnings(ctx: Context, g: Group) -> list[SimWarning]:
+    if g.by_shard:
+        return _decompose_warnings(ctx, g)
     k = g.chunks or 1
     key = (
         ctx.hw,
@@ -77,21 +163,33 @@ def _overlap_warnings(ctx: Context, g: Group) -> list[SimWarning]:
     times = _CHUNK_TIMES.get(key)
     if times is None:
         times = chunk_times(ctx, g, (*CHUNK_CANDIDATES, k))
-        while len(_CHUNK_TIMES) >= _CHUNK_TIMES_KEPT:
-            _CHUNK_TIMES.pop(next(iter(_CHUNK_TIMES)), None)
-        _CHUNK_TIMES[key] = times
+        _keep(_CHUNK_TIMES, key, times)
     if k not in times or 1 not in times:
         return []
     step = overlap_step(g)
     stages = tuple(g.stages())
     best = min(times, key=lambda c: (times[c], c))
-    if k > 1 and times[k] > times[1] * _MARGIN:
+    if key in _DECOMPOSITIONS:
+        dec_s = _DECOMPOSITIONS[key]
+    else:
+        found = decomposition_of(ctx, g)
+        dec_s = simulate_decomposed(ctx, found) if found is not None else None
+        _keep(_DECOMPOSITIONS, key, dec_s)
+    # (alike groups share the time; whether decompose takes this one is asked only when
+    # it would be suggested)
+    slower = k > 1 and times[k] > times[1] * _MARGIN
+    dec_wins = dec_s is not None and dec_s * 1.05 < min(times[k], times[best])
+    dec_better = dec_s is not None and dec_s < min(times.values())
+    dec = decomposition_of(ctx, g) if dec_wins or (slower and dec_better) else None
+    if slower:
         better = [c for c in times if c > 1 and times[c] < times[1]]
         hint = (
             f"chunks={min(better, key=lambda c: times[c])} is predicted to win"
             if better
             else "leave these stages without overlap"
         )
+        if dec is not None and dec_s is not None and dec_better:
+            hint = f"{decompose_step(dec)} is predicted to win ({format_time(dec_s)})"
         return [
             SimWarning(
                 "overlap-slower",
@@ -102,6 +200,18 @@ def _overlap_warnings(ctx: Context, g: Group) -> list[SimWarning]:
                 times[k],
                 times[1],
                 hint,
+            )
+        ]
+    if dec_wins and dec is not None and dec_s is not None:
+        return [
+            SimWarning(
+                "overlap-decompose",
+                f"{step}: {decompose_step(dec)} is predicted faster ({format_time(dec_s)} vs "
+                f"{format_time(times[k])}): shard by shard around the ring, without row chunks",
+                stages,
+                times[k],
+                dec_s,
+                f"use {decompose_step(dec)}",
             )
         ]
     if best != k and best > 1 and times[best] * 1.05 < times[k]:

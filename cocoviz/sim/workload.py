@@ -20,7 +20,11 @@ size on each rank):
 - a ``send`` is a p2p transfer between the same tp index of two pipeline stages, over
   NVLink or the network depending on where the two world ranks sit;
 - an overlapped group is lowered once per chunk with 1/K of every size (a matmul chunk is
-  a GEMM on 1/K of the rows, with its own launch and tile quantization).
+  a GEMM on 1/K of the rows, with its own launch and tile quantization);
+- a group decomposed by shard (``decompose``, ``overlapped shards=G``) is G steps of the
+  ring (`lower_decomposed`, `cocoviz.ir.shards`): per step one point-to-point exchange of
+  1/G of the collective's bytes with the ring neighbours, one GEMM of 1/G of the work,
+  and for a reducescatter the add of the accumulator received.
 
 Every operation carries a hashable ``spec`` from which its cost is computed (and cached),
 so identical layers of a deep stack cost one evaluation.
@@ -51,6 +55,7 @@ from cocoviz.ir.nodes import (
     Stage,
     expr_reads,
 )
+from cocoviz.ir.shards import ShardPlan, shard_plan
 from cocoviz.ir.summary import per_rank_numel
 from cocoviz.ir.transforms.overlap import leading_chunks
 from cocoviz.ir.types import DType, LayoutKind, TensorType, block_dim, numel, shape_values
@@ -218,6 +223,31 @@ class P2PSpec:
 
 
 @dataclass(frozen=True)
+class ExchangeSpec:
+    """One step's exchange of a decomposed group: every rank of the tp group sends
+    ``nbytes`` to one ring neighbour while it receives as many from the other
+    (`cocoviz.ir.shards`); ``same_node``: every ring neighbour sits on the rank's node."""
+
+    nbytes: int
+    same_node: bool
+
+    def cost(self, hw: Hardware) -> CollCost:
+        return exchange_cost(hw, self.nbytes, self.same_node)
+
+
+def exchange_cost(hw: Hardware, nbytes: int, same_node: bool) -> CollCost:
+    """The price of one ring step of a decomposed group: one point-to-point message of
+    ``nbytes`` within a node (NVLink) or across nodes (a NIC), its latency included.
+
+    The send and the receive of a step run at once on the two directions of the links
+    (one ``ncclSend``/``ncclRecv`` pair in a group call), so a step costs one message.
+    This is the seam to the model's point-to-point pricing: ``collectives.p2p_time``
+    (the one send/recv of a pipeline hop); a dedicated single-message price (NVLink at a
+    derated p2p rate) replaces it here, and only here."""
+    return _p2p(hw, nbytes, same_node)
+
+
+@dataclass(frozen=True)
 class DeviceSpec:
     """A fused RS→C→AG as one ``nccl-device`` kernel."""
 
@@ -241,7 +271,7 @@ class DeviceSpec:
         return cost.time_s + self.reductions * hw.device.barrier_us * 1e-6
 
 
-Spec = KernelSpec | MatmulSpec | CollSpec | P2PSpec | DeviceSpec
+Spec = KernelSpec | MatmulSpec | CollSpec | P2PSpec | ExchangeSpec | DeviceSpec
 
 
 @dataclass(frozen=True, init=False)  # its __init__ is written by hand
@@ -376,6 +406,8 @@ class Context:
         self.chunk_ops: dict[tuple[str, int, int], tuple[Operation, ...]] = {}
         """`lower_stage`'s operations of a stage's chunk, by stage, chunk count and the
         chunk's GEMM rows (0 for a stage that is not a matmul: its chunks are alike)."""
+        self.decomposed: dict[int, tuple[Group, tuple[tuple[int, Operation], ...]]] = {}
+        """`lower_decomposed`'s operations of decomposed groups, by group."""
 
     def stage(self, name: str) -> Stage:
         return self.by_name[name]
@@ -998,7 +1030,10 @@ def _device_lower(
     needs: set[str],
     chunks: int,
     label: str,
+    reduce: bool = True,
 ) -> list[Operation]:
+    """A fused RS→C→AG as one nccl-device kernel; ``reduce=False``: the reducescatter
+    already ran (a decomposed group made it), so the kernel computes and gathers."""
     hw = ctx.hw
     if ctx.group > hw.gpus_per_node:
         raise UsageError(
@@ -1009,6 +1044,7 @@ def _device_lower(
     reduce_bytes = sum(
         ctx.by_name[m].expr.args[0].type.numel * ctx.by_name[m].expr.args[0].type.dtype.itemsize
         for m in rs
+        if reduce
     )
     gather_bytes = sum(ctx.by_name[m].ty.numel * ctx.by_name[m].ty.dtype.itemsize for m in ags)
     flops = 0.0
@@ -1048,7 +1084,9 @@ def _device_lower(
             spec=spec,
             flops=kspec.flops,
             nbytes=float(spec.reduce_bytes + spec.gather_bytes),
-            detail="one nccl-device kernel: RS → compute → AG over NVLink load/store",
+            detail="one nccl-device kernel: RS → compute → AG over NVLink load/store"
+            if reduce
+            else "one nccl-device kernel: compute → AG over NVLink load/store",
             sync=True,
         )
     ]
@@ -1100,6 +1138,267 @@ def overlap_order(ctx: Context, g: Group, chunks: int | None = None) -> list[tup
     return out
 
 
+# ---------------------------------------------------------------------------------------
+# Shard-decomposed groups
+
+
+def lower_decomposed(ctx: Context, g: Group) -> list[tuple[int, Operation]]:
+    """Every operation of a group decomposed by shard (``overlapped shards=G``) with its
+    step (-1 after the steps), in the order the ring runs them (docs/schedules.md,
+    decompose; docs/cost-model.md):
+
+    - gather (``xg = allgather(x)`` read by ``h = matmul(…)``): at step s the GEMM of the
+      shard the rank holds, and (s < G−1) the exchange that sends that shard to one ring
+      neighbour and receives the next from the other; the GEMM of step s+1 waits for it;
+    - scatter (``p = matmul(…)``, ``ps = reducescatter(op, p)``): at step s the GEMM of
+      one block of rows, (s ≥ 1) the add of the accumulator received in exchange s−1,
+      and (s < G−1) the exchange that sends the sum on and receives the next
+      accumulator; after the last add the rank holds its part of ``ps``. The add is a
+      kernel between a receive and a send, so it is issued on the communication stream,
+      as the fused kernel of an RS→C→AG is (`_group_lower`): the compute stream runs
+      the GEMMs back to back. A fused group the reducescatter starts then runs on the
+      rank's part.
+
+    The steps are chained by value keys of their own (``xg#shard3``, ``ps#acc3``), so
+    a step waits for exactly what the ring hands it."""
+    hit = ctx.decomposed.get(id(g))
+    if hit is None or hit[0] is not g:
+        hit = ctx.decomposed[id(g)] = (g, tuple(_lower_decomposed(ctx, g)))
+    return list(hit[1])
+
+
+def decomposed_plan(ctx: Context, g: Group) -> ShardPlan:
+    """The geometry of a decomposed group of ``ctx.program`` (`cocoviz.ir.shards`)."""
+    return shard_plan(ctx.program, g)
+
+
+def decomposed_work(ctx: Context, g: Group) -> tuple[float, float]:
+    """The work of a decomposed group's own stages, each operation priced alone (no
+    contention): (its step GEMMs, its exchanges). No timeline of the group can be shorter
+    than either sum (the perfect-overlap bound): the GEMMs run one after the other on the
+    compute stream, the exchanges one after the other on the communication stream."""
+    gemms = comm = 0.0
+    for step, op in lower_decomposed(ctx, g):
+        if step < 0:
+            continue  # the fused group after a decomposed reducescatter
+        if isinstance(op.spec, ExchangeSpec):
+            comm += op.spec.cost(ctx.hw).time_s
+        elif isinstance(op.spec, MatmulSpec):
+            gemms += duration(ctx.hw, op)
+    return gemms, comm
+
+
+def _lower_decomposed(ctx: Context, g: Group) -> list[tuple[int, Operation]]:
+    plan = decomposed_plan(ctx, g)
+    if plan.kind == "gather":
+        return _lower_gather(ctx, plan)
+    return _lower_scatter(ctx, g, plan)
+
+
+def _ring_exchange(
+    ctx: Context, plan: ShardPlan, nbytes: int, needs: Iterable[str], makes: tuple[str, ...]
+) -> Operation:
+    G = plan.group
+    pstage = ctx.pstage_of(plan.collective)
+    same_node = ctx.ranks_per_node(pstage) >= G
+    spec = ExchangeSpec(nbytes, same_node)
+    cost = spec.cost(ctx.hw)
+    where = "NVLink" if same_node else "the network"
+    if plan.kind == "gather":
+        what = "a shard to rank r−1, the next from rank r+1"
+    else:
+        what = "the sum to rank r+1, the next accumulator from rank r−1"
+    return Operation(
+        name=plan.collective,
+        stage=plan.collective,
+        members=(plan.collective,),
+        needs=frozenset(needs),
+        makes=makes,
+        stream=COMM,
+        kind=Kind.P2P,
+        pstage=pstage,
+        spec=spec,
+        nbytes=float(nbytes),
+        detail=f"ring exchange ({G - 1} of them): {what}, over {where}, {cost.label}",
+        sync=True,
+    )
+
+
+def _step_gemm(
+    ctx: Context,
+    plan: ShardPlan,
+    step: int,
+    needs: Iterable[str],
+    makes: tuple[str, ...],
+) -> Operation:
+    mm = ctx.by_name[plan.matmul]
+    gemm = plan.gemms[plan.shard_at(0, step)]  # every rank's GEMM of a step is alike
+    spec = MatmulSpec(gemm.m, gemm.n, gemm.k, _NAME[mm.ty.dtype], gemm.batch)
+    return Operation(
+        name=mm.name,
+        stage=mm.name,
+        members=(mm.name,),
+        needs=frozenset(needs),
+        makes=makes,
+        stream=COMPUTE,
+        kind=Kind.MATMUL,
+        pstage=ctx.pstage_of(mm.name),
+        spec=spec,
+        flops=spec.flops,
+        nbytes=spec.nbytes,
+        detail=f"{spec.shape_text}, 1/{plan.group} of the GEMM a step: "
+        + ("the shard the rank holds" if plan.kind == "gather" else "one block of rows"),
+    )
+
+
+def _lower_gather(ctx: Context, plan: ShardPlan) -> list[tuple[int, Operation]]:
+    G = plan.group
+    ag, mm = ctx.by_name[plan.collective], ctx.by_name[plan.matmul]
+    x = ag.expr.args[0].type
+    shard_bytes = plan.shard_numel * _ITEMSIZE[x.dtype]
+    x_needs = set(ctx.deps.get(ag.name, ()))
+    mm_needs = {d for d in ctx.deps.get(mm.name, ()) if d != ag.name}
+    # The shards arrive in a staging area of G slots in rank order, which is the gathered
+    # value where each rank's part is one contiguous run of it; otherwise (a block of a
+    # later dimension) it is permuted into place once, where something else reads it
+    # (`cocoviz.exec.shard_pipeline` does the same).
+    permuted = not _contiguous_parts(x, G) and (
+        any(u != mm.name for u in ctx.users.get(ag.name, ()))
+        or ag.name in ctx.outputs
+        or ag.name in ctx.updates
+    )
+    rounds = plan.mode == "accumulate" and _ITEMSIZE[mm.ty.dtype] < 4 and _IS_FLOAT[mm.ty.dtype]
+
+    def shard(s: int) -> str:
+        return f"{ag.name}#shard{s}"
+
+    ops: list[tuple[int, Operation]] = []
+    for s in range(G):
+        held = x_needs if s == 0 else {shard(s)}
+        if s < G - 1:
+            arrived: tuple[str, ...] = (shard(s + 1),)
+            if s == G - 2:
+                arrived += (f"{ag.name}#gathered",) if permuted else (ag.name,)
+            ops.append((s, _ring_exchange(ctx, plan, shard_bytes, held, arrived)))
+        makes = (mm.name,) if s == G - 1 and not rounds else ()
+        ops.append((s, _step_gemm(ctx, plan, s, mm_needs | held, makes)))
+    if permuted:
+        k = KernelSpec(0.0, 2.0 * shard_bytes * G, _NAME[x.dtype])
+        ops.append(
+            (
+                G - 1,
+                Operation(
+                    name=f"{ag.name}.permute",
+                    stage=ag.name,
+                    members=(ag.name,),
+                    needs=frozenset({f"{ag.name}#gathered"}),
+                    makes=(ag.name,),
+                    stream=COMM,
+                    kind=Kind.COMPUTE,
+                    pstage=ctx.pstage_of(ag.name),
+                    spec=k,
+                    nbytes=k.nbytes,
+                    detail="permute the gathered shards into place",
+                ),
+            )
+        )
+    if rounds:
+        # half types accumulate the split contraction in f32 and round once
+        n = per_rank_numel(mm.ty, ctx.group)
+        k = KernelSpec(float(n), float(n * (4 + _ITEMSIZE[mm.ty.dtype])), _NAME[mm.ty.dtype])
+        ops.append(
+            (
+                G - 1,
+                Operation(
+                    name=f"{mm.name}.round",
+                    stage=mm.name,
+                    members=(mm.name,),
+                    needs=frozenset(),
+                    makes=(mm.name,),
+                    stream=COMPUTE,
+                    kind=Kind.COMPUTE,
+                    pstage=ctx.pstage_of(mm.name),
+                    spec=k,
+                    flops=k.flops,
+                    nbytes=k.nbytes,
+                    detail="round the f32 accumulator of the split contraction",
+                ),
+            )
+        )
+    return ops
+
+
+def _contiguous_parts(ty: TensorType, group: int) -> bool:
+    """Whether each rank's part of a value is one contiguous run of its global elements
+    (`cocoviz.exec.layout.is_contiguous_chunk`'s rule)."""
+    d = block_dim(ty.layout, ty.shape, group)
+    return d is None or all(s.value == 1 for s in ty.shape[:d])
+
+
+def _lower_scatter(ctx: Context, g: Group, plan: ShardPlan) -> list[tuple[int, Operation]]:
+    G = plan.group
+    mm, rs = ctx.by_name[plan.matmul], ctx.by_name[plan.collective]
+    block_bytes = plan.shard_numel * _ITEMSIZE[rs.ty.dtype]
+    mm_needs = set(ctx.deps.get(mm.name, ()))
+    pstage = ctx.pstage_of(rs.name)
+    # the received accumulator and the block read, the sum written (to be sent on)
+    add = KernelSpec(float(plan.shard_numel), 3.0 * block_bytes, _NAME[rs.ty.dtype])
+    rop = rs.expr.rop.value if rs.expr.rop is not None else "+"
+
+    def acc(s: int) -> str:  # the sum a rank holds after step s
+        return f"{rs.name}#acc{s}"
+
+    def received(s: int) -> str:  # the accumulator exchange s brings
+        return f"{rs.name}#recv{s}"
+
+    ops: list[tuple[int, Operation]] = []
+    for s in range(G):
+        block = acc(0) if s == 0 else f"{mm.name}#block{s}"
+        makes = (block, mm.name) if s == G - 1 else (block,)
+        ops.append((s, _step_gemm(ctx, plan, s, mm_needs, makes)))
+        if s > 0:
+            ops.append(
+                (
+                    s,
+                    Operation(
+                        name=f"{rs.name}.add",
+                        stage=rs.name,
+                        members=(rs.name,),
+                        needs=frozenset({block, received(s - 1)}),
+                        makes=(rs.name,) if s == G - 1 else (acc(s),),
+                        stream=COMM,
+                        kind=Kind.COMPUTE,
+                        pstage=pstage,
+                        spec=add,
+                        flops=add.flops,
+                        nbytes=add.nbytes,
+                        detail=f"combine ({rop}) the accumulator received with the block",
+                    ),
+                )
+            )
+        if s < G - 1:
+            ops.append((s, _ring_exchange(ctx, plan, block_bytes, {acc(s)}, (received(s),))))
+    inner = next((it for it in g.items if isinstance(it, Group)), None)
+    if inner is not None:
+        ops += [(-1, op) for op in _scattered_rest(ctx, inner, rs.name)]
+    return ops
+
+
+def _scattered_rest(ctx: Context, inner: Group, rs: str) -> list[Operation]:
+    """The fused group a decomposed reducescatter starts, on the scattered result: its
+    computation and allgathers as `_group_lower` issues them, without the reducescatter."""
+    if ctx.collectives != "nccl-device":
+        return [op for op in _group_lower(ctx, inner, 1, False) if op.stage != rs]
+    inside = set(inner.stages())
+    members = sorted(inside, key=ctx.position.__getitem__)
+    needs = {d for m in members for d in ctx.deps.get(m, ()) if d not in inside} | {rs}
+    colls = [m for m in members if ctx.by_name[m].expr.op in COLLECTIVES]
+    ags = [m for m in colls if ctx.by_name[m].expr.op is Op.ALLGATHER]
+    compute = [m for m in members if m not in colls]
+    label = f"fused({members[0]}…{members[-1]})"
+    return _device_lower(ctx, members, [rs], ags, compute, needs, 1, label, reduce=False)
+
+
 def item_name_of(item: str | Group) -> str:
     return item if isinstance(item, str) else next(iter(item.stages()))
 
@@ -1137,6 +1436,8 @@ def comm_contention_of(hw: Hardware, op: Operation) -> Contention:
         return comm_contention(hw, spec.cost(hw))
     if isinstance(spec, P2PSpec):
         return comm_contention(hw, _p2p(hw, max(spec.nbytes, 1), True))
+    if isinstance(spec, ExchangeSpec):
+        return comm_contention(hw, spec.cost(hw))
     if isinstance(spec, DeviceSpec):
         dur = spec.time(hw)
         return Contention(
@@ -1159,7 +1460,7 @@ def duration(hw: Hardware, op: Operation, contention: Contention = NO_CONTENTION
     spec = op.spec
     if isinstance(spec, KernelSpec | MatmulSpec):
         return spec.time(hw, contention)
-    if isinstance(spec, CollSpec):
+    if isinstance(spec, CollSpec | ExchangeSpec):
         return spec.cost(hw).time_s
     if isinstance(spec, DeviceSpec):
         return spec.time(hw)
@@ -1184,11 +1485,16 @@ __all__ = [
     "COMPUTE",
     "Context",
     "CostModelError",
+    "ExchangeSpec",
     "Kind",
     "Operation",
     "chunks_legal",
     "comm_contention_of",
+    "decomposed_plan",
+    "decomposed_work",
     "duration",
+    "exchange_cost",
+    "lower_decomposed",
     "lower_item",
     "lower_overlap",
     "overlap_order",
