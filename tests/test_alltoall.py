@@ -191,7 +191,7 @@ def test_network_share_decides_across_nodes() -> None:
 def test_model_table_prints_nccl_tests_columns(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["model-table", "--hw", "h100-dgx", "--coll", "alltoall", "--ranks", "8"]) == 0
     out = capsys.readouterr().out
-    assert "alltoall on h100-dgx, 8 ranks" in out
+    assert "alltoall on h100-dgx (NCCL 2.29.2), 8 ranks" in out
     assert "algbw" in out and "busbw" in out and "p2p/Simple" in out
     assert main(["model-table", "--hw", "h100-dgx", "--coll", "alltoall", "--algo", "ring"]) == 2
     assert "runs only as p2p" in capsys.readouterr().err

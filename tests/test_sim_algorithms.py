@@ -61,7 +61,7 @@ def test_nvls_tree_is_nccls_choice_across_nodes() -> None:
     # ≥ 3 nodes: the node's eight 400 Gb NICs bind (~384); GTC24 S62129 gives 370-380.
     assert four.bus_bw_gbps == pytest.approx(380, rel=0.03)
     # Latency: base + NVLink NVLS + 2·log2(nodes)·NET NVLS_TREE (tuning.cc).
-    assert two.latency_s * 1e6 == pytest.approx(25.0 + 2 * 20.9)
+    assert two.tuner_latency_s * 1e6 == pytest.approx(25.0 + 2 * 20.9)
 
 
 def test_nvls_tree_over_ring_matches_the_measured_ratio() -> None:
@@ -80,8 +80,10 @@ def test_pat_runs_with_one_gpu_per_node_and_wins_mid_sizes() -> None:
         )
     cost = collective_time(H100, "allgather", GIB, 8, ranks_per_node=1, algo="pat")
     # NCCL: busBw × 0.75 of the graph (one NIC), latency base + log2(n)·NET/3.5 + 2.8·n.
-    assert cost.bus_bw_gbps == pytest.approx(48.0 * 0.75, rel=0.02)
-    assert cost.latency_s * 1e6 == pytest.approx(8.0 + 3 * 14.0 / 3.5 + 2.8 * 8)
+    assert cost.model_alg_bw_gbps * 7 / 8 == pytest.approx(48.0 * 0.75, rel=0.02)
+    assert cost.tuner_latency_s * 1e6 == pytest.approx(8.0 + 3 * 14.0 / 3.5 + 2.8 * 8)
+    # What it takes: the ring's pipeline fill and 8 nodes' congestion on top.
+    assert cost.bus_bw_gbps < 48.0 * 0.75
     picks = {collective_time(H100, "allgather", s, 8, ranks_per_node=1).algo for s in (MIB, GIB)}
     assert picks == {Algo.PAT, Algo.RING}
 
@@ -102,7 +104,7 @@ def test_every_candidate_is_cheapest_first_and_the_choice_is_the_minimum() -> No
         for n, rpn in ((8, 8), (16, 8), (32, 8), (8, 1)):
             for size in (8, 64 * 1024, 4 * MIB, GIB):
                 cands = collective_candidates(H100, coll, size, n, ranks_per_node=rpn)
-                times = [c.time_s for c in cands]
+                times = [c.tuner_time_s for c in cands]  # NCCL ranks by its own model
                 assert times == sorted(times)
                 assert collective_time(H100, coll, size, n, ranks_per_node=rpn) == cands[0]
 
@@ -140,7 +142,11 @@ def _host_calls(steps: list[dict[str, object]]) -> list[dict[str, object]]:
         if s["kind"] == "chunks":
             for it in s["per_chunk"]:  # type: ignore[attr-defined]
                 out += _host_calls(it["steps"])
-        elif s["kind"] == "collective" and s.get("op") in ("allreduce", "reducescatter", "allgather"):
+        elif s["kind"] == "collective" and s.get("op") in (
+            "allreduce",
+            "reducescatter",
+            "allgather",
+        ):
             out.append(s)
         elif s["kind"] in ("finish", "finishes") and s.get("cross_rank"):
             out.append(s)

@@ -105,8 +105,10 @@ NCCL_MODEL = [
 
 @pytest.mark.parametrize(("profile", "coll", "nbytes", "micros", "tol"), NCCL_MODEL)
 def test_reproduces_nccl_tuner_predictions(profile, coll, nbytes, micros, tol):
+    # NCCL's own estimate (tuner_time_s): what it ranks the choices by. time_s adds the
+    # measured terms (tests/test_model_validation.py).
     hw = load_profile(profile)
-    assert collective_time(hw, coll, nbytes, 8).time_s * 1e6 == pytest.approx(micros, rel=tol)
+    assert collective_time(hw, coll, nbytes, 8).tuner_time_s * 1e6 == pytest.approx(micros, rel=tol)
 
 
 def test_h100_ring_matches_nccl_model_within_its_graph_rounding():
@@ -114,7 +116,7 @@ def test_h100_ring_matches_nccl_model_within_its_graph_rounding():
     # perf-data §1.5: t(1 MiB) 28.0, t(16 MiB) 129.2, t(256 MiB) 1361 with NVLS off.
     for nbytes, micros in [(MIB, 28.0), (16 * MIB, 129.2), (256 * MIB, 1361.0)]:
         cost = collective_time(hw, "allreduce", nbytes, 8, algo="ring")
-        assert cost.time_s * 1e6 == pytest.approx(micros, rel=0.03)
+        assert cost.tuner_time_s * 1e6 == pytest.approx(micros, rel=0.03)
 
 
 def test_nccl_latency_table_per_protocol():
@@ -128,7 +130,11 @@ def test_nccl_latency_table_per_protocol():
     for (coll, algo), lats in expected.items():
         for proto, micros in zip(Proto, lats, strict=True):
             cost = collective_time(hw, coll, 64, 8, algo=algo, proto=proto)
-            assert cost.latency_s * 1e6 == pytest.approx(micros, abs=0.01), (coll, algo, proto)
+            assert cost.tuner_latency_s * 1e6 == pytest.approx(micros, abs=0.01), (
+                coll,
+                algo,
+                proto,
+            )
 
 
 def test_v100_uses_coconet_era_latency():
@@ -143,8 +149,8 @@ def test_small_messages_are_latency_bound(profile):
     hw = load_profile(profile)
     n = hw.gpus_per_node
     tiny = collective_time(hw, "allreduce", 8, n).time_s
-    for nbytes in (64, 512, 4096):
-        assert collective_time(hw, "allreduce", nbytes, n).time_s == pytest.approx(tiny, rel=0.02)
+    for nbytes in (64, 512, 4096):  # one channel carries them: a few % (measured: 3% on H100)
+        assert collective_time(hw, "allreduce", nbytes, n).time_s == pytest.approx(tiny, rel=0.06)
     # ... and the time is mostly fixed cost well past a few KiB.
     assert collective_time(hw, "allreduce", 32 * 1024, n).time_s < 1.5 * tiny
     assert collective_time(hw, "allreduce", 64 * MIB, n).time_s > 10 * tiny
@@ -159,7 +165,8 @@ def test_cheapest_choice_wins(profile, coll, nbytes):
         options = collective_candidates(hw, coll, nbytes, nranks)
         chosen = collective_time(hw, coll, nbytes, nranks)
         assert chosen == options[0]
-        assert chosen.time_s == min(o.time_s for o in options)
+        # NCCL runs what its own model ranks first, not what a measurement would.
+        assert chosen.tuner_time_s == min(o.tuner_time_s for o in options)
 
 
 def test_choice_moves_from_ll_to_simple_as_size_grows():
@@ -176,7 +183,7 @@ def test_choice_moves_from_ll_to_simple_as_size_grows():
 def test_more_ranks_never_beat_the_bandwidth_bound(profile, nbytes):
     hw = load_profile(profile)
     previous = 0.0
-    for nranks in range(2, 8 * hw.gpus_per_node + 1):
+    for nranks in range(3, 8 * hw.gpus_per_node + 1):  # 2 ranks: a send/recv pair, below
         t = collective_time(hw, "allreduce", nbytes, nranks, algo="ring").time_s
         # Patarasuk & Yuan: no allreduce moves less than 2(n−1)/n·S per rank.
         bound = 2 * (nranks - 1) / nranks * nbytes / (hw.nvlink_gbps * 1e9)
@@ -280,7 +287,9 @@ def test_point_to_point_inside_and_across_nodes():
     across = p2p_time(hw, GIB, same_node=False)
     assert inside.coll is Coll.SENDRECV and inside.algo is Algo.P2P
     assert inside.link is Link.NVLINK and across.link is Link.NET
-    assert inside.alg_bw_gbps == pytest.approx(hw.nvlink_gbps, rel=0.05)
+    # A pair over NVLink runs at ~0.8 of the ring rate (measured; p2p_nvlink_efficiency).
+    eff = hw.nccl.measured.p2p_nvlink_efficiency
+    assert inside.alg_bw_gbps == pytest.approx(hw.nvlink_gbps * eff, rel=0.05)
     assert across.alg_bw_gbps == pytest.approx(hw.nic_effective_gbps, rel=0.05)
     assert collective_time(hw, "send", GIB, 2, ranks_per_node=1) == across
 
@@ -329,7 +338,8 @@ def test_costs_are_positive_and_consistent(nbytes, nranks, coll):
     assert 1 <= cost.channels <= max(hw.nccl.channels, hw.nccl.nvls_channels)
     assert cost.nnodes == math.ceil(nranks / hw.gpus_per_node)
     bigger = collective_time(hw, coll, 2 * nbytes, nranks)
-    assert bigger.time_s >= cost.time_s
+    assert bigger.tuner_time_s >= cost.tuner_time_s
+    assert 0 < cost.efficiency <= 1.0 + 1e-9
 
 
 # ---- nccl-tests-style tables
@@ -361,12 +371,27 @@ def test_format_table_looks_like_nccl_tests():
     text = format_table(rows, title=table_title(hw, "allreduce", 8, "ring"))
     lines = text.splitlines()
     assert (
-        lines[0] == "# cocoviz model: allreduce on h100-dgx, 8 ranks on 1 node (8 per node), ring/*"
+        lines[0]
+        == "# cocoviz model: allreduce on h100-dgx (NCCL 2.29.2), 8 ranks on 1 node (8 per node), ring/*"
     )
     assert "algbw" in text and "busbw" in text and "(elements)" in text
     data = [line for line in lines if not line.startswith("#")]
     assert len(data) == len(rows)
     first = data[0].split()
-    assert first == ["8", "2", "float", "sum", "-1", "15.00", "0.00", "0.00", "ring/LL"]
+    # NCCL's choice, its channels, and the efficiency the model applies to its bandwidth.
+    assert first == [
+        "8",
+        "2",
+        "float",
+        "sum",
+        "-1",
+        "14.08",
+        "0.00",
+        "0.00",
+        "ring/LL",
+        "1",
+        "0.10",
+    ]
+    assert lines[2].split()[-3:] == ["algo/proto", "ch", "eff"]
     assert lines[-2].startswith("# Avg bus bandwidth    : ")
     assert all(line == line.rstrip() for line in lines)

@@ -95,6 +95,35 @@ def test_latency_tables_index_by_algo_and_proto():
         hw.gpu.matmul_tflops["f8"]
 
 
+def test_nccl_version_selects_the_tuning_constants(tmp_path):
+    """tuning.cc at each tag: NVLS 23 µs and Hopper's one-node llMaxBw 87.7 before 2.21,
+    NVLS_TREE's NET latency 14 → 20.9 at 2.28.9, PAT ×0.85 → ×0.75 at 2.28.3."""
+    now = load_profile("h100-dgx")
+    assert now.nccl.version == "2.29.2"
+    assert now.nccl.base_latency_us[Algo.RING][Proto.LL] == 6.6
+    assert now.nccl.hw_latency(Link.NET)[Algo.NVLS_TREE][Proto.SIMPLE] == 20.9
+    assert now.nccl.ll_max_bw.n1 == 141.0 and now.nccl.pat_bw_factor == 0.75
+    old = load_profile(_write(tmp_path, 'base = "h100-dgx"\n[nccl]\nversion = "2.19.3"\n'))
+    assert old.nccl.hw_latency(Link.NVLINK)[Algo.NVLS][Proto.SIMPLE] == 23.0
+    assert old.nccl.hw_latency(Link.NVLINK)[Algo.TREE][Proto.SIMPLE] == 28.0
+    assert old.nccl.hw_latency(Link.NET)[Algo.NVLS_TREE][Proto.SIMPLE] == 14.0
+    assert old.nccl.ll_max_bw.n1 == 87.7 and old.nccl.pat_bw_factor == 0.85
+    # Algorithms exist from the release that brought them.
+    assert not old.nccl.pat and not old.nccl.symmetric and old.nccl.nvls
+    assert load_profile("v100-dgx2").nccl.base_latency_us[Algo.RING][Proto.LL128] == 3.6
+
+
+def test_a_profile_may_still_override_a_tuning_table(tmp_path):
+    text = 'base = "h100-dgx"\n[nccl.base_latency_us]\n' + "\n".join(
+        f"{a} = [1.0, 2.0, 3.0]" for a in ("tree", "ring", "nvls", "nvls_tree", "pat")
+    )
+    hw = load_profile(_write(tmp_path, text))
+    assert hw.nccl.base_latency_us[Algo.RING][Proto.SIMPLE] == 3.0
+    bad = _write(tmp_path, text.replace("ring = [1.0, 2.0, 3.0]", "ring = [1.0, 2.0]"))
+    with pytest.raises(ProfileError, match="nccl.base_latency_us.ring"):
+        load_profile(bad)
+
+
 @pytest.mark.parametrize("name", SHIPPED)
 def test_every_number_in_a_shipped_profile_cites_a_source(name):
     """A numeric line carries a comment, or sits under a commented table header or comment."""
@@ -165,7 +194,9 @@ def test_bad_toml(tmp_path):
         ("hbm_gbps = 3350.0 ", "hbm_gbps = -1.0 ", "gpu.hbm_gbps", "must be greater than 0"),
         ("matmul = 0.803 ", "matmul = 1.5 ", "gpu.efficiency.matmul", "at most 1"),
         ("bf16 = 989.4 ", "bf16 = true ", "gpu.matmul_tflops.bf16", "expected a number, got True"),
-        ("ring = [6.6, 14.0, 8.4]", "ring = [6.6, 14.0]", "nccl.base_latency_us.ring", "list of 3"),
+        ('version = "2.29.2"', 'version = "2.12.12"', "nccl.version", "not tabulated"),
+        ('version = "2.29.2"', 'version = "two"', "nccl.version", "expected an NCCL version"),
+        ("channel_gbps = 31.0", "channel_gbps = 0.0", "nccl.measured.channel_gbps", "greater than 0"),
         ("nvls = true ", "nvls = 1 ", "nccl.nvls", "expected true or false"),
         ('intra_link = "nvlink"', 'intra_link = "usb"', "node.intra_link", "expected one of nvlink, pci"),
         ("sms = 132 ", "smss = 132 ", "gpu.sms", "missing ('gpu.smss' is not a field: a misspelling?)"),

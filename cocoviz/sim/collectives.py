@@ -23,11 +23,17 @@ Functions the simulator calls:
 - ``collective_time(hw, coll, nbytes, nranks, *, algo=None, proto=None,
   ranks_per_node=None) -> CollCost`` — the cheapest (or the forced) algorithm/protocol.
 - ``collective_candidates(...) -> list[CollCost]`` — every enabled choice, cheapest first.
-- ``p2p_time(hw, nbytes, *, same_node) -> CollCost`` — one send/recv pair.
+- ``p2p_time(hw, nbytes, *, same_node) -> CollCost`` — one point-to-point message.
 - ``scalar_allreduce(hw, nranks, *, nbytes=4, ranks_per_node=None) -> CollCost`` — the
   implicit reduction of a norm or sum (latency-bound).
 - ``device_kernel_time(hw, nranks, *, reduce_bytes, gather_bytes, compute_s=0, sms=None)
   -> DeviceKernelCost`` — one ``nccl-device`` fused RS→compute→AG kernel.
+
+NCCL ranks the choices by its own model (``CollCost.tuner_time_s``, with the tuning
+constants of the profile's NCCL version); ``time_s`` is the chosen entry with the
+measured terms NCCL's model leaves out (``hw.nccl.measured``: channels that carry
+bandwidth, per-hop latency, pipeline fill, the p2p pair rate, network congestion;
+docs/cost-model.md, "Measured terms").
 
 Times are in seconds; bandwidths in GB/s (10^9 B/s).
 """
@@ -156,17 +162,28 @@ class CollCost:
     algo: Algo
     proto: Proto
     time_s: float
-    """Whole call: latency_s + transfer_s."""
+    """Whole call on the GPU, as a measurement shows it: latency_s + transfer_s."""
     latency_s: float
-    """The size-independent part (NCCL's ``lat``)."""
+    """The size-independent part: NCCL's ``lat`` with the measured per-hop latency."""
     transfer_s: float
-    """``nbytes / model_alg_bw``."""
+    """The size-dependent part: ``nbytes / (model_alg_bw × efficiency)``, i.e. the bytes at
+    the channels' rate plus the pipeline fill (and, across nodes, congestion)."""
     model_alg_bw_gbps: float
     """NCCL's asymptotic algorithm bandwidth for this choice (``bw[coll][algo][proto]``)."""
     channels: int
     """CTAs (one SM each) the call occupies after NCCL trims channels for small sizes."""
     link: Link
     """The slowest link class the call crosses."""
+    tuner_latency_s: float = 0.0
+    """NCCL's own latency entry (``comm->latencies``), before the measured terms."""
+    tuner_time_s: float = 0.0
+    """NCCL's own estimate (``ncclTopoGetAlgoTime``): what NCCL ranks the choices by."""
+    efficiency: float = 1.0
+    """Bandwidth achieved at this size ÷ NCCL's ``model_alg_bw_gbps`` (fewer channels,
+    pipeline fill, network congestion; 1.0: NCCL's model exactly)."""
+    launch_s: float = 0.0
+    """Host time to issue the call outside a CUDA graph (``nccl.launch_us``): added by a
+    caller whose calls wait for each other (``blocking``), hidden otherwise."""
 
     @property
     def alg_bw_gbps(self) -> float:
@@ -388,7 +405,7 @@ def _bus_bw(hw: Hardware, coll: Coll, topo: _Topo, algo: Algo, proto: Proto) -> 
             bw = hw.nic_effective_gbps  # one GPU, its own NIC
         return min(caps.ll_max_bw.at(nodes), bw * 0.5) if proto is Proto.LL else bw
     if algo is Algo.PAT:
-        return bw * 0.75  # NCCL: PAT busBw × 0.75
+        return bw * caps.pat_bw_factor  # NCCL: PAT busBw × 0.85 (< 2.28.3) or 0.75
     if algo is Algo.NVLS_TREE:
         # NCCL: min(intra NVLS, inter × 2 on ≤ 2 nodes, perChMaxNVLSTreeBw × nCh). The intra
         # term is the single-node NVLS allreduce bus bandwidth of this many ranks per node.
@@ -442,6 +459,10 @@ def _alg_bw(hw: Hardware, coll: Coll, topo: _Topo, algo: Algo, proto: Proto, nby
     if coll is Coll.ALLTOALL:
         return _alltoall_alg_bw(hw, topo, proto)
     if algo is Algo.P2P:
+        # One send/recv pair over NVLink runs below the ring's rate (fewer channels per
+        # peer); measured ~0.8 of it (hw.nccl.measured.p2p_nvlink_efficiency).
+        if topo.nnodes == 1 and hw.node.intra_link is Link.NVLINK:
+            return bus * hw.nccl.measured.p2p_nvlink_efficiency
         return bus
     return bus * n / _nsteps(coll, n)
 
@@ -475,13 +496,20 @@ def _alltoall_alg_bw(hw: Hardware, topo: _Topo, proto: Proto) -> float:
 
 
 def _latency_us(
-    hw: Hardware, coll: Coll, topo: _Topo, algo: Algo, proto: Proto, nbytes: int
+    hw: Hardware,
+    coll: Coll,
+    topo: _Topo,
+    algo: Algo,
+    proto: Proto,
+    nbytes: int,
+    hop_scale: float = 1.0,
 ) -> float:
-    """NCCL's latency table entry (``ncclTopoTuneModel`` + ``ncclTopoGetAlgoTime``)."""
+    """NCCL's latency table entry (``ncclTopoTuneModel`` + ``ncclTopoGetAlgoTime``);
+    ``hop_scale`` scales the per-hop latency inside a node (the measured terms)."""
     c = hw.nccl
     intra_link = hw.node.intra_link
     base = c.base_latency_us[algo][proto]
-    intra = c.hw_latency(intra_link)[algo][proto]
+    intra = c.hw_latency(intra_link)[algo][proto] * hop_scale
     inter_algo = Algo.TREE if topo.ranks_per_node == 1 and algo is not Algo.P2P else algo
     inter = c.hw_latency(Link.NET)[inter_algo][proto] + c.net_latency_us
     if proto is Proto.SIMPLE:
@@ -528,10 +556,93 @@ def _latency_us(
     return lat
 
 
+_FILL_ALGOS = {
+    Algo.RING: "ring",
+    Algo.PAT: "ring",
+    Algo.NVLS: "nvls",
+    Algo.NVLS_TREE: "nvls",
+}
+"""Which measured pipeline-fill term an algorithm pays (tree has NCCL's own mid-size
+correction; p2p and the symmetric kernels have none)."""
+
+_MIB = float(1 << 20)
+
+
+def _fill_bytes(hw: Hardware, algo: Algo, nbytes: int) -> float:
+    """Pipeline fill and drain that NCCL's model leaves out, as extra bytes at the call's
+    own rate, fitted to measured sweeps: ``D · S / (S + S_f)``. Below ``S_f`` it grows
+    with the size (a lower mid-size bandwidth); above it the pipeline is full and it costs
+    a fixed ``D`` bytes' time. [fit]"""
+    family = _FILL_ALGOS.get(algo)
+    if family is None or nbytes <= 0:
+        return 0.0
+    m = hw.nccl.measured
+    depth, half = (
+        (m.ring_fill_mib, m.ring_fill_half_mib)
+        if family == "ring"
+        else (m.nvls_fill_mib, m.nvls_fill_half_mib)
+    )
+    return depth * _MIB * nbytes / (nbytes + half * _MIB)
+
+
+def _congestion(hw: Hardware, topo: _Topo, algo: Algo) -> float:
+    """Network bandwidth kept on this many nodes: ``(1 − net_congestion)`` per doubling of
+    the node count beyond two (deeper fabrics, more flows per link). [fit]"""
+    if topo.nnodes <= 2 or algo in (Algo.NVLS, Algo.SYMMETRIC):
+        return 1.0
+    return (1.0 - hw.nccl.measured.net_congestion) ** math.log2(topo.nnodes / 2)
+
+
+_PROTO_PAYLOAD = {Proto.LL: 0.5, Proto.LL128: 120.0 / 128.0, Proto.SIMPLE: 1.0}
+
+
+def _channel_share(
+    hw: Hardware, coll: Coll, topo: _Topo, algo: Algo, proto: Proto, channels: int
+) -> float:
+    """The share of NCCL's bandwidth that the channels left after trimming can carry.
+    NCCL's bus bandwidth is ``nChannels × bw`` (``tuning.cc``), but ``enqueue.cc`` runs a
+    small call on fewer channels: ``nc`` of them carry at most ``nc × channel_gbps`` (LL
+    half of it, LL128 120/128). [V rule; channel_gbps fitted]"""
+    if algo in (Algo.P2P, Algo.SYMMETRIC) or coll is Coll.ALLTOALL:
+        return 1.0
+    bus = _bus_bw(hw, coll, topo, algo, proto) if algo not in (Algo.NVLS,) else None
+    if bus is None:
+        g = topo.ranks_per_node
+        bus = _nvls_allreduce_alg_bw(hw, g) * bus_factor(Coll.ALLREDUCE, g)
+    if algo is Algo.NVLS and coll is not Coll.ALLREDUCE:
+        bus = _bus_bw(hw, coll, topo, algo, proto)
+    carried = channels * hw.nccl.measured.channel_gbps * _PROTO_PAYLOAD[proto]
+    return min(1.0, carried / bus) if bus > 0 else 1.0
+
+
+def _is_pair(hw: Hardware, topo: _Topo, algo: Algo) -> bool:
+    """A ring or tree of two ranks on one NVLink node: each rank sends to one peer and
+    receives from it, the transfer of a send/recv pair, at the pair's measured share of
+    the ring rate."""
+    return (
+        topo.nranks == 2
+        and topo.nnodes == 1
+        and algo in (Algo.RING, Algo.TREE)
+        and hw.node.intra_link is Link.NVLINK
+    )
+
+
 def _cost(hw: Hardware, coll: Coll, nbytes: int, topo: _Topo, algo: Algo, proto: Proto) -> CollCost:
     alg_bw = _alg_bw(hw, coll, topo, algo, proto, nbytes)
-    latency_us = _latency_us(hw, coll, topo, algo, proto, nbytes)
-    transfer_s = nbytes / (alg_bw * 1e9)
+    tuner_latency_us = _latency_us(hw, coll, topo, algo, proto, nbytes)
+    tuner_transfer_s = nbytes / (alg_bw * 1e9)
+    channels = _channels(hw, algo, proto, nbytes, topo.nranks)
+    latency_us = (
+        _latency_us(hw, coll, topo, algo, proto, nbytes, hw.nccl.measured.hop_latency_scale)
+        if algo is not Algo.SYMMETRIC
+        else tuner_latency_us
+    )
+    rate = (
+        alg_bw * _channel_share(hw, coll, topo, algo, proto, channels) * _congestion(hw, topo, algo)
+    )
+    if _is_pair(hw, topo, algo):
+        rate *= hw.nccl.measured.p2p_nvlink_efficiency
+    transfer_s = (nbytes + _fill_bytes(hw, algo, nbytes)) / (rate * 1e9)
     link = Link.NET if topo.nnodes > 1 else hw.node.intra_link
     return CollCost(
         coll=coll,
@@ -544,8 +655,12 @@ def _cost(hw: Hardware, coll: Coll, nbytes: int, topo: _Topo, algo: Algo, proto:
         latency_s=latency_us * 1e-6,
         transfer_s=transfer_s,
         model_alg_bw_gbps=alg_bw,
-        channels=_channels(hw, algo, proto, nbytes, topo.nranks),
+        channels=channels,
         link=link,
+        tuner_latency_s=tuner_latency_us * 1e-6,
+        tuner_time_s=tuner_latency_us * 1e-6 + tuner_transfer_s,
+        efficiency=tuner_transfer_s / transfer_s if transfer_s > 0 else 1.0,
+        launch_s=hw.nccl.launch_us * 1e-6,
     )
 
 
@@ -607,7 +722,8 @@ def _candidates(
         a, p = (simple or pairs)[0]
         return (_zero_cost(c, nbytes, topo, a, p, hw),)
     costs = [_cost(hw, c, nbytes, topo, a, p) for a, p in pairs]
-    return tuple(sorted(costs, key=lambda k: k.time_s))
+    # NCCL runs the entry its own model ranks cheapest, whatever it then takes.
+    return tuple(sorted(costs, key=lambda k: k.tuner_time_s))
 
 
 def _zero_cost(c: Coll, nbytes: int, topo: _Topo, a: Algo, p: Proto, hw: Hardware) -> CollCost:
@@ -669,10 +785,17 @@ def emitted_buffers_registered(collectives: str) -> bool:
 
 
 def p2p_time(hw: Hardware, nbytes: int, *, same_node: bool = True) -> CollCost:
-    """One ``ncclSend``/``ncclRecv`` pair, inside a node (NVLink) or across nodes (a NIC).
+    """One point-to-point message of ``nbytes`` from one rank to another: an
+    ``ncclSend``/``ncclRecv`` pair inside a node (NVLink) or across nodes (one NIC).
 
-    NCCL's tuner has no p2p entry; the model uses the ring's per-hop latency and base
-    latency for the protocol and the bandwidth of the link the pair crosses. [A]
+    The function the timeline prices a pipeline hop or a shard-decomposed overlap's
+    1/G-sized neighbour message with. NCCL's tuner has no p2p entry; the model takes the
+    ring's base latency and one hop of the protocol (LL or Simple, the cheaper by NCCL's
+    constants; inside a node the hop × ``measured.hop_latency_scale``) and the rate of the
+    link the pair crosses: inside a node NVLink × ``measured.p2p_nvlink_efficiency``
+    (measured ~0.8 of the ring rate: a pair runs on fewer channels), across nodes the
+    NIC next to the GPU. ``time_s`` is the GPU time; ``launch_s`` the host time to issue it
+    outside a CUDA graph.
     """
     return collective_time(hw, Coll.SENDRECV, nbytes, 2, ranks_per_node=2 if same_node else 1)
 

@@ -20,6 +20,7 @@ docs/cost-model.md collects them.
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import math
 import tomllib
@@ -176,9 +177,46 @@ class NodeSpec:
 
 
 @dataclass(frozen=True)
+class MeasuredSpec:
+    """What NCCL's tuner does not model, fitted to published nccl-tests sweeps
+    (docs/cost-model.md, "Measured terms"). NCCL picks the algorithm and protocol with
+    its own tuning model; these terms turn the chosen entry's estimate into the time a
+    measurement shows."""
+
+    hop_latency_scale: float
+    """Measured per-hop latency inside a node ÷ NCCL's ``hwLat`` (1: NCCL's constant)."""
+    channel_gbps: float
+    """Bus bandwidth one channel (one CTA) can carry with the Simple protocol, GB/s: what
+    a call trimmed to few channels gets (LL carries half of it, LL128 120/128)."""
+    ring_fill_mib: float
+    """Pipeline fill and drain of a ring (and PAT) at full depth, as MiB moved at the
+    call's own rate."""
+    ring_fill_half_mib: float
+    """Size at which a ring's fill reaches half its depth, MiB."""
+    nvls_fill_mib: float
+    """Pipeline fill and drain of NVLS / NVLS_TREE at full depth, MiB at the call's rate."""
+    nvls_fill_half_mib: float
+    """Size at which the NVLS fill reaches half its depth, MiB."""
+    p2p_nvlink_efficiency: float
+    """A send/recv pair's NVLink rate ÷ the ring's bus bandwidth."""
+    net_congestion: float
+    """Network bandwidth lost per doubling of the node count beyond two."""
+
+
+@dataclass(frozen=True)
 class NcclSpec:
     """NCCL's tuning model of a profile: channels, latencies, bandwidth factors."""
 
+    version: str
+    """The NCCL release the profile models ("2.29.2"): selects the version-dependent
+    tuning constants (``nccl_tuning``) and the algorithms that exist (PAT ≥ 2.23,
+    symmetric kernels ≥ 2.27, NVLS ≥ 2.17)."""
+    launch_us: float
+    """Host time of one NCCL call issued outside a CUDA graph (enqueue + kernel launch):
+    exposed when each call waits for the previous one (``blocking``)."""
+    measured: MeasuredSpec
+    pat_bw_factor: float
+    """NCCL's PAT bus-bandwidth factor (0.85 before 2.28.3, 0.75 since)."""
     channels: int
     ring_plateau: float
     net_overhead_us: float
@@ -204,6 +242,10 @@ class NcclSpec:
     def hw_latency(self, link: Link) -> PerAlgo:
         nvlink, pci, net = self.hw_latency_us
         return nvlink if link is Link.NVLINK else net if link is Link.NET else pci
+
+    @property
+    def version_tuple(self) -> tuple[int, int, int]:
+        return parse_nccl_version(self.version)
 
 
 @dataclass(frozen=True)
@@ -268,6 +310,124 @@ class Hardware:
         """
         nics = math.ceil(ranks_per_node * self.node.nics_per_node / self.node.gpus_per_node)
         return min(self.node.nics_per_node, max(1, nics)) * self.nic_effective_gbps
+
+
+# ---------------------------------------------------------------------------------------
+# NCCL's version-dependent tuning constants (src/graph/tuning.cc at each release tag)
+
+
+def parse_nccl_version(text: str) -> tuple[int, int, int]:
+    """``"2.29.2"`` → ``(2, 29, 2)``; ``"2.21"`` → ``(2, 21, 0)``. A ValueError names the text."""
+    parts = text.strip().split(".")
+    if not 2 <= len(parts) <= 3 or not all(p.isdigit() for p in parts):
+        raise ValueError(f'expected an NCCL version like "2.29.2", got {text!r}')
+    major, minor, patch = (int(p) for p in [*parts, "0"][:3])
+    return major, minor, patch
+
+
+def _pa(
+    tree, ring, nvls=(0.0, 0.0, 0.0), nvls_tree=(0.0, 0.0, 0.0), pat=(0.0, 0.0, 0.0)
+) -> PerAlgo:
+    return PerAlgo(*(PerProto(*t) for t in (tree, ring, nvls, nvls_tree, pat)))
+
+
+@dataclass(frozen=True)
+class NcclTuning:
+    """One NCCL release's latency tables (``baseLat``/``hwLat``, later
+    ``ncclTunerConstantsDefaults``), [LL, LL128, Simple] per algorithm."""
+
+    since: tuple[int, int, int]
+    tag: str
+    """The release tag the numbers were read at."""
+    base: PerAlgo
+    nvlink: PerAlgo
+    pci: PerAlgo
+    net: PerAlgo
+    hopper_ll_max_bw_1node: float
+    """``llMaxBws`` Hopper row, one node: 87.7 (a copy of Ampere's) before 2.21, then 141."""
+    pat_bw_factor: float
+
+
+# NVLS rows: NCCL 2.18 put NVLS's fixed cost in baseLat (23 µs) and 0 in hwLat; the model
+# keeps it in the NVLink hwLat entry (its NVLS latency is the intra-node entry), which is
+# the same number on one node. 2.6.4's CollNet row is dropped (no CollNet in the model).
+NCCL_TUNINGS: tuple[NcclTuning, ...] = (
+    NcclTuning((2, 6, 0), "v2.6.4-1",
+               base=_pa((4.4, 4.4, 0.0), (3.6, 3.6, 8.4)),
+               nvlink=_pa((0.5, 1.9, 28.0), (0.4, 2.5, 5.7)),
+               pci=_pa((1.0, 1.9, 28.0), (1.0, 2.5, 5.7)),
+               net=_pa((5.0, 7.5, 50.0), (0.9, 2.5, 6.6)),
+               hopper_ll_max_bw_1node=87.7, pat_bw_factor=0.85),
+    NcclTuning((2, 18, 0), "v2.18.3-1",
+               base=_pa((6.8, 14.0, 0.0), (6.6, 14.0, 8.4)),
+               nvlink=_pa((0.6, 1.25, 4.0), (0.6, 1.9, 3.4), (0, 0, 23.0), (0, 0, 23.0)),
+               pci=_pa((1.0, 1.9, 6.0), (1.0, 2.5, 5.7)),
+               net=_pa((5.0, 8.5, 14.0), (2.7, 4.0, 14.0), (0, 0, 18.0), (0, 0, 19.0)),
+               hopper_ll_max_bw_1node=87.7, pat_bw_factor=0.85),
+    NcclTuning((2, 19, 0), "v2.19.3-1 (= v2.20.5-1)",
+               base=_pa((6.8, 14.0, 0.0), (6.6, 14.0, 8.4)),
+               nvlink=_pa((0.6, 1.25, 28.0), (0.6, 1.9, 3.4), (0, 0, 23.0), (0, 0, 23.0)),
+               pci=_pa((1.0, 1.9, 28.0), (1.0, 2.5, 5.7)),
+               net=_pa((5.0, 8.5, 28.0), (2.7, 4.0, 14.0), (0, 0, 18.0), (0, 0, 14.0)),
+               hopper_ll_max_bw_1node=87.7, pat_bw_factor=0.85),
+    NcclTuning((2, 21, 0), "v2.21.5-1",
+               base=_pa((6.8, 14.0, 0.0), (6.6, 14.0, 8.4)),
+               nvlink=_pa((0.6, 1.25, 28.0), (0.6, 1.9, 3.4), (0, 0, 25.0), (0, 0, 25.0)),
+               pci=_pa((1.0, 1.9, 28.0), (1.0, 2.5, 5.7)),
+               net=_pa((5.0, 8.5, 28.0), (2.7, 4.0, 14.0), (0, 0, 18.0), (0, 0, 14.0)),
+               hopper_ll_max_bw_1node=141.0, pat_bw_factor=0.85),
+    NcclTuning((2, 23, 0), "v2.23.4-1 (to v2.28.7-1; PAT x0.75 from v2.28.3-1)",
+               base=_pa((6.8, 14.0, 8.4), (6.6, 14.0, 8.4), pat=(8.0, 8.0, 8.0)),
+               nvlink=_pa((0.6, 1.25, 4.0), (0.6, 1.9, 3.4), (0, 0, 25.0), (0, 0, 25.0), (0, 0, 4.0)),
+               pci=_pa((1.0, 1.9, 4.0), (1.0, 2.5, 5.7), pat=(0, 0, 4.0)),
+               net=_pa((5.0, 8.5, 14.0), (2.7, 4.0, 14.0), (0, 0, 18.0), (0, 0, 14.0), (0, 0, 14.0)),
+               hopper_ll_max_bw_1node=141.0, pat_bw_factor=0.85),
+    NcclTuning((2, 28, 3), "v2.28.3-1",
+               base=_pa((6.8, 14.0, 8.4), (6.6, 14.0, 8.4), pat=(8.0, 8.0, 8.0)),
+               nvlink=_pa((0.6, 1.25, 4.0), (0.6, 1.9, 3.4), (0, 0, 25.0), (0, 0, 25.0), (0, 0, 4.0)),
+               pci=_pa((1.0, 1.9, 4.0), (1.0, 2.5, 5.7), pat=(0, 0, 4.0)),
+               net=_pa((5.0, 8.5, 14.0), (2.7, 4.0, 14.0), (0, 0, 18.0), (0, 0, 14.0), (0, 0, 14.0)),
+               hopper_ll_max_bw_1node=141.0, pat_bw_factor=0.75),
+    NcclTuning((2, 28, 9), "v2.28.9-1 (to master, v2.30)",
+               base=_pa((6.8, 14.0, 8.4), (6.6, 14.0, 8.4), pat=(8.0, 8.0, 8.0)),
+               nvlink=_pa((0.6, 1.25, 4.0), (0.6, 1.9, 3.4), (0, 0, 25.0), (0, 0, 25.0), (0, 0, 4.0)),
+               pci=_pa((1.0, 1.9, 4.0), (1.0, 2.5, 5.7), pat=(0, 0, 4.0)),
+               net=_pa((5.0, 8.5, 14.0), (2.7, 4.0, 14.0), (0, 0, 18.0), (0, 0, 20.9), (0, 0, 14.0)),
+               hopper_ll_max_bw_1node=141.0, pat_bw_factor=0.75),
+)  # fmt: skip
+"""Read at each tag of NVIDIA/nccl; a version gets the latest entry at or below it.
+Releases 2.7–2.17 are not tabulated (``nccl_tuning`` refuses them)."""
+
+# ncclTunerConstantsDefaults rows that do not change from 2.18 to master (the Volta row
+# is what 2.6.4's rules would need too; perf-data §1.2). [1 node, 2 nodes, >= 3 nodes]
+_PER_CH_MAX = {  # arch: (ring LL128, tree LL128, tree, NVLS tree)
+    "volta": ((20.0, 20.0, 20.0), (20.0, 20.0, 20.0), (26.5, 18.5, 10.0), (26.5, 18.5, 10.0)),
+    "ampere": ((20.0, 20.0, 20.0), (20.0, 20.0, 20.0), (24.0, 23.6, 17.8), (24.0, 23.6, 17.8)),
+    "hopper": ((36.7, 36.7, 36.7), (36.7, 36.7, 29.0), (38.7, 41.4, 36.0), (0.0, 57.7, 45.5)),
+    "blackwell": ((40.0, 40.0, 40.0), (55.6, 31.67, 20.0), (70.0, 42.8, 24.0), (0.0, 96.0, 80.0)),
+}
+_LL_MAX_1NODE = {"volta": 39.0, "ampere": 87.7, "blackwell": 282.0}
+_LL_MAX_MULTINODE = {"intel": (39.0, 20.4), "amd": (22.5, 19.0)}  # llMaxBws CPU rows
+
+
+def nccl_tuning(version: str) -> NcclTuning:
+    """The tuning constants of an NCCL release (``NCCL_TUNINGS``)."""
+    v = parse_nccl_version(version)
+    if v < NCCL_TUNINGS[0].since or (2, 7, 0) <= v < (2, 18, 0):
+        raise ValueError(
+            f"NCCL {version} is not tabulated: the model knows 2.6.4 (CoCoNet's) and 2.18 onwards"
+        )
+    return [t for t in NCCL_TUNINGS if t.since <= v][-1]
+
+
+def nccl_caps(version: str, arch: str, cpu_vendor: str) -> tuple[PerScale, ...]:
+    """``llMaxBw`` and the per-channel caps (ring LL128, tree LL128, tree, NVLS tree) of an
+    architecture under an NCCL release: the 1-node LL cap is the GPU's row, multi-node
+    ones the CPU vendor's (``tuning.cc`` index1)."""
+    tuning = nccl_tuning(version)
+    ll1 = tuning.hopper_ll_max_bw_1node if arch == "hopper" else _LL_MAX_1NODE[arch]
+    ll2, ll4 = _LL_MAX_MULTINODE["amd" if cpu_vendor == "amd" else "intel"]
+    return (PerScale(ll1, ll2, ll4), *(PerScale(*row) for row in _PER_CH_MAX[arch]))
 
 
 # ---------------------------------------------------------------------------------------
@@ -540,9 +700,57 @@ def _build(raw: dict[str, Any], where: str) -> Hardware:
     n.done()
 
     c = top.table("nccl")
-    lat = c.table("hw_latency_us")
-    caps = c.table("caps_gbps")
+    version = c.string("version")
+    try:
+        tuning = nccl_tuning(version)
+    except ValueError as exc:
+        raise c.error("version", str(exc)) from None
+    v = parse_nccl_version(version)
+    caps_default = nccl_caps(version, gpu.arch, node.cpu_vendor)
+    # The tuning tables come from the NCCL version; a profile may still give a whole table
+    # to override it (a patched NCCL, a measured latency).
+    base_latency = (
+        _per_algo(c.table("base_latency_us")) if "base_latency_us" in c.data else tuning.base
+    )
+    if "hw_latency_us" in c.data:
+        lat = c.table("hw_latency_us")
+        hw_latency = (
+            _per_algo(lat.table("nvlink")),
+            _per_algo(lat.table("pci")),
+            _per_algo(lat.table("net")),
+        )
+        lat.done()
+    else:
+        hw_latency = (tuning.nvlink, tuning.pci, tuning.net)
+    if "caps_gbps" in c.data:
+        caps = c.table("caps_gbps")
+        cap_values: tuple[PerScale, ...] = (
+            _per_scale(caps, "ll_max_bw"),
+            _per_scale(caps, "per_ch_max_ring_ll128_bw"),
+            _per_scale(caps, "per_ch_max_tree_ll128_bw"),
+            _per_scale(caps, "per_ch_max_tree_bw"),
+            _per_scale_zero(caps, "per_ch_max_nvls_tree_bw"),
+        )
+        caps.done()
+    else:
+        cap_values = caps_default
+    m = c.table("measured")
+    measured = MeasuredSpec(
+        hop_latency_scale=m.number("hop_latency_scale"),
+        channel_gbps=m.number("channel_gbps"),
+        ring_fill_mib=m.number("ring_fill_mib", zero=True),
+        ring_fill_half_mib=m.number("ring_fill_half_mib"),
+        nvls_fill_mib=m.number("nvls_fill_mib", zero=True),
+        nvls_fill_half_mib=m.number("nvls_fill_half_mib"),
+        p2p_nvlink_efficiency=m.fraction("p2p_nvlink_efficiency"),
+        net_congestion=m.number("net_congestion", high=0.5, zero=True),
+    )
+    m.done()
     nccl = NcclSpec(
+        version=version,
+        launch_us=c.number("launch_us", zero=True),
+        measured=measured,
+        pat_bw_factor=tuning.pat_bw_factor,
         channels=c.integer("channels"),
         ring_plateau=c.number("ring_plateau"),
         net_overhead_us=c.number("net_overhead_us", zero=True),
@@ -554,17 +762,13 @@ def _build(raw: dict[str, Any], where: str) -> Hardware:
         collnet=c.boolean("collnet"),
         pat=c.boolean("pat"),
         symmetric=c.boolean("symmetric"),
-        base_latency_us=_per_algo(c.table("base_latency_us")),
-        hw_latency_us=(
-            _per_algo(lat.table("nvlink")),
-            _per_algo(lat.table("pci")),
-            _per_algo(lat.table("net")),
-        ),
-        ll_max_bw=_per_scale(caps, "ll_max_bw"),
-        per_ch_max_ring_ll128_bw=_per_scale(caps, "per_ch_max_ring_ll128_bw"),
-        per_ch_max_tree_ll128_bw=_per_scale(caps, "per_ch_max_tree_ll128_bw"),
-        per_ch_max_tree_bw=_per_scale(caps, "per_ch_max_tree_bw"),
-        per_ch_max_nvls_tree_bw=_per_scale_zero(caps, "per_ch_max_nvls_tree_bw"),
+        base_latency_us=base_latency,
+        hw_latency_us=hw_latency,
+        ll_max_bw=cap_values[0],
+        per_ch_max_ring_ll128_bw=cap_values[1],
+        per_ch_max_tree_ll128_bw=cap_values[2],
+        per_ch_max_tree_bw=cap_values[3],
+        per_ch_max_nvls_tree_bw=cap_values[4],
     )
     if nccl.nvls and node.intra_link is not Link.NVLINK:
         raise c.error("nvls", 'NVLS needs intra_link = "nvlink"')
@@ -572,8 +776,14 @@ def _build(raw: dict[str, Any], where: str) -> Hardware:
         raise c.error("nvls_efficiency", "must be greater than 0 when nvls = true")
     if nccl.nvls and nccl.nvls_channels == 0:
         raise c.error("nvls_channels", "must be at least 1 when nvls = true")
-    lat.done()
-    caps.done()
+    # An algorithm exists only from the release that brought it: the flags say what the
+    # machine supports, the version what the library can run.
+    nccl = dataclasses.replace(
+        nccl,
+        nvls=nccl.nvls and v >= (2, 17, 0),
+        pat=nccl.pat and v >= (2, 23, 0),
+        symmetric=nccl.symmetric and v >= (2, 27, 0),
+    )
     c.done()
 
     o = top.table("overlap")

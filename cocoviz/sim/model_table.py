@@ -15,7 +15,10 @@ Sizes double from ``min_bytes`` to ``max_bytes`` (8 B to 16 GiB by default, as
 buffer in bytes; ``count`` is elements per rank for allgather/reducescatter (nccl-tests'
 ``count``) and per buffer otherwise; sizes too small to give every rank an element are
 skipped. ``time`` (µs), ``algbw`` and ``busbw`` (GB/s) are what nccl-tests would print if
-the model were exact; the last column says which algorithm/protocol the model chose.
+the model were exact; the last columns say which algorithm/protocol NCCL's tuner picks
+(the model's choice), how many channels (SMs) it runs on, and the efficiency the model
+applies to NCCL's bandwidth at that size (``CollCost.efficiency``: fewer channels,
+pipeline fill, network congestion).
 ``CostModelError`` (a ``ValueError``) reports an impossible request.
 """
 
@@ -45,6 +48,10 @@ class Row:
     bus_bw: float
     algo: str
     proto: str
+    channels: int = 0
+    """Channels (SMs) the call runs on after NCCL trims them for the size."""
+    efficiency: float = 1.0
+    """Bandwidth achieved ÷ NCCL's own algBw for the choice (``CollCost.efficiency``)."""
 
 
 def model_table(
@@ -92,6 +99,8 @@ def model_table(
                     bus_bw=alg_bw * bus_factor(c, cost.nranks),
                     algo=cost.algo.value,
                     proto=cost.proto.value,
+                    channels=cost.channels,
+                    efficiency=cost.efficiency,
                 )
             )
         size *= 2
@@ -115,8 +124,8 @@ def table_title(
         "cheapest algorithm" if algo is None and proto is None else f"{algo or '*'}/{proto or '*'}"
     )
     return (
-        f"cocoviz model: {c.value} on {hw.name}, {nranks} ranks on {nodes} node"
-        f"{'s' if nodes != 1 else ''} ({rpn} per node), {choice}"
+        f"cocoviz model: {c.value} on {hw.name} (NCCL {hw.nccl.version}), {nranks} ranks on "
+        f"{nodes} node{'s' if nodes != 1 else ''} ({rpn} per node), {choice}"
     )
 
 
@@ -127,7 +136,7 @@ def format_table(rows: Sequence[Row], *, title: str | None = None) -> str:
         lines += [f"# {title}", "#"]
     header = [
         f"#{'size':>11}  {'count':>12}  {'type':>8}  {'redop':>6}  {'root':>6}  "
-        f"{'time':>8}  {'algbw':>7}  {'busbw':>7}  algo/proto",
+        f"{'time':>8}  {'algbw':>7}  {'busbw':>7}  {'algo/proto':<16}{'ch':>3}  {'eff':>5}",
         f"#{'(B)':>11}  {'(elements)':>12}  {'':>8}  {'':>6}  {'':>6}  "
         f"{'(us)':>8}  {'(GB/s)':>7}  {'(GB/s)':>7}",
     ]
@@ -136,7 +145,7 @@ def format_table(rows: Sequence[Row], *, title: str | None = None) -> str:
         lines.append(
             f"{r.size:>12}  {r.count:>12}  {_type_name(r.dtype):>8}  {r.redop:>6}  "
             f"{r.root:>6}  {_time(r.time_us):>8}  {r.alg_bw:>7.2f}  {r.bus_bw:>7.2f}  "
-            f"{r.algo}/{r.proto}"
+            f"{r.algo + '/' + r.proto:<16}{r.channels:>3}  {r.efficiency:>5.2f}"
         )
     if rows:
         average = sum(r.bus_bw for r in rows) / len(rows)
