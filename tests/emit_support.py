@@ -146,17 +146,23 @@ overflow f16) and f32, plain, chunked and fused: integer `avg` truncates toward 
 after an exact sum (docs/semantics-notes.md)."""
 
 
-def text_programs(text: str, schedule: str | None) -> tuple[Program, Program]:
-    """(scheduled, unscheduled) of a program given as text."""
-    p0 = load_program(text, "<test>")
+def text_programs(
+    text: str, schedule: str | None, ranks: str | None = None
+) -> tuple[Program, Program]:
+    """(scheduled, unscheduled) of a program given as text (`ranks`: a --ranks override)."""
+    p0 = load_program(text, "<test>", None, RanksOverride.parse(ranks) if ranks else None)
     p = apply_block(p0, find_block(p0, schedule)) if schedule else p0
     return p, unscheduled(p0)
 
 
 def emit_text(
-    text: str, schedule: str | None, target: str, collectives: str = "nccl"
+    text: str,
+    schedule: str | None,
+    target: str,
+    collectives: str = "nccl",
+    ranks: str | None = None,
 ) -> dict[str, str]:
-    p, ref = text_programs(text, schedule)
+    p, ref = text_programs(text, schedule, ranks)
     out = emit(
         p,
         ref,

@@ -86,6 +86,7 @@ class _ProgramLowerer(GroupLowering):
                     group=g.kind.value if g else None,
                     chunks=self.chunks_of.get(s.name),
                     stored=s.name in self.value_buffer,
+                    shards=self.shards_of.get(s.name),
                 )
             )
         bufs = [self.buffers[c] for c in self.buffer_order]

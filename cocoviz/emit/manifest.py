@@ -114,6 +114,29 @@ def _steps(
             if s.batch:
                 gemms = math.prod(b.extent for b in s.batch)
                 d.update(batch=gemms, api="cublasGemmStridedBatchedEx")
+            if s.accumulate:
+                acc = (s.c_dtype or s.dtype).value
+                d.update(accumulate=f"C += A x B (beta = 1) into an {acc} accumulator")
+        elif isinstance(s, pl.RingExchange):
+            d.update(
+                stages=[s.stage],
+                count=s.count,
+                dtype=s.dtype.value,
+                send_to=_ring_peer(s.to),
+                recv_from=_ring_peer(-s.to),
+                steps=f"0 .. {s.steps - 2} (every step but the last)",
+                api="ncclSend + ncclRecv in ncclGroupStart/End on the tp group"
+                if gpu is not None
+                else "MPI_Isend + MPI_Irecv on the tp group, waited for where the next step needs them",
+            )
+        elif isinstance(s, pl.RingCombine):
+            d.update(
+                stages=[s.stage],
+                elements=s.count,
+                reduce_op=s.rop,
+                accumulator=s.acc_dtype.value,
+                last_step=f"rounded once into this rank's part of {s.stage}",
+            )
         elif isinstance(s, pl.Collective):
             d.update(stages=[s.stage], op=s.op, count=s.count, in_place=s.inplace)
             if s.rop:
@@ -124,6 +147,24 @@ def _steps(
             d.update(stages=list(s.stages), api="NCCL device API (LSA)", reduce_op=s.rop)
             if gpu is not None:
                 d.update(gpu.facts(s, graph))
+        elif isinstance(s, pl.ChunkLoop) and s.shards is not None:
+            sh = s.shards
+            gather = sh.pattern == "gather"
+            d.update(
+                kind="shards",
+                stages=list(s.stages),
+                shards=s.chunks,
+                pattern=sh.pattern,
+                mode=sh.mode,
+                shard_at_step="(tp + s) mod G" if gather else "(tp - s - 1) mod G",
+                per_step=[
+                    {"item": it.label, "stream": it.stream, "steps": _steps(it.steps, gpu, graph)}
+                    for it in s.items
+                ],
+                events=[
+                    {"after": e.after, "before": e.before, "carried": e.carried} for e in s.edges
+                ],
+            )
         elif isinstance(s, pl.ChunkLoop):
             d.update(
                 stages=list(s.stages),
@@ -158,6 +199,8 @@ def _program(
             d["group"] = s.group
         if s.chunks:
             d["chunks"] = s.chunks
+        if s.shards:
+            d["shards"] = s.shards
         if predicted and s.name in predicted:
             d["predicted_us"] = round(predicted[s.name], 3)
         stages.append(d)
@@ -188,9 +231,13 @@ def _kernel_names(steps: tuple[pl.Step, ...]) -> list[str]:
         if isinstance(s, pl.ChunkLoop):
             for it in s.items:
                 out.extend(_kernel_names(it.steps))
-        elif isinstance(s, (pl.Kernel, pl.RowKernel, pl.DeviceCollective)):
+        elif isinstance(s, (pl.Kernel, pl.RowKernel, pl.DeviceCollective, pl.RingCombine)):
             out.append(s.cname)
     return out
+
+
+def _ring_peer(offset: int) -> str:
+    return f"tp {'-' if offset < 0 else '+'} {abs(offset)} (mod G)"
 
 
 def manifest(

@@ -3,7 +3,8 @@ fused group lowered as shared kernels (or one nccl-device kernel), an overlapped
 as a `ChunkLoop` whose items run chunk by chunk, each operation on the stream of its
 communicator — the tp group's collectives on `comm`, send/recv on `p2p` (the world
 communicator), computation on `compute` — with an event for each edge between two
-streams (`chunk_edges`)."""
+streams (`chunk_edges`); a decomposed group (`overlapped shards=G`) as a `ChunkLoop`
+over the steps of its ring (`cocoviz.emit.shards`)."""
 
 from __future__ import annotations
 
@@ -11,15 +12,17 @@ import dataclasses
 from collections.abc import Iterable
 
 from cocoviz.emit import plan as pl
-from cocoviz.emit.kernels import KernelLowering
+from cocoviz.emit.shards import ShardLowering
 from cocoviz.ir.nodes import COLLECTIVES, Group, GroupKind, Op
 from cocoviz.ir.transforms.overlap import leading_chunks
 
 
-class GroupLowering(KernelLowering):
-    """Fused and overlapped groups."""
+class GroupLowering(ShardLowering):
+    """Fused, overlapped and decomposed groups."""
 
     def lower_group(self, g: Group) -> list[pl.Step]:
+        if g.by_shard:
+            return self.lower_decomposed(g)
         if g.kind is GroupKind.FUSED:
             members = [s.name for s in self.p.stages if s.name in set(g.stages())]
             label = "fused " + ", ".join(members)

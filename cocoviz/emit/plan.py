@@ -349,6 +349,16 @@ class Matmul:
     b_offset: Offset = ZERO
     batch: tuple[BatchDim, ...] = ()
     kind: Literal["matmul"] = "matmul"
+    lda: int = 0
+    """Elements between rows of A (0: `k`, rows stored contiguously); likewise `ldb`
+    (0: `n`) and `ldc` (0: `n`). A decomposed group's GEMM reads and writes blocks of
+    larger arrays (`cocoviz.ir.shards.Gemm`)."""
+    ldb: int = 0
+    ldc: int = 0
+    accumulate: bool = False
+    """C += A × B (cuBLAS beta = 1): the partial products of a contraction split."""
+    c_dtype: DType | None = None
+    """C's dtype when it is not the operands' (an f32 accumulator of f16/bf16 operands)."""
 
 
 @dataclass(frozen=True)
@@ -422,8 +432,72 @@ class DeviceCollective:
     """Loop-invariant statements of `body` (`hoist`), evaluated once per launch."""
 
 
+RingSlot = Literal["shard", "next", "parity", "none"]
+"""Which slot of a ring buffer a step of a decomposed group uses: the slot of the step's
+shard `k`, of the next step's shard, of the step's parity (a double buffer), or the
+start of the buffer."""
+
+
+@dataclass(frozen=True)
+class RingExchange:
+    """Step `step` of a decomposed group's ring (docs/codegen.md, decomposed groups), at
+    every step but the last: one grouped point-to-point exchange inside the tp group —
+    `count` elements at slot `send_slot` of `send` go to rank (tp + `to`) mod G, and
+    `count` elements from rank (tp − `to`) mod G land in slot `recv_slot` of `recv` (a slot
+    is `count` elements)."""
+
+    cname: str
+    stage: str
+    send: str
+    send_slot: RingSlot
+    recv: str
+    recv_slot: RingSlot
+    count: int
+    dtype: DType
+    to: int
+    steps: int
+    """G: the ring's length (the exchange runs at steps 0 … G − 2)."""
+    pstage: int | None = 0
+    stream: StreamName = "main"
+    kind: Literal["exchange"] = "exchange"
+
+
+@dataclass(frozen=True)
+class RingCombine:
+    """Step `step` of a decomposed reduce-scatter: the block's partial product (`partial`,
+    in its dtype, rounded as the matmul's result is) combined with the accumulator received
+    from the previous rank (`received`; from the second step on), in the compute type
+    `acc_dtype`; written to slot ``step mod 2`` of `acc` (sent on by the step's exchange),
+    or at the last step rounded once into this rank's part of the result (`out`)."""
+
+    cname: str
+    stage: str
+    partial: str
+    partial_dtype: DType
+    received: str
+    acc: str
+    acc_dtype: DType
+    out: str
+    out_dtype: DType
+    count: int
+    rop: Literal["sum", "prod", "max", "min", "avg"]
+    steps: int
+    pstage: int | None = 0
+    stream: StreamName = "main"
+    kind: Literal["combine"] = "combine"
+
+
 Step = Union[
-    Kernel, RowKernel, ReduceFinish, FinishBatch, Matmul, Collective, DeviceCollective, "ChunkLoop"
+    Kernel,
+    RowKernel,
+    ReduceFinish,
+    FinishBatch,
+    Matmul,
+    Collective,
+    DeviceCollective,
+    RingExchange,
+    RingCombine,
+    "ChunkLoop",
 ]
 
 
@@ -446,6 +520,22 @@ class ChunkEdge:
     after: int
     before: int
     stages: tuple[int, ...] | None = None
+    carried: bool = False
+    """A decomposed group's edge from a step of the previous iteration (`after` ran at
+    step s − 1, `before` waits at step s, from s = 1 on)."""
+
+
+@dataclass(frozen=True)
+class Shards:
+    """The ring of a decomposed group (`decompose`, `cocoviz.ir.shards.ShardPlan`): the
+    loop runs G steps, and at step s rank tp works on shard (block) ``k = shard_at(tp, s)``
+    — ``(tp + s) mod G`` (gather), ``(tp − s − 1) mod G`` (scatter); offsets ``per_chunk``
+    of its steps are per shard k."""
+
+    pattern: Literal["gather", "scatter"]
+    mode: Literal["rows", "cols", "accumulate"]
+    collective: str
+    matmul: str
 
 
 @dataclass(frozen=True)
@@ -466,6 +556,9 @@ class ChunkLoop:
     edges: tuple[ChunkEdge, ...] = ()
     streams: tuple[StreamName, ...] = ()
     """The streams the loop's steps run on, in order of first use."""
+    shards: Shards | None = None
+    """A decomposed group (`decompose`): the loop runs its G steps around the ring
+    (`chunks` = G), shard k of step s given by `Shards`; None: a chunked overlap."""
 
 
 @dataclass(frozen=True)
@@ -481,6 +574,8 @@ class StageInfo:
     group: str | None = None
     chunks: int | None = None
     stored: bool = True
+    shards: int | None = None
+    """G of a decomposed group's member (None elsewhere)."""
 
 
 @dataclass(frozen=True)

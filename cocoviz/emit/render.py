@@ -296,6 +296,10 @@ class Renderer:
                 gemm=st.dtype.is_float,
                 compute_type="CUBLAS_COMPUTE_64F" if st.dtype is DType.F64 else "CUBLAS_COMPUTE_32F",
                 scale_ctype="double" if st.dtype is DType.F64 else "float",
+                lda=st.lda or st.k, ldb=st.ldb or st.n, ldc=st.ldc or st.n,
+                accumulate=st.accumulate, beta=1 if st.accumulate else 0,
+                c_st=self.st(st.c_dtype or st.dtype),
+                c_cuda_type=(st.c_dtype or st.dtype).facts.cuda_datatype,
             )  # fmt: skip
         elif isinstance(st, pl.Collective):
             row = collective_named(st.op)
@@ -311,6 +315,22 @@ class Renderer:
                 nccl_type=st.dtype.facts.nccl,
                 permute=_view(st.permute) if st.permute else None, staging=st.staging,
                 pack=_view(st.pack) if st.pack else None, pack_staging=st.pack_staging,
+            )  # fmt: skip
+        elif isinstance(st, pl.RingExchange):
+            d.update(
+                stage=safe_text(st.stage), send=st.send, recv=st.recv, count=st.count,
+                send_slot=st.send_slot, recv_slot=st.recv_slot, steps=st.steps,
+                to_add=st.to % st.steps, from_add=-st.to % st.steps,
+                enum=dt_enum(st.dtype), nccl_type=st.dtype.facts.nccl,
+            )  # fmt: skip
+        elif isinstance(st, pl.RingCombine):
+            d.update(
+                stage=safe_text(st.stage), partial=st.partial, received=st.received,
+                acc=st.acc, out=st.out, count=st.count, steps=st.steps, rop=st.rop,
+                mpi_op=spelled(_MPI_OP, "sum" if st.rop == "avg" else st.rop, "the reduction"),
+                avg=st.rop == "avg", partial_st=self.st(st.partial_dtype),
+                acc_st=self.st(st.acc_dtype), acc_ctype=self.compute_ctype(st.acc_dtype),
+                acc_storage=self.storage_ctype(st.acc_dtype), out_st=self.st(st.out_dtype),
             )  # fmt: skip
         elif isinstance(st, pl.DeviceCollective):
             d.update(
@@ -332,6 +352,8 @@ class Renderer:
                 stages=safe_text(", ".join(st.stages)), chunks=st.chunks, skewed=st.skewed,
                 chunk_items=self.chunk_items(st), streams=list(st.streams), n_edges=len(st.edges),
                 edges=[{"guard": self.pp_guard(e.stages)} for e in st.edges],
+                shards=dataclasses.asdict(st.shards) if st.shards else None,
+                exchanges=[x.cname for it in st.items for x in it.steps if isinstance(x, pl.RingExchange)],
             )  # fmt: skip
         return d
 
@@ -345,6 +367,19 @@ class Renderer:
         """Each item with, per step, the events it waits for before it and records after it
         (`ChunkEdge` e of chunk k is `ev_<loop>[e][k]`)."""
         streams = [s.stream for it in st.items for s in it.steps]
+        flat = [s for it in st.items for s in it.steps]
+        exchanges = [s.cname for s in flat if isinstance(s, pl.RingExchange)]
+        # CPU target, decomposed group: the previous step's exchange is waited for (its
+        # MPI requests) before the first step that needs it — an exchange, or a step an
+        # edge from the previous step releases
+        cpu_waits: list[list[str]] = []
+        waited = False
+        for j, s in enumerate(flat):
+            need = isinstance(s, pl.RingExchange) or any(
+                e.carried and e.before == j for e in st.edges
+            )
+            cpu_waits.append(exchanges if need and not waited else [])
+            waited = waited or need
         out: list[dict[str, Any]] = []
         at = 0
         for it in st.items:
@@ -352,7 +387,8 @@ class Renderer:
             records: list[list[dict[str, Any]]] = []
             for j in range(at, at + len(it.steps)):
                 waits.append([
-                    {"e": e, "stream": streams[j], "guard": self.pp_guard(x.stages)}
+                    {"e": e, "stream": streams[j], "guard": self.pp_guard(x.stages),
+                     "carried": x.carried}
                     for e, x in enumerate(st.edges) if x.before == j
                 ])  # fmt: skip
                 records.append([
@@ -364,6 +400,7 @@ class Renderer:
                 "label": safe_text(it.label), "label_lit": c_string(it.label), "stream": " and ".join(on),
                 "streams_text": " and ".join(on) + (" streams" if len(on) > 1 else " stream"),
                 "steps": [self.step(s) for s in it.steps], "waits": waits, "records": records,
+                "cpu_waits": cpu_waits[at : at + len(it.steps)],
             })  # fmt: skip
             at += len(it.steps)
         return out

@@ -41,9 +41,20 @@ class Storage:
         self.types: dict[str, TensorType] = {i.name: i.ty for i in program.inputs}
         self.types.update({s.name: s.ty for s in program.stages})
         self.chunks_of: dict[str, int] = {}
+        self.shards_of: dict[str, int] = {}
+        self.unstored: set[str] = set()
+        """Matmuls of decomposed reduce-scatters: computed block by block, never whole."""
         for g in program.groups:
             if g.kind is GroupKind.OVERLAPPED:
                 assert g.chunks is not None
+                if g.by_shard:
+                    # every value keeps its layout: nothing is chunked (cocoviz.emit.shards)
+                    for n in g.stages():
+                        self.shards_of[n] = g.chunks
+                    first = g.items[0]
+                    if isinstance(first, str) and program.stage(first).expr.op is Op.MATMUL:
+                        self.unstored.add(first)
+                    continue
                 for n in g.stages():
                     self.chunks_of[n] = g.chunks
         self.group_of: dict[str, Group] = {}
@@ -205,7 +216,11 @@ class Storage:
                         ),
                     )
                     continue
-            if e.op in (Op.ALLREDUCE, Op.REDUCESCATTER) and s.name not in self.chunks_of:
+            if (
+                e.op in (Op.ALLREDUCE, Op.REDUCESCATTER)
+                and s.name not in self.chunks_of
+                and s.name not in self.shards_of
+            ):
                 src = e.args[0].name
                 assert src is not None
                 if (
@@ -220,6 +235,6 @@ class Storage:
                     off = pl.Offset(per_rank=v.count) if e.op is Op.REDUCESCATTER else pl.ZERO
                     self.alias_buffer(s.name, src, off)
                     continue
-            if s.name in self.register_only:
+            if s.name in self.register_only or s.name in self.unstored:
                 continue
             self.new_buffer(s.name, "stage", s.ty.dtype, v.count, s.ty.pstage)
