@@ -656,9 +656,15 @@ PendingSend* post_send(const void* buff, size_t count, int type, int peer, ncclC
 // which the receiver never gets there is a deadlock the watchdog reports.
 void wait_sends_received(const std::vector<PendingSend*>& sends) {
   for (PendingSend* p : sends) {
-    const auto posted = [p] {
+    const auto pending = [p] {
+      return std::any_of(g_sends.begin(), g_sends.end(), [p](const std::unique_ptr<PendingSend>& x) { return x.get() == p; });
+    };
+    // progress made while waiting for an earlier send (or a receive of the same group)
+    // may have completed and freed this one: its text is gone with it
+    if (!pending()) continue;
+    const auto posted = [pending] {
       progress_all();
-      return std::none_of(g_sends.begin(), g_sends.end(), [p](const std::unique_ptr<PendingSend>& x) { return x.get() == p; });
+      return !pending();
     };
     emu::wait_until(posted, p->text + ": waiting for the receiver to post its ncclRecv", progress_all);
   }
