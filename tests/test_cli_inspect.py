@@ -6,6 +6,7 @@ import contextlib
 import io
 import json
 import re
+import shlex
 from pathlib import Path
 
 import pytest
@@ -149,6 +150,73 @@ def test_show_pipeline_stage_annotates_pipeline_stages() -> None:
     rc, out, _ = run("show", "pipeline_stage")
     assert rc == 0
     assert re.search(r"^recv = send\(sum\) +# f16\[B, S, H\] replicated @stage 1$", out, re.M)
+
+
+# --- apply --explain: the TUI palette's steps ---------------------------------------------
+SP_MLP = ROOT / "tests" / "programs" / "sp_mlp.coco"
+
+
+def test_explain_offers_decompose_where_it_applies_and_says_why_not() -> None:
+    rc, out, err = run("apply", str(SP_MLP), "--explain", "xg")
+    assert (rc, err) == (0, "")
+    lines = out.splitlines()
+    assert lines[0] == "steps for 'xg':"
+    assert lines[1].split() == ["ok", "decompose(xg,", "h)"]
+    refused = next(line for line in lines if line.lstrip().startswith("no overlap(xg, h)"))
+    assert "decompose(xg, h) overlaps them shard by shard" in refused
+
+    rc, out, _ = run("apply", str(SP_MLP), "--explain", "ys", "--json")
+    assert rc == 0
+    assert {"step": "decompose(y, ys)", "ok": True, "reason": None} in json.loads(out)
+
+    # after it, refused with the reason
+    rc, out, _ = run("apply", str(SP_MLP), "decompose(y, ys)", "--explain", "y")
+    line = next(x for x in out.splitlines() if "decompose(y, ys)" in x)
+    assert line.lstrip().startswith("no decompose(y, ys)")
+    assert "'y' is already in an overlapped group" in line
+
+    # a matmul's allreduce: refused, not a reducescatter (split it first)
+    rc, out, _ = run("apply", "megatron_mlp", "--explain", "layer")
+    line = next(x for x in out.splitlines() if "decompose(" in x)
+    assert line.split()[:3] == ["no", "decompose(layer,", "sum)"]
+    assert "is not a reducescatter" in line
+
+
+def test_explain_lists_every_overlap_group_with_the_models_chunk_count() -> None:
+    rc, out, err = run("apply", "moe_layer", "--explain", "h")
+    assert (rc, err) == (0, "")
+    lines = out.splitlines()
+    best = re.fullmatch(r"  ok (overlap\(y, h, a, o, back, chunks=(\d+)\))", lines[1])
+    assert best is not None, lines
+    ok = [line.split(None, 1)[1] for line in lines[1:] if line.startswith("  ok overlap(")]
+    assert all(re.search(r", chunks=\d+\)$", step) for step in ok), ok
+    assert [re.sub(r", chunks=\d+\)$", ")", step) for step in ok] == [
+        "overlap(y, h, a, o, back)",  # both all-to-alls first, then the smallest groups
+        "overlap(y, h)",
+        "overlap(y, h, a)",
+        "overlap(y, h, a, o)",
+        "overlap(h, a, o, back)",
+    ]
+    # the chunk count listed is the one applying the step without `chunks=` gives
+    rc, out, _ = run("apply", "moe_layer", "overlap(y, h, a, o, back)", "--json")
+    assert json.loads(out)["steps"] == [best.group(1)]
+
+
+def test_the_explain_example_in_the_docs_is_what_apply_prints() -> None:
+    """docs/schedules.md shows `apply --explain`'s output, reasons cut short with `…`."""
+    doc = (ROOT / "docs" / "schedules.md").read_text(encoding="utf-8")
+    m = re.search(r"```text\n\$ (cocoviz apply .*--explain \w+)\n(.*?)```", doc, re.S)
+    assert m is not None
+    rc, out, err = run(*shlex.split(m.group(1))[1:])
+    assert (rc, err) == (0, "")
+    shown, printed = m.group(2).splitlines(), out.splitlines()
+    assert len(shown) == len(printed)
+    for want, got in zip(shown, printed, strict=True):
+        head, cut, tail = want.partition("…")
+        if cut:
+            assert got.startswith(head.removesuffix("(")) and got.endswith(tail.removeprefix(")"))
+        else:
+            assert got == want
 
 
 # --- samples --------------------------------------------------------------------------------

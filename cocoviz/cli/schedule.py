@@ -6,11 +6,14 @@ import argparse
 import json
 import re
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from cocoviz.cli import add_json_option, add_program_options, args_hardware, load_args_program
 from cocoviz.errors import ExitCode, InputError, UsageError
 from cocoviz.ir.nodes import Program, StepCall
+
+if TYPE_CHECKING:
+    from cocoviz.sim.hardware import Hardware
 
 
 def register(sub: Any) -> None:
@@ -96,7 +99,7 @@ def cmd_apply(args: argparse.Namespace) -> int:
         comment = f"{program.name}: {len(session.steps)} step(s), written by cocoviz apply"
         session.save(args.output, comment)
     if args.explain:
-        return _explain(session.program, args.explain, args.json)
+        return _explain(session.program, args.explain, session.hw, args.json)
     if args.json:
         from cocoviz.ir.graph import to_json
 
@@ -108,23 +111,25 @@ def cmd_apply(args: argparse.Namespace) -> int:
     return ExitCode.OK
 
 
-def _explain(program: Program, stage: str, as_json: bool) -> int:
-    from cocoviz.ir.transforms import legal_steps
+def _explain(program: Program, stage: str, hw: Hardware, as_json: bool) -> int:
+    """The TUI palette's steps for `stage`, a legal overlap with the chunk count the
+    model picks on `hw` (what applying it without `chunks=` gives)."""
+    from cocoviz.schedule import palette
 
-    options = legal_steps(program, stage)
+    options = [(e.resolved or e.step, e.ok, e.reason) for e in palette(program, stage, hw)]
     if as_json:
         print(
             json.dumps(
-                [{"step": o.step, "ok": o.ok, "reason": o.reason} for o in options], indent=2
+                [{"step": s, "ok": ok, "reason": why or None} for s, ok, why in options],
+                indent=2,
             )
         )
         return ExitCode.OK
-    width = max((len(o.step) for o in options), default=0)
+    width = max((len(s) for s, _, _ in options), default=0)
     print(f"steps for '{stage}':")
-    for o in options:
-        mark = "ok " if o.ok else "no "
-        why = "" if o.ok else f"  {o.reason}"
-        print(f"  {mark}{o.step.ljust(width)}{why}".rstrip())
+    for s, ok, why in options:
+        mark = "ok " if ok else "no "
+        print(f"  {mark}{s.ljust(width)}{'' if ok else '  ' + why}".rstrip())
     return ExitCode.OK
 
 

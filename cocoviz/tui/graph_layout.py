@@ -298,6 +298,18 @@ def _kinds(program: Program) -> dict[str, str]:
     return out
 
 
+def _frame_label(g: Group, room: int) -> str:
+    """A group's frame title: `fused`, `overlapped ×K` (K row chunks) or `overlapped by
+    shard ×G` (decomposed around the ring of G ranks; `by shard ×G` where that does not
+    fit in the `room` cells of the frame's top edge — its style says it is overlapped)."""
+    if g.kind is GroupKind.FUSED:
+        return g.kind.value
+    if g.by_shard:
+        full = f"overlapped by shard ×{g.chunks}"
+        return full if len(full) + 2 <= room else f"by shard ×{g.chunks}"
+    return f"overlapped ×{g.chunks}"
+
+
 def _group_frames(program: Program) -> list[tuple[Group, int]]:
     out: list[tuple[Group, int]] = []
 
@@ -418,7 +430,7 @@ def layout_graph(program: Program) -> GraphDrawing:
         x1 = max(m.x + m.w for m in members) + pad - 1
         fy0 = min(m.y for m in members) - 2 + depth
         fy1 = max(m.y for m in members) + NODE_H + 1 - depth
-        label = g.kind.value if g.kind is GroupKind.FUSED else f"overlapped ×{g.chunks}"
+        label = _frame_label(g, x1 - max(0, x0) - 2)  # the title's cells (`render_row`)
         frames.append(Frame(label, g.kind.value, max(0, x0), max(0, fy0), x1, fy1))
         width = max(width, x1 + 2)
 

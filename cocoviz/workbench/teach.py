@@ -4,7 +4,7 @@ two predicted timelines, so the numbers are the model's, never made up. No Textu
 
 from __future__ import annotations
 
-from cocoviz.ir.nodes import Op, Program
+from cocoviz.ir.nodes import Group, Op, Program
 from cocoviz.sim.timeline import Summary
 from cocoviz.timefmt import format_time
 
@@ -45,6 +45,15 @@ WHY = {
         "can work at the same time. Each chunk pays its own collective latency and runs a "
         "smaller kernel, which is what overlap has to win back."
     ),
+    "decompose": (
+        "The collective and its matmul are decomposed by shard around the ring of the G "
+        "ranks. In each of G steps every rank multiplies the one shard it holds while "
+        "that shard moves on to its neighbour (an all-gather feeding a matmul), or adds "
+        "its block of the product to the running sum its neighbour sent and passes it on "
+        "(a matmul feeding a reduce-scatter). The network and the GPU work at the same "
+        "time, and every value keeps its layout, so sliced values enter and leave the "
+        "group freely. Each step is a point-to-point exchange and a GEMM of 1/G of the work."
+    ),
 }
 
 
@@ -68,9 +77,17 @@ def _graph_change(before: Program, after: Program) -> list[str]:
     if len(after.groups) != len(before.groups) or after.groups != before.groups:
         for g in after.groups:
             if g not in before.groups:
-                chunks = f" in {g.chunks} chunks" if g.chunks else ""
-                out.append(f"{g.kind.value} group{chunks}: " + ", ".join(g.stages()))
+                out.append(f"{g.kind.value} group{_how_split(g)}: " + ", ".join(g.stages()))
     return out or ["the graph's shape is unchanged"]
+
+
+def _how_split(g: Group) -> str:
+    """How an overlapped group cuts its work: in K row chunks, or by shard over G ranks."""
+    if not g.chunks:
+        return ""
+    if g.by_shard:
+        return f" decomposed by shard over {g.chunks} ranks"
+    return f" in {g.chunks} chunks"
 
 
 STEADY = 0.005
@@ -115,6 +132,11 @@ WIN_WHERE = {
         "Overlap pays when each chunk's computation outlasts its collective's latency: "
         "larger matrices, fewer chunks, or in-kernel collectives (--collectives "
         "nccl-device)."
+    ),
+    "decompose": (
+        "Decomposing pays when each shard's GEMM outlasts its point-to-point exchange: "
+        "larger matrices or fewer ranks; with many small shards the per-step latency "
+        "dominates."
     ),
 }
 """Where a step that loses here would win, by step."""

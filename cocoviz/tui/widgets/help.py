@@ -25,8 +25,11 @@ in the source, highlighted in the timeline, and the palette offers its steps.
 the cursor, or under the mouse, is described under the axis.
 
 **steps** — the steps legal for the selected stage, keys `1`–`9`; illegal ones are
-dimmed with the reason. An `overlap` is applied without `chunks=`: the cost model
-picks the chunk count K for the hardware (`model: K=2`), and the history shows it.
+dimmed with the reason. The legal overlap groups through the stage that overlap
+communication are offered, the most collectives first, and `decompose` for an all-gather
+feeding a matmul or a matmul feeding a reduce-scatter. An `overlap` is applied without
+`chunks=`: the cost model picks the chunk count K for the hardware (`model: K=2`), and
+the history shows it.
 
 **cost** — the predicted makespan of the current step and its speedup over the
 unscheduled program; `w` shows instead the crossover sweep of the program's main

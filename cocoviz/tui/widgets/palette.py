@@ -9,13 +9,19 @@ from textual.widgets import OptionList
 from textual.widgets.option_list import Option
 
 from cocoviz.schedule import PaletteEntry
+from cocoviz.tui.pane_layout import SIDE_W
 from cocoviz.tui.widgets.steady import SteadyOptionList
 
 
-def _label(e: PaletteEntry) -> tuple[tuple[str, str], ...]:
-    """The step in bold; a note after it (how `overlap` picks K) in the dim style."""
+def _label(e: PaletteEntry, room: int) -> tuple[tuple[str, str], ...]:
+    """The step in bold; a note after it (how `overlap` picks K) in the dim style, on a
+    line of its own under the step when the two do not fit in `room` cells together (a
+    long overlap group), so that the note is not broken in two."""
     if e.label.startswith(e.step) and e.label != e.step:
-        return ((e.step, "bold"), (e.label[len(e.step) :], "dim"))
+        note = e.label[len(e.step) :]
+        if len(e.label) > room:
+            note = "\n    " + note.strip()
+        return ((e.step, "bold"), (note, "dim"))
     return ((e.shown, "bold"),)
 
 
@@ -44,12 +50,14 @@ class StepPalette(SteadyOptionList):
         legal = [e for e in entries if e.ok]
         illegal = [e for e in entries if not e.ok]
         self.keyed = [e.step for e in legal[:9]]
+        # cells for a step after its key: the list's width once laid out, else the side
+        # column's less its border
+        room = (self.scrollable_content_region.width or SIDE_W - 2) - 3
         options: list[Option] = []
         for i, e in enumerate(legal):
             key = f"{i + 1} " if i < 9 else "  "
-            options.append(
-                Option(Text.assemble((key, "bold reverse"), " ", *_label(e)), id=f"ok:{i}")
-            )
+            label = Text.assemble((key, "bold reverse"), " ", *_label(e, room))
+            options.append(Option(label, id=f"ok:{i}"))
         for i, e in enumerate(illegal):
             t = Text(f"  {e.shown}", style="dim")
             if e.reason:
