@@ -145,8 +145,8 @@ def test_cuda_scatter_combines_after_the_exchange_and_sends_what_it_combined() -
             r"COCOVIZ_LAUNCH\(k_sch_sum_rs_combine, \d+, kThreads, 0, S->compute\)\(B, step\)",
             r"cudaEventRecord\(S->ev_\w+\[0\]\[step\], S->compute\)",
             r"cudaStreamWaitEvent\(S->comm, S->ev_\w+\[0\]\[step\], 0\)",
-            r"ncclSend\(B\.s_sch_sum_rs_acc \+ step % 2 \* 64, 64, ncclFloat32, \(tp \+ 1\) % 4,",
-            r"ncclRecv\(B\.s_sch_sum_rs_recv, 64, ncclFloat32, \(tp \+ 3\) % 4,",
+            r"ncclSend\(B\.s_sch_sum_rs_acc \+ step % 2 \* 64, 64, ncclFloat16, \(tp \+ 1\) % 4,",
+            r"ncclRecv\(B\.s_sch_sum_rs_recv, 64, ncclFloat16, \(tp \+ 3\) % 4,",
             r"cudaEventRecord\(S->ev_\w+\[1\]\[step\], S->comm\)",
         ],
     )

@@ -161,7 +161,10 @@ class ShardLowering(KernelLowering):
     ) -> tuple[list[pl.Step], list[pl.ChunkItem], list[Dep], list[pl.Step]]:
         mm, rs = self.p.stage(sp.matmul), self.p.stage(sp.collective)
         G, n, dt = sp.group, sp.shard_numel, mm.ty.dtype
-        acc_dt = dt.compute
+        # f16/bf16 accumulators travel in their own dtype, rounded at each hop as NCCL's
+        # reduce-scatter rounds them (half the bytes of an f32 accumulator); integers keep
+        # their wide compute type, so `avg` divides the exact sum
+        acc_dt = dt if dt.is_half else dt.compute
         partial = self._ring_buffer(mm, "block", dt, n, "temp")
         acc = self._ring_buffer(rs, "acc", acc_dt, 2 * n, "acc")
         received = self._ring_buffer(rs, "recv", acc_dt, n, "acc")

@@ -13,7 +13,8 @@ of the work, in the geometry every backend reads (`cocoviz.ir.shards.shard_plan`
   fused group's computation and allgathers) then run as usual.
 
 Products accumulate in f32 (f64 for f64) and are rounded once, as `ops.matmul`; the
-reduction runs in ring order, so a scatter agrees with the reference within the dtype's
+reduction runs in ring order (an f16/bf16 accumulator rounded at each hop, as the emitted
+code sends it), so a scatter agrees with the reference within the dtype's
 tolerance rather than bit for bit.
 """
 
@@ -147,7 +148,9 @@ class ShardPipeline:
         a = np.ascontiguousarray(w.operand(a_e)).astype(acc, copy=False).reshape(-1)
         b = np.ascontiguousarray(w.operand(b_e)).astype(acc, copy=False).reshape(-1)
         n = plan.shard_numel
-        ct = ops.accumulation_dtype(rs.expr.args[0].type.dtype)
+        dtype = rs.expr.args[0].type.dtype
+        ct = ops.accumulation_dtype(dtype)
+        half = dtype.is_half
         combine = _COMBINE[rs.expr.rop]
         block = np.empty(n, dtype=acc)
         sending = [np.empty(n, dtype=ct), np.empty(n, dtype=ct)]  # double-buffered
@@ -171,6 +174,8 @@ class ShardPipeline:
                 recv_req.Wait()
                 w.record(rs.name, "comm", "sendrecv", t, incoming.nbytes, chunk=s)
                 combine(buf, incoming, out=buf)
+                if half and s < G - 1:  # the accumulator travels rounded, as emitted code's
+                    np.copyto(buf, ops.to_compute(ops.round_to(buf, dtype), dtype))
             if send_req is not None:
                 send_req.Wait()
             if s < G - 1:
