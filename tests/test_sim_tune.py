@@ -9,7 +9,7 @@ from cocoviz import samples
 from cocoviz.ir.lower import RanksOverride, load_file
 from cocoviz.ir.syntax import parse_steps
 from cocoviz.schedule.chunks import best_chunks
-from cocoviz.schedule.tune import schedule_label, tune, write_schedule
+from cocoviz.schedule.tune import TuneProgress, schedule_label, tune, write_schedule
 from cocoviz.sim.hardware import load_profile
 from cocoviz.sim.timeline import makespan
 from cocoviz.sim.warnings import chunk_times
@@ -76,9 +76,12 @@ def test_pipeline_finds_the_sliced_send():
 
 
 def test_progress_is_reported():
-    seen: list[int] = []
+    seen: list[TuneProgress] = []
     tune(load_file(samples.path("sgd")), load_profile("h100-dgx"), progress=seen.append)
-    assert seen and seen == sorted(seen) and seen[-1] >= 4
+    counts = [p.evaluated for p in seen]
+    assert counts and counts == sorted(counts) and counts[-1] >= 4
+    assert seen[-1].regions_done == seen[-1].regions == 1
+    assert all(p.elapsed_s >= 0 for p in seen)
 
 
 def test_best_schedule_round_trips_through_a_sched_file(tmp_path):

@@ -41,12 +41,23 @@ def register(sub: Any) -> None:
         "tune",
         help="rank the legal schedules of a program by predicted time",
         description="Enumerate legal schedules (split, reorder, asslice, dce, fuse, overlap "
-        "with chunk counts 2-16 over the program's collectives), predict each with the "
-        "model and print the best.",
+        "with chunk counts 2-16, decompose over the program's collectives), predict each "
+        "with the model and print the best. A program of several regions whose choices do "
+        "not interact (the layers of a stack) is tuned region by region, each kind of region "
+        "once. On a terminal a progress bar shows on stderr once a tune takes more than a "
+        "second; Ctrl-C prints the best schedules found so far (exit 130).",
     )
     add_program_options(p, schedule=False)
     _add_collectives(p)
     p.add_argument("--top", type=int, default=10, metavar="K", help="schedules to list")
+    p.add_argument(
+        "--budget",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help="stop searching after SECONDS and list the best schedules found so far "
+        "(marked as such)",
+    )
     p.add_argument(
         "--sweep",
         metavar="NAME=LO..HI",
@@ -231,45 +242,48 @@ def cmd_simulate(args: argparse.Namespace) -> int:
 # tune
 
 
+_PROGRESS_AFTER_S = 1.0
+"""A tune shows its progress bar once it has run this long (a quick one never draws)."""
+
+
 def cmd_tune(args: argparse.Namespace) -> int:
     from cocoviz.schedule.files import check_sched_output
     from cocoviz.schedule.tune import tune, write_schedule
 
     if args.top < 1:
         raise UsageError("--top needs a positive count")
+    budget = args.budget
+    if budget is not None and not budget > 0:  # (also NaN)
+        raise UsageError("--budget needs a positive number of seconds")
     if args.sweep is not None:
+        if budget is not None:
+            raise UsageError("--budget bounds one tune; it does not combine with --sweep")
         return _cmd_sweep(args)
     if args.output:
         check_sched_output(Path(args.output), args.force)
     hw = args_hardware(args)
     program = load_args_program(args)
-    progress = None
-    live: Any = None
-    if sys.stderr.isatty() and not args.json:
-        from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
-
-        live = Progress(
-            TextColumn("tuning {task.description}"),
-            BarColumn(),
-            TextColumn("{task.completed} schedules"),
-            TimeElapsedColumn(),
-            console=console(stderr=True),
-            transient=True,
-        )
-        task = live.add_task(program.name, total=None)
-
-        def progress(done: int) -> None:
-            live.update(task, completed=done)
-
-        live.start()
-    try:
-        result = tune(program, hw, collectives=args.collectives, progress=progress)
-    finally:
-        if live is not None:
-            live.stop()
+    bar = _TuneBar(program.name) if sys.stderr.isatty() and not args.json else None
+    with _StopOnInterrupt() as interrupt:
+        try:
+            result = tune(
+                program,
+                hw,
+                collectives=args.collectives,
+                progress=bar.update if bar is not None else None,
+                budget_s=budget,
+                stop=interrupt.requested,
+            )
+        finally:
+            if bar is not None:
+                bar.close()
+    code = ExitCode.OK if result.stopped != "stopped" else _INTERRUPTED
+    if result.stopped == "stopped":
+        print("interrupted: the best schedules found so far", file=sys.stderr)
     best = result.candidates[: args.top]
     if args.output:
-        write_schedule(result.best, Path(args.output))
+        header = None if result.complete else f"{result.best.name} (best found so far)"
+        write_schedule(result.best, Path(args.output), header)
         print(f"wrote {args.output}: {len(result.best.steps)} steps", file=sys.stderr)
     if args.json:
         print(
@@ -279,6 +293,10 @@ def cmd_tune(args: argparse.Namespace) -> int:
                     "hardware": hw.name,
                     "collectives": args.collectives,
                     "evaluated": result.evaluated,
+                    "regions": result.regions,
+                    "kinds": result.kinds,
+                    "complete": result.complete,
+                    "stopped": result.stopped,
                     "baseline_s": result.baseline_s,
                     "schedules": [
                         {
@@ -295,17 +313,23 @@ def cmd_tune(args: argparse.Namespace) -> int:
                 indent=2,
             )
         )
-        return ExitCode.OK
+        return code
     from rich.table import Table
     from rich.text import Text
 
     from cocoviz.timefmt import format_time
 
-    table = Table(
-        title=f"{program.name} on {hw.name}, {program.grid.world} ranks: "
-        f"{result.evaluated} schedules evaluated",
-        title_justify="left",
+    title = (
+        f"{program.name} on {hw.name}, {program.grid.world} ranks: "
+        f"{result.evaluated} schedules evaluated"
     )
+    if result.regions > 1:
+        title += f" in {result.regions} regions ({result.kinds} kinds tuned)"
+    if result.stopped == "budget":
+        title += f"; the best found in {budget:g} s (the search did not finish)"
+    elif result.stopped is not None:
+        title += "; the best found before the search was interrupted"
+    table = Table(title=title, title_justify="left")
     table.add_column("rank", justify="right")
     table.add_column("predicted", justify="right")
     table.add_column("speedup", justify="right")
@@ -321,7 +345,101 @@ def cmd_tune(args: argparse.Namespace) -> int:
             Text("; ".join(str(s) for s in c.steps) or "(as written)"),
         )
     console().print(table)
-    return ExitCode.OK
+    return code
+
+
+_INTERRUPTED = 130
+"""The exit code of a command Ctrl-C ended (as `cocoviz.cli.main` returns it)."""
+
+
+class _StopOnInterrupt:
+    """While a tune runs, the first Ctrl-C asks it to stop (it then returns the best
+    schedules found so far); a second one interrupts as usual. Only the main thread
+    receives signals: elsewhere nothing is installed."""
+
+    def __init__(self) -> None:
+        self.stop = False
+        self._previous: Any = None
+
+    def requested(self) -> bool:
+        return self.stop
+
+    def _handle(self, signum: int, frame: Any) -> None:
+        import signal
+
+        self.stop = True
+        signal.signal(signal.SIGINT, self._previous)
+
+    def __enter__(self) -> _StopOnInterrupt:
+        import signal
+        import threading
+
+        if threading.current_thread() is threading.main_thread():
+            self._previous = signal.signal(signal.SIGINT, self._handle)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        import signal
+
+        if self._previous is not None:
+            signal.signal(signal.SIGINT, self._previous)
+
+
+class _TuneBar:
+    """The progress of a tune on stderr (a terminal's only): candidates evaluated,
+    regions done and an estimate of the time left, drawn once the tune has run for
+    `_PROGRESS_AFTER_S` and cleared when it ends."""
+
+    _STEPS = 1000
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.live: Any = None
+        self.task: Any = None
+
+    def update(self, p: Any) -> None:
+        if self.live is None:
+            if p.elapsed_s < _PROGRESS_AFTER_S:
+                return
+            from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+            self.live = Progress(
+                TextColumn("tuning {task.description}"),
+                BarColumn(),
+                TextColumn("{task.fields[evaluated]} candidates"),
+                TextColumn("{task.fields[regions]}"),
+                TimeElapsedColumn(),
+                TextColumn("{task.fields[left]}"),
+                console=console(stderr=True),
+                transient=True,
+            )
+            self.task = self.live.add_task(
+                self.name, total=self._STEPS, evaluated=0, regions="", left=""
+            )
+            self.live.start()
+        left = p.remaining_s
+        done = p.elapsed_s / (p.elapsed_s + left) if left is not None else 0.0
+        if p.regions_done >= p.regions:
+            done = 1.0
+        self.live.update(
+            self.task,
+            completed=int(done * self._STEPS),
+            evaluated=p.evaluated,
+            regions=f"regions {p.regions_done}/{p.regions}",
+            left="" if left is None else f"about {_duration(left)} left",
+        )
+
+    def close(self) -> None:
+        if self.live is not None:
+            self.live.stop()
+
+
+def _duration(seconds: float) -> str:
+    if seconds < 60:
+        return f"{seconds:.0f} s"
+    if seconds < 3600:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds / 3600:.1f} h"
 
 
 _SWEEP_MAX_LOG2 = 40

@@ -29,11 +29,23 @@ the simulated makespan (``cocoviz.sim.timeline.makespan``).
 Every candidate is built with ``cocoviz.schedule.steps``, the path every caller takes,
 so an ``overlap`` written without ``chunks=`` (in a schedule block) gets the K the model
 picks on ``hw`` here as in ``apply``, ``emit`` and the TUI.
+
+That search runs on the whole program when it has one region with something to choose.
+A program of several (`cocoviz.schedule.regions`: the stretches between clean cuts that
+no candidate step crosses, such as the layers of a stack) is searched region by region:
+each class of regions that are the same up to renaming once, and the best of each put
+together (`cocoviz.schedule.structured`, docs/cost-model.md, The tuner).
+
+`tune` prints nothing: it reports through ``progress`` (a `TuneProgress` after each
+candidate), stops when ``budget_s`` is spent or ``stop()`` says so, and then returns the
+best schedules found so far (`TuneResult.complete` False), so that a worker thread can
+run it.
 """
 
 from __future__ import annotations
 
 import re
+import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -50,6 +62,7 @@ from cocoviz.ir.nodes import (
     GroupKind,
     Op,
     Program,
+    Stage,
 )
 from cocoviz.schedule.chunks import CHUNK_CHOICES
 from cocoviz.schedule.files import save_sched
@@ -63,6 +76,7 @@ __all__ = [
     "Crossover",
     "SweepPoint",
     "SweepResult",
+    "TuneProgress",
     "TuneResult",
     "block_of",
     "main_dimension",
@@ -100,6 +114,20 @@ class TuneResult:
     baseline_s: float
     candidates: list[Candidate] = field(default_factory=list)
     evaluated: int = 0
+    """Candidates simulated (a region's candidates count once for all regions like it)."""
+    stopped: str | None = None
+    """Why the search ended early: ``"budget"`` (``budget_s`` spent) or ``"stopped"``
+    (``stop()`` said so); None when it ran to the end."""
+    regions: int = 1
+    """The regions the program was searched in (1: as a whole)."""
+    kinds: int = 1
+    """Classes of regions the same up to renaming that had something to choose."""
+
+    @property
+    def complete(self) -> bool:
+        """Whether every candidate was tried (else the candidates are the best found
+        before the search stopped)."""
+        return self.stopped is None
 
     @property
     def best(self) -> Candidate:
@@ -110,45 +138,41 @@ class TuneResult:
         return next((c for c in self.candidates if c.decomposed is decomposed), None)
 
 
+@dataclass(frozen=True)
+class TuneProgress:
+    """How far a tune is: handed to ``tune``'s ``progress`` callback after each
+    candidate it simulates."""
+
+    evaluated: int
+    regions_done: int
+    """Regions whose search has ended (of `regions`)."""
+    regions: int
+    elapsed_s: float
+    remaining_s: float | None
+    """An estimate of the time left (None until there is one)."""
+
+
 # ---------------------------------------------------------------------------------------
 # Labels
 
 
-def _token(program: Program, name: str) -> str:
-    op = program.stage(name).expr.op
+def _token(stage: Stage) -> str:
+    op = stage.expr.op
     if op is Op.MATMUL:
         return "MM"
     return collective(op).label if op in COLLECTIVES else "C"
 
 
-def _tokens(program: Program, names: Sequence[str]) -> list[str]:
-    out: list[str] = []
-    run = 0
-    for n in names:
-        t = _token(program, n)
-        if t == "C":
-            run += 1
-            continue
-        if run:
-            out.append("C" if run == 1 else f"C×{run}")
-            run = 0
-        out.append(t)
-    if run:
-        out.append("C" if run == 1 else f"C×{run}")
-    return out
-
-
-def _group_label(program: Program, g: Group) -> str:
+def _group_label(g: Group, by_name: dict[str, Stage], position: dict[str, int]) -> str:
     if g.kind is GroupKind.FUSED:
-        inside = set(g.stages())
-        members = [s.name for s in program.stages if s.name in inside]
-        toks = _tokens(program, members)
+        members = sorted(g.stages(), key=position.__getitem__)
+        toks = _join_tokens([t if t != "C" else 1 for t in (_token(by_name[m]) for m in members)])
         toks = ["C" if t.startswith("C") else t for t in toks]  # one kernel
         if toks == ["C"]:
             return "C"
         return f"fuse({'-'.join(toks)})"
     parts = [
-        _group_label(program, it) if isinstance(it, Group) else "-".join(_tokens(program, [it]))
+        _group_label(it, by_name, position) if isinstance(it, Group) else _token(by_name[it])
         for it in g.items
     ]
     if g.by_shard:
@@ -158,25 +182,50 @@ def _group_label(program: Program, g: Group) -> str:
     return f"ol({', '.join(parts)})"
 
 
+def label_parts(program: Program) -> list[str | int]:
+    """The parts of `schedule_label` in issue order: a group's label or a stage's token,
+    with an ungrouped compute stage as ``1`` (runs of them are counted when joined, also
+    across the parts of consecutive regions)."""
+    by_name = {s.name: s for s in program.stages}
+    position = {s.name: i for i, s in enumerate(program.stages)}
+    order = contracted_order(program, program.groups) or [s.name for s in program.stages]
+    parts: list[str | int] = []
+    for item in order:
+        if isinstance(item, Group):
+            parts.append(_group_label(item, by_name, position))
+        else:
+            tok = _token(by_name[item])
+            parts.append(1 if tok == "C" else tok)
+    return parts
+
+
+def _join_tokens(parts: Sequence[str | int]) -> list[str]:
+    out: list[str] = []
+    run = 0
+    for part in parts:
+        if isinstance(part, int):
+            run += part
+            continue
+        if run:
+            out.append("C" if run == 1 else f"C×{run}")
+            run = 0
+        out.append(part)
+    if run:
+        out.append("C" if run == 1 else f"C×{run}")
+    return out
+
+
+def join_label(parts: Sequence[str | int]) -> str:
+    """The label of `label_parts` (of one program, or of regions put together)."""
+    return "-".join(_join_tokens(parts)) or "(empty)"
+
+
 def schedule_label(program: Program) -> str:
     """A CoCoNet-style name for the structure of a program: ``MM-AR-C``,
     ``fuse(RS-C-AG)``, ``ol(MM, fuse(RS-C-AG), K=4)``, ``ol(AG, MM, DEC)`` (decomposed by
     shard). ``C`` is one compute kernel (a stage or a fused group), ``C×n`` n separate
     kernels."""
-    order = contracted_order(program, program.groups) or [s.name for s in program.stages]
-    parts: list[str] = []
-    pending: list[str] = []
-    for item in order:
-        if isinstance(item, Group):
-            if pending:
-                parts += _tokens(program, pending)
-                pending = []
-            parts.append(_group_label(program, item))
-        else:
-            pending.append(item)
-    if pending:
-        parts += _tokens(program, pending)
-    return "-".join(parts) or "(empty)"
+    return join_label(label_parts(program))
 
 
 # ---------------------------------------------------------------------------------------
@@ -410,73 +459,245 @@ def _after_reorder(moved: Program, coll: str, base: list[str], hw: Hardware) -> 
 # The search
 
 
-def tune(
-    program: Program,
-    hw: Hardware,
-    *,
-    collectives: str = "nccl",
-    progress: Callable[[int], None] | None = None,
-) -> TuneResult:
-    """Rank legal schedules of ``program`` (as loaded, before any schedule block)."""
-    baseline = makespan(program, hw, collectives)
-    result = TuneResult(program.name, hw.name, baseline)
-    seen: dict[Program, Candidate] = {}
+class _Stopped(Exception):
+    """The budget is spent or the caller asked to stop (raised between candidates)."""
 
-    def evaluate(steps: Sequence[str], p: Program, block: str | None = None) -> Candidate:
+
+_PRIOR_PER_COLLECTIVE = 40
+"""Candidates a collective is expected to take before one has been searched (the
+estimate of the time left)."""
+
+
+class Monitor:
+    """A tune's clock: counts candidates, reports progress, and stops the search when
+    its budget is spent or its caller asks (`tick`, after each candidate)."""
+
+    def __init__(
+        self,
+        progress: Callable[[TuneProgress], None] | None = None,
+        budget_s: float | None = None,
+        stop: Callable[[], bool] | None = None,
+    ) -> None:
+        self.start = time.perf_counter()
+        self.deadline = None if budget_s is None else self.start + budget_s
+        self.progress = progress
+        self.stop = stop
+        self.reason: str | None = None
+        """Why the search stopped ("budget", "stopped"), once it has."""
+        self.stoppable = True
+        """Whether `tick` may stop the search (off while the parts every result needs
+        are simulated)."""
+        self.evaluated = 0
+        self.regions = 1
+        self.regions_done = 0
+        self.collectives = 0
+        """Collectives to search (for the estimate of the time left)."""
+        self.collectives_done = 0
+        self.evaluated_in_done = 0
+        """Candidates the searched collectives took."""
+
+    def plan(self, collectives: int, regions: int = 1) -> None:
+        self.collectives, self.regions = collectives, regions
+
+    def collective_done(self, evaluated_since: int) -> None:
+        self.collectives_done += 1
+        self.evaluated_in_done += evaluated_since
+
+    def remaining_s(self, elapsed: float) -> float | None:
+        if self.evaluated < 4 or elapsed <= 0:
+            return None
+        per = (
+            self.evaluated_in_done / self.collectives_done
+            if self.collectives_done
+            else _PRIOR_PER_COLLECTIVE
+        )
+        started = self.evaluated - self.evaluated_in_done  # in the collective under way
+        left = max(0.0, (self.collectives - self.collectives_done) * per - started)
+        return left * elapsed / self.evaluated
+
+    def report(self) -> None:
+        if self.progress is not None:
+            elapsed = time.perf_counter() - self.start
+            self.progress(
+                TuneProgress(
+                    self.evaluated,
+                    self.regions_done,
+                    self.regions,
+                    elapsed,
+                    self.remaining_s(elapsed),
+                )
+            )
+
+    def tick(self) -> None:
+        """One more candidate simulated; raises `_Stopped` when the search must end."""
+        self.evaluated += 1
+        self.report()
+        if self.reason is None:
+            if self.stop is not None and self.stop():
+                self.reason = "stopped"
+            elif self.deadline is not None and time.perf_counter() > self.deadline:
+                self.reason = "budget"
+        if self.reason is not None and self.stoppable:
+            raise _Stopped
+
+
+class Search:
+    """The coordinate descent over one program's collectives (module docstring). Every
+    candidate it simulates is kept in `seen`, keyed by its program."""
+
+    def __init__(self, program: Program, hw: Hardware, collectives: str, monitor: Monitor) -> None:
+        self.program = program
+        self.hw = hw
+        self.collectives = collectives
+        self.monitor = monitor
+        self.seen: dict[Program, Candidate] = {}
+        self.evaluated = 0
+        self.finished = False
+        """Whether the descent ran to its end."""
+        self._current: Program = program
+        self._current_steps: tuple[str, ...] = ()
+
+    @property
+    def as_written(self) -> Candidate:
+        return self.seen[self.program]
+
+    def evaluate(self, steps: Sequence[str], p: Program, block: str | None = None) -> Candidate:
+        seen = self.seen
         hit = seen.get(p)
         if hit is not None:
             if hit.block is None and (block is not None or len(steps) < len(hit.steps)):
                 seen[p] = Candidate(tuple(steps), hit.name, hit.time_s, block, hit.decomposed)
             return seen[p]
-        t = makespan(p, hw, collectives)
+        t = makespan(p, self.hw, self.collectives)
         decomposed = any(g.by_shard for g in p.groups)
         c = Candidate(tuple(steps), schedule_label(p), t, block, decomposed)
         seen[p] = c
-        result.evaluated += 1
-        if progress is not None:
-            progress(result.evaluated)
+        self.evaluated += 1
+        self.monitor.tick()
         return c
 
-    evaluate((), program)
-    current: Program = program
-    current_steps: tuple[str, ...] = ()
+    def start(self) -> Candidate:
+        """The program as written (every search begins with it)."""
+        if self.program not in self.seen:
+            self.evaluate((), self.program)
+        return self.as_written
 
-    def descend(coll: str, recipes: Iterator[list[str]]) -> None:
+    def run(self) -> None:
+        """The descent, to its end or until the monitor stops it."""
+        try:
+            self.start()
+            program, hw = self.program, self.hw
+            colls = [s.name for s in program.stages if s.expr.op is Op.ALLREDUCE]
+            for coll in colls:
+                if coll in _stage_names(self._current):
+                    self._descend(coll, _recipes(self._current, coll, hw))
+            current = self._current
+            pairs = [
+                s.name
+                for s in current.stages
+                if s.expr.op in (Op.ALLGATHER, Op.REDUCESCATTER)
+                and current.group_of(s.name) is None
+            ]
+            for coll in pairs:
+                current = self._current
+                if coll in _stage_names(current) and current.group_of(coll) is None:
+                    self._descend(coll, _pair_recipes(current, coll))
+            self.finished = True
+        except _Stopped:
+            pass
+
+    def _descend(self, coll: str, recipes: Iterator[list[str]]) -> None:
         """Keep the fastest of ``recipes`` for one collective (coordinate descent)."""
-        nonlocal current, current_steps
+        before = self.evaluated
         best: tuple[float, Program, tuple[str, ...]] | None = None
         for steps in recipes:
-            p = _apply(current, steps, hw)
+            p = _apply(self._current, steps, self.hw)
             if p is None:
                 continue
             try:
-                c = evaluate((*current_steps, *steps), p)
+                c = self.evaluate((*self._current_steps, *steps), p)
             except CocovizError:
                 continue
             if best is None or c.time_s < best[0]:
-                best = (c.time_s, p, (*current_steps, *steps))
+                best = (c.time_s, p, (*self._current_steps, *steps))
         if best is not None:
-            _, current, current_steps = best
+            _, self._current, self._current_steps = best
+        self.monitor.collective_done(self.evaluated - before)
 
-    colls = [s.name for s in program.stages if s.expr.op is Op.ALLREDUCE]
-    for coll in colls:
-        if coll in _stage_names(current):
-            descend(coll, _recipes(current, coll, hw))
-    pairs = [
-        s.name
-        for s in current.stages
-        if s.expr.op in (Op.ALLGATHER, Op.REDUCESCATTER) and current.group_of(s.name) is None
-    ]
-    for coll in pairs:
-        if coll in _stage_names(current) and current.group_of(coll) is None:
-            descend(coll, _pair_recipes(current, coll))
-    for sched in program.schedules:
-        block_steps = tuple(str(s) for s in sched.steps)
-        p = _apply(program, block_steps, hw)
-        if p is not None:
-            evaluate(block_steps, p, sched.name)
-    result.candidates = sorted(seen.values(), key=lambda c: (c.time_s, len(c.steps), c.steps))
-    return result
+    def blocks(self) -> None:
+        """The program's own schedule blocks, tagged with their names."""
+        try:
+            for sched in self.program.schedules:
+                block_steps = tuple(str(s) for s in sched.steps)
+                p = _apply(self.program, block_steps, self.hw)
+                if p is not None:
+                    self.evaluate(block_steps, p, sched.name)
+        except _Stopped:
+            pass
+
+    def ranked(self) -> list[tuple[Candidate, Program]]:
+        """Every candidate with its program, fastest first."""
+        return sorted(
+            ((c, p) for p, c in self.seen.items()),
+            key=lambda cp: (cp[0].time_s, len(cp[0].steps), cp[0].steps),
+        )
+
+
+def tuned_collectives(program: Program) -> int:
+    """The collectives the search tries steps for (as the program is written)."""
+    return sum(
+        1 for s in program.stages if s.expr.op in (Op.ALLREDUCE, Op.ALLGATHER, Op.REDUCESCATTER)
+    )
+
+
+def tune(
+    program: Program,
+    hw: Hardware,
+    *,
+    collectives: str = "nccl",
+    progress: Callable[[TuneProgress], None] | None = None,
+    budget_s: float | None = None,
+    stop: Callable[[], bool] | None = None,
+    structured: bool | None = None,
+) -> TuneResult:
+    """Rank legal schedules of ``program`` (as loaded, before any schedule block).
+
+    ``progress`` gets a `TuneProgress` after each candidate; the search ends early, with
+    the best schedules found so far, once ``budget_s`` seconds are spent or ``stop()``
+    returns true (both checked between candidates). ``structured``: None searches region
+    by region when the program has more than one region with something to choose, True
+    always (a program of one region is then searched under canonical names), False never
+    (the whole program at once: slow on deep programs)."""
+    monitor = Monitor(progress, budget_s, stop)
+    if structured is not False:
+        from cocoviz.schedule.regions import find_regions
+        from cocoviz.schedule.structured import tune_by_region
+
+        regions = find_regions(program)
+        if structured or sum(1 for r in regions if r.tuned) > 1:
+            result = tune_by_region(program, hw, collectives, regions, monitor)
+            if result is not None:
+                return result
+    return _tune_whole(program, hw, collectives, monitor)
+
+
+def _tune_whole(program: Program, hw: Hardware, collectives: str, monitor: Monitor) -> TuneResult:
+    monitor.plan(tuned_collectives(program))
+    search = Search(program, hw, collectives, monitor)
+    search.run()
+    if monitor.reason is None:
+        search.blocks()
+    monitor.regions_done = 1
+    monitor.report()
+    return TuneResult(
+        program.name,
+        hw.name,
+        search.as_written.time_s,
+        [c for c, _ in search.ranked()],
+        search.evaluated,
+        stopped=monitor.reason,
+        kinds=1 if tuned_collectives(program) else 0,
+    )
 
 
 def write_schedule(candidate: Candidate, path: Path, header: str | None = None) -> None:
