@@ -284,6 +284,8 @@ class _Extractor:
         self.by_name = {s.name: s for s in program.stages}
         self.params = {p.name: p for p in program.params}
         self.inputs = {i.name: i.ty for i in program.inputs}
+        self.groups = [set(g.stages()) for g in program.groups]
+        self.group_of = {n: gi for gi, members in enumerate(self.groups) for n in members}
 
     def sub(self, names: Sequence[str]) -> Program:
         program, read_by, outputs = self.program, self.read_by, self.outputs
@@ -303,13 +305,12 @@ class _Extractor:
         outs = tuple(
             n for n in names if n in outputs or any(u not in inside for u in read_by.get(n, ()))
         )
-        groups: list[Group] = []
-        for g in program.groups:
-            members = set(g.stages())
-            if members <= inside:
-                groups.append(g)
-            elif members & inside:
-                raise ValueError(f"a group holds {', '.join(sorted(members & inside))} and more")
+        held = sorted({self.group_of[n] for n in names if n in self.group_of})
+        for gi in held:
+            if not self.groups[gi] <= inside:
+                cut = self.groups[gi] & inside
+                raise ValueError(f"a group holds {', '.join(sorted(cut))} and more")
+        groups = [program.groups[gi] for gi in held]
         return Program(
             name=program.name,
             grid=program.grid,

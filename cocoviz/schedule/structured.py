@@ -49,12 +49,12 @@ from cocoviz.schedule.regions import (
     stretches,
     sub_program,
 )
-from cocoviz.schedule.steps import apply_steps
 from cocoviz.schedule.tune import (
     Candidate,
     Monitor,
     Search,
     TuneResult,
+    applied,
     join_label,
     label_parts,
     schedule_label,
@@ -209,10 +209,10 @@ def tune_in_context(
         hit = parts.get((r, i))
         if hit is None:
             region = regions[r]
-            steps = comb.steps(comb.kind_of[r], i, region)
+            steps = comb.region_steps(r, i)
             if steps is None:
                 raise ValueError(f"region {r}: candidate {i} cannot be named in the program")
-            hit = parts[(r, i)] = apply_steps(sub_program(program, region.stages), steps, hw)
+            hit = parts[(r, i)] = applied(sub_program(program, region.stages), steps, hw)
         return hit
 
     evaluated = 0
@@ -221,11 +221,7 @@ def tune_in_context(
         nonlocal evaluated
         whole = _splice(program, [part(r, i) for r, i in enumerate(choice)])
         evaluated += 1
-        steps = tuple(
-            s
-            for r, i in enumerate(choice)
-            for s in comb.steps(comb.kind_of[r], i, regions[r]) or ()
-        )
+        steps = tuple(s for r, i in enumerate(choice) for s in comb.region_steps(r, i) or ())
         decomposed = any(g.by_shard for g in whole.groups)
         t = makespan(whole, hw, collectives)
         return Candidate(steps, schedule_label(whole), t, None, decomposed)
@@ -259,9 +255,9 @@ def tune_in_context(
                 if order(c) < order(best[0]):
                     best = (c, tuple(trial))
     found, picked = best
-    applied = apply_steps(program, found.steps, hw)
+    scheduled = applied(program, found.steps, hw)
     whole = _splice(program, [part(r, i) for r, i in enumerate(picked)])
-    return InContext(found, picked, evaluated, applied == whole)
+    return InContext(found, picked, evaluated, scheduled == whole)
 
 
 def _splice(program: Program, parts: Sequence[Program]) -> Program:
@@ -299,54 +295,97 @@ class _Combined:
         self.monitor = monitor
         of = {r.index: i for i, k in enumerate(kinds) for r in k.cls.members}
         self.kind_of = [of[r.index] for r in regions]
+        self.members = [[r.index for r in k.cls.members] for k in kinds]
         self.taken = program.names() | set(program.source_names)
-        self.steps_of: dict[tuple[int, int, int], tuple[str, ...]] = {}
+        self._unsuffixed: dict[str, set[str]] = {}
+        self._rendered: dict[tuple[int, int], list[tuple[str, ...]] | None] = {}
+        self._segments: dict[tuple[int, int], _Segment] = {}
         self.evaluated = sum(k.evaluated for k in kinds)
         if not any(k.cls.tuned for k in kinds):
             self.evaluated += 1  # the program as written, the one candidate
 
-    def time(self, choice: Sequence[int]) -> float:
-        kinds = self.kinds
-        return math.fsum(kinds[k].ranked[choice[k]][0].time_s for k in self.kind_of)
-
     def candidate(self, choice: Sequence[int]) -> Candidate | None:
         """The schedule that takes candidate ``choice[k]`` of each class k (None when
         its steps cannot be named in the program)."""
-        steps: list[str] = []
-        parts: list[str | int] = []
+        n = len(self.regions)
+        steps: list[tuple[str, ...]] = [()] * n
+        times = [0.0] * n
+        segments: list[_Segment] = [_EMPTY] * n
         decomposed = False
-        for region, k in zip(self.regions, self.kind_of, strict=True):
-            kind = self.kinds[k]
-            i = choice[k]
-            found = self.steps(k, i, region)
-            if found is None:
+        for k, i in enumerate(choice):
+            rendered = self._render(k, i)
+            if rendered is None:
                 return None
-            steps += found
-            parts += kind.label_parts(i)
-            decomposed = decomposed or kind.ranked[i][0].decomposed
-        return Candidate(tuple(steps), join_label(parts), self.time(choice), None, decomposed)
+            cand = self.kinds[k].ranked[i][0]
+            segment = self._segment(k, i)
+            for r, found in zip(self.members[k], rendered, strict=True):
+                steps[r] = found
+                times[r] = cand.time_s
+                segments[r] = segment
+            decomposed = decomposed or cand.decomposed
+        return Candidate(
+            tuple(itertools.chain.from_iterable(steps)),
+            _join_segments(segments),
+            math.fsum(times),
+            None,
+            decomposed,
+        )
 
-    def steps(self, k: int, i: int, region: Region) -> tuple[str, ...] | None:
-        hit = self.steps_of.get((k, i, region.index))
-        if hit is not None:
-            return hit
+    def region_steps(self, r: int, i: int) -> tuple[str, ...] | None:
+        """The steps of candidate ``i`` of region ``r``'s class, named in region ``r``."""
+        k = self.kind_of[r]
+        rendered = self._render(k, i)
+        return None if rendered is None else rendered[self.members[k].index(r)]
+
+    def _segment(self, k: int, i: int) -> _Segment:
+        hit = self._segments.get((k, i))
+        if hit is None:
+            hit = self._segments[(k, i)] = _segment_of(self.kinds[k].label_parts(i))
+        return hit
+
+    def _render(self, k: int, i: int) -> list[tuple[str, ...]] | None:
+        """Candidate ``i`` of class ``k`` named in each member region (module docstring)."""
+        if (k, i) in self._rendered:
+            return self._rendered[(k, i)]
         kind = self.kinds[k]
         cand, made = kind.ranked[i]
+        members = [self.regions[r] for r in self.members[k]]
+        out: list[tuple[str, ...]] | None = []
+        assert out is not None
         if not cand.steps:
-            out: tuple[str, ...] | None = ()
+            out = [() for _ in members]
         else:
             base = {s.name for s in kind.cls.key.stages}
-            new = [s.name for s in made.stages if s.name not in base]
-            if any(region.real(n) in self.taken for n in new):
-                out = self._lockstep(kind.cls.key, region, cand.steps)
-            else:
+            made_names = [s.name for s in made.stages if s.name not in base]
+            matches = [CANONICAL.fullmatch(n) for n in made_names]
+            derived = [(int(m[1]), m[2]) for m in matches if m is not None]
+            unnamed = len(derived) < len(matches)  # a name not made from a stage's
+            # one format string for all steps: {i} is a region's i-th name
+            text = "\x00".join(cand.steps).replace("{", "{{").replace("}", "}}")
+            template = CANONICAL.sub(lambda m: "{" + m[1] + "}" + m[2], text)
+            for region in members:
                 names = region.names
-                out = tuple(
-                    CANONICAL.sub(lambda m: names[int(m[1])] + m[2], step) for step in cand.steps
-                )
-        if out is not None:
-            self.steps_of[(k, i, region.index)] = out
+                if unnamed or any(names[j] in self._taken_before(sfx) for j, sfx in derived):
+                    steps = self._lockstep(kind.cls.key, region, cand.steps)
+                    if steps is None:
+                        out = None
+                        break
+                    out.append(steps)
+                else:
+                    out.append(tuple(template.format(*names).split("\x00")))
+        self._rendered[(k, i)] = out
         return out
+
+    def _taken_before(self, suffix: str) -> set[str]:
+        """The names in the program that end in ``suffix``, without it (a step making
+        ``<name><suffix>`` would have to pick another name)."""
+        hit = self._unsuffixed.get(suffix)
+        if hit is None:
+            n = len(suffix)
+            hit = self._unsuffixed[suffix] = (
+                {t[:-n] for t in self.taken if t.endswith(suffix)} if n else set(self.taken)
+            )
+        return hit
 
     def _lockstep(
         self, key: Program, region: Region, steps: Sequence[str]
@@ -360,8 +399,8 @@ class _Combined:
         try:
             for step in steps:
                 text = CANONICAL.sub(lambda m: mapping.get(m[0], m[0]), step)
-                canon = apply_steps(canon, [step], self.hw)
-                real = apply_steps(real, [text], self.hw)
+                canon = applied(canon, [step], self.hw)
+                real = applied(real, [text], self.hw)
                 if len(canon.stages) != len(real.stages):
                     return None
                 for a, b in zip(canon.stages, real.stages, strict=True):
@@ -410,7 +449,7 @@ class _Combined:
         """Whether the whole program, as written and with the best schedule, takes the
         time its regions add up to (and the best schedule's steps apply to it)."""
         try:
-            scheduled = apply_steps(self.program, best.steps, self.hw)
+            scheduled = applied(self.program, best.steps, self.hw)
         except CocovizError:
             return False
         for p, c in ((self.program, written), (scheduled, best)):
@@ -427,7 +466,7 @@ class _Combined:
         for sched in self.program.schedules:
             block_steps = tuple(str(s) for s in sched.steps)
             try:
-                p = apply_steps(self.program, block_steps, self.hw)
+                p = applied(self.program, block_steps, self.hw)
             except CocovizError:
                 continue
             choice = self._choice_of(p)
@@ -451,12 +490,56 @@ class _Combined:
         parts = stretches(p, [r.last for r in self.regions])
         if parts is None:
             return None
+        by_name = {s.name: s for s in self.program.stages}
         choice: list[int | None] = [None] * len(self.kinds)
-        for k, sub in zip(self.kind_of, parts, strict=True):
-            i = self.kinds[k].index_of(canonical_form(sub)[0])
+        for region, k, sub in zip(self.regions, self.kind_of, parts, strict=True):
+            kind = self.kinds[k]
+            unchanged = not sub.groups and sub.stages == tuple(by_name[n] for n in region.stages)
+            i = kind.written if unchanged else kind.index_of(canonical_form(sub)[0])
             if i is None or choice[k] not in (None, i):
                 return None
             choice[k] = i
         if any(i is None for i in choice):
             return None
         return tuple(i for i in choice if i is not None)
+
+
+@dataclass(frozen=True)
+class _Segment:
+    """The label parts of one region's candidate, as `join_label` joins them across
+    regions: the compute stages before its first other part, its other tokens (joined
+    already), the compute stages after its last one (all in `lead` when it has none)."""
+
+    lead: int
+    middle: str | None
+    trail: int
+
+
+_EMPTY = _Segment(0, None, 0)
+
+
+def _segment_of(parts: Sequence[str | int]) -> _Segment:
+    named = [j for j, part in enumerate(parts) if not isinstance(part, int)]
+    if not named:
+        return _Segment(sum(int(part) for part in parts), None, 0)
+    first, last = named[0], named[-1]
+    lead = sum(int(part) for part in parts[:first])
+    trail = sum(int(part) for part in parts[last + 1 :])
+    return _Segment(lead, join_label(parts[first : last + 1]), trail)
+
+
+def _join_segments(segments: Sequence[_Segment]) -> str:
+    """`join_label` of the regions' parts put together."""
+    tokens: list[str] = []
+    run = 0
+    for seg in segments:
+        run += seg.lead
+        if seg.middle is None:
+            continue
+        if run:
+            tokens.append("C" if run == 1 else f"C×{run}")
+        tokens.append(seg.middle)
+        run = seg.trail
+    if run:
+        tokens.append("C" if run == 1 else f"C×{run}")
+    return "-".join(tokens) or "(empty)"
