@@ -105,14 +105,16 @@ def test_every_created_event_is_recorded_and_waited_on(name: str, schedule: str)
     files = emit_files(name, schedule, "cuda", small=False)
     cu = next(text for path, text in files.items() if path.endswith(".cu") and path != "main.cu")
     for ev, dims in _events(cu):
-        if len(dims) == 2:  # [edge][chunk]: indexed by k inside the chunk loop
-            refs = [f"S->{ev}[{e}][k]" for e in range(dims[0])]
+        if len(dims) == 2:
+            # [edge][chunk]: indexed by the chunk k, or by the ring step of a decomposed
+            # group (waited on at the same step or, carried, at the next)
+            refs = [(f"S->{ev}[{e}]", r"\[(?:k|step)(?: - 1)?\]") for e in range(dims[0])]
         elif len(dims) == 1:
-            refs = [f"S->{ev}[{i}]" for i in range(dims[0])]
+            refs = [(f"S->{ev}[{i}]", "") for i in range(dims[0])]
         else:
-            refs = [f"S->{ev}"]
-        for ref in refs:
-            rec = re.escape(ref)
+            refs = [(f"S->{ev}", "")]
+        for ref, index in refs:
+            rec = re.escape(ref) + index
             assert re.search(rf"cudaEventRecord\({rec}, S->\w+\)", cu), f"{ref} is never recorded"
             assert re.search(rf"cudaStreamWaitEvent\(S->\w+, {rec}, 0\)", cu), (
                 f"{ref} is never waited on"

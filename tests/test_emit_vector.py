@@ -120,10 +120,11 @@ def _run(
             assert packs is not None
             env[s["dst"]] = packs[s["pack"]][j]
         elif kind == "store":
-            mem.store(s["buffer"], env[s["a"]], env[s["b"]])
+            # a value hoisted before the loop (a constant) stays symbolic, as operands do
+            mem.store(s["buffer"], env[s["a"]], env.get(s["b"], s["b"]))
         elif kind == "vstore":
             assert packs is not None
-            packs[s["pack"]][j] = env[s["b"]]
+            packs[s["pack"]][j] = env.get(s["b"], s["b"])
         else:
             args = tuple(env.get(x, x) for x in (s["a"], s["b"], s["c"]))
             env[s["dst"]] = (kind, s["op"], s["literal"], s["buffer"], *args)

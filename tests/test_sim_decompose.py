@@ -260,20 +260,23 @@ def test_never_faster_than_perfect_overlap(shape: dict[str, int], hw_name: str):
 
 
 def _speedups(hw: Hardware, **dims: int) -> dict[str, tuple[float, float]]:
+    return speedups_and_bounds(_mlp(**dims), hw)
+
+
+def speedups_and_bounds(program: Program, hw: Hardware) -> dict[str, tuple[float, float]]:
     """Each schedule block's (speedup over as written, perfect-overlap speedup): the
     latter hides min(GEMM, collective) of each decomposed pair as written."""
-    program = _mlp(**dims)
     base = makespan(program, hw)
     ctx = Context(program, hw)
-    hidden = {
-        "xg": min(_whole(ctx, "h"), _whole(ctx, "xg")),
-        "ys": min(_whole(ctx, "y"), _whole(ctx, "ys")),
-    }
     out = {}
     for block in program.schedules:
         p = apply_steps(program, tuple(str(s) for s in block.steps), hw)
-        colls = [n for g in p.groups if g.by_shard for n in g.stages() if n in hidden]
-        out[block.name] = (base / makespan(p, hw), base / (base - sum(hidden[c] for c in colls)))
+        hidden = 0.0
+        for g in p.groups:
+            if g.by_shard:
+                plan = shard_plan(p, g)
+                hidden += min(_whole(ctx, plan.matmul), _whole(ctx, plan.collective))
+        out[block.name] = (base / makespan(p, hw), base / (base - hidden))
     return out
 
 
@@ -428,3 +431,24 @@ def test_matmul_op_is_the_pair_decompose_takes():
     for a, b in PAIRS:
         ops = (program.stage(a).expr.op, program.stage(b).expr.op)
         assert ops in ((Op.ALLGATHER, Op.MATMUL), (Op.MATMUL, Op.REDUCESCATTER))
+
+
+# ---------------------------------------------------------------------------------------
+# The samples: what their headers state
+
+
+@pytest.mark.parametrize("hw_name", ["h100-dgx", "h200-hgx"])
+def test_sequence_parallel_sample_pays_under_its_bound_and_tunes_first(hw_name: str):
+    from cocoviz import samples
+
+    program = load_file(samples.path("megatron_sp_block"))
+    hw = _hw(hw_name)
+    found = speedups_and_bounds(program, hw)
+    for block in ("shard_overlap", "fused_shard_overlap"):
+        speedup, bound = found[block]
+        assert 1.1 < speedup <= bound, (block, speedup, bound)
+    header = samples.text("megatron_sp_block")
+    for block in ("shard_overlap", "fused_shard_overlap"):
+        assert f"{block} {found[block][0]:.2f}x" in header, (hw_name, block, found[block])
+    best = tune(program, hw).best
+    assert best.decomposed and "DEC" in best.name, best.name

@@ -50,7 +50,7 @@ class Decompose(Transformation):
     > 2), reads the gathered value as both operands, or its result is sliced; the shards
     of the gathered value are not blocks of rows, columns or the contraction; the rows of
     the matmul's result do not divide by G (scatter); the matmul's result is read other
-    than by the reducescatter, or is an output (scatter); fewer than two ranks; a stage
+    than by the reducescatter, or is an output (scatter); a stage
     outside lies between the items; it would close a cycle through a fused group.
     """
 
@@ -70,9 +70,7 @@ class Decompose(Transformation):
             )
         first = self.lookup_stage(program, self.items[0], 0)
         second = self.lookup_stage(program, self.items[1], 1)
-        G = program.grid.group
-        if G < 2:
-            raise self.error(f"the program runs on {G} rank; a ring needs at least two")
+        G = program.grid.group  # on one rank: one step, its whole GEMM, no exchange
         if first.expr.op is Op.ALLGATHER:
             members = self._gather(idx, first, second, G)
             items: tuple[str | Group, ...] = (first.name, second.name)
