@@ -4,15 +4,19 @@ per-rank arrays, and each rank's result equals the reference's."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 
-from cocoviz.exec import ops
+from cocoviz.exec import ops, verify
 from cocoviz.exec.reference import run_reference
 from cocoviz.exec.shard_pipeline import run_gemm
-from cocoviz.ir.lower import load_program
+from cocoviz.ir.lower import RanksOverride, load_program
+from cocoviz.ir.nodes import Program
 from cocoviz.ir.shards import shard_plan
 from cocoviz.ir.transforms import Decompose
+from cocoviz.schedule import apply_block
 
 GATHERS = {
     # name: (declarations, stages) — the allgather is xg, the matmul h
@@ -50,14 +54,13 @@ SCATTERS = {
 }
 
 
-def _program(decls: str, stages: str, G: int, dtype: str):
+def _program(decls: str, stages: str, G: int, dtype: str) -> Program:
+    # a scatter's matmul h is read only by its reducescatter xg: not an output
+    outputs = "xg" if "reducescatter" in stages else "xg, h"
     text = (
         f"program p\nranks {G}\ndim B = 2, S = {4 * G}, H = {2 * G}, F = {3 * G}\n"
-        + decls.format(t=dtype)
-        + "\n"
-        + stages
-        + "\noutput xg, h\n"
-    ).replace("output xg, h", "output xg" if "reducescatter" in stages else "output xg, h")
+        f"{decls.format(t=dtype)}\n{stages}\noutput {outputs}\n"
+    )
     return load_program(text, "p.coco")
 
 
@@ -121,3 +124,18 @@ def test_ring_neighbours() -> None:
     for r in range(4):
         for s in range(3):  # what r sends at step s is what its receiver needs at s + 1
             assert plan.shard_at(plan.send_to(r), s + 1) == plan.shard_at(r, s)
+
+
+CASES = Path(__file__).parent / "programs" / "decompose_cases.coco"
+
+
+@pytest.mark.parametrize("ranks", ["2", "4", "8"])
+@pytest.mark.parametrize("dt", ["f32", "f16", "bf16"])
+def test_verify_passes_for_every_decomposed_schedule(ranks: str, dt: str) -> None:
+    text = CASES.read_text().replace("f32[", f"{dt}[")
+    original = load_program(text, "decompose_cases.coco", ranks=RanksOverride.parse(ranks))
+    for block in original.schedules:
+        scheduled = apply_block(original, block)
+        assert any(g.by_shard for g in scheduled.groups)
+        report = verify.verify_programs(original, scheduled)
+        assert report.ok, report.format_report()

@@ -240,3 +240,24 @@ def test_decomposed_groups(snap_compare, tmp_path) -> None:  # type: ignore[no-u
         await settle(pilot)
 
     assert snap_compare(app, terminal_size=(100, 64), run_before=before)
+
+
+@run_async
+async def test_sequence_parallel_sample_is_decomposed_from_the_palette(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """The sample's own shard_overlap schedule, built step by step from the palette."""
+    app = make_app(tmp_path, "megatron_sp_block")
+    async with app.run_test(size=(160, 50)) as pilot:
+        await settle(pilot)
+        await pilot.click(GraphView)
+        for stage, step in [
+            ("xg", "decompose(xg, qkv)"),
+            ("proj", "decompose(proj, attn)"),
+            ("hg", "decompose(hg, f)"),
+            ("ys", "decompose(y, ys)"),
+        ]:
+            await _apply_from_palette(pilot, app, stage, step)
+        program = app.wb.program
+        assert program is not None
+        pairs = [tuple(g.stages()) for g in program.groups]
+        assert pairs == [("xg", "qkv"), ("proj", "attn"), ("hg", "f"), ("y", "ys")]
+        assert all(g.by_shard and g.chunks == 8 for g in program.groups)
