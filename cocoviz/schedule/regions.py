@@ -38,6 +38,7 @@ later region or the program's outputs read: what the model writes to memory).
 
 from __future__ import annotations
 
+import dataclasses
 import heapq
 import re
 from collections.abc import Iterable, Sequence
@@ -67,6 +68,7 @@ __all__ = [
     "clean_cuts",
     "find_regions",
     "footprints",
+    "renamed",
     "stretches",
     "sub_program",
 ]
@@ -347,15 +349,30 @@ def canonical_form(program: Program) -> tuple[Program, tuple[str, ...]]:
         name(p.name)
     for i in program.inputs:
         name(i.name)
+    order = {v: i for i, v in enumerate(index.values())}
+    canon = renamed(program, index, "region")
+    canon = dataclasses.replace(
+        canon,
+        params=tuple(sorted(canon.params, key=lambda p: order[p.name])),
+        inputs=tuple(sorted(canon.inputs, key=lambda i: order[i.name])),
+    )
+    by_index = {v: k for k, v in index.items()}
+    return canon, tuple(by_index[f"v{i}"] for i in range(len(index)))
+
+
+def renamed(program: Program, names: dict[str, str], title: str) -> Program:
+    """``program`` with each name ``n`` replaced by ``names[n]`` (every name it binds or
+    reads must be there), dropout ids following their stage, named ``title``, without
+    spans, schedule blocks or source names."""
 
     def rename(e: Expr) -> Expr:
         if e.op is Op.REF:
-            return Expr(Op.REF, name=index[e.name] if e.name else None, ty=e.ty)
+            return Expr(Op.REF, name=names[e.name] if e.name else None, ty=e.ty)
         tag = e.tag
         if e.op is Op.DROPOUT and tag is not None:
             stage, sep, k = tag.rpartition("#")
-            if sep and stage in index:
-                tag = f"{index[stage]}#{k}"
+            if sep and stage in names:
+                tag = f"{names[stage]}#{k}"
         return Expr(
             e.op,
             tuple(rename(a) for a in e.args),
@@ -369,34 +386,19 @@ def canonical_form(program: Program) -> tuple[Program, tuple[str, ...]]:
         )
 
     def group(g: Group) -> Group:
-        items = tuple(group(it) if isinstance(it, Group) else index[it] for it in g.items)
+        items = tuple(group(it) if isinstance(it, Group) else names[it] for it in g.items)
         return Group(g.kind, items, g.chunks, g.by_shard)
 
-    order = {v: i for i, v in enumerate(index.values())}
-    params = tuple(
-        sorted(
-            (Param(index[p.name], p.dtype, p.default) for p in program.params),
-            key=lambda p: order[p.name],
-        )
-    )
-    inputs = tuple(
-        sorted(
-            (Input(index[i.name], i.ty) for i in program.inputs),
-            key=lambda i: order[i.name],
-        )
-    )
-    canon = Program(
-        name="region",
+    return Program(
+        name=title,
         grid=program.grid,
         dims=program.dims,
-        params=params,
-        inputs=inputs,
-        stages=tuple(Stage(index[s.name], rename(s.expr)) for s in program.stages),
-        outputs=tuple(index[n] for n in program.outputs),
+        params=tuple(Param(names[p.name], p.dtype, p.default) for p in program.params),
+        inputs=tuple(Input(names[i.name], i.ty) for i in program.inputs),
+        stages=tuple(Stage(names[s.name], rename(s.expr)) for s in program.stages),
+        outputs=tuple(names[n] for n in program.outputs),
         groups=tuple(group(g) for g in program.groups),
     )
-    by_index = {v: k for k, v in index.items()}
-    return canon, tuple(by_index[f"v{i}"] for i in range(len(index)))
 
 
 def stretches(program: Program, lasts: Sequence[str]) -> list[Program] | None:

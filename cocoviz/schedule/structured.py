@@ -34,7 +34,7 @@ import dataclasses
 import itertools
 import math
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 from cocoviz.errors import CocovizError
@@ -46,6 +46,7 @@ from cocoviz.schedule.regions import (
     canonical_form,
     classes_of,
     find_regions,
+    renamed,
     stretches,
     sub_program,
 )
@@ -206,28 +207,27 @@ def tune_in_context(
     parts: dict[tuple[int, int], Program] = {}
 
     def part(r: int, i: int) -> Program:
+        """Region r scheduled with candidate i: the candidate's program named as the
+        region's (the steps applied to the region give it: `InContext.applies`)."""
         hit = parts.get((r, i))
         if hit is None:
-            region = regions[r]
-            steps = comb.region_steps(r, i)
-            if steps is None:
-                raise ValueError(f"region {r}: candidate {i} cannot be named in the program")
-            hit = parts[(r, i)] = applied(sub_program(program, region.stages), steps, hw)
+            region, made = regions[r], kinds[comb.kind_of[r]].ranked[i][1]
+            names: dict[str, str] = {}
+            for n in [*(x.name for x in made.inputs), *(x.name for x in made.params)]:
+                names[n] = region.real(n)
+            for s in made.stages:
+                names[s.name] = region.real(s.name)
+            hit = parts[(r, i)] = renamed(made, names, program.name)
         return hit
 
     evaluated = 0
 
-    def judge(choice: Sequence[int]) -> Candidate:
+    def judge(choice: Sequence[int]) -> tuple[float, tuple[str, ...]]:
         nonlocal evaluated
         whole = _splice(program, [part(r, i) for r, i in enumerate(choice)])
         evaluated += 1
         steps = tuple(s for r, i in enumerate(choice) for s in comb.region_steps(r, i) or ())
-        decomposed = any(g.by_shard for g in whole.groups)
-        t = makespan(whole, hw, collectives)
-        return Candidate(steps, schedule_label(whole), t, None, decomposed)
-
-    def order(c: Candidate) -> tuple[float, int, tuple[str, ...]]:
-        return (c.time_s, len(c.steps), c.steps)
+        return makespan(whole, hw, collectives), steps
 
     written = [kinds[comb.kind_of[r]].written for r in range(len(regions))]
     tuned = [r for r in range(len(regions)) if regions[r].tuned]
@@ -235,29 +235,38 @@ def tune_in_context(
     if exhaustive:
         if math.prod(sizes.values()) > limit:
             raise ValueError(f"{math.prod(sizes.values())} combinations (more than {limit})")
-        best: tuple[Candidate, tuple[int, ...]] | None = None
-        for picks in itertools.product(*(range(sizes[r]) for r in tuned)):
-            choice = list(written)
-            for r, i in zip(tuned, picks, strict=True):
-                choice[r] = i
-            c = judge(choice)
-            if best is None or order(c) < order(best[0]):
-                best = (c, tuple(choice))
-        assert best is not None
+        trials: Iterable[list[int]] = (
+            _with(written, dict(zip(tuned, picks, strict=True)))
+            for picks in itertools.product(*(range(sizes[r]) for r in tuned))
+        )
     else:
-        choice = list(written)
-        best = (judge(choice), tuple(choice))
-        for r in tuned:
+        trials = []
+    picked = list(written)
+    best = (*judge(picked), tuple(picked))
+    for trial in trials:
+        found = (*judge(trial), tuple(trial))
+        if (found[0], len(found[1]), found[1]) < (best[0], len(best[1]), best[1]):
+            best = found
+    if not exhaustive:
+        for r in tuned:  # region by region, the regions before at their choice
             for i in range(sizes[r]):
-                trial = list(best[1])
-                trial[r] = i
-                c = judge(trial)
-                if order(c) < order(best[0]):
-                    best = (c, tuple(trial))
-    found, picked = best
-    scheduled = applied(program, found.steps, hw)
-    whole = _splice(program, [part(r, i) for r, i in enumerate(picked)])
-    return InContext(found, picked, evaluated, scheduled == whole)
+                trial = _with(list(best[2]), {r: i})
+                found = (*judge(trial), tuple(trial))
+                if (found[0], len(found[1]), found[1]) < (best[0], len(best[1]), best[1]):
+                    best = found
+    t, steps, choice = best
+    whole = _splice(program, [part(r, i) for r, i in enumerate(choice)])
+    scheduled = applied(program, steps, hw)
+    decomposed = any(g.by_shard for g in whole.groups)
+    found_best = Candidate(steps, schedule_label(whole), t, None, decomposed)
+    return InContext(found_best, choice, evaluated, scheduled == whole)
+
+
+def _with(choice: list[int], changes: dict[int, int]) -> list[int]:
+    out = list(choice)
+    for r, i in changes.items():
+        out[r] = i
+    return out
 
 
 def _splice(program: Program, parts: Sequence[Program]) -> Program:
