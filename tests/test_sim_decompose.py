@@ -452,3 +452,22 @@ def test_sequence_parallel_sample_pays_under_its_bound_and_tunes_first(hw_name: 
         assert f"{block} {found[block][0]:.2f}x" in header, (hw_name, block, found[block])
     best = tune(program, hw).best
     assert best.decomposed and "DEC" in best.name, best.name
+
+
+def test_published_comparison_in_the_docs_is_the_models_answer():
+    """docs/cost-model.md, "Against published figures": the model's speedups it quotes."""
+    from cocoviz import samples
+
+    doc = (Path(__file__).resolve().parents[1] / "docs" / "cost-model.md").read_text()
+    row = {
+        line.split("|")[1].strip()[:40]: line
+        for line in doc.splitlines()
+        if line.startswith("| PyTorch dev-discuss") or line.startswith("| the same post")
+    }
+    hw = _hw()
+    for key, H, batches in (("PyTorch dev-discuss", 8192, (2, 4)), ("the same post", 4096, (2, 4))):
+        line = next(v for k, v in row.items() if k.startswith(key))
+        for B in batches:
+            p = load_file(samples.path("megatron_sp_block"), {"H": H, "S": 8192, "B": B})
+            found = speedups_and_bounds(p, hw)["fused_shard_overlap"][0]
+            assert f"{found:.2f}× (B = {B})" in line, (key, B, found)
