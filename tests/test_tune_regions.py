@@ -215,6 +215,54 @@ def test_each_samples_ranking_is_the_whole_program_searchs(name: str, hw: str, c
     assert list(blocks) == sorted(blocks, key=blocks.__getitem__)
 
 
+BEFORE = "503a1a3"
+"""The last commit before the region-by-region tuner (issue 34)."""
+
+
+def _tuner_before(tmp_path: Path):  # type: ignore[no-untyped-def]
+    """The tuner module of `BEFORE`, on this tree's model and steps (skips the test when
+    the repository's history is not at hand)."""
+    import importlib.util
+    import shutil
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parent.parent
+    if shutil.which("git") is None:
+        pytest.skip("needs git")
+    proc = subprocess.run(
+        ["git", "-C", str(root), "show", f"{BEFORE}:cocoviz/schedule/tune.py"],
+        capture_output=True,
+        text=True,
+    )
+    if proc.returncode != 0:
+        pytest.skip(f"commit {BEFORE} is not in this checkout's history")
+    path = tmp_path / "tune_before.py"
+    path.write_text(proc.stdout)
+    spec = importlib.util.spec_from_file_location("tune_before", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["tune_before"] = module  # (its dataclasses look their module up)
+    try:
+        spec.loader.exec_module(module)
+    finally:
+        del sys.modules["tune_before"]
+    return module
+
+
+def test_each_samples_ranking_is_the_one_the_tuner_gave_before(tmp_path):
+    before = _tuner_before(tmp_path)
+    for name in samples.names():
+        program = load_file(samples.path(name))
+        for hw in ("h100-dgx", "v100-dgx2"):
+            profile = load_profile(hw)
+            old, new = before.tune(program, profile), tune(program, profile)
+            assert [(c.name, c.steps, c.block, c.time_s) for c in new.candidates] == [
+                (c.name, c.steps, c.block, c.time_s) for c in old.candidates
+            ], (name, hw)
+            assert (new.evaluated, new.baseline_s) == (old.evaluated, old.baseline_s)
+
+
 # ---------------------------------------------------------------------------------------
 # Budget, stop, progress, threads
 

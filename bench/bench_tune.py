@@ -1,0 +1,258 @@
+"""`cocoviz tune` on the GPT stacks of `cocoviz samples --gpt L` (issue 34): wall time and
+candidates evaluated per size, beside the tuner from before the region-by-region search,
+run from a `git worktree` of that commit and bounded by a timeout. Goals: 96 layers in
+under 5 s beyond start-up on 2 cores, time growing at most linearly in layers.
+
+    python bench/bench_tune.py [--sizes 4,8,24,96,384] [--before REV] [--timeout S]
+                               [--hw NAME] [--check]
+
+Each command runs as a user runs it (`python -m cocoviz ...`, a fresh process). Start-up
+is `cocoviz check` of the same file (interpreter, imports, parsing the stack); "beyond"
+is the tune's wall time less that. The earlier tuner's best steps are predicted again
+with this tree's model (the two trees' models may differ), so the "loss" column compares
+schedules, not models: how much slower the region-by-region best is (negative: faster).
+The earlier tuner's ranking of every sample is compared too, on this tree's model.
+
+``--check`` also runs the whole-program checks of the region rule (slow): every region's
+candidates judged by simulating the whole stack (2, 4, 8 layers), and every combination
+for a one-layer stack.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+BEFORE = "503a1a3"
+"""The last commit before the region-by-region tuner (the default of --before)."""
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("--sizes", default="4,8,24,96,384", help="layers of each stack")
+    ap.add_argument("--before", default=BEFORE, help="the commit of the earlier tuner")
+    ap.add_argument("--timeout", type=float, default=90.0, help="seconds the earlier tuner gets")
+    ap.add_argument("--hw", default="h100-dgx")
+    ap.add_argument("--check", action="store_true", help="also the whole-program checks")
+    args = ap.parse_args()
+    sizes = [int(s) for s in args.sizes.split(",")]
+    with tempfile.TemporaryDirectory(prefix="bench-tune-") as tmp:
+        work = Path(tmp)
+        before = _worktree(args.before, work / "before")
+        try:
+            rows = [_size(n, work, before, args) for n in sizes]
+            _print_sizes(rows, args)
+            if before is not None:
+                _samples(before, args.hw)
+            if args.check:
+                _checks(args.hw)
+        finally:
+            if before is not None:
+                subprocess.run(
+                    ["git", "-C", str(ROOT), "worktree", "remove", "--force", str(before)],
+                    capture_output=True,
+                )
+
+
+def _worktree(rev: str, path: Path) -> Path | None:
+    proc = subprocess.run(
+        ["git", "-C", str(ROOT), "worktree", "add", "--detach", str(path), rev],
+        capture_output=True,
+        text=True,
+    )
+    if proc.returncode != 0:
+        print(f"(no worktree of {rev}: {proc.stderr.strip()}; the earlier tuner is left out)")
+        return None
+    return path
+
+
+def _run(argv: list[str], cwd: Path, timeout: float | None = None) -> tuple[float, str | None]:
+    """Wall time of `python -m cocoviz ARGV` run from `cwd`, and its stdout (None when
+    it ran past `timeout` or failed)."""
+    env = {**os.environ, "PYTHONPATH": str(cwd), "COLUMNS": "160"}
+    t0 = time.perf_counter()
+    try:
+        proc = subprocess.run(
+            [sys.executable, "-m", "cocoviz", *argv],
+            cwd=cwd,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
+    except subprocess.TimeoutExpired:
+        return time.perf_counter() - t0, None
+    wall = time.perf_counter() - t0
+    if proc.returncode != 0:
+        print(f"  {' '.join(argv)} failed ({proc.returncode}): {proc.stderr.strip()[-300:]}")
+        return wall, None
+    return wall, proc.stdout
+
+
+def _predicted(path: Path, steps: list[str], hw: str) -> float:
+    """The time this tree's model predicts for `steps` on the program at `path`."""
+    from cocoviz.ir.lower import load_file
+    from cocoviz.schedule.steps import apply_steps
+    from cocoviz.sim.hardware import load_profile
+    from cocoviz.sim.timeline import makespan
+
+    profile = load_profile(hw)
+    return makespan(apply_steps(load_file(path), steps, profile), profile)
+
+
+def _size(layers: int, work: Path, before: Path | None, args: Any) -> dict[str, Any]:
+    from cocoviz.samples.gpt import gpt_stack
+
+    path = work / f"gpt{layers}.coco"
+    path.write_text(gpt_stack(layers))
+    hw = ["--hw", args.hw]
+    start, _ = _run(["check", str(path)], ROOT)
+    start = min(start, _run(["check", str(path)], ROOT)[0])
+    wall, out = _run(["tune", str(path), *hw, "--json", "--top", "1"], ROOT)
+    row: dict[str, Any] = {"layers": layers, "stages": 21 * layers, "start": start, "wall": wall}
+    if out is not None:
+        data = json.loads(out)
+        row.update(
+            evaluated=data["evaluated"],
+            regions=data["regions"],
+            kinds=data["kinds"],
+            best=data["schedules"][0]["time_s"],
+            baseline=data["baseline_s"],
+        )
+    if before is not None:
+        old_wall, old_out = _run(
+            ["tune", str(path), *hw, "--json", "--top", "1"], before, args.timeout
+        )
+        row["old_wall"] = old_wall
+        if old_out is not None:
+            data = json.loads(old_out)
+            row["old_evaluated"] = data["evaluated"]
+            row["old_best"] = _predicted(path, data["schedules"][0]["steps"], args.hw)
+    print(f"  {layers} layers done", file=sys.stderr)
+    return row
+
+
+def _ms(t: float | None) -> str:
+    return "-" if t is None else f"{t * 1e3:.3f} ms"
+
+
+def _print_sizes(rows: list[dict[str, Any]], args: Any) -> None:
+    print(f"cocoviz tune on `cocoviz samples --gpt L`, {args.hw}, {os.cpu_count()} cores")
+    print()
+    head = (
+        "| layers | stages | start-up | tune (wall) | beyond start-up | evaluated | regions "
+        "(kinds) | best | before: wall | before: evaluated | before: best (this model) "
+        "| loss |"
+    )
+    print(head)
+    print("|" + "---|" * (head.count("|") - 1))
+    for r in rows:
+        beyond = r["wall"] - r["start"]
+        if "old_wall" not in r:
+            old_wall = old_eval = old_best = loss = "-"
+        elif "old_best" not in r:
+            old_wall = f"> {args.timeout:.0f} s (stopped)"
+            old_eval = old_best = loss = "-"
+        else:
+            old_wall = f"{r['old_wall']:.2f} s"
+            old_eval = str(r["old_evaluated"])
+            old_best = _ms(r["old_best"])
+            loss = f"{(r['best'] - r['old_best']) / r['old_best'] * 100:+.2f}%"
+        print(
+            f"| {r['layers']} | {r['stages']} | {r['start']:.2f} s | {r['wall']:.2f} s | "
+            f"{beyond:.2f} s | {r.get('evaluated', '-')} | {r.get('regions', '-')} "
+            f"({r.get('kinds', '-')}) | {_ms(r.get('best'))} | {old_wall} | {old_eval} | "
+            f"{old_best} | {loss} |"
+        )
+    print()
+    if len(rows) >= 2:
+        per = [(r["layers"], (r["wall"] - r["start"]) / r["layers"]) for r in rows]
+        print(
+            "beyond start-up, per layer: "
+            + ", ".join(f"{n} layers {t * 1e3:.1f} ms" for n, t in per)
+        )
+        first, last = rows[0], rows[-1]
+        growth = (last["wall"] - last["start"]) / max(first["wall"] - first["start"], 1e-9)
+        print(
+            f"{last['layers']} / {first['layers']} layers: {growth:.1f}x the time beyond "
+            f"start-up for {last['layers'] / first['layers']:.0f}x the layers"
+        )
+    for r in rows:
+        if r["layers"] == 96:
+            beyond = r["wall"] - r["start"]
+            verdict = "meets" if beyond < 5 else "misses"
+            print(f"96 layers: {beyond:.2f} s beyond start-up ({verdict} the 5 s goal)")
+
+
+def _samples(before: Path, hw: str) -> None:
+    """Every sample's ranking by the earlier tuner (its module, on this tree's model) and
+    by this one."""
+    from cocoviz import samples
+    from cocoviz.ir.lower import load_file
+    from cocoviz.schedule.tune import tune
+    from cocoviz.sim.hardware import load_profile
+
+    spec = importlib.util.spec_from_file_location(
+        "tune_before", before / "cocoviz" / "schedule" / "tune.py"
+    )
+    assert spec is not None and spec.loader is not None
+    old = importlib.util.module_from_spec(spec)
+    sys.modules["tune_before"] = old  # (its dataclasses look their module up)
+    spec.loader.exec_module(old)
+    print()
+    same = []
+    for name in samples.names():
+        program = load_file(samples.path(name))
+        for profile in (hw, "v100-dgx2"):
+            p = load_profile(profile)
+            a, b = old.tune(program, p), tune(program, p)
+            ka = [(c.name, c.steps, c.block, c.time_s) for c in a.candidates]
+            kb = [(c.name, c.steps, c.block, c.time_s) for c in b.candidates]
+            same.append((name, profile, ka == kb and a.evaluated == b.evaluated))
+    unchanged = [f"{n} ({p})" for n, p, ok in same if ok]
+    changed = [f"{n} ({p})" for n, p, ok in same if not ok]
+    print(f"samples whose tune ranking is unchanged: {len(unchanged)} of {len(same)}")
+    if changed:
+        print(f"changed: {', '.join(changed)}")
+
+
+def _checks(hw_name: str) -> None:
+    from cocoviz.ir.lower import load_program
+    from cocoviz.samples.gpt import gpt_stack
+    from cocoviz.schedule.structured import tune_in_context
+    from cocoviz.schedule.tune import tune
+    from cocoviz.sim.hardware import load_profile
+
+    hw = load_profile(hw_name)
+    print()
+    print("| stack | check | structured best | whole-program best | equal | check time |")
+    print("|---|---|---|---|---|---|")
+    for layers, exhaustive in ((1, True), (2, False), (4, False), (8, False)):
+        program = load_program(gpt_stack(layers), f"gpt{layers}.coco")
+        best = tune(program, hw).best
+        t0 = time.perf_counter()
+        checked = tune_in_context(program, hw, exhaustive=exhaustive)
+        took = time.perf_counter() - t0
+        kind = "every combination" if exhaustive else "each region's candidates in turn"
+        equal = abs(best.time_s - checked.best.time_s) <= 1e-9 * best.time_s
+        print(
+            f"| gpt{layers} | {kind} ({checked.evaluated} whole programs) | "
+            f"{_ms(best.time_s)} | {_ms(checked.best.time_s)} | "
+            f"{'yes' if equal and checked.applies else 'NO'} | {took:.1f} s |"
+        )
+
+
+if __name__ == "__main__":
+    if shutil.which("git") is None:
+        print("(git not found: the earlier tuner is left out)")
+    main()
