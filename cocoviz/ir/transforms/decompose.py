@@ -11,7 +11,7 @@ from cocoviz.errors import ScheduleError
 from cocoviz.ir.nodes import Group, GroupKind, Op, Program, Stage, StepCall
 from cocoviz.ir.shards import gather_split
 from cocoviz.ir.transforms.base import Edit, Index, Transformation, describe_stage, index
-from cocoviz.ir.transforms.grouping import cycle_through_groups, hull, regroup, render_cycle
+from cocoviz.ir.transforms.grouping import add_overlapped
 from cocoviz.ir.types import format_shape
 
 PATTERNS = "allgather → matmul, or matmul → reducescatter"
@@ -84,25 +84,16 @@ class Decompose(Transformation):
                 arg=0,
                 hint=self.signature_hint(),
             )
-        h = hull(idx, members)
-        if h != members:
-            between = min(h - members, key=idx.position)
-            raise self.error(
-                f"{describe_stage(idx.stage(between))} lies between the items",
-                stage=idx.stage(between),
-                hint="move it out of the way first, or decompose other stages",
-            )
-        cyc = cycle_through_groups(idx, members)
-        if cyc is not None:
-            path, group = cyc
-            raise self.error(
-                f"the group would close a cycle through the {group.kind.value} group "
-                f"{{{', '.join(group.stages())}}}: {render_cycle(path, group)}",
-                stage=idx.stage(path[1]),
-            )
-        absorbed = {id(g): g for n in members if (g := idx.group_of(n)) is not None}
         group = Group(GroupKind.OVERLAPPED, items, G, by_shard=True)
-        return regroup(program, idx, group, absorbed)
+        return add_overlapped(
+            self,
+            program,
+            idx,
+            members,
+            group,
+            "lies between the items",
+            "move it out of the way first, or decompose other stages",
+        )
 
     # --- the two patterns ---------------------------------------------------------------
     def _ungrouped(self, idx: Index, s: Stage, arg: int) -> None:

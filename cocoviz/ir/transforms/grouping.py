@@ -1,4 +1,4 @@
-"""Queries and edits shared by `fuse` and `overlap`: convex hulls, cycles through
+"""Queries and edits shared by `fuse`, `overlap` and `decompose`: convex hulls, cycles through
 existing groups, moving a new group's stages next to each other, and checking that an
 existing group is still one the steps would make.
 
@@ -17,7 +17,15 @@ from collections.abc import Iterable, Mapping
 
 from cocoviz.errors import ScheduleError
 from cocoviz.ir.nodes import Group, GroupKind, Program
-from cocoviz.ir.transforms.base import Edit, Index, Transformation, edit_program, index, splice
+from cocoviz.ir.transforms.base import (
+    Edit,
+    Index,
+    Transformation,
+    describe_stage,
+    edit_program,
+    index,
+    splice,
+)
 
 
 def hull(idx: Index, names: Iterable[str]) -> set[str]:
@@ -223,3 +231,32 @@ def group_error(program: Program, gi: int) -> ScheduleError | None:
     if p.stages != program.stages:  # identical stages compare by identity, in C
         return ScheduleError(f"{steps[-1].name}: the stages of the group do not run consecutively")
     return None
+
+
+def add_overlapped(
+    step: Transformation,
+    program: Program,
+    idx: Index,
+    members: set[str],
+    group: Group,
+    between: str,
+    hint: str,
+) -> Edit:
+    """`program` with the overlapped `group` of `members` (absorbing their fused groups),
+    or `step`'s refusal when a stage outside lies between members (`between` says what
+    that means for the step, `hint` what to do) or the group would close a cycle through
+    an existing group."""
+    h = hull(idx, members)
+    if h != members:
+        first = idx.stage(min(h - members, key=idx.position))
+        raise step.error(f"{describe_stage(first)} {between}", stage=first, hint=hint)
+    cyc = cycle_through_groups(idx, members)
+    if cyc is not None:
+        path, other = cyc
+        raise step.error(
+            f"the group would close a cycle through the {other.kind.value} group "
+            f"{{{', '.join(other.stages())}}}: {render_cycle(path, other)}",
+            stage=idx.stage(path[1]),
+        )
+    absorbed = {id(g): g for n in members if (g := idx.group_of(n)) is not None}
+    return regroup(program, idx, group, absorbed)

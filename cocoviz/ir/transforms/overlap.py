@@ -29,7 +29,7 @@ from cocoviz.ir.transforms.base import (
     index,
 )
 from cocoviz.ir.transforms.decompose import decompose_hint
-from cocoviz.ir.transforms.grouping import cycle_through_groups, hull, regroup, render_cycle
+from cocoviz.ir.transforms.grouping import add_overlapped
 from cocoviz.ir.types import TensorType, block_dim, format_shape
 
 DEFAULT_CHUNKS = 4
@@ -157,26 +157,16 @@ class Overlap(Transformation):
                 self._chunkable(idx, idx.stage(n), members, rows, n in sets[0])
             self._sliced_escapes(idx, order, members)
             self._divisible(idx, order, rows)
-        h = hull(idx, members)
-        if h != members:
-            between = min(h - members, key=idx.position)
-            raise self.error(
-                f"{describe_stage(idx.stage(between))} lies between items but is not in the "
-                "overlapped group",
-                stage=idx.stage(between),
-                hint="fuse it into one of the items, or list it as an item",
-            )
-        cyc = cycle_through_groups(idx, members)
-        if cyc is not None:
-            path, group = cyc
-            raise self.error(
-                f"the group would close a cycle through the {group.kind.value} group "
-                f"{{{', '.join(group.stages())}}}: {render_cycle(path, group)}",
-                stage=idx.stage(path[1]),
-            )
-        absorbed = {id(g): g for n in members if (g := idx.group_of(n)) is not None}
         group = Group(GroupKind.OVERLAPPED, tuple(items), K)
-        return regroup(program, idx, group, absorbed)
+        return add_overlapped(
+            self,
+            program,
+            idx,
+            members,
+            group,
+            "lies between items but is not in the overlapped group",
+            "fuse it into one of the items, or list it as an item",
+        )
 
     def _items(self, idx: Index) -> list[str | Group]:
         items: list[str | Group] = []
