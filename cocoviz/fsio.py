@@ -28,7 +28,7 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from cocoviz.errors import UsageError
+from cocoviz.errors import CocovizError, InputError, UsageError
 
 TMP_PREFIX = ".cocoviz-tmp-"
 """Temporary files beside a destination start with this (and are removed on failure)."""
@@ -85,20 +85,223 @@ def lstat(path: Path, action: str = "access") -> os.stat_result | None:
         raise os_error(err, path, action) from None
 
 
-def read_regular(path: Path) -> bytes | None:
-    """The bytes of a regular file, without following a symbolic link; None for anything
-    else (a link, a directory, nothing, an unreadable file)."""
+MAX_READ_BYTES = 16 << 20
+"""The most any file the tool reads may hold unless its reader says otherwise (a
+program's limit, `syntax.MAX_SOURCE_BYTES`)."""
+
+_NOCTTY = getattr(os, "O_NOCTTY", 0)
+
+_inputs: set[tuple[int, int]] | None = None
+"""(device, inode) of every file read through this module while a command runs
+(`command_inputs`); None outside a command (the TUI, a library caller)."""
+
+
+@contextlib.contextmanager
+def command_inputs() -> Iterator[None]:
+    """Remember the files read while the block runs, so that no file written in it
+    replaces one of them (`simulate x.coco --trace x.coco`)."""
+    global _inputs
+    saved, _inputs = _inputs, set()
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
-    except OSError:
+        yield
+    finally:
+        _inputs = saved
+
+
+def _remember(st: os.stat_result) -> None:
+    if _inputs is not None:
+        _inputs.add((st.st_dev, st.st_ino))
+
+
+def is_input(st: os.stat_result) -> bool:
+    """Whether the file `st` describes was read by the command that is running."""
+    return _inputs is not None and (st.st_dev, st.st_ino) in _inputs
+
+
+class ReadError(InputError):
+    """A file that cannot be read as asked (exit 1). `reason` says why: ``missing``,
+    ``directory``, ``special`` (a device, FIFO or socket), ``too-large``, ``too-deep``,
+    ``encoding`` or ``system``."""
+
+    def __init__(self, message: str, reason: str, hint: str | None = None) -> None:
+        super().__init__(message, hint=hint)
+        self.reason = reason
+
+
+def _kind(mode: int) -> str:
+    if stat.S_ISDIR(mode):
+        return "a directory"
+    if stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
+        return "a device"
+    if stat.S_ISFIFO(mode):
+        return "a FIFO (named pipe)"
+    if stat.S_ISSOCK(mode):
+        return "a socket"
+    if stat.S_ISLNK(mode):
+        return "a symbolic link"
+    return "not a regular file"
+
+
+def size_text(limit: int) -> str:
+    return f"{limit >> 20} MiB" if limit % (1 << 20) == 0 else f"{limit:,} bytes"
+
+
+def _read_fd(fd: int, limit: int) -> bytes | None:
+    """At most `limit` bytes from `fd`; None when it holds more."""
+    chunks: list[bytes] = []
+    size = 0
+    while chunk := os.read(fd, min(1 << 20, limit + 1 - size)):
+        chunks.append(chunk)
+        size += len(chunk)
+        if size > limit:
+            return None
+    return b"".join(chunks)
+
+
+def open_regular(
+    path: str | os.PathLike[str], what: str = "file", *, follow: bool = True, remember: bool = True
+) -> int:
+    """A read-only descriptor of the regular file at `path`, opened without blocking
+    (a FIFO without a writer, a terminal or a device never holds the command up) and
+    checked on the open file (a file swapped for a FIFO after a check cannot hang it).
+    A `ReadError` for anything else: nothing there, a directory, a device, a FIFO, a
+    socket, a symbolic link when not `follow`, or a system refusal. The file is
+    remembered as an input of the running command (`command_inputs`) when `remember`."""
+    p = Path(path)
+    flags = os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | _NOCTTY
+    if not follow:
+        flags |= os.O_NOFOLLOW
+    try:
+        fd = os.open(p, flags)
+    except FileNotFoundError:
+        raise ReadError(f"{p}: no such {what}", "missing") from None
+    except IsADirectoryError:
+        raise ReadError(f"{p}: is a directory, expected a {what}", "directory") from None
+    except OSError as err:
+        if err.errno == errno.ELOOP and not follow:
+            raise ReadError(
+                f"{p}: not a regular file (a symbolic link), expected a {what}", "special"
+            ) from None
+        if err.errno == errno.ENXIO:  # a socket, or a device without its driver
+            raise ReadError(
+                f"{p}: not a regular file (a socket?), expected a {what}", "special"
+            ) from None
+        said = err.strerror or str(err)
+        raise ReadError(f"{p}: cannot read ({said})", "system") from None
+    try:
+        st = os.fstat(fd)
+    except OSError as err:
+        os.close(fd)
+        raise ReadError(f"{p}: cannot read ({err.strerror or err})", "system") from None
+    if not stat.S_ISREG(st.st_mode):
+        os.close(fd)
+        kind = _kind(st.st_mode)
+        reason = "directory" if stat.S_ISDIR(st.st_mode) else "special"
+        said = (
+            f"is a directory, expected a {what}"
+            if reason == "directory"
+            else (f"not a regular file ({kind}), expected a {what}")
+        )
+        raise ReadError(
+            f"{p}: {said}",
+            reason,
+            hint=None
+            if reason == "directory"
+            else "name a regular file (a device such as "
+            "/dev/zero never ends, a FIFO may never be written)",
+        )
+    if remember:
+        _remember(st)
+    return fd
+
+
+def read_bytes(
+    path: str | os.PathLike[str], what: str = "file", limit: int = MAX_READ_BYTES
+) -> bytes:
+    """The bytes of the regular file at `path`, at most `limit` of them: the one reader
+    of every file a user names (programs, schedules, hardware profiles, measurement
+    logs). A `ReadError` with one diagnostic for each refusal (see `open_regular`, and a
+    file larger than `limit`)."""
+    fd = open_regular(path, what)
+    try:
+        data = _read_fd(fd, limit)
+    except OSError as err:
+        raise ReadError(f"{path}: cannot read ({err.strerror or err})", "system") from None
+    finally:
+        os.close(fd)
+    if data is None:
+        raise ReadError(
+            f"{path}: too large: a {what} may hold at most {size_text(limit)}",
+            "too-large",
+            hint="is it the right file?",
+        )
+    return data
+
+
+def read_text(path: str | os.PathLike[str], what: str = "file", limit: int = MAX_READ_BYTES) -> str:
+    """`read_bytes` decoded as UTF-8 (a `ReadError` when it is not), newlines as text
+    mode reads them (CR LF and CR become LF)."""
+    data = read_bytes(path, what, limit)
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise ReadError(
+            f"{path}: not UTF-8 text ({err.reason} at byte {err.start})",
+            "encoding",
+            hint=f"save the {what} as UTF-8",
+        ) from None
+    return text.replace("\r\n", "\n").replace("\r", "\n") if "\r" in text else text
+
+
+MAX_TOML_BYTES = 1 << 20
+"""A TOML file the tool reads (a hardware profile) holds at most this."""
+
+
+def read_toml_text(
+    path: str | os.PathLike[str],
+    what: str = "TOML file",
+    error: Callable[[str], CocovizError] | None = None,
+) -> str:
+    """`read_text` of a TOML file, refused when its nesting is too deep for the TOML
+    parser (which recurses once per level of nested arrays and inline tables). A
+    refusal is a `ReadError`, or an `error(message)` (with the same diagnostic) when
+    given, so that a caller's own error type is what its callers catch."""
+    import tomllib
+
+    try:
+        text = read_text(path, what, MAX_TOML_BYTES)
+        try:
+            tomllib.loads(text)
+        except RecursionError:
+            raise ReadError(
+                f"{path}: nested too deeply for a {what}",
+                "too-deep",
+                hint="the arrays and tables of a TOML file nest a few levels at most",
+            ) from None
+        except tomllib.TOMLDecodeError:
+            pass  # reported by the caller, with its own context
+    except ReadError as err:
+        if error is None:
+            raise
+        mine = error(err.message)
+        mine.diagnostics = err.diagnostics
+        raise mine from None
+    return text
+
+
+def read_regular(path: Path, limit: int = 256 << 20, *, own: bool = False) -> bytes | None:
+    """The bytes of a regular file (at most `limit`, and owned by this user when
+    `own`), without following a symbolic link and without blocking; None for anything
+    else (a link, a directory, a FIFO, nothing, an unreadable or larger file). For files
+    the tool itself wrote (markers, caches), whose absence is not an error."""
+    try:
+        fd = open_regular(path, follow=False, remember=False)
+    except ReadError:
         return None
     try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
+        if own and hasattr(os, "getuid") and os.fstat(fd).st_uid != os.getuid():
             return None
-        chunks = []
-        while chunk := os.read(fd, 1 << 20):
-            chunks.append(chunk)
-        return b"".join(chunks)
+        return _read_fd(fd, limit)
     except OSError:
         return None
     finally:

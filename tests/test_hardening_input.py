@@ -94,7 +94,7 @@ def test_an_index_is_never_used_for_a_copy_of_its_program() -> None:
 @pytest.mark.skipif(not os.path.exists("/dev/zero"), reason="no /dev/zero")
 def test_an_endless_device_is_refused() -> None:
     rc, _, err = run("check", "/dev/zero")
-    assert_diagnostic(rc, err, 1, "/dev/zero: too large", "16 MiB", "hint:")
+    assert_diagnostic(rc, err, 1, "/dev/zero: not a regular file (a device), expected a .coco file", "hint:")
 
 
 def test_a_file_over_the_size_limit_is_refused(tmp_path: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]

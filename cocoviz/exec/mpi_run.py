@@ -25,7 +25,6 @@ import select
 import shutil
 import signal
 import socket
-import stat
 import subprocess
 import sys
 import tempfile
@@ -125,14 +124,10 @@ def read_input(f: Path, name: str, ty: TensorType, group: int) -> np.ndarray:
     never larger than its input). Memory-mapped, read-only; every defect is an
     `InputError`. Opened without blocking and checked on the open file, so a file
     swapped for a FIFO after the check cannot hang a rank."""
-    try:
-        fd = os.open(f, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOCTTY", 0))
-    except OSError as err:
-        raise InputError(f"{f}: cannot open the file ({err.strerror})") from None
+    from cocoviz import fsio
+
+    fd = fsio.open_regular(f, ".npy file")
     st = os.fstat(fd)
-    if not stat.S_ISREG(st.st_mode):
-        os.close(fd)
-        raise InputError(f"{f}: not a regular file", hint=NPY_HINT)
     with open(fd, "rb") as fh:
         try:
             version = np.lib.format.read_magic(fh)

@@ -1252,29 +1252,22 @@ def read_source(path: str | Path, what: str = "program") -> str:
     """The text of a source file, read with a bound: at most `MAX_SOURCE_BYTES` (so that
     `/dev/zero`, a runaway pipe or a huge file ends in a diagnostic, not an exhausted
     memory), UTF-8, newlines normalized as text mode would (`\r\n` and `\r` → `\n`)."""
+    from cocoviz import fsio
+
     p = Path(path)
+    kind = ".coco file" if what == "program" else f"{what} file"
     try:
-        with open(p, "rb") as f:
-            data = f.read(syn.MAX_SOURCE_BYTES + 1)
-    except FileNotFoundError:
-        raise InputError(f"{p}: no such file", hint=_nearby(p)) from None
-    except IsADirectoryError:
-        kind = ".coco" if what == "program" else what
-        raise InputError(f"{p}: is a directory, expected a {kind} file") from None
-    except OSError as err:
-        raise InputError(f"{p}: cannot read ({err.strerror or err})") from None
-    if len(data) > syn.MAX_SOURCE_BYTES:
-        limit = syn.MAX_SOURCE_BYTES
-        size = f"{limit >> 20} MiB" if limit % (1 << 20) == 0 else f"{limit:,} bytes"
-        raise InputError(
-            f"{p}: too large: a {what} file may hold at most {size}",
-            hint="is it the right file? (a device such as /dev/zero never ends)",
-        )
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError as err:
-        raise InputError(f"{p}: not UTF-8 text ({err.reason} at byte {err.start})") from None
-    return text.replace("\r\n", "\n").replace("\r", "\n") if "\r" in text else text
+        return fsio.read_text(p, kind, syn.MAX_SOURCE_BYTES)
+    except fsio.ReadError as err:
+        if err.reason == "missing":
+            raise InputError(f"{p}: no such file", hint=_nearby(p)) from None
+        if err.reason == "too-large":
+            size = fsio.size_text(syn.MAX_SOURCE_BYTES)
+            raise InputError(
+                f"{p}: too large: a {what} file may hold at most {size}",
+                hint="is it the right file? (a device such as /dev/zero never ends)",
+            ) from None
+        raise
 
 
 def load_file(

@@ -545,14 +545,26 @@ _LOCK = threading.Lock()
 #   trusted about as much as their .pyc files, but JSON costs little more to load and
 #   a corrupt or hostile file can at worst fail to load: lark's deserializer only
 #   instantiates its own whitelisted classes (Rule, TerminalDef, patterns), and the
-#   lexer and transformer classes are ours, never named by the file. The file also
-#   carries the key and a SHA-256 of its payload, and must be owned by the user
-#   (POSIX) and at most _CACHE_MAX_BYTES long.
-# - Any failure to read (missing, corrupt, wrong key, unreadable) builds the parser
-#   from the grammar; any failure to write (read-only or missing home, full disk) is
-#   ignored. Writes go to a temporary file in the same directory, then os.replace, so
-#   a concurrent process sees either no file or a whole one.
-_CACHE_FORMAT = 1
+#   lexer and transformer classes are ours, never named by the file.
+# - Trust: only tables this installation wrote are used. The header carries an
+#   HMAC-SHA256 of the key and payload under `_cache_secret`: a random secret kept
+#   beside the tables (created 0o600, owned by the user) mixed with the identity of
+#   this installation (device, inode and modification time of grammar.lark and of
+#   lark's package). A self-consistent file crafted by hand, or carried in from another
+#   machine or installation (a restored CI cache, a copied home, a container image),
+#   fails the check and the parser is built instead: tables that parse `x - x` as
+#   `x + x`, or accept a syntax error, are never loaded.
+# - Files: the tables and the secret are opened without following links and without
+#   blocking, used only when they are regular files owned by the user (POSIX), and
+#   the tables at most _CACHE_MAX_BYTES long; a FIFO, a device or a link at either path
+#   is ignored, never waited on.
+# - Any failure to read (missing, corrupt, wrong key or signature, unreadable) builds
+#   the parser from the grammar; any failure to write (read-only or missing home, full
+#   disk) is ignored. Writes go to a temporary file in the same directory, then
+#   os.replace, so a concurrent process sees either no file or a whole one.
+_CACHE_FORMAT = 2
+_SECRET_NAME = "secret"
+_SECRET_BYTES = 32
 _CACHE_MAX_BYTES = 4 << 20
 _LARK_OPTIONS: dict[str, Any] = {
     "parser": "lalr",
@@ -632,22 +644,71 @@ def _decode_object(o: dict[str, Any]) -> Any:
     raise ValueError("bad cache object")
 
 
+def _installation() -> bytes:
+    """What identifies this installation: where and when grammar.lark and lark's
+    package were written (a copy elsewhere, even byte for byte, differs)."""
+    import lark
+
+    parts = []
+    for f in (Path(__file__).with_name("grammar.lark"), Path(lark.__file__)):
+        try:
+            st = os.stat(f)
+            parts.append(f"{f}\0{st.st_dev}\0{st.st_ino}\0{st.st_mtime_ns}")
+        except OSError:
+            parts.append(f"{f}\0?")
+    return "\0".join(parts).encode("utf-8", "surrogateescape")
+
+
+def _cache_secret(directory: Path, create: bool) -> bytes | None:
+    """The key that signs this installation's cached tables in `directory`: its
+    random secret (created when `create` and missing) mixed with `_installation`."""
+    import hashlib
+
+    from cocoviz import fsio
+
+    path = directory / _SECRET_NAME
+    raw = fsio.read_regular(path, _SECRET_BYTES, own=True)
+    if raw is None and create:
+        try:
+            fd = os.open(
+                path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600
+            )
+        except OSError:
+            fd = -1  # another process made it first (read it below), or no cache
+        if fd >= 0:
+            with os.fdopen(fd, "wb") as f:
+                f.write(os.urandom(_SECRET_BYTES))
+        raw = fsio.read_regular(path, _SECRET_BYTES, own=True)
+    if raw is None or len(raw) != _SECRET_BYTES:
+        return None
+    return hashlib.sha256(raw + b"\0" + _installation()).digest()
+
+
+def _signature(secret: bytes, key: str, payload: bytes) -> str:
+    import hashlib
+    import hmac
+
+    return hmac.new(secret, key.encode() + b"\0" + payload, hashlib.sha256).hexdigest()
+
+
 def _load_cached(path: Path, key: str) -> lark.Lark | None:
     """The parser saved at `path`, or None when there is none that can be used."""
-    import hashlib
+    import hmac
 
     import lark
 
+    from cocoviz import fsio
+
     try:
-        with open(path, "rb") as f:
-            st = os.fstat(f.fileno())
-            if hasattr(os, "getuid") and st.st_uid != os.getuid():
-                return None
-            raw = f.read(_CACHE_MAX_BYTES + 1)
-        if len(raw) > _CACHE_MAX_BYTES:
+        raw = fsio.read_regular(path, _CACHE_MAX_BYTES, own=True)
+        if raw is None:
+            return None
+        secret = _cache_secret(path.parent, create=False)
+        if secret is None:
             return None
         head, _, payload = raw.partition(b"\n")
-        if head != f"cocoviz-parser {key} {hashlib.sha256(payload).hexdigest()}".encode():
+        want = f"cocoviz-parser {key} {_signature(secret, key, payload)}".encode()
+        if not hmac.compare_digest(head, want):
             return None
         saved = json.loads(payload, object_hook=_decode_object)
         data, memo = saved["data"], saved["memo"]
@@ -663,9 +724,7 @@ def _load_cached(path: Path, key: str) -> lark.Lark | None:
 
 
 def _save_cached(parser: lark.Lark, directory: Path, path: Path, key: str) -> None:
-    """Save the parser's tables at `path`, atomically; failures are ignored."""
-    import hashlib
-
+    """Save the parser's tables at `path`, atomically, signed; failures are ignored."""
     import lark.grammar
     import lark.lexer
 
@@ -675,8 +734,11 @@ def _save_cached(parser: lark.Lark, directory: Path, path: Path, key: str) -> No
         drop = ("lexer", "transformer")
         data["options"] = {k: v for k, v in data["options"].items() if k not in drop}
         payload = json.dumps(_encode({"data": data, "memo": memo}), separators=(",", ":")).encode()
-        head = f"cocoviz-parser {key} {hashlib.sha256(payload).hexdigest()}\n".encode()
         directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+        secret = _cache_secret(directory, create=True)
+        if secret is None:
+            return
+        head = f"cocoviz-parser {key} {_signature(secret, key, payload)}\n".encode()
         fd, tmp = tempfile.mkstemp(prefix=".parser-", suffix=".tmp", dir=directory)
         with os.fdopen(fd, "wb") as f:
             f.write(head + payload)

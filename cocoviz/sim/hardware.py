@@ -31,6 +31,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from cocoviz import fsio
 from cocoviz.errors import InputError
 from cocoviz.ir.types import DTYPE_NAMES
 
@@ -471,7 +472,9 @@ def _load_shipped(name: str) -> Hardware:
 def _load_file(path: Path) -> Hardware:
     where = str(path)
     try:
-        text = path.read_text(encoding="utf-8")
+        text = fsio.read_toml_text(
+            path, "hardware profile file", lambda m: ProfileError(m, path=where)
+        )
     except FileNotFoundError:
         raise ProfileError(f"{where}: no such hardware profile file", path=where) from None
     except OSError as exc:
