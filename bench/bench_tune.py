@@ -4,11 +4,12 @@ run from a `git worktree` of that commit and bounded by a timeout. Goals: 96 lay
 under 5 s beyond start-up on 2 cores, time growing at most linearly in layers.
 
     python bench/bench_tune.py [--sizes 4,8,24,96,384] [--before REV] [--timeout S]
-                               [--hw NAME] [--check]
+                               [--hw NAME] [--repeat N] [--check]
 
-Each command runs as a user runs it (`python -m cocoviz ...`, a fresh process). Start-up
-is `cocoviz check` of the same file (interpreter, imports, parsing the stack); "beyond"
-is the tune's wall time less that. The earlier tuner's best steps are predicted again
+Each command runs as a user runs it (`python -m cocoviz ...`, a fresh process), the
+fastest of --repeat runs (the earlier tuner once). Start-up is `cocoviz check` of the same
+file (interpreter, imports, parsing the stack); "beyond" is the tune's wall time less
+that. The earlier tuner's best steps are predicted again
 with this tree's model (the two trees' models may differ), so the "loss" column compares
 schedules, not models: how much slower the region-by-region best is (negative: faster).
 The earlier tuner's ranking of every sample is compared too, on this tree's model.
@@ -43,6 +44,9 @@ def main() -> None:
     ap.add_argument("--before", default=BEFORE, help="the commit of the earlier tuner")
     ap.add_argument("--timeout", type=float, default=90.0, help="seconds the earlier tuner gets")
     ap.add_argument("--hw", default="h100-dgx")
+    ap.add_argument(
+        "--repeat", type=int, default=3, help="runs of each command now (the fastest counts)"
+    )
     ap.add_argument("--check", action="store_true", help="also the whole-program checks")
     args = ap.parse_args()
     sizes = [int(s) for s in args.sizes.split(",")]
@@ -116,9 +120,11 @@ def _size(layers: int, work: Path, before: Path | None, args: Any) -> dict[str, 
     path = work / f"gpt{layers}.coco"
     path.write_text(gpt_stack(layers))
     hw = ["--hw", args.hw]
-    start, _ = _run(["check", str(path)], ROOT)
-    start = min(start, _run(["check", str(path)], ROOT)[0])
-    wall, out = _run(["tune", str(path), *hw, "--json", "--top", "1"], ROOT)
+    start = min(_run(["check", str(path)], ROOT)[0] for _ in range(args.repeat))
+    runs = [
+        _run(["tune", str(path), *hw, "--json", "--top", "1"], ROOT) for _ in range(args.repeat)
+    ]
+    wall, out = min(runs, key=lambda r: r[0])
     row: dict[str, Any] = {"layers": layers, "stages": 21 * layers, "start": start, "wall": wall}
     if out is not None:
         data = json.loads(out)

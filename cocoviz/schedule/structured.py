@@ -33,6 +33,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import math
+import threading
 from collections import OrderedDict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -68,16 +69,34 @@ __all__ = ["InContext", "clear_cache", "tune_by_region", "tune_in_context"]
 _TOLERANCE = 1e-9
 """How far the whole program's simulated time may be from the sum of its regions'."""
 
+_Searched = tuple[list[tuple[Candidate, Program]], int]
 _CACHE_KEPT = 64
-_CACHE: OrderedDict[tuple[Program, Hardware, str], tuple[list[tuple[Candidate, Program]], int]]
-_CACHE = OrderedDict()
+_CACHE: OrderedDict[tuple[Program, Hardware, str], _Searched] = OrderedDict()
 """Finished searches of region classes: (canonical sub-program, hardware, collectives)
 → (candidates with their programs, fastest first; candidates simulated)."""
+_CACHE_LOCK = threading.Lock()
+"""Tunes may run in several threads at once (a UI's workers)."""
 
 
 def clear_cache() -> None:
     """Forget every region class searched so far."""
-    _CACHE.clear()
+    with _CACHE_LOCK:
+        _CACHE.clear()
+
+
+def _cached(key: tuple[Program, Hardware, str]) -> _Searched | None:
+    with _CACHE_LOCK:
+        hit = _CACHE.get(key)
+        if hit is not None:
+            _CACHE.move_to_end(key)
+        return hit
+
+
+def _keep(key: tuple[Program, Hardware, str], searched: _Searched) -> None:
+    with _CACHE_LOCK:
+        _CACHE[key] = searched
+        while len(_CACHE) > _CACHE_KEPT:
+            _CACHE.popitem(last=False)
 
 
 @dataclass
@@ -136,9 +155,8 @@ def _search_classes(
     searched: list[_Kind] = []
     monitor.stoppable = False  # every class as written, whatever the budget
     for cls in classes_of(regions):
-        hit = _CACHE.get((cls.key, hw, collectives))
+        hit = _cached((cls.key, hw, collectives))
         if hit is not None:
-            _CACHE.move_to_end((cls.key, hw, collectives))
             kinds.append(_Kind(cls, hit[0], hit[1]))
         elif cls.tuned:
             search = Search(cls.key, hw, collectives, monitor)
@@ -162,9 +180,7 @@ def _search_classes(
         kind.ranked = kind.search.ranked()
         kind.evaluated = kind.search.evaluated
         if kind.search.finished:
-            _CACHE[(kind.cls.key, hw, collectives)] = (kind.ranked, kind.evaluated)
-            while len(_CACHE) > _CACHE_KEPT:
-                _CACHE.popitem(last=False)
+            _keep((kind.cls.key, hw, collectives), (kind.ranked, kind.evaluated))
         monitor.regions_done += len(kind.cls.members)
         monitor.report()
     return kinds
