@@ -14,7 +14,9 @@ import contextlib
 import errno
 import gc
 import importlib
+import math
 import os
+import re
 import sys
 import traceback
 from collections.abc import Callable, Sequence
@@ -57,6 +59,65 @@ def _seed(text: str) -> int:
     if not 0 <= n < 1 << 64:
         raise argparse.ArgumentTypeError(f"must be in [0, 2^64), got {n}")
     return n
+
+
+def int_in(lo: int, hi: int) -> Callable[[str], int]:
+    """An argparse type: an ASCII integer in [lo, hi] (one range check for every count
+    option, so a 400-digit number is a usage error, not an overflow deep inside)."""
+
+    def parse(text: str) -> int:
+        digits = text.strip()
+        body = digits.removeprefix("-").removeprefix("+")
+        if not (body.isascii() and body.isdigit()):
+            raise argparse.ArgumentTypeError(f"not an integer: '{text}'")
+        if len(body) > len(str(hi)) + 1 or not lo <= int(digits) <= hi:
+            raise argparse.ArgumentTypeError(f"must be in {lo} .. {hi:,}, got '{text}'")
+        return int(digits)
+
+    return parse
+
+
+def seconds_in(hi: float = 1e9) -> Callable[[str], float]:
+    """An argparse type: a number of seconds in (0, hi] (not NaN or infinite)."""
+
+    def parse(text: str) -> float:
+        try:
+            s = float(text) if len(text) <= 64 and text.isascii() else math.nan
+        except ValueError:
+            s = math.nan
+        if not 0 < s <= hi:
+            raise argparse.ArgumentTypeError(
+                f"not a number of seconds: '{text}' (a positive number up to {hi:g}, e.g. 60)"
+            )
+        return s
+
+    return parse
+
+
+MAX_BYTES_OPTION = 1 << 50
+"""The largest size a size option (--max-mem) takes: 1 PiB."""
+
+
+def bytes_in(lo: int = 1, hi: int = MAX_BYTES_OPTION) -> Callable[[str], int]:
+    """An argparse type: a size such as 4G, 512M, 1.5G or 4096 (binary units), in
+    [lo, hi] bytes."""
+    units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40, "P": 1 << 50}
+
+    def parse(text: str) -> int:
+        t = text.strip().upper().removesuffix("B").removesuffix("I")
+        mult = 1
+        if t and t[-1] in units:
+            mult, t = units[t[-1]], t[:-1]
+        if not re.fullmatch(r"[0-9]{1,20}(\.[0-9]{1,9})?", t):
+            raise argparse.ArgumentTypeError(f"not a size: '{text}' (e.g. 4G, 512M)")
+        value = int(float(t) * mult) if "." in t else int(t) * mult
+        if not lo <= value <= hi:
+            raise argparse.ArgumentTypeError(
+                f"must be a size from {lo:,} bytes to {hi >> 50} PiB, got '{text}'"
+            )
+        return value
+
+    return parse
 
 
 def add_program_options(p: argparse.ArgumentParser, schedule: bool = True) -> None:

@@ -70,8 +70,9 @@ def register(sub: Any) -> None:
     p.set_defaults(handler=cmd_samples)
 
 
-MAX_GPT_LAYERS = 4000
-"""The largest --gpt stack (about 6 MB of source; `check` reads at most 16 MiB)."""
+MAX_GPT_LAYERS = 2400
+"""The largest --gpt stack: every stack up to it loads (2,438 layers is the most whose
+statements, its schedule block's steps included, stay within `syntax.MAX_STATEMENTS`)."""
 
 
 def _layers(text: str) -> int:

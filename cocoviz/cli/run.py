@@ -5,14 +5,20 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import sys
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from cocoviz.cli import add_json_option, add_program_options, load_args_program
+from cocoviz.cli import (
+    add_json_option,
+    add_program_options,
+    bytes_in,
+    int_in,
+    load_args_program,
+    seconds_in,
+)
 from cocoviz.cli.inspect import apply_named_schedule
 from cocoviz.errors import ExitCode, MismatchError, UsageError
 from cocoviz.ir.nodes import Program
@@ -49,7 +55,7 @@ def register(sub: Any) -> None:
     )
     p.add_argument(
         "--iters",
-        type=int,
+        type=int_in(1, 1_000_000),
         default=1,
         metavar="N",
         help="with --mpi: time N iterations after a warm-up; the summary (makespan, "
@@ -58,7 +64,7 @@ def register(sub: Any) -> None:
     )
     p.add_argument(
         "--timeout",
-        type=_seconds,
+        type=seconds_in(),
         default=600.0,
         metavar="S",
         help="stop an MPI run after S seconds",
@@ -70,36 +76,13 @@ def register(sub: Any) -> None:
     )
     p.add_argument(
         "--max-mem",
-        type=_size,
+        type=bytes_in(),
         default=None,
         metavar="BYTES",
         help="memory limit of the reference (default 4 GiB)",
     )
     add_json_option(p)
     p.set_defaults(handler=cmd_run)
-
-
-def _size(text: str) -> int:
-    units = {"k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
-    t = text.strip().lower().rstrip("ib").rstrip("b")
-    try:
-        if t and t[-1] in units:
-            return int(float(t[:-1]) * units[t[-1]])
-        return int(t)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a size: '{text}' (e.g. 4G, 512M)") from None
-
-
-def _seconds(text: str) -> float:
-    try:
-        s = float(text)
-    except ValueError:
-        s = math.nan
-    if not 0 < s <= 1e9:  # NaN and inf too: a deadline must pass
-        raise argparse.ArgumentTypeError(
-            f"not a number of seconds: '{text}' (a positive number up to 1e9, e.g. 60)"
-        )
-    return s
 
 
 def _check_run_args(args: argparse.Namespace, program: Program) -> None:

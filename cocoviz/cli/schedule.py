@@ -4,11 +4,16 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from cocoviz.cli import add_json_option, add_program_options, args_hardware, load_args_program
+from cocoviz.cli import (
+    add_json_option,
+    add_program_options,
+    args_hardware,
+    bytes_in,
+    load_args_program,
+)
 from cocoviz.errors import ExitCode, InputError, UsageError
 from cocoviz.ir.nodes import Program, StepCall
 
@@ -62,6 +67,7 @@ def register(sub: Any) -> None:
     add_program_options(p)
     p.add_argument(
         "--max-mem",
+        type=bytes_in(),
         metavar="BYTES",
         help="refuse runs estimated to need more memory (default 4G; suffixes K, M, G)",
     )
@@ -136,27 +142,13 @@ def _explain(program: Program, stage: str, hw: Hardware, as_json: bool) -> int:
 # --- verify -----------------------------------------------------------------------------
 
 
-def parse_bytes(text: str) -> int:
-    units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
-    t = text.strip().upper().removesuffix("B").removesuffix("I")
-    mult = 1
-    if t and t[-1] in units:
-        mult, t = units[t[-1]], t[:-1]
-    if not re.fullmatch(r"[0-9]{1,15}(\.[0-9]{1,6})?", t):
-        raise UsageError(f"--max-mem expects a size like 4G or 512M, got '{text}'")
-    value = float(t)
-    if value <= 0:
-        raise UsageError(f"--max-mem must be positive, got '{text}'")
-    return int(value * mult)
-
-
 def cmd_verify(args: argparse.Namespace) -> int:
     from cocoviz.exec.verify import verify_programs
     from cocoviz.schedule import apply_blocks, apply_schedule_arg
 
     program = load_args_program(args)
     hw = args_hardware(args)
-    max_mem = parse_bytes(args.max_mem) if args.max_mem else None
+    max_mem = args.max_mem
     if args.schedule:
         targets: list[tuple[str, Program]] = [
             (args.schedule, apply_schedule_arg(program, args.schedule, hw))

@@ -14,9 +14,16 @@ from cocoviz.cli import (
     add_program_options,
     args_hardware,
     console,
+    int_in,
     load_args_program,
+    seconds_in,
 )
 from cocoviz.errors import Diagnostic, ExitCode, UsageError
+
+MIN_WIDTH, MAX_WIDTH = 20, 1000
+"""--width: the drawn timeline's columns."""
+MAX_RANKS = 1 << 16
+"""model-table --ranks and --ranks-per-node: the largest job the table describes."""
 
 
 def register(sub: Any) -> None:
@@ -32,7 +39,10 @@ def register(sub: Any) -> None:
     _add_collectives(p)
     p.add_argument("--trace", metavar="OUT.json", help="write a Chrome/Perfetto trace")
     p.add_argument(
-        "--width", type=int, default=None, help="width of the drawn timeline (default: terminal)"
+        "--width",
+        type=int_in(MIN_WIDTH, MAX_WIDTH),
+        default=None,
+        help=f"width of the drawn timeline, {MIN_WIDTH}-{MAX_WIDTH} columns (default: terminal)",
     )
     add_json_option(p)
     p.set_defaults(handler=cmd_simulate, bounded=True)
@@ -49,10 +59,12 @@ def register(sub: Any) -> None:
     )
     add_program_options(p, schedule=False)
     _add_collectives(p)
-    p.add_argument("--top", type=int, default=10, metavar="K", help="schedules to list")
+    p.add_argument(
+        "--top", type=int_in(1, 100_000), default=10, metavar="K", help="schedules to list"
+    )
     p.add_argument(
         "--budget",
-        type=float,
+        type=seconds_in(),
         default=None,
         metavar="SECONDS",
         help="stop searching after SECONDS and list the best schedules found so far "
@@ -92,7 +104,9 @@ def register(sub: Any) -> None:
         choices=tuple(c.value for c in Coll),
         help="collective (default allreduce)",
     )
-    p.add_argument("--ranks", type=int, default=None, help="ranks (default: one full node)")
+    p.add_argument(
+        "--ranks", type=int_in(1, MAX_RANKS), default=None, help="ranks (default: one full node)"
+    )
     p.add_argument(
         "--algo",
         choices=tuple(a.value for a in Algo if a is not Algo.P2P),
@@ -107,7 +121,7 @@ def register(sub: Any) -> None:
     )
     p.add_argument(
         "--ranks-per-node",
-        type=int,
+        type=int_in(1, MAX_RANKS),
         default=None,
         metavar="N",
         help="ranks on each node (default: the profile's GPUs per node)",
