@@ -109,3 +109,11 @@ def test_command_palette(snap_compare, tmp_path, size) -> None:  # type: ignore[
 def test_code_view(snap_compare, tmp_path, size) -> None:  # type: ignore[no-untyped-def]
     app = make_app(tmp_path, "megatron_mlp")
     assert snap_compare(app, terminal_size=size, run_before=_keys("ctrl+o"))
+
+
+@pytest.mark.parametrize("size", SIZES, ids=lambda s: f"{s[0]}x{s[1]}")
+def test_footer_of_the_source_pane(snap_compare, tmp_path, size) -> None:  # type: ignore[no-untyped-def]
+    """The source focused in command mode: the footer names it and its key (enter to
+    edit) before the app's keys, at every size (the graph's: test_first_screen)."""
+    app = make_app(tmp_path, "megatron_mlp")
+    assert snap_compare(app, terminal_size=size, run_before=_keys("shift+tab"))

@@ -18,16 +18,14 @@ from __future__ import annotations
 import gc
 import time
 import traceback
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from pathlib import Path
 
 from textual import on, work
-from textual.app import App, ComposeResult, SystemCommand
-from textual.binding import Binding
+from textual.app import ComposeResult
 from textual.containers import Container, Vertical
 from textual.reactive import var
-from textual.screen import Screen
-from textual.widgets import Footer, Static, TabbedContent, TabPane
+from textual.widgets import Static, TabbedContent, TabPane, Tabs
 from textual.worker import Worker, WorkerState
 
 from cocoviz.emit.emitter import Emitted
@@ -38,18 +36,19 @@ from cocoviz.schedule import StepFailure
 from cocoviz.schedule.tune import SweepResult
 from cocoviz.sim.hardware import DEFAULT_PROFILE, Hardware, load_profile
 from cocoviz.timefmt import format_time
-from cocoviz.tui import pane_layout
+from cocoviz.tui import keys, pane_layout
+from cocoviz.tui.keys import KeyModel
 from cocoviz.tui.pane_layout import Needs, PaneLayout
 from cocoviz.tui.timeline_rows import TimelineRows
 from cocoviz.tui.widgets.code import CodeView
 from cocoviz.tui.widgets.cost import CostSummary
 from cocoviz.tui.widgets.dialogs import PathDialog, RestoreDialog
 from cocoviz.tui.widgets.emit_dialog import EmitDialog, EmitRequest
+from cocoviz.tui.widgets.footer import KeyFooter
 from cocoviz.tui.widgets.graph import GraphView
-from cocoviz.tui.widgets.help import HelpScreen
 from cocoviz.tui.widgets.history import HistoryList
 from cocoviz.tui.widgets.palette import StepPalette
-from cocoviz.tui.widgets.source import CocoTextArea, SourceEditor
+from cocoviz.tui.widgets.source import SourceEditor
 from cocoviz.tui.widgets.timeline import TimelineView
 from cocoviz.workbench import (
     NO_PROGRAM,
@@ -97,42 +96,12 @@ class TeachPanel(Static):
     """
 
 
-class CocovizApp(App[None]):
+class CocovizApp(KeyModel):
     """Edit a program, step its schedule, watch graph, timeline, cost and code."""
 
     TITLE = "cocoviz"
     CSS_PATH = "app.tcss"
-    AUTO_FOCUS = "GraphView"
-    """The graph, not the editor, has the focus at start, so letter keys are commands."""
-
-    BINDINGS = [
-        Binding("q", "quit", "Quit", key_display="q"),
-        Binding("question_mark", "help", "Help", key_display="?"),
-        Binding("u", "undo", "Undo step"),
-        Binding("U,ctrl+r", "redo", "Redo step", key_display="U"),
-        Binding("b", "compare", "Before/after"),
-        Binding("e", "emit", "Emit"),
-        Binding("t", "teach", "Teach"),
-        Binding("n", "teach_next", "Next lesson", show=False),
-        Binding("p", "teach_prev", "Previous lesson", show=False),
-        Binding("c", "copy_command", "Copy as command", show=False),
-        Binding("ctrl+s", "save_sched", "Save .sched", show=False),
-        Binding("x", "dismiss_error", "Dismiss error", show=False),
-        Binding("i", "edit", "Edit source", show=False),
-        Binding("g", "focus_graph", "Focus graph", show=False),
-        Binding("z", "zoom_pane", "Zoom pane", show=False),
-        Binding("s", "toggle_side", "Side column (cost, steps, history)", show=False),
-        Binding(
-            "w", "crossover", "Crossover sweep in the cost pane (when does it pay)", show=False
-        ),
-        Binding("ctrl+o", "view('code')", "Code view", show=False),
-        Binding("ctrl+l", "view('timeline')", "Timeline view", show=False),
-        Binding("f12", "screenshot", "Save screenshot", show=False),
-        *[
-            Binding(str(k), f"palette_key({k})", f"Apply step {k} of the palette", show=False)
-            for k in range(1, 10)
-        ],
-    ]
+    BINDINGS = keys.APP_BINDINGS
 
     selected: var[str | None] = var(None, init=False)
     """The selected stage, shared by graph, source, timeline and palette (a `var`: its
@@ -187,7 +156,7 @@ class CocovizApp(App[None]):
                     yield CodeView(id="code")
         yield TeachPanel(id="teach")
         yield ErrorPanel(id="error")
-        yield Footer()
+        yield KeyFooter()
 
     def on_mount(self) -> None:
         self.query_one("#left").border_title = f"source · {self.wb.source.label}"
@@ -196,6 +165,8 @@ class CocovizApp(App[None]):
         self.query_one("#palette").border_title = "steps"
         self.query_one("#history").border_title = "history"
         self._relayout()
+        # The tabs' row is not a stop of Tab: ctrl+o and ctrl+l switch the views.
+        self.query_one(TabbedContent).query_one(Tabs).can_focus = False
         self.query_one(GraphView).focus()
         self._start_parse(self.wb.source.text, list(self.wb.source.steps))
 
@@ -766,16 +737,7 @@ class CocovizApp(App[None]):
     def action_dismiss_error(self) -> None:
         self.query_one(ErrorPanel).remove_class("-shown")
 
-    # --- focus, views, help --------------------------------------------------------------
-    def action_edit(self) -> None:
-        self.query_one(SourceEditor).text_area.focus()
-
-    def action_focus_graph(self) -> None:
-        self.query_one(GraphView).focus()
-
-    def action_view(self, which: str) -> None:
-        self.query_one(TabbedContent).active = f"tab-{which}"
-
+    # --- views ---------------------------------------------------------------------------
     @on(TabbedContent.TabActivated)
     def _tab(self, event: TabbedContent.TabActivated) -> None:
         if event.pane.id == "tab-code":
@@ -793,89 +755,6 @@ class CocovizApp(App[None]):
         text = self.query_one(SourceEditor).text
         self._autosave(text if text != self.wb.text else None)
         self.exit()
-
-    def action_zoom_pane(self) -> None:
-        screen = self.screen
-        if screen.maximized is not None:
-            screen.minimize()
-        elif screen.focused is not None:
-            screen.maximize(screen.focused)
-
-    def action_help(self) -> None:
-        self.push_screen(HelpScreen(self.key_descriptions()))
-
-    def action_screenshot(self) -> None:
-        path = self.save_screenshot(path=".")
-        self.notify(f"saved {path}")
-
-    def key_descriptions(self) -> list[tuple[str, str, str]]:
-        """Every key as the help lists it: (where it works, the key, what it does); the
-        keys that work everywhere first, quitting at the top."""
-        out: list[tuple[str, str, str]] = [
-            ("everywhere", "q / ctrl+q", "Quit (the session is autosaved)"),
-        ]
-        seen = {"quit"}
-        for b in self.BINDINGS:
-            assert isinstance(b, Binding)
-            if b.action.startswith("palette_key") or b.action in seen:
-                continue
-            seen.add(b.action)
-            out.append(("everywhere", _key_names(b), b.description))
-        out.append(("everywhere", "1 … 9", "apply that step of the palette"))
-        out.append(("everywhere", "tab / shift+tab", "move between panes"))
-        out.append(("everywhere", "ctrl+p", "command palette: every action by name"))
-        panes: list[tuple[str, list[Binding]]] = [
-            ("graph", GraphView.BINDINGS),  # type: ignore[list-item]
-            ("timeline", TimelineView.BINDINGS),  # type: ignore[list-item]
-            ("code", CodeView.BINDINGS),  # type: ignore[list-item]
-            ("source editor", CocoTextArea.BINDINGS),  # type: ignore[list-item]
-        ]
-        for where, bindings in panes:
-            for b in bindings:
-                out.append((where, _key_names(b), b.description))
-            if where == "graph":
-                out.append((where, "click", "select the stage"))
-            if where == "timeline":
-                out.append((where, "mouse over", "describe the event under the mouse"))
-                out.append((where, "click", "move the cursor there, select its stage"))
-        out.append(("steps, history", "enter", "apply the step / jump to the step"))
-        out.append(("help", "escape / q / ?", "close the help"))
-        out.append(("help", "/", "search the keys (escape or enter leaves the search)"))
-        return out
-
-    def get_system_commands(self, screen: Screen) -> Iterable[SystemCommand]:
-        yield from super().get_system_commands(screen)
-        for b in self.BINDINGS:
-            assert isinstance(b, Binding)
-            if b.action.startswith("palette_key") or b.action == "quit":
-                continue  # Textual's own Quit is listed
-            action = b.action
-
-            async def run(action: str = action) -> None:
-                await self.run_action(action)
-
-            yield SystemCommand(b.description, f"key: {b.key_display or b.key}", run)
-
-
-_KEY_NAMES = {
-    "question_mark": "?",
-    "equals_sign": "=",
-    "plus": "+",
-    "minus": "-",
-    "up": "↑",
-    "down": "↓",
-    "left": "←",
-    "right": "→",
-    "slash": "/",
-}
-
-
-def _key_names(b: Binding) -> str:
-    """A binding's keys as the help shows them: `U / ctrl+r`, `+ / =`."""
-    keys = [_KEY_NAMES.get(k.strip(), k.strip()) for k in b.key.split(",")]
-    if b.key_display and b.key_display not in keys:
-        keys[0] = b.key_display
-    return " / ".join(keys)
 
 
 def _failure_text(failed: StepFailure) -> str:

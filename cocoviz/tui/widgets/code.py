@@ -77,6 +77,7 @@ class CodeView(Horizontal):
         Binding("N", "cycle('collectives')", "Collectives nccl / nccl-device", key_display="N"),
         Binding("A", "cycle('arch')", "Next CUDA architecture", key_display="A"),
     ]
+    FOOTER_NAME = "code"
 
     DEFAULT_CSS = """
     CodeView { height: 1fr; }

@@ -17,16 +17,20 @@ from cocoviz.tui.widgets.steady import SteadyScrollbars
 
 DRAWINGS_KEPT = 16
 
+MOVE = Binding.Group("Select stage", compact=True)
+"""The arrows, shown in the footer as one key group."""
+
 
 class GraphView(SteadyScrollbars, can_focus=True):
     """Draws a program's dataflow graph; arrows move the selection, enter confirms it."""
 
     BINDINGS = [
-        Binding("up", "move('up')", "Stage above", show=False),
-        Binding("down", "move('down')", "Stage below", show=False),
-        Binding("left", "move('left')", "Stage left", show=False),
-        Binding("right", "move('right')", "Stage right", show=False),
+        Binding("up", "move('up')", "Stage above", group=MOVE),
+        Binding("down", "move('down')", "Stage below", group=MOVE),
+        Binding("left", "move('left')", "Stage left", group=MOVE),
+        Binding("right", "move('right')", "Stage right", group=MOVE),
     ]
+    FOOTER_NAME = "graph"
 
     DEFAULT_CSS = """
     GraphView { height: 1fr; background: $surface; }

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from rich.text import Text
 from textual import on
+from textual.binding import Binding
 from textual.message import Message
 from textual.widgets import OptionList
 from textual.widgets.option_list import Option
@@ -14,6 +15,9 @@ from cocoviz.tui.widgets.steady import SteadyOptionList
 
 class HistoryList(SteadyOptionList):
     """Step 0 is the unscheduled program; enter jumps to a step."""
+
+    BINDINGS = [Binding("enter", "select", "Go to step")]
+    FOOTER_NAME = "history"
 
     DEFAULT_CSS = """
     HistoryList { height: 1fr; }

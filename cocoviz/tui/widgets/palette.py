@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from rich.text import Text
 from textual import on
+from textual.binding import Binding
 from textual.message import Message
 from textual.widgets import OptionList
 from textual.widgets.option_list import Option
@@ -27,6 +28,9 @@ def _label(e: PaletteEntry, room: int) -> tuple[tuple[str, str], ...]:
 
 class StepPalette(SteadyOptionList):
     """Legal steps first, keyed 1–9; illegal ones dimmed with the reason."""
+
+    BINDINGS = [Binding("enter", "select", "Apply step")]
+    FOOTER_NAME = "steps"
 
     DEFAULT_CSS = """
     StepPalette { height: 1fr; }

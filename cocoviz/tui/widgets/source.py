@@ -40,10 +40,17 @@ COCO_THEME = TextAreaTheme(
 
 
 class CocoTextArea(TextArea, SteadyScrollbars):
-    """A TextArea that highlights `.coco` by regular expressions and marks error spans."""
+    """A TextArea that highlights `.coco` by regular expressions and marks error spans.
+
+    It has two modes. In command mode (at start, and whenever it has not the focus) it is
+    read-only: the cursor moves, and every other key reaches the app's bindings, so a
+    command key pressed here runs the command. `enter` or `i` enter edit mode, where keys
+    type into the text; `escape` (or moving the focus away) leaves it. Tab never types:
+    it moves the focus in either mode."""
 
     BINDINGS = [
-        Binding("escape", "leave", "Leave editor", show=True),
+        Binding("enter,i", "edit", "Edit", key_display="enter"),
+        Binding("escape", "leave", "Stop editing", key_display="esc"),
         # TextArea has no document start/end keys; without these, ctrl+end reached the app.
         Binding("ctrl+home", "document_start", "Start of the text", show=False),
         Binding("ctrl+end", "document_end", "End of the text", show=False),
@@ -58,11 +65,43 @@ class CocoTextArea(TextArea, SteadyScrollbars):
     """1-based line of the selected stage, shaded (a `var`: its watcher redraws the rows
     of the two lines, not the whole editor)."""
 
+    editing: reactive[bool] = reactive(False, init=False)
+    """Edit mode: keys type into the text. Off (command mode) the text is read-only and
+    letter keys are the app's commands."""
+
+    class ModeChanged(Message):
+        """Edit mode was entered or left."""
+
+        def __init__(self, editing: bool) -> None:
+            self.editing = editing
+            super().__init__()
+
     def __init__(self, text: str = "", **kwargs: object) -> None:
         self._lexed: dict[str, list[tuple[int, int, str]]] = {}
-        super().__init__(text, **kwargs)  # type: ignore[arg-type]
+        super().__init__(text, read_only=True, tab_behavior="focus", **kwargs)  # type: ignore[arg-type]
         self.register_theme(COCO_THEME)
         self.theme = "cocoviz"
+
+    @property
+    def FOOTER_NAME(self) -> str:  # noqa: N802 - read as the class attribute of the other panes
+        """The footer's name of the pane: it says which mode the editor is in."""
+        return "EDIT source" if self.editing else "source"
+
+    def watch_editing(self, editing: bool) -> None:
+        self.read_only = not editing
+        self.refresh_bindings()
+        self.post_message(self.ModeChanged(editing))
+
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        # Hidden, not dimmed: the footer shows the key that changes the mode now.
+        if action == "edit":
+            return not self.editing
+        if action == "leave":
+            return self.editing
+        return True
+
+    def on_blur(self) -> None:
+        self.editing = False
 
     def watch_error_spans(self) -> None:
         self._build_highlight_map()
@@ -127,7 +166,11 @@ class CocoTextArea(TextArea, SteadyScrollbars):
                 continue
             highlights[line - 1].append((start, end, "error"))
 
+    def action_edit(self) -> None:
+        self.editing = True
+
     def action_leave(self) -> None:
+        self.editing = False
         self.screen.focus_next()
 
     def action_document_start(self, select: bool = False) -> None:

@@ -74,7 +74,11 @@ class SteadyOptionList(OptionList, SteadyScrollbars):
         padding = self.get_component_styles("option-list--option").padding
         visual = self._get_visual(option)
         rules = cast(RulesMap, self.styles)  # as OptionList measures its options
-        if height != visual.get_height(rules, width - padding.width) + option._divider:
+        # A list with no room (its column hidden, another pane zoomed) has nothing drawn
+        # to keep; measured at zero width rich's wrapping would divide by zero.
+        if width - padding.width <= 0 or height != (
+            visual.get_height(rules, width - padding.width) + option._divider
+        ):
             self._clear_caches()
             return
         cache = self._option_render_cache

@@ -39,19 +39,25 @@ def _bar_style(base: Style, kind: str, highlighted: bool, cursor: bool) -> Style
     return st + Style(reverse=True) if cursor else st
 
 
+CURSOR = Binding.Group("Cursor", compact=True)
+ZOOM = Binding.Group("Zoom", compact=True)
+"""The arrows and the zoom keys, shown in the footer as key groups."""
+
+
 class TimelineView(SteadyScrollbars, can_focus=True):
     """Bars per rank and stream; left/right move the time cursor, up/down the row."""
 
     BINDINGS = [
-        Binding("left", "cursor(0, -1)", "Earlier", show=False),
-        Binding("right", "cursor(0, 1)", "Later", show=False),
-        Binding("up", "cursor(-1, 0)", "Row up", show=False),
-        Binding("down", "cursor(1, 0)", "Row down", show=False),
-        Binding("plus,equals_sign", "zoom(2)", "Zoom in", show=False),
-        Binding("minus", "zoom(0.5)", "Zoom out", show=False),
-        Binding("enter", "pick", "Select the stage under the cursor", show=False),
-        Binding("a", "all_ranks", "Every rank / identical ranks once", show=False),
+        Binding("left", "cursor(0, -1)", "Earlier", group=CURSOR),
+        Binding("right", "cursor(0, 1)", "Later", group=CURSOR),
+        Binding("up", "cursor(-1, 0)", "Row up", group=CURSOR),
+        Binding("down", "cursor(1, 0)", "Row down", group=CURSOR),
+        Binding("plus,equals_sign", "zoom(2)", "Zoom in", key_display="+", group=ZOOM),
+        Binding("minus", "zoom(0.5)", "Zoom out", key_display="-", group=ZOOM),
+        Binding("enter", "pick", "Select its stage"),
+        Binding("a", "all_ranks", "All ranks / identical once"),
     ]
+    FOOTER_NAME = "timeline"
 
     DEFAULT_CSS = """
     TimelineView { height: 1fr; background: $surface; }
