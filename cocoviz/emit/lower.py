@@ -64,6 +64,7 @@ class _ProgramLowerer(GroupLowering):
             else:
                 steps.extend(self.lower_units([item], None, f"stage {item}"))
         steps = batch_finishes(steps, self._root_buffer, self._new_batch)
+        one_device_stream(steps)
         outputs = []
         for o in p.outputs:
             ty = self.type_of(o)
@@ -163,6 +164,33 @@ def registered_buffers(steps: Sequence[pl.Step]) -> list[str]:
     return out
 
 
+def device_steps(steps: Sequence[pl.Step]) -> list[pl.DeviceCollective]:
+    """The device-API kernels of ``steps``, chunk loops included, in issue order."""
+    out: list[pl.DeviceCollective] = []
+    for s in steps:
+        if isinstance(s, pl.ChunkLoop):
+            for it in s.items:
+                out += device_steps(it.steps)
+        elif isinstance(s, pl.DeviceCollective):
+            out.append(s)
+    return out
+
+
+def one_device_stream(steps: Sequence[pl.Step]) -> None:
+    """Every device-API kernel of a program runs on one stream. They share one device
+    communicator, whose LSA barrier `b` is one counter per peer in device memory (NCCL's
+    ``ncclLsaBarrierSession`` keeps its epoch there between kernels): two such kernels
+    running at once would advance it out of step (docs/codegen.md). The emitter never
+    puts them on two streams; a plan that does is a bug."""
+    streams = sorted({s.stream for s in device_steps(steps)})
+    if len(streams) > 1:
+        names = ", ".join(s.cname for s in device_steps(steps))
+        raise EmitError(
+            f"the device-API kernels {names} would run on the streams {', '.join(streams)}: "
+            "they share one device communicator and must run on one stream; this is a cocoviz bug"
+        )
+
+
 def _hoisted(step: pl.Step) -> pl.Step:
     """`step` with the loop-invariant statements of its kernel bodies moved into ``pre``
     (`cocoviz.emit.plan.hoist`), so both targets evaluate them once per launch."""
@@ -260,6 +288,14 @@ def lower_emit(
             if q.name not in param_cname:
                 raise EmitError(f"param '{q.name}' exists only in the unscheduled program")
         ref = lower_program(reference, "unscheduled", "ref", "nccl", names, param_cname)
+    fallback = None
+    if sched.uses_device_api:
+        # every rank runs this one instead where a rank lacks the device API, symmetric
+        # windows or an NVLink domain spanning its group (docs/codegen.md)
+        fallback = lower_program(
+            scheduled, "scheduled, --collectives nccl (fallback)", "nccl_host", "nccl",
+            names, param_cname,
+        )  # fmt: skip
     g = scheduled.grid
     return pl.EmitPlan(
         program=scheduled.name,
@@ -275,4 +311,5 @@ def lower_emit(
         schedule_name=schedule_name,
         schedule_steps=tuple(schedule_steps),
         seed=seed,
+        fallback=fallback,
     )

@@ -626,6 +626,10 @@ class EmitPlan:
     schedule_name: str | None
     schedule_steps: tuple[str, ...]
     seed: int = 0
+    fallback: ProgramPlan | None = None
+    """The scheduled program lowered with ``--collectives nccl``, when `scheduled` runs
+    device-API kernels: every rank runs it instead where any rank lacks what the
+    device-API lowering needs (docs/codegen.md, the nccl-device kernel on real hardware)."""
 
     @property
     def world(self) -> int:
@@ -633,4 +637,5 @@ class EmitPlan:
 
     @property
     def plans(self) -> tuple[ProgramPlan, ...]:
-        return (self.scheduled,) if self.reference is None else (self.reference, self.scheduled)
+        out = (self.scheduled,) if self.reference is None else (self.reference, self.scheduled)
+        return out if self.fallback is None else (*out, self.fallback)

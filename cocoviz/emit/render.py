@@ -489,6 +489,11 @@ class Renderer:
             ],  # fmt: skip
             "uses_matmul": p.uses_matmul,
             "uses_device": p.uses_device_api,
+            # streams whose GEMMs run on cuBLAS (each gets its own workspace)
+            "gemm_streams": sorted(
+                {k["stream"] for k in flat if k["kind"] == "matmul" and (k["gemm"] or k["batch"])}
+            ),
+            "fallback_ns": None,
             "uses_p2p": any(isinstance(st, pl.ChunkLoop) and "p2p" in st.streams for st in p.steps),
         }
 
@@ -512,6 +517,10 @@ class Renderer:
             "pp": p.pp,
         }
         json_prefix = json.dumps(header)[:-1]
+        sched = self.program(p.scheduled)
+        fallback = self.program(p.fallback) if p.fallback else None
+        if fallback is not None:
+            sched["fallback_ns"] = fallback["ns"]
         return {
             "program": safe_text(p.program),
             "program_literal": c_string(p.program),
@@ -521,8 +530,9 @@ class Renderer:
             "world": p.world,
             "grid": p.pp > 1,
             "params": params,
-            "sched": self.program(p.scheduled),
+            "sched": sched,
             "ref": self.program(p.reference) if p.reference else None,
+            "fallback": fallback,
             "json_prefix": c_string(json_prefix),
             "reduce_blocks": REDUCE_BLOCKS,
             "schedule": safe_text(p.schedule_name or "(none)"),

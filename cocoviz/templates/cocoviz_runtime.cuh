@@ -259,6 +259,29 @@ __device__ inline bool peers_aligned(T* const (&peer)[G], int64_t offset) {
 
 // ------------------------------------------------------- multimem (NVLS)
 
+// The emulation reports a multimem operation with its caller's file:line (GCC's builtins as
+// default arguments give the call site); under nvcc the helpers take no such arguments.
+#ifdef COCOVIZ_EMULATION
+#define COCOVIZ_CALLER , const char *caller_file = __builtin_FILE(), int caller_line = __builtin_LINE()
+#define COCOVIZ_CALLER_ARGS , caller_file, caller_line
+#else
+#define COCOVIZ_CALLER
+#define COCOVIZ_CALLER_ARGS
+#endif
+
+// fence.proxy.alias: orders this thread's earlier accesses through one mapping of memory
+// with its later accesses through another (CUDA programming guide, virtual aliasing; PTX
+// ISA 7.5, sm_70). The multimem kernels issue it after reaching peers' windows through
+// their unicast mappings, before the multimem barrier's arrive goes through the multicast
+// one.
+__device__ inline void fence_proxy_alias() {
+#ifdef COCOVIZ_EMULATION
+  ::cocoviz_emu::fence_proxy_alias();
+#else
+  asm volatile("fence.proxy.alias;" ::: "memory");
+#endif
+}
+
 // multimem.ld_reduce.add: the sum over every LSA peer of the pack at a multimem address
 // (ncclGetLsaMultimemPointer), reduced by the NVSwitch: f32 in f32, f16/bf16 accumulated in
 // f32 (.acc::f32) and rounded once. multimem.st: one store that reaches every peer's window.
@@ -280,11 +303,11 @@ struct MultimemAdd<__nv_bfloat16> {
 };
 
 template <int N, class T>
-__device__ inline Pack<T, N> multimem_ld_reduce_add(const T* mc) {
+__device__ inline Pack<T, N> multimem_ld_reduce_add(const T* mc COCOVIZ_CALLER) {
   static_assert(sizeof(Pack<T, N>) % 16 == 0, "multimem accesses move 16 bytes");
   Pack<T, N> r;
 #ifdef COCOVIZ_EMULATION
-  ::cocoviz_emu::multimem_ld_reduce_add(mc, sizeof r, MultimemAdd<T>::kind, &r);
+  ::cocoviz_emu::multimem_ld_reduce_add(mc, sizeof r, MultimemAdd<T>::kind, &r COCOVIZ_CALLER_ARGS);
 #else
   uint32_t* out = reinterpret_cast<uint32_t*>(&r);
 #pragma unroll
@@ -320,10 +343,10 @@ __device__ inline Pack<T, N> multimem_ld_reduce_add(const T* mc) {
 }
 
 template <int N, class T>
-__device__ inline void multimem_st(T* mc, const Pack<T, N>& x) {
+__device__ inline void multimem_st(T* mc, const Pack<T, N>& x COCOVIZ_CALLER) {
   static_assert(sizeof(Pack<T, N>) % 16 == 0, "multimem accesses move 16 bytes");
 #ifdef COCOVIZ_EMULATION
-  ::cocoviz_emu::multimem_st(mc, &x, sizeof x);
+  ::cocoviz_emu::multimem_st(mc, &x, sizeof x COCOVIZ_CALLER_ARGS);
 #else
   const uint32_t* in = reinterpret_cast<const uint32_t*>(&x);
 #pragma unroll

@@ -9,8 +9,13 @@
 // column-major semantics and argument checks. A GEMM is one operation on the handle's
 // stream: it reads A and B (only the rows of each column that it uses), C when beta != 0,
 // alpha and beta in device pointer mode, and writes C; each access is checked for bounds and
-// against unordered work on other streams. Workspaces, math modes, algorithms (accepted,
-// ignored) and every other routine are not emulated.
+// against unordered work on other streams. cublasSetWorkspace: a user workspace (256-byte
+// aligned, inside a live device allocation) that every later GEMM on the handle writes —
+// recorded as a write of its first bytes, so two GEMMs sharing one workspace on streams
+// nothing orders are a hazard (cuBLAS: a routine may run several kernels that rely on the
+// workspace staying intact) — until cublasSetStream resets the handle to the default pool,
+// as cuBLAS documents. Math modes, algorithms (accepted, ignored) and every other routine
+// are not emulated.
 //
 // Numerics: products are accumulated in the compute type (float; double for COMPUTE_64F;
 // half, each step one fused rounding, for COMPUTE_16F) in k order, with separate multiply
@@ -118,6 +123,7 @@ typedef struct cublasContext* cublasHandle_t;
 cublasStatus_t cublasCreate(cublasHandle_t* handle);
 cublasStatus_t cublasDestroy(cublasHandle_t handle);
 cublasStatus_t cublasSetStream(cublasHandle_t handle, cudaStream_t stream);
+cublasStatus_t cublasSetWorkspace(cublasHandle_t handle, void* workspace, size_t workspaceSizeInBytes);
 cublasStatus_t cublasGetStream(cublasHandle_t handle, cudaStream_t* stream);
 cublasStatus_t cublasGetPointerMode(cublasHandle_t handle, cublasPointerMode_t* mode);
 cublasStatus_t cublasSetPointerMode(cublasHandle_t handle, cublasPointerMode_t mode);

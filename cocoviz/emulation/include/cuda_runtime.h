@@ -154,8 +154,12 @@ cudaError_t cudaDeviceSynchronize();
 cudaError_t cudaDeviceGetStreamPriorityRange(int* least, int* greatest);
 enum cudaDeviceAttr {
   cudaDevAttrMultiProcessorCount = 16,
+  cudaDevAttrComputeCapabilityMajor = 75,
+  cudaDevAttrComputeCapabilityMinor = 76,
 };
-// cudaDevAttrMultiProcessorCount: COCOVIZ_EMU_SM_COUNT (default 132, an H100/H200).
+// cudaDevAttrMultiProcessorCount: COCOVIZ_EMU_SM_COUNT (default 132, an H100/H200), one
+// value or one per rank ("132,114": rank r takes entry r mod the count); the compute
+// capability is 9.0 (an H100/H200).
 cudaError_t cudaDeviceGetAttribute(int* value, cudaDeviceAttr attr, int device);
 
 cudaError_t cudaMalloc(void** p, size_t bytes);

@@ -6,14 +6,29 @@
 //     that peer's window. Loads and stores through the pointer are checked by the core
 //     against the peer's shadow memory (data races between ranks are reported).
 //   - ncclLsaBarrierSession: a live device communicator, index < lsaBarrierCount, every
-//     thread of the block takes part (it is a CTA-wide barrier); a release order
-//     publishes this rank's clock, an acquire order joins the LSA peers' clocks
-//     (memory_order_relaxed orders execution only, as on the GPU).
+//     thread of the block takes part (it is a CTA-wide barrier), the same grid on every LSA
+//     peer (block b waits for block b of each); a release order publishes this rank's
+//     clock, an acquire order joins the LSA peers' clocks. A relaxed arrive publishes what
+//     stream order put before the kernel, and a relaxed wait's peers' clocks join the
+//     stream's when the kernel ends: kernel boundaries, which NCCL's own symmetric kernels
+//     rely on (they open with a relaxed arrive and end with a relaxed wait); inside the
+//     kernel a relaxed barrier orders execution only, as on the GPU.
+//   - the multimem form (multimem = true, NCCL's NVLS kernels): a device communicator made
+//     with lsaMultimem. A kernel that issues multimem operations synchronises through it
+//     only: a unicast-form session in such a kernel is reported (its arrive is a fence and
+//     unicast stores, which do not order multicast accesses), and so is a block's unicast
+//     access of a peer's window not followed by fence.proxy.alias before a multimem arrive.
+//   - one kernel at a time per device communicator: a kernel whose barriers run while an
+//     earlier kernel on the same device communicator is not ordered before it (stream
+//     order or an event) is reported (the barrier counters would be shared).
 //   - multimem (ncclGetLsaMultimemPointer, multimem_ld_reduce_add, multimem_st): a device
 //     communicator made with lsaMultimem, a live window of its communicator, 16-byte
 //     aligned accesses inside every peer's window; each peer's bytes are checked and
 //     recorded like a load (ld_reduce) or store (st) of that peer's memory.
 // COCOVIZ_EMU_LSA_SIZE=n limits an LSA team to n consecutive ranks (default: all).
+// COCOVIZ_EMU_DEVICE_API=0 (one value, or one per rank): no device API, as NCCL without
+// symmetric memory — ncclCommQueryProperties says so, ncclCommWindowRegister returns
+// ncclSuccess and a NULL window, ncclDevCommCreate fails with ncclInvalidUsage.
 #ifndef COCOVIZ_EMU_NCCL_DEVICE_H_
 #define COCOVIZ_EMU_NCCL_DEVICE_H_
 
@@ -92,7 +107,8 @@ typedef struct ncclDevCommRequirements {
   }
 
 // What the communicator supports (ncclCommQueryProperties). The emulation reports the
-// device API, and multimem (NVLS) unless COCOVIZ_EMU_MULTIMEM=0.
+// device API unless COCOVIZ_EMU_DEVICE_API=0, and multimem (NVLS) unless
+// COCOVIZ_EMU_MULTIMEM=0 (each one value, or one per rank).
 typedef struct ncclCommProperties {
   size_t size;
   unsigned int magic;
@@ -133,10 +149,12 @@ void* ncclGetLocalPointer(ncclWindow_t w, size_t offset);
 void* ncclGetLsaMultimemPointer(ncclWindow_t w, size_t offset, ncclDevComm const& comm);
 
 namespace cocoviz_emu {
-// Validates a session's device communicator and barrier index (fails otherwise).
-NcclDevState* nccl_lsa_barrier_open(const ncclDevComm& comm, uint32_t index, bool multimem);
+// Validates a session's device communicator, barrier index and form (fails otherwise);
+// `file`/`line`: where the kernel opens it.
+NcclDevState* nccl_lsa_barrier_open(const ncclDevComm& comm, uint32_t index, bool multimem,
+                                    const char* file, int line);
 // Run once per block, while every thread of it waits (block_barrier's at_release).
-void nccl_lsa_barrier_arrive(NcclDevState* s, uint32_t index, bool release);
+void nccl_lsa_barrier_arrive(NcclDevState* s, uint32_t index, bool release, bool multimem);
 void nccl_lsa_barrier_wait(NcclDevState* s, uint32_t index, bool acquire);
 
 inline bool releases(std::memory_order o) {
@@ -156,15 +174,19 @@ struct ncclLsaBarrierSession {
   static_assert(std::is_same<Coop, ncclCoopCta>::value,
                 "the cocoviz emulation implements CTA-wide LSA barriers (ncclCoopCta) only");
 
+  // (file, line: the caller's, for reports; NVIDIA's constructor has no such parameters)
   ncclLsaBarrierSession(Coop, ncclDevComm const& comm, ncclTeamTagLsa, uint32_t index,
-                        bool multimem = false)
-      : s_(cocoviz_emu::nccl_lsa_barrier_open(comm, index, multimem)), index_(index) {}
+                        bool multimem = false, const char* file = __builtin_FILE(),
+                        int line = __builtin_LINE())
+      : s_(cocoviz_emu::nccl_lsa_barrier_open(comm, index, multimem, file, line)),
+        index_(index),
+        multimem_(multimem) {}
   ncclLsaBarrierSession(ncclLsaBarrierSession const&) = delete;
   ncclLsaBarrierSession& operator=(ncclLsaBarrierSession const&) = delete;
 
   void arrive(Coop, cuda::memory_order order) {
     cocoviz_emu::block_barrier([this, order] {
-      cocoviz_emu::nccl_lsa_barrier_arrive(s_, index_, cocoviz_emu::releases(order));
+      cocoviz_emu::nccl_lsa_barrier_arrive(s_, index_, cocoviz_emu::releases(order), multimem_);
     });
   }
   void wait(Coop, cuda::memory_order order) {
@@ -174,7 +196,7 @@ struct ncclLsaBarrierSession {
   }
   void sync(Coop, cuda::memory_order order) {
     cocoviz_emu::block_barrier([this, order] {
-      cocoviz_emu::nccl_lsa_barrier_arrive(s_, index_, cocoviz_emu::releases(order));
+      cocoviz_emu::nccl_lsa_barrier_arrive(s_, index_, cocoviz_emu::releases(order), multimem_);
       cocoviz_emu::nccl_lsa_barrier_wait(s_, index_, cocoviz_emu::acquires(order));
     });
   }
@@ -182,6 +204,7 @@ struct ncclLsaBarrierSession {
  private:
   cocoviz_emu::NcclDevState* s_;
   uint32_t index_;
+  bool multimem_;
 };
 
 #endif  // COCOVIZ_EMU_NCCL_DEVICE_H_

@@ -133,6 +133,27 @@ void note(const std::string& text) {
   std::fprintf(stderr, "cocoviz emulation: [rank %d] note: %s\n", world_rank(), text.c_str());
 }
 
+bool env_per_rank(const char* name, long* value) {
+  const char* v = std::getenv(name);
+  if (v == nullptr || v[0] == '\0') return false;
+  std::vector<long> values;
+  const char* p = v;
+  while (true) {
+    char* end = nullptr;
+    errno = 0;
+    const long x = std::strtol(p, &end, 10);
+    if (end == p || errno != 0) break;
+    values.push_back(x);
+    if (*end == '\0') {
+      *value = values[static_cast<size_t>(world_rank()) % values.size()];
+      return true;
+    }
+    if (*end != ',') break;
+    p = end + 1;
+  }
+  fail("emulation", std::string(name) + "=" + v + ": expected an integer, or one per rank separated by commas");
+}
+
 // ============================================================= vector clocks
 
 VC::VC() : c(static_cast<size_t>(world_size()) * kAgentsPerRank, 0u) {}
@@ -247,6 +268,7 @@ struct Device {
   std::vector<std::unique_ptr<Event>> events;
   std::unordered_set<const Event*> live_events;
   int next_local = 2;
+  std::map<int, Stream*> slot_owner;  // the stream that holds (or last held) each slot
   Op* current = nullptr;
   // op descriptions by epoch, for race reports (bounded)
   std::unordered_map<uint64_t, std::string> op_names;
@@ -321,12 +343,30 @@ Stream* legacy_stream() { return dev().legacy; }
 Stream* stream_create(bool nonblocking, int priority) {
   Device& d = dev();
   auto s = std::make_unique<Stream>();
+  // A slot whose stream was destroyed after the host synchronized with all its work is
+  // free again: the new stream continues its clocks, so its epochs stay distinct and
+  // everything the old one did is ordered before it (as on a GPU).
+  int reuse = 0;
   if (d.next_local >= kStreamSlots) {
-    note("more than " + std::to_string(kStreamSlots - 2) +
-         " streams: later streams share agents with earlier ones in the happens-before check");
-    d.next_local = 2;
+    for (const auto& [slot, old] : d.slot_owner) {
+      const size_t a = static_cast<size_t>(stream_agent(old));
+      if (old->destroyed && (a >= old->vc.c.size() || d.host.c[a] >= old->vc.c[a])) {
+        reuse = slot;
+        std::copy(std::begin(old->cta_clock), std::end(old->cta_clock), std::begin(s->cta_clock));
+        break;
+      }
+    }
   }
-  s->local = d.next_local++;
+  if (reuse != 0) {
+    s->local = reuse;
+  } else {
+    if (d.next_local >= kStreamSlots) {
+      note("more than " + std::to_string(kStreamSlots - 2) +
+           " live streams: later streams share agents with earlier ones in the happens-before check");
+      d.next_local = 2;
+    }
+    s->local = d.next_local++;
+  }
   s->nonblocking = nonblocking;
   s->priority = priority;
   s->vc = d.host;
@@ -334,6 +374,7 @@ Stream* stream_create(bool nonblocking, int priority) {
   Stream* raw = s.get();
   d.streams.push_back(std::move(s));
   d.live.insert(raw);
+  d.slot_owner[raw->local] = raw;
   return raw;
 }
 
@@ -367,6 +408,8 @@ int stream_agent(const Stream* s) { return global_agent(s->local); }
 // ================================================================ operations
 
 Op::Op(Stream* s, std::string what) : s_(s), what_(std::move(what)), cur_(&s->vc), cur_agent_(stream_agent(s)) {
+  static uint64_t serials = 0;
+  serial_ = ++serials;
   Device& d = dev();
   if (d.current != nullptr) {
     fail("emulation", "operation '" + what_ + "' started inside '" + d.current->what() + "'");
@@ -384,7 +427,8 @@ Op::Op(Stream* s, std::string what) : s_(s), what_(std::move(what)), cur_(&s->vc
   if (v.c.size() <= me) v.c.resize(me + 1, 0u);
   v.c[me] += 1;
   if (v.c[me] >= 0xfffffff0u) fail("emulation", "more than 4G operations on one stream");
-  remember_op(make_epoch(cur_agent_, v.c[me]), what_ + " at " + site_text(g_site));
+  start_epoch_ = make_epoch(cur_agent_, v.c[me]);
+  remember_op(start_epoch_, what_ + " at " + site_text(g_site));
   d.current = this;
 }
 
@@ -409,6 +453,23 @@ VC Op::release() {
 }
 
 void Op::acquire(const VC& other) { cur_->join(other); }
+
+const VC& Op::launch_vc() const { return cta_.empty() ? *cur_ : start_; }
+
+void Op::acquire_at_end(const VC& other) {
+  if (cta_.empty()) {  // not a kernel: the operation's own clock
+    cur_->join(other);
+    return;
+  }
+  if (!have_at_end_) at_end_ = other;
+  else at_end_.join(other);
+  have_at_end_ = true;
+}
+
+void Op::unicast_window_access(const char* file, int line) {
+  if (!unfenced_.empty() || cta_.empty()) return;
+  unfenced_ = file != nullptr ? std::string(file) + ":" + std::to_string(line) : what_;
+}
 const std::string& Op::what() const { return what_; }
 Stream* Op::stream() const { return s_; }
 
@@ -428,12 +489,15 @@ void Op::begin_block(unsigned b) {
     remember_op(make_epoch(cur_agent_, v.c[me]), "block " + std::to_string(b) + " of " + what_ + " at " + site_text(g_site));
   }
   cur_ = &v;
+  unfenced_.clear();
 }
 
 void Op::end_blocks() {
   for (const VC& v : cta_) {
     if (!v.c.empty()) s_->vc.join(v);
   }
+  if (have_at_end_) s_->vc.join(at_end_);
+  have_at_end_ = false;
   cta_.clear();
   cur_ = &s_->vc;
   cur_agent_ = stream_agent(s_);
@@ -1159,7 +1223,7 @@ namespace {
 
 }  // namespace
 
-void access(const void* p, size_t n, bool write, const char* file, int line) {
+void access(const void* p, size_t n, bool write, const char* file, int line, bool multicast) {
   Op* op = dev().current;
   if (op == nullptr) fail("emulation", "device memory accessed outside any operation (host code must not dereference device pointers)");
   const uintptr_t a = reinterpret_cast<uintptr_t>(p);
@@ -1171,6 +1235,7 @@ void access(const void* p, size_t n, bool write, const char* file, int line) {
     g_last = x;
   }
   if (n == 0) return;
+  if (x->kind == MemKind::peer && !multicast) op->unicast_window_access(file, line);
   const VC& v = op->vc();
   const uint64_t me = op->epoch();
   if (x->lock != nullptr) x->lock->lock();
@@ -1443,6 +1508,11 @@ void run_block(unsigned n, Dim3 bd) {
 }  // namespace
 
 bool in_kernel() { return g_in_kernel; }
+
+void fence_proxy_alias() {
+  if (!g_in_kernel) fail("emulation", "fence.proxy.alias outside a kernel");
+  if (Op* op = dev().current) op->fence_proxy_alias();
+}
 
 void block_barrier(const std::function<void()>& at_release) {
   if (!g_in_kernel) fail("emulation", "__syncthreads() called outside a kernel");

@@ -30,6 +30,8 @@ struct cublasContext {
   cudaStream_t stream = nullptr;
   cublasPointerMode_t mode = CUBLAS_POINTER_MODE_HOST;
   bool destroyed = false;
+  void* workspace = nullptr;  // cublasSetWorkspace's (nullptr: the default pool)
+  size_t workspace_bytes = 0;
 };
 
 namespace {
@@ -352,6 +354,21 @@ cublasStatus_t cublasSetStream(cublasHandle_t handle, cudaStream_t stream) {
                    "cublasSetStream with a destroyed or unknown stream " + hex(stream));
   }
   h->stream = stream;
+  h->workspace = nullptr;  // "unconditionally resets the cuBLAS library workspace" (cuBLAS)
+  h->workspace_bytes = 0;
+  return CUBLAS_STATUS_SUCCESS;
+}
+
+cublasStatus_t cublasSetWorkspace(cublasHandle_t handle, void* workspace, size_t bytes) {
+  cublasContext* h = live_handle(handle, "cublasSetWorkspace");
+  if (h == nullptr) return CUBLAS_STATUS_NOT_INITIALIZED;
+  if (reinterpret_cast<uintptr_t>(workspace) % 256 != 0) {
+    return invalid(CUBLAS_STATUS_INVALID_VALUE,
+                   "cublasSetWorkspace: the workspace " + hex(workspace) + " is not aligned to 256 bytes");
+  }
+  if (bytes > 0) emu::check_range(workspace, bytes, "cublasSetWorkspace workspace");
+  h->workspace = workspace;
+  h->workspace_bytes = bytes;
   return CUBLAS_STATUS_SUCCESS;
 }
 
@@ -462,6 +479,8 @@ cublasStatus_t cublasGemmEx(cublasHandle_t handle, cublasOperation_t transa,
   emu::Stream* st = emu::resolve_stream(h->stream, "cublasGemmEx");
   const double host_alpha = dev_scales ? 0 : read_scale(alpha, acc);
   const double host_beta = dev_scales ? 0 : read_scale(beta, acc);
+  void* const ws = h->workspace;  // the workspace is part of the call, as a graph keeps it
+  const size_t ws_touched = h->workspace_bytes < 256 ? h->workspace_bytes : 256;
   const int err = emu::enqueue(st, [=] {
     emu::Op op(st, std::string("cublasGemmEx(") + op_letter(transa) + ", " + op_letter(transb) +
                        ", m=" + std::to_string(m) + ", n=" + std::to_string(n) +
@@ -476,6 +495,7 @@ cublasStatus_t cublasGemmEx(cublasHandle_t handle, cublasOperation_t transa,
     b.access(false);
     if (beta_v != 0) c.access(false);  // beta == 0: C is not read (NaN there does not matter)
     c.access(true);
+    if (ws != nullptr) emu::access(ws, ws_touched, true);  // its scratch: the first bytes stand for it
 
     // op(A)(i, p) is A[i + p * lda] (N) or A[p + i * lda] (T): row i of op(A) contiguous.
     // op(B)(p, j) is B[p + j * ldb] (N) or B[j + p * ldb] (T): column j of op(B) contiguous.

@@ -131,11 +131,23 @@ cudaError_t cudaDeviceGetStreamPriorityRange(int* least, int* greatest) {
 cudaError_t cudaDeviceGetAttribute(int* value, cudaDeviceAttr attr, int device) {
   if (value == nullptr) return cudaErrorInvalidValue;
   if (device < 0 || device >= device_count()) return cudaErrorInvalidDevice;
-  if (attr != cudaDevAttrMultiProcessorCount) return cudaErrorInvalidValue;
-  const char* v = std::getenv("COCOVIZ_EMU_SM_COUNT");
-  const int n = v != nullptr ? std::atoi(v) : 0;
-  *value = n > 0 ? n : 132;
-  return cudaSuccess;
+  switch (attr) {
+    case cudaDevAttrMultiProcessorCount: {
+      long n = 132;  // an H100/H200
+      if (emu::env_per_rank("COCOVIZ_EMU_SM_COUNT", &n) && n < 1) {
+        emu::fail("emulation", "COCOVIZ_EMU_SM_COUNT: this rank's SM count " + std::to_string(n) + " is below 1");
+      }
+      *value = static_cast<int>(n);
+      return cudaSuccess;
+    }
+    case cudaDevAttrComputeCapabilityMajor:  // an H100/H200: 9.0
+      *value = 9;
+      return cudaSuccess;
+    case cudaDevAttrComputeCapabilityMinor:
+      *value = 0;
+      return cudaSuccess;
+  }
+  return cudaErrorInvalidValue;
 }
 
 cudaError_t cudaMalloc(void** p, size_t bytes) {

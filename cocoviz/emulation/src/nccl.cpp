@@ -26,7 +26,13 @@
 //   window           — window memory comes from ncclMemAlloc of this rank and is not
 //                      freed while registered; symmetric windows have one size on every
 //                      rank; peer pointers stay inside the LSA team and the window
-//   LSA barrier      — a live device communicator and an index < lsaBarrierCount
+//   LSA barrier      — a live device communicator and an index < lsaBarrierCount; one
+//                      grid on every LSA peer
+//   multimem barrier — a kernel that issues multimem operations synchronises through the
+//                      multimem form only, and fences (fence.proxy.alias) a block's unicast
+//                      accesses of peers' windows before its multimem arrive
+//   device communicator — no two kernels whose barriers use one device communicator run
+//                      unordered (stream order or an event between them)
 // Argument errors the real NCCL returns (NULL pointers, bad enums, bad ranks, unsupported
 // options) return its error code; ncclGetLastError explains.
 #include <mpi.h>
@@ -91,6 +97,10 @@ struct NcclDevState {
   std::vector<uint32_t> arrived;   // per barrier: rounds this rank arrived at
   std::vector<uint32_t> waited;    // per barrier: rounds this rank completed
   std::vector<std::string> mapped; // peer files mapped for it
+  // the last kernel that ran its barriers (one kernel at a time per device communicator)
+  uint64_t last_kernel = 0;        // its Op::serial
+  uint64_t last_epoch = 0;         // its epoch on its stream
+  std::string last_text;           // the kernel and where it opened its barrier
 };
 }  // namespace cocoviz_emu
 
@@ -1018,8 +1028,16 @@ void unmap_all(const std::vector<std::string>& paths) {
 }
 
 bool multimem_supported() {
-  const char* v = std::getenv("COCOVIZ_EMU_MULTIMEM");
-  return v == nullptr || v[0] == '\0' || std::strcmp(v, "0") != 0;
+  long v = 1;
+  emu::env_per_rank("COCOVIZ_EMU_MULTIMEM", &v);
+  return v != 0;
+}
+
+// COCOVIZ_EMU_DEVICE_API=0: NCCL without symmetric memory (comm->symmetricSupport false).
+bool device_api_supported() {
+  long v = 1;
+  emu::env_per_rank("COCOVIZ_EMU_DEVICE_API", &v);
+  return v != 0;
 }
 
 void collective_barrier(const ncclComm& c, const std::string& what) {
@@ -1319,6 +1337,9 @@ ncclResult_t ncclCommWindowRegister(ncclComm_t comm, void* buff, size_t size, nc
                                                                    : "ncclMemAlloc allocation") +
                                   " made by " + a->label});
   }
+  *win = nullptr;
+  // NCCL without symmetric memory: success and no window (src/dev_runtime.cc)
+  if (!device_api_supported()) return ncclSuccess;
   Call mine = make_call(kWindowRegister);
   mine.object = c->windows;
   const std::string what = std::string("ncclCommWindowRegister on ") + c->name;
@@ -1384,7 +1405,7 @@ ncclResult_t ncclCommQueryProperties(ncclComm_t comm, ncclCommProperties_t* prop
   props->nRanks = c->size;
   props->cudaDev = 0;
   props->nvmlDev = 0;
-  props->deviceApiSupport = true;
+  props->deviceApiSupport = device_api_supported();
   props->multimemSupport = multimem_supported();
   return ncclSuccess;
 }
@@ -1394,6 +1415,10 @@ ncclResult_t ncclDevCommCreate(ncclComm_t comm, ncclDevCommRequirements_t const*
   progress_all();
   ncclComm* c = live_comm(comm, "ncclDevCommCreate");
   if (c == nullptr || reqs == nullptr || out == nullptr) return error(ncclInvalidArgument, "ncclDevCommCreate: NULL argument");
+  if (!device_api_supported()) {
+    return error(ncclInvalidUsage, "ncclDevCommCreate: the communicator does not support symmetric memory "
+                                   "(COCOVIZ_EMU_DEVICE_API=0; ncclCommQueryProperties says so)");
+  }
   if (reqs->lsaBarrierCount < 0) return error(ncclInvalidArgument, "ncclDevCommCreate: negative lsaBarrierCount");
   if (reqs->lsaMultimem && !multimem_supported()) {
     return error(ncclInvalidArgument, "ncclDevCommCreate: lsaMultimem requested but multimem is not supported "
@@ -1529,6 +1554,46 @@ void* ncclGetLsaMultimemPointer(ncclWindow_t win, size_t offset, ncclDevComm con
 namespace cocoviz_emu {
 
 namespace {
+// What the running kernel did with the device API: where it opened a unicast-form LSA
+// barrier session and where it issued its first multimem operation.
+struct KernelUse {
+  uint64_t kernel = 0;  // Op::serial of the kernel
+  std::string unicast_barrier;
+  std::string multimem_op;
+};
+
+KernelUse& kernel_use() {
+  static KernelUse u;
+  const Op* op = current_op();
+  if (op != nullptr && u.kernel != op->serial()) u = KernelUse{op->serial(), "", ""};
+  return u;
+}
+
+std::string file_line(const char* file, int line) {
+  return file != nullptr ? std::string(file) + ":" + std::to_string(line) : site_text(site());
+}
+
+[[noreturn]] void unicast_barrier_in_multimem_kernel(const KernelUse& u) {
+  fail("multimem barrier",
+       "a kernel that issues multimem operations synchronises with its peers through the unicast LSA "
+       "barrier",
+       {"barrier session opened at " + u.unicast_barrier + " without multimem = true",
+        "multimem operation at " + u.multimem_op,
+        "open the session with multimem = true (ncclLsaBarrierSession(..., blockIdx.x, true)), as every NVLS "
+        "kernel of NCCL does (src/device/symmetric/): its arrive is a multimem.red.release through the "
+        "multicast object, which orders this kernel's multimem accesses; the unicast arrive (a fence and "
+        "stores to each peer) does not: accesses through another mapping of the memory are not ordered "
+        "with it (CUDA programming guide, virtual aliasing)"});
+}
+
+// A multimem operation of the running kernel at `file`:`line`.
+void multimem_operation(const char* file, int line) {
+  if (!in_kernel()) fail("multimem", "a multimem operation outside a kernel");
+  KernelUse& u = kernel_use();
+  if (u.multimem_op.empty()) u.multimem_op = file_line(file, line);
+  if (!u.unicast_barrier.empty()) unicast_barrier_in_multimem_kernel(u);
+}
+
 // The live window whose multimem range holds [mc, mc + bytes), with the offset in it.
 ncclWindow_vidmem* multimem_window(const void* mc, size_t bytes, const char* op, size_t* offset) {
   const char* p = static_cast<const char*>(mc);
@@ -1556,14 +1621,15 @@ ncclWindow_vidmem* multimem_window(const void* mc, size_t bytes, const char* op,
 }
 }  // namespace
 
-void multimem_ld_reduce_add(const void* mc, size_t bytes, int kind, void* out) {
+void multimem_ld_reduce_add(const void* mc, size_t bytes, int kind, void* out, const char* file, int line) {
+  multimem_operation(file, line);
   size_t off = 0;
   ncclWindow_vidmem* w = multimem_window(mc, bytes, "multimem.ld_reduce", &off);
   const size_t n = kind == 0 ? bytes / 4 : bytes / 2;
   std::vector<float> acc(n, 0.0f);
   for (int q = 0; q < w->lsa_size; ++q) {
     const char* src = w->base[static_cast<size_t>(q)] + off;
-    access(src, bytes, false);
+    access(src, bytes, false, file, line, true);
     for (size_t j = 0; j < n; ++j) {
       float v = 0.0f;
       if (kind == 0) {
@@ -1587,27 +1653,56 @@ void multimem_ld_reduce_add(const void* mc, size_t bytes, int kind, void* out) {
   }
 }
 
-void multimem_st(void* mc, const void* src, size_t bytes) {
+void multimem_st(void* mc, const void* src, size_t bytes, const char* file, int line) {
+  multimem_operation(file, line);
   size_t off = 0;
   ncclWindow_vidmem* w = multimem_window(mc, bytes, "multimem.st", &off);
   for (int q = 0; q < w->lsa_size; ++q) {
     char* dst = w->base[static_cast<size_t>(q)] + off;
-    access(dst, bytes, true);
+    access(dst, bytes, true, file, line, true);
     std::memcpy(dst, src, bytes);
   }
 }
 
-NcclDevState* nccl_lsa_barrier_open(const ncclDevComm& comm, uint32_t index, bool multimem) {
+NcclDevState* nccl_lsa_barrier_open(const ncclDevComm& comm, uint32_t index, bool multimem, const char* file,
+                                    int line) {
   NcclDevState* d = nullptr;
   for (const auto& x : g_devs) d = x.get() == comm.emu ? x.get() : d;
   if (d == nullptr) fail("LSA barrier", "ncclLsaBarrierSession on a device communicator not made by ncclDevCommCreate");
   if (!d->live) fail("LSA barrier", "ncclLsaBarrierSession on a device communicator destroyed by ncclDevCommDestroy");
   if (!in_kernel()) fail("LSA barrier", "ncclLsaBarrierSession outside a kernel");
-  if (multimem) fail("LSA barrier", "ncclLsaBarrierSession: multimem barriers are not supported by the emulation");
+  const std::string where = file_line(file, line);
+  if (multimem && !d->multimem) {
+    fail("multimem barrier", "ncclLsaBarrierSession(..., multimem = true) at " + where +
+                                 " on a device communicator created without lsaMultimem",
+         {"set ncclDevCommRequirements.lsaMultimem where ncclCommQueryProperties reports multimemSupport"});
+  }
   if (index >= static_cast<uint32_t>(d->barriers)) {
-    fail("LSA barrier", "ncclLsaBarrierSession index " + std::to_string(index) + " but the device communicator has " +
-                            std::to_string(d->barriers) + " LSA barriers (ncclDevCommRequirements.lsaBarrierCount)",
+    fail("LSA barrier", "ncclLsaBarrierSession index " + std::to_string(index) + " at " + where +
+                            " but the device communicator has " + std::to_string(d->barriers) +
+                            " LSA barriers (ncclDevCommRequirements.lsaBarrierCount)",
          {"use one barrier index per CTA, below lsaBarrierCount"});
+  }
+  KernelUse& u = kernel_use();
+  if (!multimem) {
+    if (u.unicast_barrier.empty()) u.unicast_barrier = where;
+    if (!u.multimem_op.empty()) unicast_barrier_in_multimem_kernel(u);
+  }
+  // one kernel at a time: the barriers' state (an epoch per barrier index in device memory)
+  // is the device communicator's, shared by every kernel that uses it
+  const Op* op = current_op();
+  if (op->serial() != d->last_kernel) {
+    if (d->last_kernel != 0 && !op->vc().covers(d->last_epoch)) {
+      fail("device communicator",
+           "two kernels on one device communicator may run at the same time: " + op->what() + " (barrier at " +
+               where + ") and " + d->last_text,
+           {"nothing orders them (no stream order or event between them), and both use the device "
+            "communicator's LSA barriers, whose state is one counter per barrier index: run every kernel of a "
+            "device communicator on one stream, or order them with an event"});
+    }
+    d->last_kernel = op->serial();
+    d->last_epoch = op->start_epoch();
+    d->last_text = op->what() + " (barrier at " + where + ")";
   }
   return d;
 }
@@ -1619,15 +1714,32 @@ uint32_t* counter(char* file, size_t stride, uint32_t index) {
 char* vc_slot(char* file, size_t stride, uint32_t index, uint32_t round) {
   return file + stride * index + 64 + (round & 1u) * vc_bytes();
 }
+// The blocks of the kernel that arrived at `round` (one slot per round parity: a peer may
+// arrive at the next round before this rank has read the slot of this one).
+uint32_t* grid_slot(char* file, size_t stride, uint32_t index, uint32_t round) {
+  return reinterpret_cast<uint32_t*>(file + stride * index + 8 + 4 * (round & 1u));
+}
+uint32_t blocks() { return g_pos.grid_dim.x * g_pos.grid_dim.y * g_pos.grid_dim.z; }
 }  // namespace
 
-void nccl_lsa_barrier_arrive(NcclDevState* d, uint32_t index, bool release) {
+void nccl_lsa_barrier_arrive(NcclDevState* d, uint32_t index, bool release, bool multimem) {
   Op* op = current_op();
   if (op == nullptr) fail("LSA barrier", "LSA barrier outside a kernel");
+  if (multimem && release && !op->unfenced().empty()) {
+    fail("multimem barrier",
+         "block " + std::to_string(g_pos.block.x) + " accessed a peer's window through its unicast mapping (at " +
+             op->unfenced() + ") and then releases it through the multimem barrier " + std::to_string(index) +
+             " with no fence.proxy.alias between them",
+         {"the multimem arrive goes through the multicast mapping; accesses through another mapping of the "
+          "memory are ordered with it only by a proxy fence (CUDA programming guide, virtual aliasing): "
+          "fence.proxy.alias after the unicast accesses"});
+  }
   uint32_t& round = d->arrived[index];
   if (round != d->waited[index]) fail("LSA barrier", "LSA barrier " + std::to_string(index) + ": arrive twice without wait");
   ++round;
-  put_vc(vc_slot(d->mine, d->stride, index, round), release ? op->release() : VC());
+  // a relaxed arrive publishes what came before the kernel (the kernel boundary), no more
+  put_vc(vc_slot(d->mine, d->stride, index, round), release ? op->release() : op->launch_vc());
+  __atomic_store_n(grid_slot(d->mine, d->stride, index, round), blocks(), __ATOMIC_RELAXED);
   __atomic_store_n(counter(d->mine, d->stride, index), round, __ATOMIC_RELEASE);
 }
 
@@ -1653,8 +1765,24 @@ void nccl_lsa_barrier_wait(NcclDevState* d, uint32_t index, bool acquire) {
              "communicator on " + d->comm->name + ": waiting for LSA ranks " + missing +
              " (each must run the same kernels and barriers)",
              progress_all);
-  if (acquire) {
-    for (char* p : d->peer) op->acquire(get_vc(vc_slot(p, d->stride, index, round)));
+  for (size_t q = 0; q < d->peer.size(); ++q) {
+    const uint32_t theirs = __atomic_load_n(grid_slot(d->peer[q], d->stride, index, round), __ATOMIC_RELAXED);
+    if (theirs != blocks()) {
+      fail("LSA barrier",
+           "LSA barrier " + std::to_string(index) + " (round " + std::to_string(round) + "): this rank's kernel runs " +
+               std::to_string(blocks()) + " blocks, LSA rank " + std::to_string(q) + "'s " + std::to_string(theirs),
+           {"block b of the kernel waits at barrier b for block b of every peer, so the blocks past the smaller "
+            "grid wait for ever on a GPU: launch one grid on every rank (agree on it, e.g. the smallest SM "
+            "count over the ranks, before ncclDevCommCreate)"});
+    }
+  }
+  for (char* p : d->peer) {
+    const VC theirs = get_vc(vc_slot(p, d->stride, index, round));
+    if (acquire) {
+      op->acquire(theirs);
+    } else {
+      op->acquire_at_end(theirs);  // the kernel boundary orders what the relaxed wait saw
+    }
   }
   d->waited[index] = round;
 }

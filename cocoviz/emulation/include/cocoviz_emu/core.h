@@ -96,6 +96,11 @@ std::string site_text(const Site& s);  // "stage 'S': CALL at FILE:LINE"
 // A note on stderr, once per distinct text ("cocoviz emulation: [rank R] note: ...").
 void note(const std::string& text);
 
+// A knob that may differ between ranks: the environment variable `name` holds one value
+// ("132") or one per rank ("132,114,132,114": rank r takes entry r mod the count). False
+// when it is unset or empty; fail()s on anything but integers.
+bool env_per_rank(const char* name, long* value);
+
 // ------------------------------------------------------------- vector clocks
 
 struct VC {
@@ -169,8 +174,11 @@ const Alloc& check_range(const void* p, size_t n, const std::string& what);
 // Records an access of the current operation to [p, p + n) (n may be 0) after checking its
 // bounds and its ordering against earlier accesses. `what` names the access for messages
 // (e.g. "kernel k_sch_gf store at prog.cu:123"; built lazily: only on failure).
+// `multicast`: the access is one peer's part of a multimem operation (src/nccl.cpp); any
+// other access of a peer's window memory goes through a unicast mapping, which the running
+// block remembers until its next fence.proxy.alias (Op::unfenced).
 void access(const void* p, size_t n, bool write, const char* what_file = nullptr,
-            int what_line = 0);
+            int what_line = 0, bool multicast = false);
 
 // Host-side check that `p` is not device memory (for cudaMemcpy directions).
 bool is_device_pointer(const void* p);
@@ -210,6 +218,19 @@ class Op {
   // from the operation's at its start; end_blocks() joins every block's clock back.
   void begin_block(unsigned b);
   void end_blocks();
+  // Kernel boundaries (what NCCL's symmetric kernels rely on when they open with a relaxed
+  // arrive and end with a relaxed wait): the clock of what stream order put before the
+  // kernel, which a relaxed arrive publishes; and a peer's clock that a relaxed wait saw,
+  // which becomes the stream's when the kernel ends (not the running block's).
+  const VC& launch_vc() const;
+  void acquire_at_end(const VC& other);
+  uint64_t serial() const { return serial_; }      // unique per operation of the process
+  uint64_t start_epoch() const { return start_epoch_; }  // the stream's epoch of this operation
+  // Proxies (CUDA programming guide, virtual aliasing): the running block's first access of
+  // a peer's window through a unicast mapping since its last fence.proxy.alias ("" if none).
+  void unicast_window_access(const char* file, int line);
+  void fence_proxy_alias() { unfenced_.clear(); }
+  const std::string& unfenced() const { return unfenced_; }
 
  private:
   Stream* s_;
@@ -218,6 +239,11 @@ class Op {
   int cur_agent_;
   VC start_;                 // the stream's VC when the operation started
   std::vector<VC> cta_;      // per CTA slot: its forked VC (empty until used)
+  VC at_end_;                // joined into the stream's VC when the kernel ends
+  bool have_at_end_ = false;
+  uint64_t serial_ = 0;
+  uint64_t start_epoch_ = 0;
+  std::string unfenced_;
 };
 Op* current_op();  // nullptr outside an operation
 
@@ -283,8 +309,13 @@ extern ThreadPos g_pos;
 // ld_reduce sums `bytes` at that offset over every LSA peer's window into `out` (kind 0:
 // f32 in f32; 1: f16 and 2: bf16 accumulated in f32 and rounded once, like .acc::f32);
 // st writes `bytes` from `src` into every LSA peer's window.
-void multimem_ld_reduce_add(const void* mc, size_t bytes, int kind, void* out);
-void multimem_st(void* mc, const void* src, size_t bytes);
+// `file`/`line`: the kernel's call site (cocoviz_runtime.cuh passes it), for reports.
+void multimem_ld_reduce_add(const void* mc, size_t bytes, int kind, void* out,
+                            const char* file = nullptr, int line = 0);
+void multimem_st(void* mc, const void* src, size_t bytes, const char* file = nullptr,
+                 int line = 0);
+// fence.proxy.alias of the running thread (its block's, in the emulation).
+void fence_proxy_alias();
 
 // ----------------------------------------------------------- stream capture
 
