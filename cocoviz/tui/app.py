@@ -36,7 +36,7 @@ from cocoviz.schedule import StepFailure
 from cocoviz.schedule.tune import SweepResult
 from cocoviz.sim.hardware import DEFAULT_PROFILE, Hardware, load_profile
 from cocoviz.timefmt import format_time
-from cocoviz.tui import keys, pane_layout
+from cocoviz.tui import commands, keys, pane_layout
 from cocoviz.tui.keys import KeyModel
 from cocoviz.tui.pane_layout import Needs, PaneLayout
 from cocoviz.tui.timeline_rows import TimelineRows
@@ -102,6 +102,7 @@ class CocovizApp(KeyModel):
     TITLE = "cocoviz"
     CSS_PATH = "app.tcss"
     BINDINGS = keys.APP_BINDINGS
+    COMMANDS = KeyModel.COMMANDS | commands.PROVIDERS
 
     selected: var[str | None] = var(None, init=False)
     """The selected stage, shared by graph, source, timeline and palette (a `var`: its
@@ -528,6 +529,29 @@ class CocovizApp(KeyModel):
             self.notify(NO_PROGRAM, severity="warning")
             return False
         return self._stepped(self.wb.apply(step))
+
+    def apply_schedule(self, steps: tuple[str, ...] | list[str]) -> bool:
+        """Apply a schedule's steps from the unscheduled program (the command palette)."""
+        self._pause_gc()
+        return self._stepped(self.wb.apply_from_start(steps))
+
+    def open_program(self, file: str) -> None:
+        """Open a file or a sample in place of the program (the command palette); the
+        session so far is autosaved first, and offered back when it is opened again."""
+        self._autosave()
+        try:
+            source = open_source(file)
+        except CocovizError as err:
+            self.notify(err.message, title="not opened", severity="error")
+            return
+        old = self.wb
+        self.wb = Workbench(source, hw=old.hw, view=old.view, state_root=old.state_root)
+        self.selected = None
+        self._summaries.clear()
+        self._source_need = pane_layout.source_need(source.text.splitlines())
+        self.query_one(SourceEditor).set_text(source.text)
+        self.query_one("#left").border_title = f"source · {source.label}"
+        self._start_parse(source.text, list(source.steps))
 
     def _stepped(self, outcome: Program | StepFailure) -> bool:
         if isinstance(outcome, StepFailure):

@@ -445,6 +445,21 @@ class Workbench(Generic[V]):
             self._forget_dropped()
         return outcome
 
+    def apply_from_start(self, steps: Sequence[str]) -> Program | StepFailure:
+        """Go back to the unscheduled program and apply `steps` (a schedule block chosen
+        by name): the program after them, or the first one refused (the steps before it
+        stay applied)."""
+        if self.session is None:
+            self.failed = StepFailure(", ".join(steps), UsageError(NO_PROGRAM))
+            return self.failed
+        self.session.jump(0)
+        outcome: Program | StepFailure = self.session.program
+        for step in steps:
+            outcome = self.apply(step)
+            if isinstance(outcome, StepFailure):
+                break
+        return outcome
+
     def undo(self) -> bool:
         return self.session is not None and self.session.undo()
 
