@@ -257,6 +257,17 @@ def _available(
 ) -> list[tuple[Algo, Proto]]:
     """NCCL's enabled (algorithm, protocol) pairs for this call, after its enable rules
     (``ncclTopoTuneModel`` and the NVLS/PAT model init in ``src/graph/tuning.cc``)."""
+    pairs = _nccl_pairs(hw, coll, topo, symmetric)
+    algos, protos = hw.nccl.algorithms, hw.nccl.protocols
+    return [
+        (a, p)
+        for a, p in pairs
+        if (not algos or a is Algo.P2P or a in algos) and (not protos or p in protos)
+    ]
+
+
+def _nccl_pairs(hw: Hardware, coll: Coll, topo: _Topo, symmetric: bool) -> list[tuple[Algo, Proto]]:
+    """Every pair NCCL enables for the call, before the profile's NCCL_ALGO/NCCL_PROTO."""
     if coll in (Coll.SENDRECV, Coll.ALLTOALL):
         return [(Algo.P2P, Proto.LL), (Algo.P2P, Proto.SIMPLE)]
     pairs = [(Algo.RING, p) for p in Proto]
@@ -502,16 +513,19 @@ def _latency_us(
     algo: Algo,
     proto: Proto,
     nbytes: int,
-    hop_scale: float = 1.0,
+    measured: bool = False,
 ) -> float:
     """NCCL's latency table entry (``ncclTopoTuneModel`` + ``ncclTopoGetAlgoTime``);
-    ``hop_scale`` scales the per-hop latency inside a node (the measured terms)."""
+    ``measured``: with the measured terms — the base × ``base_latency_scale``, each hop
+    inside a node × ``hop_latency_scale``, each network step + ``net_hop_latency_us``."""
     c = hw.nccl
+    m = c.measured
     intra_link = hw.node.intra_link
-    base = c.base_latency_us[algo][proto]
-    intra = c.hw_latency(intra_link)[algo][proto] * hop_scale
+    base = c.base_latency_us[algo][proto] * (m.base_latency_scale if measured else 1.0)
+    intra = c.hw_latency(intra_link)[algo][proto] * (m.hop_latency_scale if measured else 1.0)
+    net_hop = m.net_hop_latency_us if measured else 0.0
     inter_algo = Algo.TREE if topo.ranks_per_node == 1 and algo is not Algo.P2P else algo
-    inter = c.hw_latency(Link.NET)[inter_algo][proto] + c.net_latency_us
+    inter = c.hw_latency(Link.NET)[inter_algo][proto] + c.net_latency_us + net_hop
     if proto is Proto.SIMPLE:
         inter += c.net_latency_us  # flush
     nodes = topo.nnodes
@@ -529,7 +543,7 @@ def _latency_us(
     if algo is Algo.NVLS_TREE:
         return base + intra + 2 * int(math.log2(nodes)) * inter
     if algo is Algo.PAT:
-        inter = c.hw_latency(Link.NET)[Algo.PAT][proto] + 2 * c.net_latency_us
+        inter = c.hw_latency(Link.NET)[Algo.PAT][proto] + 2 * c.net_latency_us + net_hop
         return base + int(math.log2(nodes)) * inter / 3.5 + 2.8 * topo.nranks
     if algo is Algo.SYMMETRIC:
         # [D] the nccl-device kernel's fixed cost: a launch and two LSA barriers.
@@ -539,7 +553,7 @@ def _latency_us(
     # Ring
     if coll in (Coll.BROADCAST, Coll.REDUCE):
         # NVSwitch rings are duplicated channels (graph->sameChannels): one hop of latency.
-        return base + (intra if nodes == 1 else c.hw_latency(Link.NET)[Algo.RING][proto])
+        return base + (intra if nodes == 1 else c.hw_latency(Link.NET)[Algo.RING][proto] + net_hop)
     nsteps = _nsteps(coll, topo.nranks)
     overhead = 0.0
     if nodes > 1:
@@ -615,6 +629,28 @@ def _channel_share(
     return min(1.0, carried / bus) if bus > 0 else 1.0
 
 
+def _memory_alg_bw(hw: Hardware, coll: Coll, topo: _Topo, nbytes: int) -> float:
+    """The rate memory allows: every byte a rank puts on the wire is read and written
+    ``overlap.hbm_bytes_per_copy_byte`` times in memory (``hbm_bytes_per_reduce_byte`` for a
+    reduction; an allreduce reduces half its bytes and copies the other half), at the
+    achievable memory bandwidth for that traffic. On a GPU memory outruns NVLink and the
+    network, so the link decides; on CPU ranks whose "link" is a copy through shared
+    memory, memory does (a reduce-scatter then costs 3/2 of an allgather). [D]"""
+    from cocoviz.sim.compute import hbm_efficiency  # compute imports this module
+
+    o = hw.overlap
+    k = {
+        Coll.ALLREDUCE: (o.hbm_bytes_per_reduce_byte + o.hbm_bytes_per_copy_byte) / 2,
+        Coll.REDUCESCATTER: o.hbm_bytes_per_reduce_byte,
+        Coll.REDUCE: o.hbm_bytes_per_reduce_byte,
+    }.get(coll, o.hbm_bytes_per_copy_byte)
+    wire = bus_factor(coll, topo.nranks) if topo.nranks > 1 else 1.0
+    if k <= 0 or wire <= 0:
+        return math.inf
+    traffic = nbytes * wire * k
+    return hw.gpu.hbm_gbps * hbm_efficiency(hw, traffic) / (k * wire)
+
+
 def _is_pair(hw: Hardware, topo: _Topo, algo: Algo) -> bool:
     """A ring or tree of two ranks on one NVLink node: each rank sends to one peer and
     receives from it, the transfer of a send/recv pair, at the pair's measured share of
@@ -633,7 +669,7 @@ def _cost(hw: Hardware, coll: Coll, nbytes: int, topo: _Topo, algo: Algo, proto:
     tuner_transfer_s = nbytes / (alg_bw * 1e9)
     channels = _channels(hw, algo, proto, nbytes, topo.nranks)
     latency_us = (
-        _latency_us(hw, coll, topo, algo, proto, nbytes, hw.nccl.measured.hop_latency_scale)
+        _latency_us(hw, coll, topo, algo, proto, nbytes, measured=True)
         if algo is not Algo.SYMMETRIC
         else tuner_latency_us
     )
@@ -642,6 +678,9 @@ def _cost(hw: Hardware, coll: Coll, nbytes: int, topo: _Topo, algo: Algo, proto:
     )
     if _is_pair(hw, topo, algo):
         rate *= hw.nccl.measured.p2p_nvlink_efficiency
+    if proto is Proto.LL:
+        rate *= hw.nccl.measured.ll_bw_scale
+    rate = min(rate, _memory_alg_bw(hw, coll, topo, nbytes))
     transfer_s = (nbytes + _fill_bytes(hw, algo, nbytes)) / (rate * 1e9)
     link = Link.NET if topo.nnodes > 1 else hw.node.intra_link
     return CollCost(
@@ -710,12 +749,18 @@ def _candidates(
         if (want_algo is None or a is want_algo) and (want_proto is None or p is want_proto)
     ]
     if not pairs:
-        assert want_algo is not None or want_proto is not None
-        why = (
-            _why_unavailable(hw, c, topo, want_algo, want_proto)
-            if want_algo is not None
-            else f"protocol {want_proto} is not available for {c.value}"
-        )
+        restricted = [
+            (a, p)
+            for a, p in _nccl_pairs(hw, c, topo, symmetric)
+            if (want_algo is None or a is want_algo) and (want_proto is None or p is want_proto)
+        ]
+        if restricted:
+            allowed = [a.value for a in hw.nccl.algorithms] + [p.value for p in hw.nccl.protocols]
+            why = f"the profile allows only {', '.join(allowed)} (nccl.algorithms, nccl.protocols)"
+        elif want_algo is not None:
+            why = _why_unavailable(hw, c, topo, want_algo, want_proto)
+        else:
+            why = f"protocol {want_proto} is not available for {c.value}"
         raise CostModelError(f"cannot run {c.value} on {topo.nranks} ranks of {hw.name}: {why}")
     if topo.nranks == 1 or nbytes == 0:
         simple = [(a, p) for a, p in pairs if p is Proto.SIMPLE and a in (Algo.RING, Algo.P2P)]

@@ -37,6 +37,10 @@ from cocoviz.ir.types import DTYPE_NAMES
 
 DEFAULT_PROFILE = "h100-dgx"
 
+ARCHS = ("volta", "ampere", "hopper", "blackwell", "cpu")
+"""``gpu.arch``: a GPU generation (it picks NCCL's per-architecture caps), or ``cpu`` for a
+machine whose ranks are CPU cores talking through MPI (``cocoviz calibrate --local``)."""
+
 
 class ProfileError(InputError):
     """A hardware profile that cannot be used (an unknown name, a bad file), with a
@@ -202,6 +206,15 @@ class MeasuredSpec:
     """A send/recv pair's NVLink rate ÷ the ring's bus bandwidth."""
     net_congestion: float
     """Network bandwidth lost per doubling of the node count beyond two."""
+    base_latency_scale: float = 1.0
+    """Measured fixed cost of a call ÷ NCCL's ``baseLat`` (1: NCCL's constant)."""
+    net_hop_latency_us: float = 0.0
+    """Measured latency of one inter-node step beyond NCCL's ``hwLat[NET]``, µs: the
+    switch hops and queues of the fabric, paid per network step of a ring, twice per
+    level of a tree."""
+    ll_bw_scale: float = 1.0
+    """Measured LL bandwidth ÷ NCCL's LL estimate (``min(llMaxBw, busBw/2)``): NCCL's cap
+    ranks LL, the wire decides what it carries."""
 
 
 @dataclass(frozen=True)
@@ -232,6 +245,11 @@ class NcclSpec:
     """NCCL's PAT algorithm (2.23+) for reducescatter/allgather, one GPU per node."""
     symmetric: bool
     """NCCL's symmetric-memory kernels (2.27+) for registered buffers, one NVLink domain."""
+    algorithms: tuple[Algo, ...]
+    """The algorithms the runs allow (``NCCL_ALGO``); empty: every one NCCL has. Point-to-
+    point (send/recv, alltoall) is not an algorithm NCCL_ALGO restricts."""
+    protocols: tuple[Proto, ...]
+    """The protocols the runs allow (``NCCL_PROTO``); empty: all three."""
     base_latency_us: PerAlgo
     hw_latency_us: tuple[PerAlgo, PerAlgo, PerAlgo]  # indexed by Link order
     ll_max_bw: PerScale
@@ -407,7 +425,8 @@ _PER_CH_MAX = {  # arch: (ring LL128, tree LL128, tree, NVLS tree)
     "hopper": ((36.7, 36.7, 36.7), (36.7, 36.7, 29.0), (38.7, 41.4, 36.0), (0.0, 57.7, 45.5)),
     "blackwell": ((40.0, 40.0, 40.0), (55.6, 31.67, 20.0), (70.0, 42.8, 24.0), (0.0, 96.0, 80.0)),
 }
-_LL_MAX_1NODE = {"volta": 39.0, "ampere": 87.7, "blackwell": 282.0}
+_PER_CH_MAX["cpu"] = _PER_CH_MAX["volta"]  # unused: a cpu profile runs ring/Simple and p2p
+_LL_MAX_1NODE = {"volta": 39.0, "ampere": 87.7, "blackwell": 282.0, "cpu": 39.0}
 _LL_MAX_MULTINODE = {"intel": (39.0, 20.4), "amd": (22.5, 19.0)}  # llMaxBws CPU rows
 
 
@@ -618,6 +637,25 @@ class _Table:
                 raise self.error(key, f"unknown field{hint}")
 
 
+def _choices(t: _Table, key: str, kind: Any, exclude: Any = None) -> tuple[Any, ...]:
+    """An optional list of enum spellings (``algorithms = ["ring", "tree"]``); absent or
+    empty: no restriction."""
+    if key not in t.data:
+        return ()
+    value = t.data[key]
+    t.used.add(key)
+    names = [m.value for m in kind if m is not exclude]
+    if not isinstance(value, list) or any(not isinstance(v, str) for v in value):
+        raise t.error(key, f"expected a list of names ({', '.join(names)}), got {value!r}")
+    out = []
+    for v in value:
+        match = next((m for m in kind if m is not exclude and m.value.lower() == v.lower()), None)
+        if match is None:
+            raise t.error(key, f"expected names among {', '.join(names)}, got {v!r}")
+        out.append(match)
+    return tuple(dict.fromkeys(out))
+
+
 def _per_proto(t: _Table, key: str) -> PerProto:
     ll, ll128, simple = t.numbers(key, 3)
     return PerProto(ll, ll128, simple)
@@ -669,7 +707,7 @@ def _build(raw: dict[str, Any], where: str) -> Hardware:
         if tm != int(tm) or tn != int(tn) or te > 1.0:
             raise eff.error("matmul_tiles", "expected [tile_m, tile_n, efficiency ≤ 1] rows")
     gpu = GpuSpec(
-        arch=g.string("arch", ("volta", "ampere", "hopper", "blackwell")),
+        arch=g.string("arch", ARCHS),
         sms=g.integer("sms"),
         hbm_gbps=g.number("hbm_gbps"),
         launch_overhead_us=g.number("launch_overhead_us", zero=True),
@@ -747,6 +785,13 @@ def _build(raw: dict[str, Any], where: str) -> Hardware:
         nvls_fill_half_mib=m.number("nvls_fill_half_mib"),
         p2p_nvlink_efficiency=m.fraction("p2p_nvlink_efficiency"),
         net_congestion=m.number("net_congestion", high=0.5, zero=True),
+        base_latency_scale=(
+            m.number("base_latency_scale") if "base_latency_scale" in m.data else 1.0
+        ),
+        net_hop_latency_us=(
+            m.number("net_hop_latency_us", zero=True) if "net_hop_latency_us" in m.data else 0.0
+        ),
+        ll_bw_scale=m.number("ll_bw_scale") if "ll_bw_scale" in m.data else 1.0,
     )
     m.done()
     nccl = NcclSpec(
@@ -765,6 +810,8 @@ def _build(raw: dict[str, Any], where: str) -> Hardware:
         collnet=c.boolean("collnet"),
         pat=c.boolean("pat"),
         symmetric=c.boolean("symmetric"),
+        algorithms=_choices(c, "algorithms", Algo, exclude=Algo.P2P),
+        protocols=_choices(c, "protocols", Proto),
         base_latency_us=base_latency,
         hw_latency_us=hw_latency,
         ll_max_bw=cap_values[0],
