@@ -3,9 +3,15 @@
 Every file is written to a temporary file beside its destination (so on the same file
 system: a rename never crosses devices, and writing onto a mount point works), flushed
 to disk, then renamed over the destination. A reader sees the old file or the new one,
-never a truncated one; a full disk leaves the old file as it was. The rename replaces
-a symbolic link at the destination instead of writing through it, and temporary files
-are created with ``O_EXCL | O_NOFOLLOW``, so no link makes cocoviz write elsewhere.
+never a truncated one; a full disk leaves the old file as it was. Temporary files are
+created with ``O_EXCL | O_NOFOLLOW``. `write_file`, the writer of every file a user
+names, never replaces a file the command read, refuses an existing file the tool did
+not write unless forced, and writes through a device, FIFO or link to one (``/dev/null``
+stays a device).
+
+Reading goes through `open_regular`: regular files only, opened without blocking,
+bounded (`read_bytes`, `read_text`, `read_toml_text`; `read_regular` for the tool's own
+files, whose absence is not an error).
 
 Names written into a directory must be plain file names (no ``/``, not ``.``/``..``), so
 nothing escapes the directory the user named. `locked_directory` serializes writers of
@@ -23,6 +29,7 @@ import errno
 import fcntl
 import os
 import secrets
+import select
 import stat
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
@@ -289,13 +296,15 @@ def read_toml_text(
     return text
 
 
-def read_regular(path: Path, limit: int = 256 << 20, *, own: bool = False) -> bytes | None:
+def read_regular(
+    path: Path, limit: int = 256 << 20, *, own: bool = False, follow: bool = False
+) -> bytes | None:
     """The bytes of a regular file (at most `limit`, and owned by this user when
-    `own`), without following a symbolic link and without blocking; None for anything
+    `own`), without following a symbolic link (unless `follow`) and without blocking; None for anything
     else (a link, a directory, a FIFO, nothing, an unreadable or larger file). For files
     the tool itself wrote (markers, caches), whose absence is not an error."""
     try:
-        fd = open_regular(path, follow=False, remember=False)
+        fd = open_regular(path, follow=follow, remember=False)
     except ReadError:
         return None
     try:
@@ -333,7 +342,11 @@ class Sink:
         view = memoryview(data).cast("B")
         size = view.nbytes
         while view:
-            n = os.write(self.fd, view)
+            try:
+                n = os.write(self.fd, view)
+            except BlockingIOError:  # a non-blocking pipe or terminal that is full: wait
+                select.select([], [self.fd], [])
+                continue
             view = view[n:]
         return size
 
@@ -411,12 +424,89 @@ def sync_directory(path: Path) -> None:
             os.close(fd)
 
 
-def write_file(path: str | os.PathLike[str], content: Content, *, executable: bool = False) -> None:
-    """Write one file atomically (see the module docstring). Its directory must exist."""
+def read_head(path: Path, size: int, *, follow: bool = True) -> bytes | None:
+    """The first `size` bytes of a regular file (through a link when `follow`), without
+    blocking; None for anything else. Enough to recognize a file by its header."""
+    try:
+        fd = open_regular(path, follow=follow, remember=False)
+    except ReadError:
+        return None
+    try:
+        return os.pread(fd, size, 0)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+
+
+def read_tail(path: Path, size: int) -> bytes | None:
+    """The last `size` bytes of a regular file (not through a link, without blocking);
+    None for anything else. Enough to recognize a file by a trailer the tool wrote."""
+    try:
+        fd = open_regular(path, follow=False, remember=False)
+    except ReadError:
+        return None
+    try:
+        end = os.fstat(fd).st_size
+        return os.pread(fd, size, max(0, end - size))
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+
+
+def write_file(
+    path: str | os.PathLike[str],
+    content: Content,
+    *,
+    executable: bool = False,
+    force: bool = False,
+    ours: Callable[[Path], bool] | None = None,
+) -> None:
+    """Write one file: the one guarded writer of every file a command names.
+
+    - A file the running command read (`command_inputs`) is never replaced.
+    - An existing regular file that `ours` does not recognize as the tool's is refused
+      unless `force`.
+    - A regular file is written atomically (see the module docstring); a symbolic link
+      to a regular file keeps the link and replaces its target the same way.
+    - A destination that is not a regular file (``/dev/null``, ``/dev/stdout``, a
+      terminal, a FIFO, or a link to one) is written through, as a shell redirection
+      does: opened for writing, never replaced; a block device (a disk) is refused.
+
+    Its directory must exist."""
     dest = Path(path)
     st = lstat(dest, "write")
-    if st is not None and stat.S_ISDIR(st.st_mode):
-        raise OutputError(f"cannot write '{dest}': it is a directory", hint="name a file instead")
+    if st is not None and stat.S_ISLNK(st.st_mode):
+        try:
+            st = os.stat(dest)
+        except FileNotFoundError:
+            raise OutputError(
+                f"cannot write '{dest}': it is a symbolic link to nothing",
+                hint="remove the link, or choose another path",
+            ) from None
+        except OSError as err:
+            raise os_error(err, dest) from None
+        if stat.S_ISREG(st.st_mode):
+            dest = Path(os.path.realpath(dest))
+    if st is not None:
+        if stat.S_ISDIR(st.st_mode):
+            raise OutputError(
+                f"cannot write '{path}': it is a directory", hint="name a file instead"
+            )
+        if is_input(st):
+            raise OutputError(
+                f"cannot write '{path}': it is an input of this command",
+                hint="choose another output file",
+            )
+        if not stat.S_ISREG(st.st_mode):
+            _write_through(dest, content, st)
+            return
+        if ours is not None and not force and not ours(dest):
+            raise OutputError(
+                f"cannot write '{path}': the file exists and was not written by cocoviz",
+                hint="pass --force to overwrite it, or choose another name",
+            )
     parent = dest.parent
     if lstat(parent, "write") is None:
         raise OutputError(
@@ -426,6 +516,41 @@ def write_file(path: str | os.PathLike[str], content: Content, *, executable: bo
     staged = stage(dest, content, executable=executable)
     staged.commit()
     sync_directory(parent)
+
+
+def _write_through(dest: Path, content: Content, st: os.stat_result) -> None:
+    """Write `content` into the device or FIFO at `dest` as ``> dest`` would."""
+    if stat.S_ISBLK(st.st_mode):
+        raise OutputError(
+            f"cannot write '{dest}': it is a block device (a disk)",
+            hint="write to a file, or to /dev/stdout and redirect it",
+        )
+    flags = os.O_WRONLY | os.O_NONBLOCK | os.O_CLOEXEC | _NOCTTY
+    try:
+        fd = os.open(dest, flags)
+    except OSError as err:
+        if err.errno == errno.ENXIO:
+            what = "a FIFO that no process reads" if stat.S_ISFIFO(st.st_mode) else "a socket"
+            raise OutputError(
+                f"cannot write '{dest}': it is {what}",
+                hint="start the reader first, or write to a file",
+            ) from None
+        raise os_error(err, dest) from None
+    try:
+        # Writes block as a shell's would; the descriptor is ours alone (a new open of
+        # the device or FIFO), so nothing shared changes.
+        fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) & ~os.O_NONBLOCK)
+        sink = Sink(fd)
+        if isinstance(content, str):
+            sink.write(content.encode("utf-8"))
+        elif isinstance(content, bytes):
+            sink.write(content)
+        else:
+            content(sink)
+    except OSError as err:
+        raise os_error(err, dest) from None
+    finally:
+        os.close(fd)
 
 
 def replace_files(

@@ -1,7 +1,8 @@
 """Every command that writes goes through one safe writer (`cocoviz.fsio`): paths stay
 inside the directory the user named, files are replaced atomically beside their
-destination (no cross-device rename, no truncated file on a full disk), symbolic links
-are replaced rather than written through, writers of one directory take turns, and every
+destination (no cross-device rename, no truncated file on a full disk), a symbolic link
+the user names is written through (its target, atomically) and one inside an emitted
+tree is the user's, writers of one directory take turns, and every
 file-system error is one clear diagnostic with exit 2, never an internal error (70).
 `.sched` files carry a version and a step count, so a truncated one is refused."""
 
@@ -9,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import hashlib
 import io
 import json
 import os
@@ -117,17 +119,24 @@ def test_marker_entries_are_removed_only_as_plain_files_in_the_directory(tmp_pat
     outside.write_text("keep")
     out = tmp_path / "o"
     assert run(*argv_for("emit", out))[0] == 0
-    (out / "old.cpp").symlink_to(outside)  # a link cocoviz "wrote": the link goes, not its target
+    (out / "old.cpp").symlink_to(outside)  # a link is never removed, nor its target
     (out / "olddir").mkdir()  # a directory is never removed
     (out / ".hidden").write_text("h")  # not a name the emitter writes
+    (out / "gone.cpp").write_text("cocoviz wrote this")  # listed with its hash: removed
+    (out / "nohash.cpp").write_text("listed, no hash")  # cannot be verified: kept
     data = json.loads((out / MARKER).read_text())
-    data["files"] += ["old.cpp", "olddir", ".hidden", ".", ".."]
+    data["files"] += ["old.cpp", "olddir", ".hidden", ".", "..", "gone.cpp", "nohash.cpp"]
+    data["sha256"]["gone.cpp"] = hashlib.sha256(b"cocoviz wrote this").hexdigest()
+    data["sha256"]["old.cpp"] = hashlib.sha256(b"keep").hexdigest()
     (out / MARKER).write_text(json.dumps(data))
     rc, _, err = run(*argv_for("emit", out))
     assert rc == 0, err
-    assert "1 removed" in err
-    assert not (out / "old.cpp").is_symlink() and outside.read_text() == "keep"
+    assert "1 removed" in err and not (out / "gone.cpp").exists()
+    assert (out / "old.cpp").is_symlink() and outside.read_text() == "keep"
     assert (out / "olddir").is_dir() and (out / ".hidden").read_text() == "h"
+    assert (out / "nohash.cpp").read_text() == "listed, no hash"
+    listed = json.loads((out / MARKER).read_text())["files"]
+    assert not {"old.cpp", "olddir", "gone.cpp", "nohash.cpp"} & set(listed)
 
 
 def test_a_marker_that_is_a_symlink_does_not_make_the_directory_cocoviz_s(tmp_path: Path) -> None:
@@ -159,28 +168,45 @@ def test_dump_replaces_a_symlink_instead_of_writing_through_it(tmp_path: Path) -
     assert not temporaries(tmp_path)
 
 
-@pytest.mark.parametrize("command", ["emit", "apply", "tune", "simulate"])
-def test_a_symlink_at_the_destination_is_replaced(command: str, tmp_path: Path) -> None:
+def test_a_symlink_in_an_emitted_tree_is_kept_as_the_user_s(tmp_path: Path) -> None:
     victim = tmp_path / "victim"
-    victim.write_text(f"{SCHED_HEADER}\n# steps: 0\n")  # looks like cocoviz's own file
+    victim.write_text("mine")
+    out = tmp_path / "out"
+    assert run(*argv_for("emit", out))[0] == 0
+    (out / "Makefile").unlink()
+    (out / "Makefile").symlink_to(victim)
+    rc, _, err = run(*argv_for("emit", out))
+    assert rc == 0, err
+    assert "Makefile: changed since cocoviz wrote it: kept" in err
+    assert (out / "Makefile").is_symlink() and victim.read_text() == "mine"
+    rc, _, err = run(*argv_for("emit", out), "--force")  # --force replaces the link itself
+    assert rc == 0, err
+    assert victim.read_text() == "mine"
+    assert (out / "Makefile").is_file() and not (out / "Makefile").is_symlink()
+
+
+@pytest.mark.parametrize("command", ["apply", "tune", "simulate"])
+def test_a_symlink_at_the_destination_is_written_through(command: str, tmp_path: Path) -> None:
+    """A link the user named is kept; the file it points to is what gets written, and
+    only when it is cocoviz's (or with --force)."""
+    victim = tmp_path / "victim"
+    victim.write_text("not cocoviz's")
     out = tmp_path / "out"
     argv = argv_for(command, out)
-    if COMMANDS[command][1]:
-        assert run(*argv)[0] == 0
-        link = out / "Makefile"
-        link.unlink()
-    else:
-        link = Path(argv[-1])
+    link = Path(argv[-1])
     link.symlink_to(victim)
-    if command in ("apply", "tune"):  # a link is not a file cocoviz wrote
-        rc, _, err = run(*argv)
-        assert_clean_error(rc, err)
-        assert "not written by cocoviz" in err
-        argv.append("--force")
     rc, _, err = run(*argv)
+    assert_clean_error(rc, err)
+    assert "not written by cocoviz" in err
+    assert victim.read_text() == "not cocoviz's"
+    rc, _, err = run(*argv, "--force")
     assert rc == 0, err
-    assert victim.read_text() == f"{SCHED_HEADER}\n# steps: 0\n"
-    assert link.is_file() and not link.is_symlink()
+    assert link.is_symlink() and os.readlink(link) == str(victim)
+    assert victim.read_text() != "not cocoviz's"
+    rc, _, err = run(*argv)  # now it is cocoviz's: written again without --force
+    assert rc == 0, err
+    assert link.is_symlink()
+    assert not temporaries(tmp_path)
 
 
 def _fail_writes(monkeypatch: pytest.MonkeyPatch, code: int) -> None:

@@ -12,14 +12,17 @@ from __future__ import annotations
 import argparse
 import contextlib
 import errno
+import fcntl
 import gc
 import importlib
+import io
 import math
 import os
 import re
+import select
 import sys
 import traceback
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -299,9 +302,10 @@ def _main(argv: Sequence[str] | None) -> int:
         if handler is None:
             parser.print_help()
             return ExitCode.USAGE
-        if getattr(args, "bounded", False):
-            return _without_collector(handler, args)
-        return int(handler(args))
+        with _patient_stdout(), _inputs_remembered(args):
+            if getattr(args, "bounded", False):
+                return _without_collector(handler, args)
+            return int(handler(args))
     except CocovizError as err:
         _emit_error(err)
         return int(err.exit_code)
@@ -338,6 +342,71 @@ def _main(argv: Sequence[str] | None) -> int:
         return int(diag.exit_code)
     except Exception as err:  # noqa: BLE001 - the one boundary that turns bugs into exit 70
         return _internal(err)
+
+
+def _inputs_remembered(args: argparse.Namespace) -> contextlib.AbstractContextManager[None]:
+    """While a command runs, the files it reads are remembered so that none of them is
+    overwritten by its outputs (`simulate x.coco --trace x.coco`). The TUI is a session,
+    not one command: it saves the schedule file it opened, so it is not covered."""
+    from cocoviz import fsio
+
+    if getattr(args, "command", None) == "tui":
+        return contextlib.nullcontext()
+    return fsio.command_inputs()
+
+
+class _PatientWriter(io.RawIOBase):
+    """Standard output that waits when the descriptor is non-blocking and full, where
+    Python's writer would raise (or, at exit, drop what is buffered): every byte is
+    written or the command fails."""
+
+    def __init__(self, fd: int) -> None:
+        super().__init__()
+        self.fd = fd
+
+    def writable(self) -> bool:
+        return True
+
+    def fileno(self) -> int:
+        return self.fd
+
+    def write(self, data: Any) -> int:
+        while True:
+            try:
+                return os.write(self.fd, data)
+            except BlockingIOError:
+                select.select([], [self.fd], [])
+
+
+@contextlib.contextmanager
+def _patient_stdout() -> Iterator[None]:
+    """Standard output through `_PatientWriter` when its descriptor is non-blocking (a
+    parent such as node or an editor may leave it so); otherwise as it is."""
+    old = sys.stdout
+    try:
+        fd = old.fileno()
+        blocking = not fcntl.fcntl(fd, fcntl.F_GETFL) & os.O_NONBLOCK
+    except (AttributeError, OSError, ValueError, io.UnsupportedOperation):
+        blocking = True  # not a file (a test's StringIO): nothing to do
+    if blocking:
+        yield
+        return
+    old.flush()
+    new = io.TextIOWrapper(
+        io.BufferedWriter(_PatientWriter(fd)),
+        encoding=old.encoding,
+        errors=old.errors,
+        line_buffering=bool(getattr(old, "line_buffering", False)),
+    )
+    sys.stdout = new
+    try:
+        yield
+        new.flush()
+    finally:
+        sys.stdout = old
+        with contextlib.suppress(OSError, ValueError):
+            new.flush()
+        new.detach()
 
 
 _OUTPUT_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EIO})

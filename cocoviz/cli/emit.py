@@ -92,9 +92,17 @@ def cmd_emit(args: argparse.Namespace) -> int:
             "that directory: left alone",
             file=sys.stderr,
         )
+    for name in res.kept:
+        print(
+            f"warning: {res.directory}/{name}: changed since cocoviz wrote it: kept as it is",
+            file=sys.stderr,
+        )
+    if res.kept:
+        print("hint: pass --force to overwrite the files you changed", file=sys.stderr)
     print(
         f"{res.directory}: {len(res.written)} file(s) written, {len(res.unchanged)} unchanged"
-        + (f", {len(res.removed)} removed" if res.removed else ""),
+        + (f", {len(res.removed)} removed" if res.removed else "")
+        + (f", {len(res.kept)} kept" if res.kept else ""),
         file=sys.stderr,
     )
     if args.build and args.emulate:

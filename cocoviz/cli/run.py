@@ -47,7 +47,8 @@ def register(sub: Any) -> None:
     p.add_argument(
         "--force",
         action="store_true",
-        help="let --dump write into a directory cocoviz did not create",
+        help="let --dump write into a directory cocoviz did not create, and --trace "
+        "overwrite a file that is not a cocoviz trace",
     )
     p.add_argument("--no-check", action="store_true", help="do not compare with the reference")
     p.add_argument(
@@ -204,7 +205,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         if args.trace:
             from cocoviz.sim.trace import write_trace
 
-            write_trace(timeline, args.trace)
+            write_trace(timeline, args.trace, force=args.force)
     else:
         if args.trace:
             raise UsageError("--trace records real processes: add --mpi")

@@ -39,6 +39,11 @@ def register(sub: Any) -> None:
     _add_collectives(p)
     p.add_argument("--trace", metavar="OUT.json", help="write a Chrome/Perfetto trace")
     p.add_argument(
+        "--force",
+        action="store_true",
+        help="let --trace overwrite a file that is not a cocoviz trace",
+    )
+    p.add_argument(
         "--width",
         type=int_in(MIN_WIDTH, MAX_WIDTH),
         default=None,
@@ -231,7 +236,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     if args.trace:
         from cocoviz.sim.trace import write_trace
 
-        n = write_trace(timeline, args.trace)
+        n = write_trace(timeline, args.trace, force=args.force)
         print(
             f"wrote {args.trace}: {n} trace events for {timeline.world} ranks "
             "(open in ui.perfetto.dev or chrome://tracing)",

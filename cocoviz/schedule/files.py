@@ -97,7 +97,7 @@ def written_by_cocoviz(path: Path) -> bool:
     """Whether `path` is a `.sched` file cocoviz wrote (any version)."""
     from cocoviz import fsio  # the writers' module, imported by the commands that write
 
-    raw = fsio.read_regular(path)
+    raw = fsio.read_head(path, 4096)  # the header is on the first line
     if raw is None:
         return False
     first = raw.split(b"\n", 1)[0].decode("utf-8", "replace").strip()

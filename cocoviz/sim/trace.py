@@ -160,14 +160,25 @@ def to_trace(timeline: Timeline, ranks: Iterable[int] | None = None) -> dict[str
     }
 
 
-def write_trace(timeline: Timeline, path: str | Path, ranks: Iterable[int] | None = None) -> int:
-    """Write the trace JSON atomically; returns the number of trace events written (an
-    OutputError when the system refuses the file)."""
+def write_trace(
+    timeline: Timeline, path: str | Path, ranks: Iterable[int] | None = None, force: bool = False
+) -> int:
+    """Write the trace JSON through `fsio.write_file` (an existing file that is not a
+    cocoviz trace is refused unless `force`); returns the number of trace events
+    written (an OutputError when the system or the writer refuses the file)."""
     from cocoviz.fsio import write_file
 
     trace = to_trace(timeline, ranks)
-    write_file(path, json.dumps(trace, separators=(",", ":")))
+    write_file(path, json.dumps(trace, separators=(",", ":")), force=force, ours=is_trace)
     return len(trace["traceEvents"])
+
+
+def is_trace(path: Path) -> bool:
+    """Whether `path` is a trace cocoviz wrote (its `otherData` trailer names it)."""
+    from cocoviz.fsio import read_tail
+
+    tail = read_tail(path, 64 << 10)
+    return tail is not None and b'"generator":"cocoviz' in tail
 
 
 _REQUIRED = {
