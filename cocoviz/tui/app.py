@@ -21,19 +21,20 @@ import traceback
 from collections.abc import Callable
 from pathlib import Path
 
+from rich.markup import escape
 from textual import on, work
 from textual.app import ComposeResult
 from textual.containers import Container, Vertical
 from textual.reactive import var
 from textual.widgets import Static, TabbedContent, TabPane, Tabs
-from textual.worker import Worker, WorkerState
+from textual.worker import Worker, WorkerState, get_current_worker
 
 from cocoviz.emit.emitter import Emitted
 from cocoviz.errors import CocovizError
 from cocoviz.ir.nodes import Program
 from cocoviz.ir.summary import Summary, summarize
 from cocoviz.schedule import StepFailure
-from cocoviz.schedule.tune import SweepResult
+from cocoviz.schedule.tune import Candidate, SweepResult
 from cocoviz.sim.hardware import DEFAULT_PROFILE, Hardware, load_profile
 from cocoviz.timefmt import format_time
 from cocoviz.tui import commands, keys, pane_layout
@@ -94,6 +95,10 @@ class TeachPanel(Static):
     }
     TeachPanel.-shown { display: block; }
     """
+
+    def show_waiting(self) -> None:
+        self.update("[b]Teach mode[/b] — finding the tuner's best schedule (cocoviz tune)…")
+        self.add_class("-shown")
 
 
 class CocovizApp(KeyModel):
@@ -246,6 +251,8 @@ class CocovizApp(KeyModel):
         self.query_one("#center").border_subtitle = ""
         if accepted is Accepted.OPENED:
             self._offer_autosave()
+            if self.wb.teach_waiting:
+                self._set_teaching(True)
         program = self.wb.program
         if program is not None and (self.selected is None or not program.has_stage(self.selected)):
             # The first selection leaves the source at its top (the program's header).
@@ -479,18 +486,21 @@ class CocovizApp(KeyModel):
         if not note.total:
             panel.update("This program has no schedule steps to teach. Press t to leave.")
             return
-        head = f"[b]Teach mode[/b] — step {note.position} of {note.total}"
+        goal = escape(note.goal)
+        head = f"[b]Teach mode[/b] — step {note.position} of {note.total}, towards {goal}"
+        if self.wb.user_steps != self.wb.applied_steps:
+            head += " · your own steps come back when you leave (t)"
         if not note.program:
             body = NO_PROGRAM
         elif note.step is None:
-            body = f"{note.text}\n\nFirst step: [b]{note.next_step}[/b]"
+            body = f"{escape(note.text)}\n\nFirst step: [b]{escape(note.next_step or '')}[/b]"
         else:
             nxt = (
-                f"\n\nNext: [b]{note.next_step}[/b] (n)"
+                f"\n\nNext: [b]{escape(note.next_step)}[/b] (n)"
                 if note.next_step is not None
-                else "\n\nThat was the last step."
+                else f"\n\nThat was the last step: this is {goal}."
             )
-            body = f"[b]{note.step}[/b]\n{note.text}{nxt}"
+            body = f"[b]{escape(note.step)}[/b]\n{escape(note.text)}{nxt}"
         panel.update(f"{head}\n{body}")
 
     # --- selection ---------------------------------------------------------------------
@@ -664,6 +674,13 @@ class CocovizApp(KeyModel):
         self._set_teaching(not self.wb.teaching)
 
     def _set_teaching(self, on: bool) -> None:
+        job = self.wb.best_job() if on else None
+        if job is not None:  # the tuner's best is taught: found first, in a worker
+            self.wb.teach_waiting = True
+            self.query_one(TeachPanel).show_waiting()
+            self._relayout()
+            self._tune_best(job)
+            return
         mode = self.wb.compare_mode
         if self.wb.set_teaching(on):
             self._after_step()
@@ -671,14 +688,29 @@ class CocovizApp(KeyModel):
             self._start_sim()
         self._refresh_teach()
 
+    @work(thread=True, exclusive=True, group="tune", exit_on_error=False, description="tune")
+    def _tune_best(self, program: Program) -> None:
+        worker = get_current_worker()
+        best = self.wb.run_best(program, stop=lambda: worker.is_cancelled)
+        self.call_from_thread(self._tuned, program, best)
+
+    def _tuned(self, program: Program, best: Candidate | str) -> None:
+        self.wb.store_best(program, best)
+        if isinstance(best, str):
+            self.notify(best, title="teach mode", severity="warning")
+        if self.wb.teach_waiting and program is self.wb.base:
+            self._set_teaching(True)
+
     def action_teach_next(self) -> None:
+        if self.wb.teach_waiting:
+            return
         if not self.wb.teaching:
             self._set_teaching(True)
             return
         if self.wb.session is None:
             return
         if self.wb.teach_finished:
-            self.notify("that was the last step of the schedule")
+            self.notify(escape(f"that was the last step: {self.wb.teach_goal()}"))
             return
         outcome = self.wb.teach_next()
         if outcome is not None:
@@ -800,8 +832,8 @@ def create_app(
     """The app for a file, a sample name, or the default sample (`file` None).
 
     `schedule` (a block name or a `.sched` file) is applied at start; in teach mode the
-    schedule to teach is that block (the last block when none is given) and the app
-    starts unscheduled. `hw` is a `Hardware` value, or a profile name or TOML path parsed
+    schedule to teach is that block (the tuner's best schedule when none is given, found
+    in a worker) and the app starts unscheduled. `hw` is a `Hardware` value, or a profile name or TOML path parsed
     here, once. Raises CocovizError when the file or the profile cannot be read.
     """
     hardware = hw if isinstance(hw, Hardware) else load_profile(hw or DEFAULT_PROFILE)
@@ -811,6 +843,7 @@ def create_app(
         hw=hardware,
         view=TimelineRows.from_timeline,
         teach=teach_mode,
+        teach_best=True,
         state_root=state_root,
     )
     return CocovizApp(workbench, target=target)

@@ -4,7 +4,7 @@ two predicted timelines, so the numbers are the model's, never made up. No Textu
 
 from __future__ import annotations
 
-from cocoviz.ir.nodes import Group, Op, Program
+from cocoviz.ir.nodes import COLLECTIVES, Group, Op, Program
 from cocoviz.sim.timeline import Summary
 from cocoviz.timefmt import format_time
 
@@ -12,10 +12,10 @@ WHY = {
     "split": (
         "An allreduce is really two halves: a reduce-scatter (every rank ends up with the "
         "sum of one 1/G slice) followed by an all-gather (every rank collects all the "
-        "slices). A ring moves the same bytes either way, but the two calls each pay "
-        "NCCL's latency, and an allreduce may have a faster algorithm than its halves "
-        "(NVLink SHARP on Hopper). What the split buys is a gap between the halves where "
-        "work can be done on a slice instead of on the whole tensor."
+        "slices). The same bytes move either way, but the two calls each pay "
+        "NCCL's latency, and NCCL may pick another algorithm for the allreduce than for "
+        "its halves. What the split buys is a gap between the halves where work can be "
+        "done on a slice instead of on the whole tensor."
     ),
     "reorder": (
         "The computation after the all-gather is elementwise, so each rank can do it on "
@@ -34,11 +34,6 @@ WHY = {
         "slice: less memory, and no gather is needed to write it back."
     ),
     "dce": "Stages whose values nobody reads any more are removed.",
-    "fuse": (
-        "The reduce-scatter, the computation on the slice and the all-gather now run as one "
-        "fused collective: fewer launches, and the slice stays in fast memory between the "
-        "phases instead of being written out and read back."
-    ),
     "overlap": (
         "The producer is cut into chunks. As soon as the first chunk is computed, its "
         "communication starts while the next chunk computes, so the network and the GPU "
@@ -47,14 +42,64 @@ WHY = {
     ),
     "decompose": (
         "The collective and its matmul are decomposed by shard around the ring of the G "
-        "ranks. In each of G steps every rank multiplies the one shard it holds while "
-        "that shard moves on to its neighbour (an all-gather feeding a matmul), or adds "
-        "its block of the product to the running sum its neighbour sent and passes it on "
-        "(a matmul feeding a reduce-scatter). The network and the GPU work at the same "
-        "time, and every value keeps its layout, so sliced values enter and leave the "
-        "group freely. Each step is a point-to-point exchange and a GEMM of 1/G of the work."
+        "ranks. The network and the GPU work at the same time, and every value keeps its "
+        "layout, so sliced values enter and leave the group freely. Each step is a "
+        "point-to-point exchange and a GEMM of 1/G of the work."
     ),
 }
+"""What a step does, in general (`explain` adds what it did here, from the programs)."""
+
+DECOMPOSE_HOW = {
+    Op.ALLGATHER: (
+        "In each of G steps every rank multiplies the one shard of the all-gather's input "
+        "it holds while that shard moves on to its neighbour."
+    ),
+    Op.REDUCESCATTER: (
+        "In each of G steps every rank adds its block of the product to the running sum "
+        "its neighbour sent and passes it on, in place of the reduce-scatter."
+    ),
+}
+"""How a decomposed group runs, by the collective it replaces."""
+
+COLLECTIVE_WORDS = {
+    Op.ALLREDUCE: "an allreduce",
+    Op.REDUCESCATTER: "a reduce-scatter",
+    Op.ALLGATHER: "an all-gather",
+    Op.ALLTOALL: "an all-to-all",
+    Op.BROADCAST: "a broadcast",
+    Op.REDUCE: "a reduce",
+    Op.SEND: "a point-to-point send",
+}
+"""How the texts name each collective (what the test of the texts reads back)."""
+
+
+def _what(stage_op: Op) -> str:
+    return COLLECTIVE_WORDS.get(stage_op, "computation")
+
+
+def _fused(before: Program, after: Program) -> str:
+    """What a fuse step made: its members, each named by what it does."""
+    new = [g for g in after.groups if g not in before.groups]
+    if not new:
+        return "The stages now run as one fused group."
+    g = new[-1]
+    names = g.stages()
+    parts = [f"{n} ({_what(after.stage(n).expr.op)})" for n in names if after.has_stage(n)]
+    comm = any(after.stage(n).expr.op in COLLECTIVES for n in names if after.has_stage(n))
+    kind = "fused collective" if comm else "fused kernel"
+    return (
+        f"{', '.join(parts)} now run as one {kind}: fewer launches, and the data stays in "
+        "fast memory between them instead of being written out and read back."
+    )
+
+
+def _decomposed(before: Program, after: Program) -> str:
+    new = [g for g in after.groups if g not in before.groups and g.by_shard]
+    if not new:
+        return ""
+    ops = {after.stage(n).expr.op for n in new[-1].stages() if after.has_stage(n)}
+    ops |= {before.stage(n).expr.op for n in new[-1].stages() if before.has_stage(n)}
+    return " ".join(DECOMPOSE_HOW[o] for o in (Op.ALLGATHER, Op.REDUCESCATTER) if o in ops)
 
 
 def _graph_change(before: Program, after: Program) -> list[str]:
@@ -107,6 +152,17 @@ def _collectives(s: Summary) -> str:
     """The algorithms the communication of a timeline ran as (from the stage table)."""
     algos = {r.detail.split(",")[0] for r in s.stages if r.stream == "comm" and "/" in r.detail}
     return ", ".join(sorted(algos))
+
+
+def _algorithms(tb: Summary | None, ta: Summary | None) -> str:
+    """How the model ran the collectives before and after, when that changed (its own
+    words: `allreduce symmetric/Simple`), so that no text claims another algorithm."""
+    if tb is None or ta is None:
+        return ""
+    before, after = _collectives(tb), _collectives(ta)
+    if before == after or not (before or after):
+        return ""
+    return f" The model's collectives were {before or 'none'}; now {after or 'none'}."
 
 
 WIN_WHERE = {
@@ -196,7 +252,7 @@ def _timeline_change(
             f"{format_time(ta.makespan_s)} ({-pct:.0%} slower)."
         ) + _why_slower(step, tb, ta, hardware or "this machine")
     return head + (
-        f" Communication nobody waits behind: exposed time "
+        f" Communication the computation does not hide (exposed): "
         f"{format_time(tb.exposed_comm_s)} → {format_time(ta.exposed_comm_s)}."
     )
 
@@ -212,9 +268,15 @@ def explain(
     """A few sentences for one teach-mode step: what it does (no claim about its speed),
     what it changed in the graph, and what the model predicts for it on ``hardware``."""
     name = _kind(step, before)
-    why = WHY.get(name, "")
+    if name == "fuse":
+        why = _fused(before, after)
+    elif name == "decompose":
+        why = f"{WHY[name]} {_decomposed(before, after)}".strip()
+    else:
+        why = WHY.get(name, "")
     graph = "; ".join(_graph_change(before, after))
-    return f"{why}\n\nIn the graph — {graph}.\n\n{_timeline_change(tb, ta, hardware, name)}"
+    timeline = _timeline_change(tb, ta, hardware, name) + _algorithms(tb, ta)
+    return f"{why}\n\nIn the graph — {graph}.\n\n{timeline}"
 
 
 def _kind(step: str, before: Program) -> str:

@@ -37,10 +37,19 @@ from cocoviz.errors import CocovizError, UsageError
 from cocoviz.ir.lower import load_program
 from cocoviz.ir.nodes import Program, unscheduled
 from cocoviz.schedule import PaletteEntry, Session, StepFailure, block_steps, palette
-from cocoviz.schedule.tune import SweepResult, main_dimension, sweep, sweep_values
+from cocoviz.schedule.tune import (
+    Candidate,
+    SweepResult,
+    TuneProgress,
+    main_dimension,
+    sweep,
+    sweep_values,
+    tune,
+)
 from cocoviz.sim.hardware import Hardware
 from cocoviz.sim.timeline import Summary, Timeline
 from cocoviz.sim.timeline import simulate as simulate_timeline
+from cocoviz.timefmt import format_time
 from cocoviz.workbench import state, teach
 from cocoviz.workbench.source import Source
 
@@ -257,6 +266,9 @@ class TeachNote:
     step: str | None = None
     text: str = ""
     next_step: str | None = None
+    goal: str = ""
+    """What the steps lead to: the tuner's best schedule with its predicted time (as
+    `cocoviz tune` ranks it first), or the schedule block taught."""
 
 
 # --- code generation ------------------------------------------------------------------------
@@ -314,6 +326,7 @@ class Workbench(Generic[V]):
         hw: Hardware,
         view: Callable[[Timeline], V],
         teach: bool = False,
+        teach_best: bool = False,
         state_root: Path | None = None,
     ) -> None:
         self.source = source
@@ -332,7 +345,20 @@ class Workbench(Generic[V]):
         self.failed: StepFailure | None = None
         """The last step refused (cleared by the next applied one, or a new program)."""
         self.teach_steps: list[str] = []
+        """The steps teach mode walks: the schedule named at open, else the tuner's best
+        (`teach_best`) or the program's last schedule block."""
         self.teaching = False
+        self.teach_best = teach_best
+        """Teach the tuner's best schedule (found by `run_best`, `store_best`) unless a
+        schedule was named at open."""
+        self.best: Candidate | None = None
+        """The tuner's best schedule of `base` (its first row), once tuned."""
+        self._tuned: Program | None = None
+        """The program `best` was looked for on (found or not)."""
+        self.teach_waiting = False
+        """Teach mode was asked for and waits for the tuner (`best_job`)."""
+        self._user: Session | None = None
+        """The user's own steps while teach mode walks its steps beside them."""
         self.compare_mode: CompareMode = "off"
         self.sim_note = ""
         """Why there is no timeline (the simulator's refusal, or a failed worker)."""
@@ -378,8 +404,14 @@ class Workbench(Generic[V]):
         if parsed.program is None:
             return Accepted.ERROR
         replay = self._replay if self._replay is not None else self.applied_steps
+        if self._tuned is not None:  # the same program keeps its best; another is tuned again
+            same = parsed.program == self._tuned
+            self._tuned = parsed.program if same else None
+            self.best = self.best if same else None
         self.base = parsed.program
         self.session = Session(parsed.program, self.hw)
+        if self._user is not None:  # the user's own steps, beside teach mode's
+            self._user = self._replayed(self._user)
         self._timelines.clear()
         self._code.clear()
         self._palette = None
@@ -391,15 +423,33 @@ class Workbench(Generic[V]):
                 break
         if gen > 1:
             return Accepted.PARSED
-        given = self.source.teach_steps
-        self.teach_steps = (
-            list(given)
-            if given is not None
-            else [str(s) for s in block_steps(parsed.program, None)]
-        )
+        self._choose_teach_steps()
         if self._teach_at_open:
-            self.set_teaching(True)
+            if self.best_job() is not None:
+                self.teach_waiting = True
+            else:
+                self.set_teaching(True)
         return Accepted.OPENED
+
+    def _replayed(self, session: Session) -> Session:
+        """`session`'s applied steps replayed on `base` (up to the first refused)."""
+        assert self.base is not None
+        again = Session(self.base, self.hw)
+        for step in session.steps:
+            if isinstance(again.apply(str(step)), StepFailure):
+                break
+        return again
+
+    def _choose_teach_steps(self) -> None:
+        given = self.source.teach_steps
+        if given is not None:
+            self.teach_steps = list(given)
+        elif self.teach_best and self.best is not None:
+            self.teach_steps = list(self.best.steps)
+        elif self.teach_best and self._tuned is not self.base:
+            self.teach_steps = []  # until the tuner has run
+        elif self.base is not None:
+            self.teach_steps = [str(s) for s in block_steps(self.base, None)]
 
     # --- the program and its steps --------------------------------------------------------
     @property
@@ -756,19 +806,75 @@ class Workbench(Generic[V]):
             return Refused("not emitted", f"{directory}: {err.strerror or err}")
 
     # --- teach mode -----------------------------------------------------------------------
+    def best_job(self) -> Program | None:
+        """The program to tune before teach mode can start (the tuner's best is taught and
+        not known yet), else None."""
+        if not self.teach_best or self.source.teach_steps is not None or self.base is None:
+            return None
+        return self.base if self._tuned is not self.base else None
+
+    def run_best(
+        self,
+        program: Program,
+        progress: Callable[[TuneProgress], None] | None = None,
+        stop: Callable[[], bool] | None = None,
+    ) -> Candidate | str:
+        """The tuner's best schedule of `program` (worker-safe: `tune`, as `cocoviz tune`
+        runs it), or why there is none."""
+        try:
+            result = tune(program, self.hw, progress=progress, stop=stop)
+        except CocovizError as err:
+            return err.message
+        if not result.candidates:
+            return "the tuner found no schedule"
+        return result.best
+
+    def store_best(self, program: Program, best: Candidate | str) -> None:
+        """Hand over `run_best`'s result for `program` (ignored when the program changed
+        since); teach mode's steps become the best schedule's."""
+        if program is not self.base:
+            return
+        self._tuned = program
+        self.best = best if isinstance(best, Candidate) else None
+        self.sim_note = best if isinstance(best, str) else self.sim_note
+        self._choose_teach_steps()
+
     def set_teaching(self, on: bool) -> bool:
-        """Turn teach mode on or off. On, it teaches from the start: when the applied
-        steps are not the first steps taught, it goes back to the unscheduled program
-        (returns True: the step changed); it compares with the previous step."""
-        self.teaching = on
+        """Turn teach mode on or off; True when the step shown changed.
+
+        On, it teaches from the start beside the user's steps: when the applied steps are
+        the first steps taught it goes on from them, else the user's session is put aside
+        and teach mode starts from the unscheduled program in a session of its own. Off,
+        the user's session comes back as it was. It compares with the previous step. The
+        tuner's best, when taught and not known yet, is found here (`best_job` lets a UI
+        find it in a worker first)."""
+        self.teach_waiting = False
+        if on and self.best_job() is not None:
+            base = self.best_job()
+            assert base is not None
+            self.store_best(base, self.run_best(base))
         moved = False
+        if not on and self.teaching and self._user is not None:
+            self.session, self._user = self._user, None
+            self.failed = None
+            moved = True
+        self.teaching = on
         if on and self.session is not None and self.teach_steps:
             if self.applied_steps != self.teach_steps[: self.position]:
-                self.session.jump(0)
+                self._user = self.session
+                self.session = Session(self.session.initial, self.hw)
+                self.failed = None
                 moved = True
         if on and self.compare_mode == "off":
             self.compare_mode = "previous"
         return moved
+
+    @property
+    def user_steps(self) -> list[str]:
+        """The user's own applied steps (put aside while teach mode walks its own)."""
+        if self._user is not None:
+            return [str(s) for s in self._user.steps]
+        return self.applied_steps
 
     @property
     def teach_finished(self) -> bool:
@@ -786,22 +892,42 @@ class Workbench(Generic[V]):
             return self.session.program
         return self.apply(taught[i])
 
+    def teach_goal(self) -> str:
+        """What the steps taught lead to, in the model's numbers."""
+        best = self.best
+        if best is not None and self.teach_steps == list(best.steps):
+            base = self.summary(0)
+            speedup = ""
+            if base is not None and best.time_s > 0:
+                speedup = f", {base.makespan_s / best.time_s:.2f}× over as written"
+            return (
+                f"the tuner's best schedule on {self.hw.name}, {best.title}: "
+                f"{format_time(best.time_s)}{speedup} (the first row of `cocoviz tune`)"
+            )
+        return "the schedule block taught"
+
     def teach_note(self) -> TeachNote:
         """The explanation of the current step (teach.py's words, the model's numbers)."""
         taught, i = self.teach_steps, self.position
+        goal = self.teach_goal() if taught else ""
         if not taught:
             return TeachNote(i, 0)
         if self.session is None:
-            return TeachNote(i, len(taught), program=False)
+            return TeachNote(i, len(taught), program=False, goal=goal)
         if i == 0:
-            return TeachNote(0, len(taught), text=teach.INTRO, next_step=taught[0])
+            return TeachNote(0, len(taught), text=teach.INTRO, next_step=taught[0], goal=goal)
         step = self.recorded_steps[i - 1]
         before, after = self.session.program_at(i - 1), self.session.program_at(i)
         text = teach.explain(
             step, before, after, self.summary(i - 1), self.summary(i), self.hw.name
         )
         return TeachNote(
-            i, len(taught), step=step, text=text, next_step=taught[i] if i < len(taught) else None
+            i,
+            len(taught),
+            step=step,
+            text=text,
+            next_step=taught[i] if i < len(taught) else None,
+            goal=goal,
         )
 
     # --- autosave -------------------------------------------------------------------------
@@ -809,7 +935,7 @@ class Workbench(Generic[V]):
         """Save the text and the applied steps (raises OSError). `text`: the editor's
         text when it has an edit not handed over yet (the app is quitting)."""
         saved_text = self.text if text is None else text
-        save = state.Autosave(self.source.key, saved_text, tuple(self.applied_steps), time.time())
+        save = state.Autosave(self.source.key, saved_text, tuple(self.user_steps), time.time())
         return state.write(save, self.state_root)
 
     def saved(self) -> state.Autosave | None:
