@@ -3,7 +3,11 @@ nccl-device kernel), and its PTX shows it: compiled with ``nvcc -ptx`` for sm_90
 sm_100), the LSA variant moves peer data in 128-bit vector loads and stores (``ld.v4``
 through the generic LSA pointers, ``st.global.v4``) — one per peer per unrolled pack — with
 no volatile accesses, and the multimem variant reduces with ``multimem.ld_reduce`` and broadcasts with
-``multimem.st``. No GPU is needed: nvcc only."""
+``multimem.st``, and synchronises through the LSA barrier's multimem form as NCCL's NVLS
+kernels do: its arrive is a ``multimem.red.release.sys`` through the multicast object
+(NCCL's ``nccl_device/impl/lsa_barrier__funcs.h``), not the unicast form's
+``fence.acq_rel.sys`` and peer stores, and a ``fence.proxy.alias`` orders the element-wise
+path's unicast window accesses before it. No GPU is needed: nvcc only."""
 
 from __future__ import annotations
 
@@ -23,6 +27,7 @@ f16 activations, sgd f32 gradients."""
 
 VECTOR = re.compile(r"\b((?:ld|st)(?:\.global)?(?:\.volatile)?\.v[24]\.[a-z0-9]+)")
 MULTIMEM = re.compile(r"\b(multimem\.(?:ld_reduce|st)[\w.:]*)")
+BARRIER = re.compile(r"\b(multimem\.red\.[\w.:]+|fence\.[\w.:]+)")
 
 
 def ptx(name: str, ranks: str, arch: str, tmp: Path) -> dict[str, str]:
@@ -72,3 +77,15 @@ def test_device_kernel_ptx_has_vector_peer_accesses_and_multimem(
     assert any(op.startswith("multimem.st") and ".v4." in op for op in ops), ops
     # the multimem variant does not load packs from the peers one by one
     assert not any(op.startswith("ld.v4") for op in Counter(VECTOR.findall(mc[0]))), mc[0][:2000]
+    # barriers: the LSA variant's arrive is the unicast form (fence.acq_rel.sys, no multicast
+    # reduction); the multimem variant's goes through the multicast object — relaxed at the
+    # start (NCCL's acquire sync), a release at the end — with the proxy fence before it
+    lsa_bar = Counter(BARRIER.findall(body))
+    mc_bar = Counter(BARRIER.findall(mc[0]))
+    assert "fence.acq_rel.sys" in lsa_bar and not any(
+        op.startswith("multimem.red") for op in lsa_bar
+    )
+    assert "multimem.red.release.sys.add.u32" in mc_bar, mc_bar
+    assert "multimem.red.relaxed.sys.add.u32" in mc_bar, mc_bar
+    assert "fence.proxy.alias" in mc_bar, mc_bar
+    assert "fence.acq_rel.sys" not in mc_bar, mc_bar

@@ -2,7 +2,9 @@
 a collective offset off by one slice, a wrong count, a GEMM leading dimension, a chunk
 offset, a removed cudaStreamWaitEvent, a removed LSA barrier, the in-place allgather at
 the wrong address, a memset on the legacy stream, a collective one rank skips, a send
-nobody makes — are applied to emitted trees, and the
+nobody makes, a multimem kernel on the unicast barrier or with relaxed barriers, two
+device-API kernels on unordered streams, two GEMMs sharing a cuBLAS workspace — are
+applied to emitted trees, and the
 emulated `run.sh --emulate --check` must catch every one: a rule violation or a hazard
 (exit 3, "cocoviz emulation: ..."), the watchdog, a failed CUDA/cuBLAS/NCCL call (exit 1) or a check
 mismatch (exit 4). A mutant that runs clean is a hole in the emulation."""
@@ -163,20 +165,63 @@ MUTANTS = [
         "sgd",
         "fused",
         "nccl-device",
-        r"bar\.sync\(ncclCoopCta\(\), cuda::memory_order_acq_rel\);  // peers finished",
+        r"bar\.sync\(ncclCoopCta\(\), cuda::memory_order_acquire\);  // peers finished",
         "// peers finished",
         "hazard",
-        nth=2,
     ),
     Mutant(
         "removed-last-lsa-barrier-multimem",
         "sgd",
         "fused",
         "nccl-device",
-        r"bar\.sync\(ncclCoopCta\(\), cuda::memory_order_acq_rel\);  // our writes",
+        r"bar\.sync\(ncclCoopCta\(\), cuda::memory_order_release\);  // our writes",
         "// our writes",
         "hazard",
-        nth=2,
+    ),
+    Mutant(
+        "multimem-kernel-on-the-unicast-barrier",
+        "adam",
+        "fused",
+        "nccl-device",
+        r"blockIdx\.x, /\*multimem=\*/true\);",
+        "blockIdx.x);",
+        "multimem barrier",
+    ),
+    Mutant(
+        "multimem-first-barrier-relaxed",
+        "sgd",
+        "fused",
+        "nccl-device",
+        r"memory_order_acquire\);  // peers finished",
+        "memory_order_relaxed);  // peers finished",
+        "hazard",
+    ),
+    Mutant(
+        "multimem-last-barrier-relaxed",
+        "adam",
+        "fused",
+        "nccl-device",
+        r"memory_order_release\);  // our writes",
+        "memory_order_relaxed);  // our writes",
+        "hazard",
+    ),
+    Mutant(
+        "device-kernels-on-two-streams",
+        "megatron_mlp",
+        "fused",
+        "nccl-device",
+        r"COCOVIZ_LAUNCH\(d_sch_sum_rs_device_mc, ctas, kThreads, 0, S->comm\)",
+        "COCOVIZ_LAUNCH(d_sch_sum_rs_device_mc, ctas, kThreads, 0, k == 1 ? S->compute : S->comm)",
+        "two kernels on one device communicator",
+    ),
+    Mutant(
+        "gemms-share-a-workspace",
+        "megatron_mlp",
+        "fused",
+        "nccl",
+        r"cublasSetStream\(ctx\.blas, S->compute\)\);",
+        "cublasSetStream(ctx.blas, k == 1 ? S->main : S->compute));",
+        "cuBLAS workspace",
     ),
     Mutant(
         "lsa-peer-pack-offset",

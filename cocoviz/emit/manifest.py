@@ -47,7 +47,8 @@ class _Gpu:
                 "cuda_graph": graph,
                 "ctas": min(dev["ctas"], self.sms),
                 "ctas_needed": dev["ctas"],
-                "cta_rule": "min(SM count, CTAs the message needs); one LSA barrier per CTA",
+                "cta_rule": "min(the fewest SMs of any rank, CTAs the message needs), one grid on"
+                " every rank; one LSA barrier per CTA",
                 "threads_per_cta": 256,
                 "pack_width": dev["width"] if dev["vec"] else 1,
                 "pack_bytes": 16 if dev["vec"] else None,
@@ -268,6 +269,15 @@ def manifest(
             " (its kernels, GEMMs and NCCL calls on every stream) and launched with"
             " cudaGraphLaunch each iteration; with --no-graph, or where the capture fails,"
             " every call is made from the host; the run's JSON line says which ('graph')",
+        }
+    if plan.fallback is not None:
+        data["fallback"] = {
+            "collectives": "nccl",
+            "when": "a rank lacks NCCL's device API, a window for a buffer peers access, or an"
+            " NVLink (LSA) domain holding its whole group: the ranks agree over MPI before"
+            " ncclDevCommCreate and every rank runs this lowering; the run's JSON line says"
+            " which ran ('lowering')",
+            "kernels": sum(1 for _ in _kernel_names(plan.fallback.steps)),
         }
     if plan.reference is not None:
         data["unscheduled"] = _program(plan.reference, None, gpu)

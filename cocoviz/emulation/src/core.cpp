@@ -405,6 +405,8 @@ bool stream_destroy(Stream* s) {
 
 int stream_agent(const Stream* s) { return global_agent(s->local); }
 
+const std::string& stream_name(const Stream* s) { return s->name; }
+
 // ================================================================ operations
 
 Op::Op(Stream* s, std::string what) : s_(s), what_(std::move(what)), cur_(&s->vc), cur_agent_(stream_agent(s)) {

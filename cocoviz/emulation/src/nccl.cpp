@@ -1692,17 +1692,18 @@ NcclDevState* nccl_lsa_barrier_open(const ncclDevComm& comm, uint32_t index, boo
   // is the device communicator's, shared by every kernel that uses it
   const Op* op = current_op();
   if (op->serial() != d->last_kernel) {
+    const std::string text = op->what() + " on " + stream_name(op->stream()) + " (" + site_text(site()) +
+                             ", barrier at " + where + ")";
     if (d->last_kernel != 0 && !op->vc().covers(d->last_epoch)) {
       fail("device communicator",
-           "two kernels on one device communicator may run at the same time: " + op->what() + " (barrier at " +
-               where + ") and " + d->last_text,
+           "two kernels on one device communicator may run at the same time: " + text + " and " + d->last_text,
            {"nothing orders them (no stream order or event between them), and both use the device "
             "communicator's LSA barriers, whose state is one counter per barrier index: run every kernel of a "
             "device communicator on one stream, or order them with an event"});
     }
     d->last_kernel = op->serial();
     d->last_epoch = op->start_epoch();
-    d->last_text = op->what() + " (barrier at " + where + ")";
+    d->last_text = text;
   }
   return d;
 }

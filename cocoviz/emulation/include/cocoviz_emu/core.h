@@ -195,6 +195,7 @@ Stream* stream_create(bool nonblocking, int priority);
 Stream* resolve_stream(void* handle, const char* what);
 bool stream_destroy(Stream* s);
 int stream_agent(const Stream* s);  // global agent id
+const std::string& stream_name(const Stream* s);  // "stream #2 (non-blocking)"
 
 // One operation on a stream, from construction to destruction. While it lives it is the
 // current operation: access() checks against its VC. Constructing it joins the stream's
