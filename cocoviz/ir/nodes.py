@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import functools
 import sys
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -385,14 +386,38 @@ class Program:
     source: Source | None = field(default=None, compare=False, hash=False, repr=False)
 
     # --- lookups -------------------------------------------------------------------
-    def stage(self, name: str) -> Stage:
+    # Each lookup is a dict built on first use and kept with the program (a program is
+    # an immutable value, and `dataclasses.replace` makes a new one without them), so a
+    # pass that looks up every stage costs linear time, not quadratic.
+    @functools.cached_property
+    def _stage_map(self) -> dict[str, Stage]:
+        out: dict[str, Stage] = {}
         for s in self.stages:
-            if s.name == name:
-                return s
-        raise KeyError(name)
+            out.setdefault(s.name, s)
+        return out
+
+    @functools.cached_property
+    def _decl_map(self) -> dict[str, Input | Param]:
+        out: dict[str, Input | Param] = {}
+        for i in self.inputs:
+            out.setdefault(i.name, i)
+        for p in self.params:
+            out.setdefault(p.name, p)  # an input before a param of the same name
+        return out
+
+    @functools.cached_property
+    def _group_map(self) -> dict[str, Group]:
+        out: dict[str, Group] = {}
+        for g in self.groups:
+            for name in g.stages():
+                out.setdefault(name, g)
+        return out
+
+    def stage(self, name: str) -> Stage:
+        return self._stage_map[name]
 
     def has_stage(self, name: str) -> bool:
-        return any(s.name == name for s in self.stages)
+        return name in self._stage_map
 
     def input(self, name: str) -> Input:
         for i in self.inputs:
@@ -407,12 +432,11 @@ class Program:
         raise KeyError(name)
 
     def type_of(self, name: str) -> TensorType:
-        for i in self.inputs:
-            if i.name == name:
-                return i.ty
-        for p in self.params:
-            if p.name == name:
-                return TensorType(p.dtype, (), REPLICATED, None)
+        decl = self._decl_map.get(name)
+        if isinstance(decl, Input):
+            return decl.ty
+        if decl is not None:
+            return TensorType(decl.dtype, (), REPLICATED, None)
         return self.stage(name).ty
 
     def names(self) -> set[str]:
@@ -426,10 +450,7 @@ class Program:
 
     def group_of(self, name: str) -> Group | None:
         """The top-level group holding stage `name`, if any."""
-        for g in self.groups:
-            if name in set(g.stages()):
-                return g
-        return None
+        return self._group_map.get(name)
 
     def updates(self) -> dict[str, str]:
         """Updated input name → the stage that names its new value."""
