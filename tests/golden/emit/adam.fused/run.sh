@@ -13,14 +13,26 @@ if [ "${1:-}" = "--emulate" ]; then
     echo "run.sh: ./adam-emu is not built: run 'make emulate' first" >&2
     exit 2
   fi
-  COCOVIZ_EMU_DIR=$(mktemp -d)  # under $TMPDIR (or /tmp); removed when the run ends
+  # The launcher takes this shell's place (exec), as for a real run: a signal to run.sh,
+  # SIGKILL included, reaches mpiexec at once. A guard outside the job waits for it to
+  # end, however it ends, then ends every process still holding the job's directory in
+  # its environment (the ranks, if the launcher died without them) and removes it.
+  unset COCOVIZ_EMU_DIR
+  emu_dir=$(mktemp -d)  # under $TMPDIR (or /tmp)
+  ( (
+    trap '' INT TERM HUP
+    set +e
+    while kill -0 $$ 2>/dev/null; do sleep 1; done
+    for p in /proc/[0-9]*; do
+      if tr '\0' '\n' <"$p/environ" 2>/dev/null | grep -qxF "COCOVIZ_EMU_DIR=$emu_dir"; then
+        kill -KILL "${p#/proc/}" 2>/dev/null
+      fi
+    done
+    rm -rf "$emu_dir"
+  ) </dev/null >/dev/null 2>&1 & )
+  COCOVIZ_EMU_DIR=$emu_dir
   export COCOVIZ_EMU_DIR
-  trap 'rm -rf "$COCOVIZ_EMU_DIR"' EXIT
-  trap 'exit 130' INT
-  trap 'exit 143' TERM
-  set +e
-  ${MPIEXEC:-<found>} -n 32 ${MPIRUN_ARGS:-} ./adam-emu "$@"
-  exit $?
+  exec ${MPIEXEC:-<found>} -n 32 ${MPIRUN_ARGS:-} ./adam-emu "$@"
 fi
 # one rank per GPU; NCCL's own tuning is left alone unless you set NCCL_* variables.
 # The default launcher is the MPI the Makefile links against; MPIRUN or MPIEXEC override it.
