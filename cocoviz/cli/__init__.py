@@ -261,9 +261,37 @@ def _parse(parser: argparse.ArgumentParser, argv: list[str]) -> argparse.Namespa
     return args
 
 
-def _emit_error(err: CocovizError) -> None:
+def _emit_error(err: CocovizError, as_json: bool = False) -> None:
+    """The diagnostic on stderr; with `--json` also as JSON on stdout (the same fields:
+    severity, message, where, hint, notes), so that a script reading stdout sees why."""
     color = sys.stderr.isatty() and os.environ.get("NO_COLOR") is None
     print(err.render(color), file=sys.stderr)
+    if as_json:
+        import json
+
+        def where(span: Any) -> dict[str, Any]:
+            if span is None:
+                return {"file": None, "line": None, "col": None}
+            return {
+                "file": span.path,
+                "line": span.line,
+                "col": span.col,
+                "end_line": span.end_line,
+                "end_col": span.end_col,
+            }
+
+        errors = [
+            {
+                "severity": d.severity,
+                "message": d.message,
+                **where(d.span),
+                "hint": d.hint,
+                "notes": [{"message": n, **where(ns)} for n, ns in d.notes],
+            }
+            for d in err.diagnostics
+        ]
+        with contextlib.suppress(OSError, ValueError):
+            print(json.dumps({"ok": False, "exit_code": int(err.exit_code), "errors": errors}))
 
 
 GC_THRESHOLD = (20_000, 10, 10)
@@ -307,7 +335,7 @@ def _main(argv: Sequence[str] | None) -> int:
                 return _without_collector(handler, args)
             return int(handler(args))
     except CocovizError as err:
-        _emit_error(err)
+        _emit_error(err, "--json" in argv)
         return int(err.exit_code)
     except InternalError as err:
         print(f"internal error (a cocoviz bug): {err}", file=sys.stderr)
@@ -338,7 +366,7 @@ def _main(argv: Sequence[str] | None) -> int:
         from cocoviz.fsio import os_error
 
         diag = os_error(err, err.filename, "read or write")
-        _emit_error(diag)
+        _emit_error(diag, "--json" in argv)
         return int(diag.exit_code)
     except Exception as err:  # noqa: BLE001 - the one boundary that turns bugs into exit 70
         return _internal(err)

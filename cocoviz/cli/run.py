@@ -71,6 +71,19 @@ def register(sub: Any) -> None:
         help="stop an MPI run after S seconds",
     )
     p.add_argument(
+        "--hostfile",
+        metavar="FILE",
+        help="with --mpi: place the ranks on the hosts FILE lists (mpiexec -hostfile; "
+        "every host needs this Python and the job's directory)",
+    )
+    p.add_argument(
+        "--mpi-args",
+        metavar="ARGS",
+        default="",
+        help="with --mpi: more arguments for mpiexec, as one shell-quoted string "
+        "(e.g. --mpi-args '-genv UCX_TLS tcp')",
+    )
+    p.add_argument(
         "--oversubscribe",
         action="store_true",
         help="with --mpi: allow more ranks than 4 per CPU (at most 1024)",
@@ -86,6 +99,16 @@ def register(sub: Any) -> None:
     p.set_defaults(handler=cmd_run)
 
 
+def _mpi_args(text: str) -> list[str]:
+    """`--mpi-args`, split as a shell would."""
+    import shlex
+
+    try:
+        return shlex.split(text)
+    except ValueError as err:
+        raise UsageError(f"--mpi-args: expected shell words, got {text!r} ({err})") from None
+
+
 def _check_run_args(args: argparse.Namespace, program: Program) -> None:
     """Usage errors found without reading an input or starting a process."""
     if args.mpi:
@@ -94,8 +117,14 @@ def _check_run_args(args: argparse.Namespace, program: Program) -> None:
         if args.iters < 1:
             raise UsageError("--iters must be at least 1")
         check_world(program, args.oversubscribe)
-    elif args.oversubscribe:
-        raise UsageError("--oversubscribe is for real processes: add --mpi")
+    else:
+        for given, flag in (
+            (args.oversubscribe, "--oversubscribe"),
+            (args.hostfile, "--hostfile"),
+            (args.mpi_args, "--mpi-args"),
+        ):
+            if given:
+                raise UsageError(f"{flag} is for real processes: add --mpi")
 
 
 def collected_names(program: Program) -> list[str]:
@@ -179,6 +208,8 @@ def cmd_run(args: argparse.Namespace) -> int:
                 timeout_s=args.timeout,
                 iters=args.iters,
                 oversubscribe=args.oversubscribe,
+                hostfile=args.hostfile,
+                mpi_args=_mpi_args(args.mpi_args),
             )
         except Terminated as stop:  # the run was cleaned up; end as the signal would
             print(f"terminated ({stop})", file=sys.stderr)

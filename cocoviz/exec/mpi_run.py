@@ -30,7 +30,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -573,6 +573,29 @@ def _sweep_stale_jobs() -> None:
         shutil.rmtree(e.path, ignore_errors=True)
 
 
+def launcher_args(hostfile: str | Path | None, mpi_args: Sequence[str]) -> list[str]:
+    """What `cocoviz run --mpi --hostfile FILE --mpi-args ARGS` adds to the mpiexec
+    command, before `-n`: `-hostfile FILE` (MPICH's and Open MPI's spelling alike) with the
+    file checked up front, then ARGS. Raises UsageError when the hostfile cannot be read
+    or lists no host."""
+    out: list[str] = []
+    if hostfile is not None:
+        path = Path(hostfile)
+        try:
+            hosts = [ln.split("#", 1)[0].strip() for ln in path.read_text().splitlines()]
+        except (OSError, UnicodeDecodeError) as err:
+            raise UsageError(
+                f"--hostfile {hostfile}: expected a readable text file listing hosts, got "
+                f"{getattr(err, 'strerror', None) or err}"
+            ) from None
+        if not any(hosts):
+            raise UsageError(
+                f"--hostfile {hostfile}: expected a host on a line (`node1:4`), got none"
+            )
+        out += ["-hostfile", str(path.resolve())]
+    return out + list(mpi_args)
+
+
 def run_mpi(
     program: Program,
     collect: list[str],
@@ -583,15 +606,20 @@ def run_mpi(
     iters: int = 1,
     env: Mapping[str, str] | None = None,
     oversubscribe: bool = False,
+    hostfile: str | Path | None = None,
+    mpi_args: Sequence[str] = (),
 ) -> MpiRun:
     """Run `program` (already scheduled) on grid.world real processes; return the
     measured events and the global values of `collect` (outputs, updated inputs).
 
     With `iters` > 1 the program runs once to warm up, then `iters` times from the same
     inputs; the makespan and the events are those of one iteration, the one whose
-    makespan is the median (`measured_iteration`). Raises
-    `Terminated` on SIGTERM/SIGHUP (KeyboardInterrupt on SIGINT) after cleaning up."""
+    makespan is the median (`measured_iteration`). `hostfile` places the ranks on the
+    hosts it lists (mpiexec's `-hostfile`; every host must see this job's directory and
+    Python); `mpi_args` go to mpiexec as they are, before `-n`. Raises `Terminated` on
+    SIGTERM/SIGHUP (KeyboardInterrupt on SIGINT) after cleaning up."""
     check_world(program, oversubscribe)
+    launcher = launcher_args(hostfile, mpi_args)
     if not timeout_s > 0:  # NaN too: a deadline that never passes
         raise UsageError(f"--timeout must be a positive number of seconds, got {timeout_s}")
     require_mpi4py()
@@ -621,6 +649,7 @@ def run_mpi(
         job.spec_path.write_text(json.dumps(spec))
         cmd = [
             mpiexec,
+            *launcher,
             "-n",
             str(world),
             sys.executable,
