@@ -15,8 +15,11 @@ from textual.screen import ModalScreen
 from textual.widgets import Input, Static
 
 PANES = """
-**source** — edit the program; it is parsed again when you pause typing, and errors are
-marked where they are. `escape` leaves the editor so the letter keys work again.
+**source** — the program. Keys type into it only in edit mode: `i` (or `enter` here)
+starts it, `escape` or leaving the pane stops it, and the footer says `EDIT source` while
+it lasts; elsewhere every letter is a command, here too. The text is parsed again when
+you pause typing, and errors are marked where they are. Tab never types: it moves to the
+next pane.
 
 **graph** — arrows move between stages, the mouse selects; the selected stage is shaded
 in the source, highlighted in the timeline, and the palette offers its steps.
