@@ -250,6 +250,7 @@ class CocovizApp(KeyModel):
         self._source_need = pane_layout.source_need(parsed.text.splitlines())
         self.query_one("#center").border_subtitle = ""
         if accepted is Accepted.OPENED:
+            editor.reveal_line(_first_statement(parsed.text))
             self._offer_autosave()
             if self.wb.teach_waiting:
                 self._set_teaching(True)
@@ -811,6 +812,14 @@ class CocovizApp(KeyModel):
         text = self.query_one(SourceEditor).text
         self._autosave(text if text != self.wb.text else None)
         self.exit()
+
+
+def _first_statement(text: str) -> int:
+    """The 1-based line of the first line that is neither blank nor a comment."""
+    for i, line in enumerate(text.splitlines(), start=1):
+        if line.strip() and not line.lstrip().startswith("#"):
+            return i
+    return 1
 
 
 def _failure_text(failed: StepFailure) -> str:

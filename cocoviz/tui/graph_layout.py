@@ -399,7 +399,10 @@ def layout_graph(program: Program) -> GraphDrawing:
             _BLOCKS[key] = block
         blocks.append(block)
 
-    top = 2  # header line and a blank row
+    # The header line and a blank row; a group's frame takes the row above its members'
+    # boxes for its top edge and title, so with groups one more row keeps the title of a
+    # frame around the first layer off the header line (it was drawn over).
+    top = 3 if program.groups else 2
     nodes: dict[str, NodeBox] = {}
     layer_ys: list[int] = []
     layer_nodes: list[list[NodeBox]] = []

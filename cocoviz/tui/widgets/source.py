@@ -224,6 +224,8 @@ class SourceEditor(Vertical):
         self._cursor_line = 0
         self._status_width = -1
         """The cells of the status line shown (-1: the panel shows diagnostics)."""
+        self._reveal: int | None = None
+        """The line `reveal_line` keeps in view while the layout settles."""
 
     def compose(self) -> ComposeResult:
         yield CocoTextArea(self._initial, show_line_numbers=True, soft_wrap=False, id="editor")
@@ -307,8 +309,35 @@ class SourceEditor(Vertical):
             if self.text_area.has_focus:
                 self.post_message(self.CursorOnLine(line))
 
+    def reveal_line(self, line: int) -> None:
+        """Once laid out, scroll so that `line` (1-based) shows, a third down the pane,
+        when it does not show from the top (a long header comment above the program);
+        again after each resize, until the user moves in the text."""
+        self._reveal = line
+        self.call_after_refresh(self._reveal_line, line)
+
+    def on_resize(self) -> None:
+        if self._reveal is not None:
+            self.call_after_refresh(self._reveal_line, self._reveal)
+
+    def _reveal_line(self, line: int) -> None:
+        area = self.text_area
+        if area.has_focus:
+            self._reveal = None
+            return
+        height = area.scrollable_content_region.height
+        if height <= 0 or line > area.document.line_count:
+            return
+        if area.soft_wrap:
+            row = area.wrapped_document.location_to_offset((line - 1, 0)).y
+        else:
+            row = line - 1
+        if not area.scroll_offset.y <= row < area.scroll_offset.y + height - 1:
+            area.scroll_to(y=max(0, row - height // 3), animate=False)
+
     def go_to_line(self, line: int) -> None:
         """Scroll so that `line` (1-based) is visible, once the editor has its size."""
+        self._reveal = None
         self.call_after_refresh(self._scroll_to_line, line)
 
     def _scroll_to_line(self, line: int) -> None:
