@@ -83,7 +83,7 @@ def test_capabilities_grid_and_multimem_are_agreed_before_the_device_communicato
         "sms = least_over_ranks(ctx, sms);",
         "S->multimem = every_rank(ctx, props.multimemSupport",
         "ncclDevCommCreate(ctx.nccl_group, &reqs, &S->dev)",
-        "if (!every_rank(ctx, one_domain)) {",
+        "if (!every_rank(ctx, !split_domain)) {",
     ]
     at = [create.index(s) for s in order]
     assert at == sorted(at), order

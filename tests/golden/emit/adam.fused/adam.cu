@@ -554,7 +554,14 @@ void run(State* S, const Ctx& ctx, const Params& P) {
   (void)tp;
 }
 
-cudaStream_t stream(const State* S) { return S->main; }
+cudaStream_t stream(const State* S) {
+  return S->main;
+}
+
+const char* lowering(const State* S) {
+  (void)S;
+  return "nccl";
+}
 
 const void* output(const State* S, int k) {
   if (k == 0) return S->B.v_ref_w1;
@@ -823,7 +830,14 @@ void run(State* S, const Ctx& ctx, const Params& P) {
   (void)tp;
 }
 
-cudaStream_t stream(const State* S) { return S->main; }
+cudaStream_t stream(const State* S) {
+  return S->main;
+}
+
+const char* lowering(const State* S) {
+  (void)S;
+  return "nccl";
+}
 
 const void* output(const State* S, int k) {
   if (k == 0) return S->B.v_sch_w1;

@@ -45,6 +45,7 @@ void init(State* S, const Ctx& ctx, uint64_t seed);
 void run(State* S, const Ctx& ctx, const Params& P);
 cudaStream_t stream(const State* S);
 const void* output(const State* S, int k);  // device pointer
+const char* lowering(const State* S);  // "nccl-device" or "nccl": what create() chose
 }  // namespace ref
 
 namespace sch {
@@ -55,6 +56,7 @@ void init(State* S, const Ctx& ctx, uint64_t seed);
 void run(State* S, const Ctx& ctx, const Params& P);
 cudaStream_t stream(const State* S);
 const void* output(const State* S, int k);  // device pointer
+const char* lowering(const State* S);  // "nccl-device" or "nccl": what create() chose
 }  // namespace sch
 
 }  // namespace cocoviz_prog

@@ -10,8 +10,9 @@
 // outputs after the first and the last, every rank's copy of replicated outputs included
 // (tolerances: docs/semantics-notes.md); --dump writes the global value of every output
 // after one iteration as DIR/<name>.npy.
-// The last line on stdout is one JSON object with the mean time per iteration and whether
-// the iteration ran as a graph ("graph").
+// The last line on stdout is one JSON object with the mean time per iteration, whether
+// the iteration ran as a graph ("graph") and which lowering of the collectives ran
+// ("lowering": "nccl-device", or "nccl" where the ranks fell back to NCCL's host API).
 #include <sys/stat.h>
 
 #include <cerrno>
@@ -406,9 +407,10 @@ int main(int argc, char** argv) {
   double slowest = 0.0;
   CHECK_MPI("timing", MPI_Reduce(&mine, &slowest, 1, MPI_DOUBLE, MPI_MAX, 0, MPI_COMM_WORLD));
   if (ctx.world_rank == 0) {
-    std::printf("%s, \"iters\": %d, \"warmup\": %d, \"time_ms\": %.6f, \"check\": \"%s\", \"graph\": %s}\n",
+    std::printf("%s, \"iters\": %d, \"warmup\": %d, \"time_ms\": %.6f, \"check\": \"%s\", \"graph\": %s, \"lowering\": \"%s\"}\n",
                 "\173\042program\042: \042megatron_mlp\042, \042schedule\042: \042fused\042, \042target\042: \042cuda\042, \042collectives\042: \042nccl\042, \042world\042: 8, \042tp\042: 8, \042pp\042: 1", args.iters, args.warmup, slowest,
-                args.check ? (ok ? "pass" : "fail") : "skipped", graph != nullptr ? "true" : "false");
+                args.check ? (ok ? "pass" : "fail") : "skipped", graph != nullptr ? "true" : "false",
+                sch::lowering(S));
     std::fflush(stdout);
   }
   cudaEventDestroy(t0);

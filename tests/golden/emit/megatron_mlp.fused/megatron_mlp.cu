@@ -104,6 +104,8 @@ struct State {
   cudaStream_t main = nullptr;
   cudaStream_t compute = nullptr;
   cudaStream_t comm = nullptr;  // created with the highest priority
+  void* blas_ws_main = nullptr;  // cuBLAS workspace of the GEMMs on the main stream
+  size_t blas_ws_bytes = 0;
 #if NCCL_VERSION_CODE >= NCCL_VERSION(2, 27, 0)
   // windows of the buffers host-API collectives use (NCCL's symmetric kernels)
   ncclWindow_t win_v_ref_layer = nullptr;
@@ -168,6 +170,19 @@ State* create(const Ctx& ctx) {
   CHECK_CUDA("setup", cudaStreamCreateWithFlags(&S->main, cudaStreamNonBlocking));
   CHECK_CUDA("setup", cudaStreamCreateWithPriority(&S->compute, cudaStreamNonBlocking, least));
   CHECK_CUDA("setup", cudaStreamCreateWithPriority(&S->comm, cudaStreamNonBlocking, greatest));
+  {
+    // A cuBLAS workspace of our own per stream that runs GEMMs, of the size cuBLAS recommends
+    // (32 MiB from Hopper, sm_90, on; 4 MiB before): the GEMMs are captured into the
+    // iteration's CUDA graph, where cuBLAS would otherwise allocate from its pool with
+    // stream-ordered allocations (memory nodes); one per stream because a GEMM may run
+    // several kernels that rely on the workspace staying intact (cuBLAS documentation,
+    // "CUDA Graphs Support" and cublasSetWorkspace).
+    int major = 0;
+    CHECK_CUDA("setup", cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, ctx.device));
+    S->blas_ws_bytes = static_cast<size_t>(major >= 9 ? 32 : 4) << 20;
+    CHECK_CUDA("allocation of the cuBLAS workspace (main stream)", cudaMalloc(&S->blas_ws_main, S->blas_ws_bytes));
+    S->owned.push_back(S->blas_ws_main);
+  }
   if (on_stage(ctx, 0)) {
     void* mem = nullptr;
     CHECK_CUDA("allocation of in_ref_w", cudaMalloc(&mem, sizeof(__half) * 18874368));
@@ -268,9 +283,10 @@ void run(State* S, const Ctx& ctx, const Params& P) {
   const int64_t tp = ctx.tp;
   if (ctx.pp == 0) {
     {
-      // row-major C[4096x12288] = A[4096x1536] B[1536x12288] is column-major C^T = B^T A^T
-      const float alpha = 1, beta = 0;
       CHECK_CUBLAS("layer", cublasSetStream(ctx.blas, S->main));
+      CHECK_CUBLAS("layer", cublasSetWorkspace(ctx.blas, S->blas_ws_main, S->blas_ws_bytes));  // (cublasSetStream reset it)
+      const float alpha = 1, beta = 0;
+      // row-major C[4096x12288] = A[4096x1536] B[1536x12288] is column-major C^T = B^T A^T
       CHECK_CUBLAS("layer", cublasGemmEx(ctx.blas, CUBLAS_OP_N, CUBLAS_OP_N, 12288, 4096, 1536, &alpha, B.in_ref_w, CUDA_R_16F, 12288, B.in_ref_x + (0), CUDA_R_16F, 1536, &beta, B.v_ref_layer + (0), CUDA_R_16F, 12288, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
     }
 
@@ -293,7 +309,14 @@ void run(State* S, const Ctx& ctx, const Params& P) {
   (void)tp;
 }
 
-cudaStream_t stream(const State* S) { return S->main; }
+cudaStream_t stream(const State* S) {
+  return S->main;
+}
+
+const char* lowering(const State* S) {
+  (void)S;
+  return "nccl";
+}
 
 const void* output(const State* S, int k) {
   if (k == 0) return S->B.v_ref_out;
@@ -332,6 +355,8 @@ struct State {
   cudaStream_t main = nullptr;
   cudaStream_t compute = nullptr;
   cudaStream_t comm = nullptr;  // created with the highest priority
+  void* blas_ws_compute = nullptr;  // cuBLAS workspace of the GEMMs on the compute stream
+  size_t blas_ws_bytes = 0;
   cudaEvent_t ev_ol_sch_overlap_layer_start = nullptr;  // main → compute, comm
   cudaEvent_t ev_ol_sch_overlap_layer_done[2] = {};  // compute, comm → main
   cudaEvent_t ev_ol_sch_overlap_layer[1][4] = {};  // per edge between two streams and chunk
@@ -405,6 +430,19 @@ State* create(const Ctx& ctx) {
   CHECK_CUDA("setup", cudaStreamCreateWithFlags(&S->main, cudaStreamNonBlocking));
   CHECK_CUDA("setup", cudaStreamCreateWithPriority(&S->compute, cudaStreamNonBlocking, least));
   CHECK_CUDA("setup", cudaStreamCreateWithPriority(&S->comm, cudaStreamNonBlocking, greatest));
+  {
+    // A cuBLAS workspace of our own per stream that runs GEMMs, of the size cuBLAS recommends
+    // (32 MiB from Hopper, sm_90, on; 4 MiB before): the GEMMs are captured into the
+    // iteration's CUDA graph, where cuBLAS would otherwise allocate from its pool with
+    // stream-ordered allocations (memory nodes); one per stream because a GEMM may run
+    // several kernels that rely on the workspace staying intact (cuBLAS documentation,
+    // "CUDA Graphs Support" and cublasSetWorkspace).
+    int major = 0;
+    CHECK_CUDA("setup", cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, ctx.device));
+    S->blas_ws_bytes = static_cast<size_t>(major >= 9 ? 32 : 4) << 20;
+    CHECK_CUDA("allocation of the cuBLAS workspace (compute stream)", cudaMalloc(&S->blas_ws_compute, S->blas_ws_bytes));
+    S->owned.push_back(S->blas_ws_compute);
+  }
   CHECK_CUDA("setup", cudaEventCreateWithFlags(&S->ev_ol_sch_overlap_layer_start, cudaEventDisableTiming));
   for (auto& ev : S->ev_ol_sch_overlap_layer_done) CHECK_CUDA("setup", cudaEventCreateWithFlags(&ev, cudaEventDisableTiming));
   for (auto& ev : S->ev_ol_sch_overlap_layer[0]) CHECK_CUDA("setup", cudaEventCreateWithFlags(&ev, cudaEventDisableTiming));
@@ -543,9 +581,10 @@ void run(State* S, const Ctx& ctx, const Params& P) {
     // chunk k of layer on the compute stream
     if (ctx.pp == 0) {
       {
-        // row-major C[1024x12288] = A[1024x1536] B[1536x12288] is column-major C^T = B^T A^T
-        const float alpha = 1, beta = 0;
         CHECK_CUBLAS("layer", cublasSetStream(ctx.blas, S->compute));
+        CHECK_CUBLAS("layer", cublasSetWorkspace(ctx.blas, S->blas_ws_compute, S->blas_ws_bytes));  // (cublasSetStream reset it)
+        const float alpha = 1, beta = 0;
+        // row-major C[1024x12288] = A[1024x1536] B[1536x12288] is column-major C^T = B^T A^T
         CHECK_CUBLAS("layer", cublasGemmEx(ctx.blas, CUBLAS_OP_N, CUBLAS_OP_N, 12288, 1024, 1536, &alpha, B.in_sch_w, CUDA_R_16F, 12288, B.in_sch_x + (1572864 * k), CUDA_R_16F, 1536, &beta, B.v_sch_layer + (12582912 * k), CUDA_R_16F, 12288, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
       }
 
@@ -580,7 +619,14 @@ void run(State* S, const Ctx& ctx, const Params& P) {
   (void)tp;
 }
 
-cudaStream_t stream(const State* S) { return S->main; }
+cudaStream_t stream(const State* S) {
+  return S->main;
+}
+
+const char* lowering(const State* S) {
+  (void)S;
+  return "nccl";
+}
 
 const void* output(const State* S, int k) {
   if (k == 0) return S->B.v_sch_out;
