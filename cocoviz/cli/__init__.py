@@ -307,7 +307,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     frozen = gc.get_freeze_count()
     gc.set_threshold(*GC_THRESHOLD)
     try:
-        return _main(argv)
+        code = int(ExitCode.INTERNAL)
+        with contextlib.suppress(OSError), _patient("stderr"):  # a diagnostic that cannot
+            code = _main(argv)  # be written changes no exit code
+        return code
     finally:
         gc.set_threshold(*threshold)
         if not frozen:  # what `load_args_program` froze (a caller's freeze is kept)
@@ -330,7 +333,7 @@ def _main(argv: Sequence[str] | None) -> int:
         if handler is None:
             parser.print_help()
             return ExitCode.USAGE
-        with _patient_stdout(), _inputs_remembered(args):
+        with _patient("stdout"), _inputs_remembered(args):
             if getattr(args, "bounded", False):
                 return _without_collector(handler, args)
             return int(handler(args))
@@ -407,10 +410,12 @@ class _PatientWriter(io.RawIOBase):
 
 
 @contextlib.contextmanager
-def _patient_stdout() -> Iterator[None]:
-    """Standard output through `_PatientWriter` when its descriptor is non-blocking (a
-    parent such as node or an editor may leave it so); otherwise as it is."""
-    old = sys.stdout
+def _patient(name: str) -> Iterator[None]:
+    """`sys.<name>` (stdout or stderr) through `_PatientWriter` while the block runs when
+    its descriptor is non-blocking (a parent such as node or an editor may leave it so);
+    otherwise as it is. What the block wrote is flushed at its end (an error doing so
+    is raised there, so that `_main` reports it as it reports any write error)."""
+    old = getattr(sys, name)
     try:
         fd = old.fileno()
         blocking = not fcntl.fcntl(fd, fcntl.F_GETFL) & os.O_NONBLOCK
@@ -426,12 +431,12 @@ def _patient_stdout() -> Iterator[None]:
         errors=old.errors,
         line_buffering=bool(getattr(old, "line_buffering", False)),
     )
-    sys.stdout = new
+    setattr(sys, name, new)
     try:
         yield
         new.flush()
     finally:
-        sys.stdout = old
+        setattr(sys, name, old)
         with contextlib.suppress(OSError, ValueError):
             new.flush()
         new.detach()
