@@ -82,6 +82,10 @@ def test_trace_over_a_file_cocoviz_did_not_write_needs_force(tmp_path: Path) -> 
 # --- devices, FIFOs and links are written through ----------------------------------------------
 
 
+# The system's /dev/null is never a destination here: a regression (or this file run
+# against an older cocoviz, as root) would replace it with a regular file and break every
+# program on the machine that writes to it. A device node made in the test's directory
+# is the same device.
 def _mknod_null(path: Path) -> None:
     try:
         os.mknod(path, 0o666 | stat.S_IFCHR, os.makedev(1, 3))
@@ -103,12 +107,6 @@ def test_tune_output_on_a_device_node_keeps_the_device(tmp_path: Path) -> None:
     rc, _, err = run("tune", "sgd", "--top", "1", "-o", str(null), "--force")
     assert rc == 0, err
     assert stat.S_ISCHR(os.lstat(null).st_mode)
-
-
-def test_dev_null_is_written_through() -> None:
-    rc, _, err = run("simulate", "sgd", "--trace", "/dev/null")
-    assert rc == 0, err
-    assert stat.S_ISCHR(os.lstat("/dev/null").st_mode)
 
 
 def test_trace_through_a_link_to_stdout_reaches_the_pipe(tmp_path: Path) -> None:
