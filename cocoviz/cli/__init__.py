@@ -36,6 +36,7 @@ COMMAND_MODULES = (
     "cocoviz.cli.inspect",
     "cocoviz.cli.schedule",
     "cocoviz.cli.sim",
+    "cocoviz.cli.calibrate",
     "cocoviz.cli.emit",
     "cocoviz.cli.run",
     "cocoviz.cli.tui",

@@ -470,9 +470,10 @@ def _alg_bw(hw: Hardware, coll: Coll, topo: _Topo, algo: Algo, proto: Proto, nby
     if coll is Coll.ALLTOALL:
         return _alltoall_alg_bw(hw, topo, proto)
     if algo is Algo.P2P:
-        # One send/recv pair over NVLink runs below the ring's rate (fewer channels per
-        # peer); measured ~0.8 of it (hw.nccl.measured.p2p_nvlink_efficiency).
-        if topo.nnodes == 1 and hw.node.intra_link is Link.NVLINK:
+        # One send/recv pair inside a node runs below the ring's rate: over NVLink on fewer
+        # channels per peer (measured ~0.8 of it), between CPU ranks through MPI's copies
+        # (hw.nccl.measured.p2p_nvlink_efficiency, fitted by calibrate --local).
+        if topo.nnodes == 1:
             return bus * hw.nccl.measured.p2p_nvlink_efficiency
         return bus
     return bus * n / _nsteps(coll, n)
@@ -521,7 +522,7 @@ def _latency_us(
     c = hw.nccl
     m = c.measured
     intra_link = hw.node.intra_link
-    base = c.base_latency_us[algo][proto] * (m.base_latency_scale if measured else 1.0)
+    base = c.base_latency_us[algo][proto] * (m.base_latency_scale[proto] if measured else 1.0)
     intra = c.hw_latency(intra_link)[algo][proto] * (m.hop_latency_scale if measured else 1.0)
     net_hop = m.net_hop_latency_us if measured else 0.0
     inter_algo = Algo.TREE if topo.ranks_per_node == 1 and algo is not Algo.P2P else algo
@@ -532,7 +533,11 @@ def _latency_us(
     if algo is Algo.P2P and coll is Coll.ALLTOALL:
         # [D] one p2p handshake, then a hop of latency per further peer (NCCL schedules
         # the peers of a grouped send/recv in rounds over its p2p channels).
-        hops = (topo.ranks_per_node - 1) * intra + (topo.nranks - topo.ranks_per_node) * (
+        # With Simple the peers' messages run side by side on their own channels: one
+        # hop inside the node (aiconfigurator's H100 sweeps: ~12 µs at 32 KiB per peer on
+        # 2, 4 and 8 GPUs alike).
+        peers = topo.ranks_per_node - 1 if proto is Proto.LL else min(1, topo.ranks_per_node - 1)
+        hops = peers * intra + (topo.nranks - topo.ranks_per_node) * (
             inter if nodes > 1 else 0.0
         ) / max(1, topo.ranks_per_node)
         return base + hops
@@ -582,21 +587,35 @@ correction; p2p and the symmetric kernels have none)."""
 _MIB = float(1 << 20)
 
 
-def _fill_bytes(hw: Hardware, algo: Algo, nbytes: int) -> float:
+def _fill_bytes(
+    hw: Hardware,
+    algo: Algo,
+    nbytes: int,
+    proto: Proto = Proto.SIMPLE,
+    coll: Coll | None = None,
+    nnodes: int = 1,
+) -> float:
     """Pipeline fill and drain that NCCL's model leaves out, as extra bytes at the call's
     own rate, fitted to measured sweeps: ``D · S / (S + S_f)``. Below ``S_f`` it grows
     with the size (a lower mid-size bandwidth); above it the pipeline is full and it costs
-    a fixed ``D`` bytes' time. [fit]"""
-    family = _FILL_ALGOS.get(algo)
-    if family is None or nbytes <= 0:
-        return 0.0
+    a fixed ``D`` bytes' time. [fit] A tree across nodes (tree, NVLS_TREE) fills once more
+    per level it climbs and descends: ``2·⌊log2 nodes⌋ · D_net · S / (S + S_net)``."""
     m = hw.nccl.measured
+    extra = 0.0
+    if algo in (Algo.TREE, Algo.NVLS_TREE) and nnodes > 1 and nbytes > 0:
+        levels = 2 * int(math.log2(nnodes))
+        extra = levels * m.net_fill_mib * _MIB * nbytes / (nbytes + m.net_fill_half_mib * _MIB)
+    family = _FILL_ALGOS.get(algo)
+    if algo is Algo.P2P and proto is Proto.SIMPLE and coll is Coll.ALLTOALL:
+        family = "ring"  # the same Simple FIFO pipeline
+    if family is None or nbytes <= 0:
+        return extra
     depth, half = (
         (m.ring_fill_mib, m.ring_fill_half_mib)
         if family == "ring"
         else (m.nvls_fill_mib, m.nvls_fill_half_mib)
     )
-    return depth * _MIB * nbytes / (nbytes + half * _MIB)
+    return extra + depth * _MIB * nbytes / (nbytes + half * _MIB)
 
 
 def _congestion(hw: Hardware, topo: _Topo, algo: Algo) -> float:
@@ -681,7 +700,8 @@ def _cost(hw: Hardware, coll: Coll, nbytes: int, topo: _Topo, algo: Algo, proto:
     if proto is Proto.LL:
         rate *= hw.nccl.measured.ll_bw_scale
     rate = min(rate, _memory_alg_bw(hw, coll, topo, nbytes))
-    transfer_s = (nbytes + _fill_bytes(hw, algo, nbytes)) / (rate * 1e9)
+    fill = _fill_bytes(hw, algo, nbytes, proto, coll, topo.nnodes)
+    transfer_s = (nbytes + fill) / (rate * 1e9)
     link = Link.NET if topo.nnodes > 1 else hw.node.intra_link
     return CollCost(
         coll=coll,
@@ -767,8 +787,23 @@ def _candidates(
         a, p = (simple or pairs)[0]
         return (_zero_cost(c, nbytes, topo, a, p, hw),)
     costs = [_cost(hw, c, nbytes, topo, a, p) for a, p in pairs]
+    if c in (Coll.SENDRECV, Coll.ALLTOALL):
+        # NCCL's p2p has no tuner entry: LL up to P2P_LL_THRESHOLD bytes per peer.
+        return tuple(sorted(costs, key=lambda k: _p2p_rank(k, topo)))
     # NCCL runs the entry its own model ranks cheapest, whatever it then takes.
     return tuple(sorted(costs, key=lambda k: k.tuner_time_s))
+
+
+P2P_LL_THRESHOLD = 16384
+"""NCCL's ``NCCL_P2P_LL_THRESHOLD`` default: a send/recv runs LL while its bytes per peer
+are at most this many per channel, and it takes a channel per 64 KiB from 64 KiB on, so
+LL ends at 16 KiB per peer (``src/enqueue.cc``) [V]."""
+
+
+def _p2p_rank(cost: CollCost, topo: _Topo) -> tuple[int, float]:
+    per_peer = cost.nbytes // topo.nranks if cost.coll is Coll.ALLTOALL else cost.nbytes
+    wanted = Proto.LL if per_peer <= P2P_LL_THRESHOLD else Proto.SIMPLE
+    return (0 if cost.proto is wanted else 1, cost.tuner_time_s)
 
 
 def _zero_cost(c: Coll, nbytes: int, topo: _Topo, a: Algo, p: Proto, hw: Hardware) -> CollCost:

@@ -206,12 +206,18 @@ class MeasuredSpec:
     """A send/recv pair's NVLink rate ÷ the ring's bus bandwidth."""
     net_congestion: float
     """Network bandwidth lost per doubling of the node count beyond two."""
-    base_latency_scale: float = 1.0
-    """Measured fixed cost of a call ÷ NCCL's ``baseLat`` (1: NCCL's constant)."""
+    base_latency_scale: PerProto = PerProto(1.0, 1.0, 1.0)
+    """Measured fixed cost of a call ÷ NCCL's ``baseLat``, per protocol (1: NCCL's
+    constant; a profile may give one number for all three)."""
     net_hop_latency_us: float = 0.0
     """Measured latency of one inter-node step beyond NCCL's ``hwLat[NET]``, µs: the
     switch hops and queues of the fabric, paid per network step of a ring, twice per
     level of a tree."""
+    net_fill_mib: float = 0.0
+    """Pipeline fill of a tree across nodes per level climbed or descended, MiB at the
+    call's rate (the form of the ring fill)."""
+    net_fill_half_mib: float = 8.0
+    """Size at which that fill reaches half its depth, MiB."""
     ll_bw_scale: float = 1.0
     """Measured LL bandwidth ÷ NCCL's LL estimate (``min(llMaxBw, busBw/2)``): NCCL's cap
     ranks LL, the wire decides what it carries."""
@@ -656,6 +662,18 @@ def _choices(t: _Table, key: str, kind: Any, exclude: Any = None) -> tuple[Any, 
     return tuple(dict.fromkeys(out))
 
 
+def _per_proto_or_one(t: _Table, key: str, default: float) -> PerProto:
+    """An optional per-protocol field: absent (``default``), one number for all three
+    protocols, or ``[LL, LL128, Simple]``."""
+    if key not in t.data:
+        return PerProto(default, default, default)
+    if isinstance(t.data[key], list):
+        ll, ll128, simple = t.numbers(key, 3, zero=False)
+        return PerProto(ll, ll128, simple)
+    one = t.number(key)
+    return PerProto(one, one, one)
+
+
 def _per_proto(t: _Table, key: str) -> PerProto:
     ll, ll128, simple = t.numbers(key, 3)
     return PerProto(ll, ll128, simple)
@@ -785,13 +803,13 @@ def _build(raw: dict[str, Any], where: str) -> Hardware:
         nvls_fill_half_mib=m.number("nvls_fill_half_mib"),
         p2p_nvlink_efficiency=m.fraction("p2p_nvlink_efficiency"),
         net_congestion=m.number("net_congestion", high=0.5, zero=True),
-        base_latency_scale=(
-            m.number("base_latency_scale") if "base_latency_scale" in m.data else 1.0
-        ),
+        base_latency_scale=_per_proto_or_one(m, "base_latency_scale", 1.0),
         net_hop_latency_us=(
             m.number("net_hop_latency_us", zero=True) if "net_hop_latency_us" in m.data else 0.0
         ),
         ll_bw_scale=m.number("ll_bw_scale") if "ll_bw_scale" in m.data else 1.0,
+        net_fill_mib=m.number("net_fill_mib", zero=True) if "net_fill_mib" in m.data else 0.0,
+        net_fill_half_mib=(m.number("net_fill_half_mib") if "net_fill_half_mib" in m.data else 8.0),
     )
     m.done()
     nccl = NcclSpec(

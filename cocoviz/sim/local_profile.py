@@ -1,0 +1,385 @@
+"""A ``cpu-mpi`` profile of this machine: what ``cocoviz calibrate --local`` fits.
+
+The ranks of the emitted CPU target (``emit --target cpu``) are processes of one core
+each (``OMP_NUM_THREADS=1``), whose collectives copy through shared memory and whose
+point-to-point sends are MPI messages. The cost model prices them as it prices GPUs: a
+rank is a "GPU" of one SM (``gpu.arch = "cpu"``), its memory is ``gpu.hbm_gbps``, the
+shared memory between ranks is the intra-node link (``intra_link = "pci"``,
+``node.pci_gbps``), and collectives run as NCCL's ring with the Simple protocol
+(``nccl.algorithms = ["ring"]``, ``protocols = ["Simple"]``), each of its wire bytes read
+and written in memory ``overlap.hbm_bytes_per_{reduce,copy}_byte`` times (a reduce-scatter
+of T ranks reads T blocks and writes one: (T+1)/(T−1) per wire byte; an allgather reads
+and writes each: 2). A collective holds the rank's one core, so computation issued beside
+it barely advances (``channels = 1`` of ``sms = 1``).
+
+``MICRO`` are the micro-runs: small programs, each exercising one thing — the CPU
+target's elementwise kernel in memory (f32, f16) and in cache with transcendental work,
+its GEMM (f32, f16), allreduce small and large, reduce-scatter, allgather, and a
+point-to-point send small and large. ``cocoviz calibrate --local`` emits, builds (once,
+cached) and times each, then ``fit_local`` moves the profile's rates and latencies until
+``simulate`` of every micro program predicts its measured step time: the fit runs the
+whole model (kernels, GEMMs, collectives, streams) exactly as ``cocoviz simulate --hw``
+will. ``local_profile_toml`` writes the result as a complete profile.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import platform
+import tempfile
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+
+from cocoviz.ir.lower import load_program
+from cocoviz.ir.nodes import Program
+from cocoviz.sim.calibrate import Calibration, Knob, Measured, fit_samples
+from cocoviz.sim.hardware import Hardware, load_profile
+from cocoviz.sim.timeline import makespan
+
+__all__ = [
+    "MICRO",
+    "MicroProgram",
+    "MicroSample",
+    "fit_local",
+    "local_knobs",
+    "local_profile_toml",
+    "micro_program",
+    "starting_profile",
+]
+
+
+@dataclass(frozen=True)
+class MicroProgram:
+    """One micro-run: a program of the CPU target and what its time measures."""
+
+    name: str
+    measures: str
+    text: str
+    """The program, with ``{ranks}`` (and, for a send, ``{pp}``) to fill in."""
+    pipeline: bool = False
+    """A send between two pipeline stages (ranks tp=ranks/2, pp=2)."""
+
+
+_MIB_F32 = 1 << 20
+
+MICRO: tuple[MicroProgram, ...] = (
+    MicroProgram(
+        "ew_f32",
+        "elementwise f32 kernel over 16 MiB: memory bandwidth",
+        "program micro_ew_f32\nranks {ranks}\ndim N = 4194304\ninput x : f32[N] local\n"
+        "y = x * 1.5 + 0.5\noutput y\n",
+    ),
+    MicroProgram(
+        "ew_f16",
+        "elementwise f16 kernel over 8 MiB: conversions and memory",
+        "program micro_ew_f16\nranks {ranks}\ndim N = 4194304\ninput x : f16[N] local\n"
+        "y = x * 1.5 + 0.5\noutput y\n",
+    ),
+    MicroProgram(
+        "ew_math",
+        "elementwise f32 kernel in cache with sqrt, division and dropout: arithmetic rate",
+        "program micro_ew_math\nranks {ranks}\ndim N = 65536\ninput x : f32[N] local\n"
+        "y = dropout(x, 0.1) * 0.9 + sqrt(x * x + 1.0) / (x + 2.0)\noutput y\n",
+    ),
+    MicroProgram(
+        "gemm_f32",
+        "GEMM f32 [256, 256] x [256, 256]",
+        "program micro_gemm_f32\nranks {ranks}\ndim M = 256, K = 256, N = 256\n"
+        "input a : f32[M, K] local\ninput b : f32[K, N] local\ny = matmul(a, b)\noutput y\n",
+    ),
+    MicroProgram(
+        "gemm_f16",
+        "GEMM f16 [256, 256] x [256, 256]",
+        "program micro_gemm_f16\nranks {ranks}\ndim M = 256, K = 256, N = 256\n"
+        "input a : f16[M, K] local\ninput b : f16[K, N] local\ny = matmul(a, b)\noutput y\n",
+    ),
+    MicroProgram(
+        "allreduce_small",
+        "allreduce of 1 KiB: a collective's fixed cost",
+        "program micro_allreduce_small\nranks {ranks}\ndim N = 256\ninput g : f32[N] local\n"
+        "s = allreduce(+, g)\noutput s\n",
+    ),
+    MicroProgram(
+        "allreduce_large",
+        "allreduce of 16 MiB (reduce-scatter + allgather through shared memory)",
+        "program micro_allreduce_large\nranks {ranks}\ndim N = 4194304\n"
+        "input g : f32[N] local\ns = allreduce(+, g)\noutput s\n",
+    ),
+    MicroProgram(
+        "reducescatter_large",
+        "reduce-scatter of 16 MiB",
+        "program micro_reducescatter_large\nranks {ranks}\ndim N = 4194304\n"
+        "input g : f32[N] local\ns = reducescatter(+, g)\noutput s\n",
+    ),
+    MicroProgram(
+        "allgather_large",
+        "allgather to 16 MiB",
+        "program micro_allgather_large\nranks {ranks}\ndim N = 4194304\n"
+        "input x : f32[N] sliced(0)\ns = allgather(x)\noutput s\n",
+    ),
+    MicroProgram(
+        "send_small",
+        "point-to-point send of 1 KiB between pipeline stages: MPI's fixed cost",
+        "program micro_send_small\nranks tp={tp}, pp=2\ndim N = 256\n"
+        "input x : f32[N] replicated\nr = send(x)\noutput r\n",
+        pipeline=True,
+    ),
+    MicroProgram(
+        "send_large",
+        "point-to-point send of 16 MiB between pipeline stages",
+        "program micro_send_large\nranks tp={tp}, pp=2\ndim N = 4194304\n"
+        "input x : f32[N] replicated\nr = send(x)\noutput r\n",
+        pipeline=True,
+    ),
+)
+"""The micro-runs of ``calibrate --local`` (module docstring)."""
+
+
+def micro_text(micro: MicroProgram, ranks: int) -> str:
+    """The program of a micro-run on ``ranks`` ranks (a send: ranks/2 per stage)."""
+    return micro.text.format(ranks=ranks, tp=max(1, ranks // 2))
+
+
+@cache
+def micro_program(name: str, ranks: int) -> Program:
+    micro = next(m for m in MICRO if m.name == name)
+    return load_program(micro_text(micro, ranks), f"<{name}>")
+
+
+@dataclass(frozen=True)
+class MicroSample:
+    """A micro-run's measured step time."""
+
+    name: str
+    ranks: int
+    time_s: float
+
+    @property
+    def label(self) -> str:
+        return self.name
+
+
+def _simulated(hw: Hardware, s: Measured) -> float:
+    assert isinstance(s, MicroSample)
+    return makespan(micro_program(s.name, s.ranks), hw)
+
+
+# ---------------------------------------------------------------------------------------
+# The profile
+
+
+def _cpu_vendor() -> str:
+    try:
+        text = Path("/proc/cpuinfo").read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return "other"
+    return "amd" if "AuthenticAMD" in text else "intel" if "GenuineIntel" in text else "other"
+
+
+_ZERO_ALGOS = "tree = [0.0, 0.0, 0.0]\nnvls = [0.0, 0.0, 0.0]\nnvls_tree = [0.0, 0.0, 0.0]\npat = [0.0, 0.0, 0.0]"
+
+
+def _toml(values: Mapping[str, object]) -> str:
+    """The whole profile as TOML, from the values the fit works on."""
+    v = dict(values)
+    rates = "\n".join(
+        f"{d} = {v['matmul_' + d]:.6g}" for d in ("f16", "bf16", "f32", "f64", "i32", "i64")
+    )
+    vectors = "\n".join(
+        f"{d} = {v['vector_' + d]:.6g}" for d in ("f16", "bf16", "f32", "f64", "i32", "i64")
+    )
+    return f"""name = "{v["name"]}"
+description = "{v["description"]}"
+
+[gpu]                          # one rank: one CPU core (run.sh sets OMP_NUM_THREADS=1)
+arch = "cpu"
+sms = 1
+hbm_gbps = {v["hbm_gbps"]:.6g}
+launch_overhead_us = {v["kernel_gap_us"]:.6g}
+kernel_gap_us = {v["kernel_gap_us"]:.6g}
+
+[gpu.matmul_tflops]
+{rates}
+
+[gpu.vector_tflops]
+{vectors}
+
+[gpu.efficiency]               # the rates above are what the micro-runs achieved
+matmul = 1.0
+matmul_k_half = 0.0
+matmul_tiles = [[1, 1, 1.0]]
+vector = 1.0
+hbm = [[1.0e3, 1.0], [1.0e12, 1.0]]
+hbm_floor = 1.0
+
+[node]                         # the ranks of one machine; shared memory is the link
+gpus_per_node = {v["ranks"]}
+cpu_vendor = "{v["cpu_vendor"]}"
+intra_link = "pci"
+nvlink_links = 0
+nvlink_link_gbps = 0.0
+pci_gbps = {v["pci_gbps"]:.6g}
+nics_per_node = 1
+nic_gbps = 1.0
+net_efficiency = 1.0
+
+[nccl]                         # MPI in NCCL's terms: a ring, one protocol, one channel
+version = "2.29.2"
+launch_us = 0.0
+algorithms = ["ring"]
+protocols = ["Simple"]
+channels = 1
+ring_plateau = 1.0
+net_overhead_us = 0.0
+net_latency_us = 0.0
+nvls = false
+nvls_efficiency = 0.0
+nvls_channels = 0
+nvls_min_ranks = 2
+collnet = false
+pat = false
+symmetric = false
+
+[nccl.base_latency_us]         # a collective's fixed cost (the exchange and barrier around it)
+ring = [{v["base_us"]:.6g}, {v["base_us"]:.6g}, {v["base_us"]:.6g}]
+{_ZERO_ALGOS}
+
+[nccl.hw_latency_us.nvlink]
+ring = [0.0, 0.0, 0.0]
+{_ZERO_ALGOS}
+
+[nccl.hw_latency_us.pci]       # per ring step
+ring = [{v["hop_us"]:.6g}, {v["hop_us"]:.6g}, {v["hop_us"]:.6g}]
+{_ZERO_ALGOS}
+
+[nccl.hw_latency_us.net]
+ring = [0.0, 0.0, 0.0]
+{_ZERO_ALGOS}
+
+[nccl.measured]
+hop_latency_scale = 1.0
+channel_gbps = 1.0e6
+ring_fill_mib = 0.0
+ring_fill_half_mib = 1.0
+nvls_fill_mib = 0.0
+nvls_fill_half_mib = 1.0
+p2p_nvlink_efficiency = {v["p2p_efficiency"]:.6g}
+net_congestion = 0.0
+
+[overlap]                      # a collective holds the rank's core
+compute_slowdown_nvlink = 0.9
+compute_slowdown_net = 0.9
+hbm_bytes_per_reduce_byte = {v["reduce_bytes"]:.6g}
+hbm_bytes_per_copy_byte = 2.0
+
+[device]
+peer_gbps = {v["pci_gbps"]:.6g}
+barrier_us = {v["base_us"]:.6g}
+"""
+
+
+def starting_profile(ranks: int, *, name: str | None = None) -> Hardware:
+    """A cpu-mpi profile with typical values of one server core [A], the fit's start."""
+    host = platform.node() or "localhost"
+    values: dict[str, object] = {
+        "name": name or f"cpu-mpi-{host}",
+        "description": f"{ranks} MPI ranks of one core each on {host} (cocoviz calibrate --local)",
+        "ranks": ranks,
+        "cpu_vendor": _cpu_vendor(),
+        "hbm_gbps": 8.0,
+        "kernel_gap_us": 2.0,
+        "pci_gbps": 8.0,
+        "base_us": 10.0,
+        "hop_us": 2.0,
+        "p2p_efficiency": 1.0,
+        "reduce_bytes": (ranks + 1) / (ranks - 1) if ranks > 1 else 3.0,
+    }
+    for d, rate in (
+        ("f16", 0.004),
+        ("bf16", 0.004),
+        ("f32", 0.008),
+        ("f64", 0.004),
+        ("i32", 0.008),
+        ("i64", 0.004),
+    ):
+        values["matmul_" + d] = rate
+        values["vector_" + d] = rate
+    with tempfile.TemporaryDirectory(prefix="cocoviz-local-") as tmp:
+        path = Path(tmp) / "cpu-mpi.toml"
+        path.write_text(_toml(values), encoding="utf-8")
+        hw = load_profile(path)
+    return dataclasses.replace(hw, source=f"<cpu-mpi {ranks} ranks>")
+
+
+def local_knobs() -> tuple[Knob, ...]:
+    """What the micro-runs fit: memory, arithmetic and GEMM rates, the per-kernel gap, the
+    shared-memory link, a collective's fixed and per-step cost, and MPI's send rate."""
+    return (
+        Knob("gpu.hbm_gbps", 0.05, 1000.0),
+        Knob("gpu.vector_tflops.f32", 1e-6, 10.0),
+        Knob("gpu.vector_tflops.f16", 1e-6, 10.0),
+        Knob("gpu.matmul_tflops.f32", 1e-6, 10.0),
+        Knob("gpu.matmul_tflops.f16", 1e-6, 10.0),
+        Knob("gpu.kernel_gap_us", 0.0, 10000.0, log=False, scale=1.0),
+        Knob("node.pci_gbps", 0.05, 1000.0),
+        Knob("nccl.measured.base_latency_scale.simple", 0.001, 1000.0),
+        Knob("nccl.measured.hop_latency_scale", 0.001, 1000.0),
+        Knob("nccl.measured.p2p_nvlink_efficiency", 0.01, 1.0),
+    )
+
+
+def fit_local(times: Mapping[str, float], ranks: int, *, name: str | None = None) -> Calibration:
+    """Fit a cpu-mpi profile to the micro-runs' measured step times (seconds, by name)."""
+    unknown = sorted(set(times) - {m.name for m in MICRO})
+    if unknown:
+        raise ValueError(f"unknown micro-runs: {', '.join(unknown)}")
+    base = starting_profile(ranks, name=name)
+    samples = [MicroSample(n, ranks, t) for n, t in times.items()]
+    return fit_samples(samples, base, local_knobs(), time_of=_simulated, iterations=60)
+
+
+def local_profile_toml(cal: Calibration, ranks: int, measured: Sequence[tuple[str, float]]) -> str:
+    """The fitted profile as a complete TOML file, with what was measured in its header."""
+    hw = cal.hardware
+    base_us = hw.nccl.base_latency_us.ring.simple * hw.nccl.measured.base_latency_scale.simple
+    hop_us = hw.nccl.hw_latency_us[1].ring.simple * hw.nccl.measured.hop_latency_scale
+    values: dict[str, object] = {
+        "name": hw.name,
+        "description": hw.description,
+        "ranks": ranks,
+        "cpu_vendor": hw.node.cpu_vendor,
+        "hbm_gbps": hw.gpu.hbm_gbps,
+        "kernel_gap_us": hw.gpu.kernel_gap_us,
+        "pci_gbps": hw.node.pci_gbps,
+        "base_us": base_us,
+        "hop_us": hop_us,
+        "p2p_efficiency": hw.nccl.measured.p2p_nvlink_efficiency,
+        "reduce_bytes": hw.overlap.hbm_bytes_per_reduce_byte,
+    }
+    mm, vec = hw.gpu.matmul_tflops, hw.gpu.vector_tflops
+    tied = {"bf16": "f16", "f64": "f32", "i32": "f32", "i64": "f32"}
+    for d in ("f16", "bf16", "f32", "f64", "i32", "i64"):
+        src = tied.get(d, d)
+        scale = 0.5 if d == "f64" else 1.0
+        values["matmul_" + d] = getattr(mm, src) * scale
+        values["vector_" + d] = getattr(vec, src) * scale
+    med, worst = cal.summary()
+    header = [
+        "# Written by `cocoviz calibrate --local`: a cpu-mpi profile of this machine, fitted so",
+        "# that `cocoviz simulate` of each micro-run predicts its measured step time.",
+        f"# {ranks} ranks; step-time error after the fit: median {med:.1%}, max {worst:.1%}.",
+        "# micro-run                measured     fitted",
+    ]
+    fitted = {r.sample.label: r.model_time_s for r in cal.residuals}
+    for label, t in measured:
+        header.append(
+            f"#   {label:<22} {t * 1e6:>9.1f} us {fitted.get(label, math.nan) * 1e6:>9.1f} us"
+        )
+    header.append(
+        "# bf16 runs at the f16 rates (both widened to f32), f64 at half the f32 rate and "
+        "integers at the f32 rate [A]."
+    )
+    return "\n".join(header) + "\n\n" + _toml(values)
