@@ -65,8 +65,8 @@ async def test_the_palette_opens_a_sample_by_name(tmp_path) -> None:  # type: ig
         assert "moe_layer.coco" in str(app.query_one("#left").border_title)
         # The palette now finds the new program's steps.
         await pilot.press("escape")
-        found = await _search(pilot, "step")
-        assert found and all(f.startswith("step ") for f in found[:3]), found
+        found = await _search(pilot, "step overlap(y")
+        assert found and found[0].startswith("step overlap(y, "), found
 
 
 @run_async

@@ -93,10 +93,20 @@ def test_command_palette(snap_compare, tmp_path, size) -> None:  # type: ignore[
 
     async def before(pilot):  # type: ignore[no-untyped-def]
         await settle(pilot)
-        await pilot.press("ctrl+p", *"step")
-        # The palette searches in the background: wait until its list stops changing.
-        for _ in range(10):
+        # steps and actions both match: the steps with their predicted times
+        await pilot.press("ctrl+p", *"step overlap")
+        # The palette searches in the background (the steps' times in a thread): wait
+        # until its list has the three steps and stops changing.
+        from textual.command import CommandList
+
+        seen: list[str] = []
+        for _ in range(100):
             await pilot.pause(0.1)
+            results = pilot.app.screen.query_one(CommandList)
+            now = [str(results.get_option_at_index(i).prompt) for i in range(results.option_count)]
+            if len(now) >= 3 and now == seen:
+                break
+            seen = now
         pilot.app.screen.query_one(Input).cursor_blink = False  # no clock in the picture
         await settle(pilot)
 

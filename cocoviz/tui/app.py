@@ -774,7 +774,17 @@ class CocovizApp(KeyModel):
             self.query_one(SourceEditor).set_text(saved.source)
             self._start_parse(saved.source, steps=list(saved.steps))
 
-        self.push_screen(RestoreDialog(self.wb.source.label, saved.describe()), restore)
+        given = self.wb.source.steps
+        if given:
+            replaces = f"the {len(given)} step(s) given with --schedule ({', '.join(given)})"
+            keep = "Keep --schedule (d)"
+        else:
+            replaces = f"{self.wb.source.label} as it was opened, unscheduled"
+            keep = ""
+        if saved.source != self.wb.source.text:
+            replaces += ", and the text with the autosaved edits"
+        dialog = RestoreDialog(self.wb.source.label, saved.describe(), replaces, keep)
+        self.push_screen(dialog, restore)
 
     # --- workers -----------------------------------------------------------------------
     def on_worker_state_changed(self, event: Worker.StateChanged) -> None:

@@ -26,6 +26,8 @@ class PathDialog(ModalScreen[str | None]):
 
     BINDINGS = [Binding("escape", "cancel", "Cancel")]
     DEFAULT_CSS = DIALOG_CSS.format(name="PathDialog")
+    AUTO_FOCUS = "#path"
+    """The name is typed at once (enter saves)."""
 
     def __init__(self, title: str, default: str, ok_label: str = "Save") -> None:
         super().__init__()
@@ -53,26 +55,34 @@ class PathDialog(ModalScreen[str | None]):
 
 
 class RestoreDialog(ModalScreen[bool]):
-    """Offer back an autosaved session; True restores it."""
+    """Offer back an autosaved session, saying what restoring it would replace; True
+    restores it. Keeping what was opened is the default (escape, d, the focused
+    button), so steps given with `--schedule` win unless the user chooses otherwise."""
 
     BINDINGS = [
         Binding("r", "restore", "Restore"),
-        Binding("escape,d", "discard", "Discard"),
+        Binding("escape,d,k", "discard", "Keep"),
     ]
     DEFAULT_CSS = DIALOG_CSS.format(name="RestoreDialog")
+    AUTO_FOCUS = "#discard"
 
-    def __init__(self, what: str, detail: str) -> None:
+    def __init__(self, what: str, detail: str, replaces: str = "", keep: str = "") -> None:
         super().__init__()
         self.what = what
         self.detail = detail
+        self.replaces = replaces
+        """What restoring replaces (the steps given with --schedule, …)."""
+        self.keep = keep or "Keep what was opened (d)"
 
     def compose(self) -> ComposeResult:
         with Vertical():
             yield Label(f"An autosaved session of {self.what} was found", classes="title")
             yield Label(self.detail)
+            if self.replaces:
+                yield Label(f"Restoring it replaces {self.replaces}.", id="replaces")
             with Horizontal():
-                yield Button("Restore (r)", variant="primary", id="restore")
-                yield Button("Discard (d)", id="discard")
+                yield Button("Restore (r)", id="restore")
+                yield Button(self.keep, variant="primary", id="discard")
 
     @on(Button.Pressed, "#restore")
     def action_restore(self) -> None:
