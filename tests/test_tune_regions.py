@@ -263,6 +263,15 @@ def test_each_samples_ranking_is_the_one_the_tuner_gave_before(tmp_path):
             assert (new.evaluated, new.baseline_s) == (old.evaluated, old.baseline_s)
 
 
+def test_on_a_stack_the_best_beats_the_one_the_tuner_gave_before(tmp_path):
+    # its compute regions ran into the next layer, where their fusions were refused
+    before = _tuner_before(tmp_path)
+    program = _gpt(2)
+    old, new = before.tune(program, HW), tune(program, HW)
+    assert new.best.time_s < old.best.time_s
+    assert any(s.startswith("fuse(l0_yb, l0_yd, x1, l1_xn)") for s in new.best.steps)
+
+
 # ---------------------------------------------------------------------------------------
 # Budget, stop, progress, threads
 
