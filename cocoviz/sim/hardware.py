@@ -203,7 +203,8 @@ class MeasuredSpec:
     nvls_fill_half_mib: float
     """Size at which the NVLS fill reaches half its depth, MiB."""
     p2p_nvlink_efficiency: float
-    """A send/recv pair's NVLink rate ÷ the ring's bus bandwidth."""
+    """A send/recv pair's rate inside a node ÷ the ring's bus bandwidth (NVLink: fewer
+    channels per peer; CPU ranks: MPI's send path against the shared-memory collectives)."""
     net_congestion: float
     """Network bandwidth lost per doubling of the node count beyond two."""
     base_latency_scale: PerProto = PerProto(1.0, 1.0, 1.0)
@@ -801,7 +802,7 @@ def _build(raw: dict[str, Any], where: str) -> Hardware:
         ring_fill_half_mib=m.number("ring_fill_half_mib"),
         nvls_fill_mib=m.number("nvls_fill_mib", zero=True),
         nvls_fill_half_mib=m.number("nvls_fill_half_mib"),
-        p2p_nvlink_efficiency=m.fraction("p2p_nvlink_efficiency"),
+        p2p_nvlink_efficiency=m.number("p2p_nvlink_efficiency", high=4.0),
         net_congestion=m.number("net_congestion", high=0.5, zero=True),
         base_latency_scale=_per_proto_or_one(m, "base_latency_scale", 1.0),
         net_hop_latency_us=(

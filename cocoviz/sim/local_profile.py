@@ -327,8 +327,61 @@ def local_knobs() -> tuple[Knob, ...]:
         Knob("node.pci_gbps", 0.05, 1000.0),
         Knob("nccl.measured.base_latency_scale.simple", 0.001, 1000.0),
         Knob("nccl.measured.hop_latency_scale", 0.001, 1000.0),
-        Knob("nccl.measured.p2p_nvlink_efficiency", 0.01, 1.0),
+        Knob("nccl.measured.p2p_nvlink_efficiency", 0.01, 4.0),
     )
+
+
+_SEEDS = (
+    ("gpu.hbm_gbps", "ew_f32"),
+    ("gpu.vector_tflops.f32", "ew_math"),
+    ("gpu.vector_tflops.f16", "ew_f16"),
+    ("gpu.matmul_tflops.f32", "gemm_f32"),
+    ("gpu.matmul_tflops.f16", "gemm_f16"),
+    ("node.pci_gbps", "allgather_large"),
+    ("nccl.measured.base_latency_scale.simple", "allreduce_small"),
+    ("nccl.measured.p2p_nvlink_efficiency", "send_large"),
+)
+"""Each knob and the micro-run that mostly decides it, in an order where the ones before
+are settled: the joint fit starts from these one-at-a-time solutions (a kernel's time is
+the larger of its memory and its arithmetic time, and a joint step from a poor start can
+settle on the wrong side of that corner)."""
+
+
+def _seed(base: Hardware, times: Mapping[str, float], ranks: int) -> Hardware:
+    """Solve each knob of ``_SEEDS`` alone on its micro-run (bisection in log space)."""
+    knobs = {k.field: k for k in local_knobs()}
+    hw = base
+    for field, name in _SEEDS:
+        if name not in times:
+            continue
+        knob, target = knobs[field], math.log(times[name])
+        sample = MicroSample(name, ranks, times[name])
+
+        def gap(
+            x: float,
+            knob: Knob = knob,
+            sample: MicroSample = sample,
+            hw: Hardware = hw,
+            target: float = target,
+        ) -> float:
+            trial = dataclasses.replace(knob.set(hw, knob.from_x(x)), source=f"<seed {x}>")
+            return math.log(_simulated(trial, sample)) - target
+
+        lo, hi = knob.to_x(max(knob.low, 1e-9)), knob.to_x(knob.high)
+        g_lo, g_hi = gap(lo), gap(hi)
+        if g_lo * g_hi > 0:
+            x = lo if abs(g_lo) < abs(g_hi) else hi
+        else:
+            for _ in range(48):
+                mid = (lo + hi) / 2
+                g_mid = gap(mid)
+                if g_mid * g_lo > 0:
+                    lo, g_lo = mid, g_mid
+                else:
+                    hi = mid
+            x = (lo + hi) / 2
+        hw = knob.set(hw, knob.from_x(x))
+    return dataclasses.replace(hw, source=base.source)
 
 
 def fit_local(times: Mapping[str, float], ranks: int, *, name: str | None = None) -> Calibration:
@@ -336,7 +389,7 @@ def fit_local(times: Mapping[str, float], ranks: int, *, name: str | None = None
     unknown = sorted(set(times) - {m.name for m in MICRO})
     if unknown:
         raise ValueError(f"unknown micro-runs: {', '.join(unknown)}")
-    base = starting_profile(ranks, name=name)
+    base = _seed(starting_profile(ranks, name=name), times, ranks)
     samples = [MicroSample(n, ranks, t) for n, t in times.items()]
     return fit_samples(samples, base, local_knobs(), time_of=_simulated, iterations=60)
 

@@ -1,0 +1,197 @@
+"""The whole cost model against this machine (issue 27, item 4): for every sample and
+schedule, `cocoviz simulate --hw <cpu-mpi profile>` next to the measured step time of the
+program `cocoviz emit --target cpu` writes for it, at the sizes below, on 2 MPI ranks.
+
+Usage: python bench/bench_model_local.py [--profile CPU.toml] [--ranks 2] [--rounds 3]
+           [--samples adam,lamb] [--build-dir DIR] [--json OUT.json]
+
+Without --profile it first runs `cocoviz calibrate --local` (micro-runs of the CPU target:
+elementwise and GEMM throughput, collectives and sends small and large) and uses the
+profile that writes. Each round times every program once (`run.sh --iters N`, N sized to
+~0.2 s a run), interleaved, so that they all see the same machine load; a program's
+measured step time is its median over the rounds. Printed per program: predicted,
+measured, predicted / measured (goal 0.8-1.25); per sample: the pairs of schedules whose
+measured times differ by more than 10%, and how many of them the model orders the same
+way (goal: all).
+
+The programs are the samples at a size a CPU rank runs in milliseconds (SIZES); builds go
+to --build-dir (default $XDG_CACHE_HOME/cocoviz/bench-model-local) and are kept, so a
+second run only measures.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from cocoviz import samples
+from cocoviz.cli import main as cocoviz_main
+from cocoviz.cli.calibrate import build_cpu_program, default_build_dir
+from cocoviz.exec.cpu_timing import run_once
+from cocoviz.ir.lower import RanksOverride, load_file
+from cocoviz.ir.nodes import Program
+from cocoviz.schedule import apply_schedule_arg
+from cocoviz.sim.hardware import Hardware, load_profile
+from cocoviz.sim.timeline import simulate
+
+SIZES: dict[str, tuple[dict[str, int], str | None]] = {
+    "adam": ({"N": 1 << 20}, None),
+    "lamb": ({"N": 1 << 20}, None),
+    "sgd": ({"N": 1 << 20}, None),
+    "megatron_mlp": ({"B": 1, "S": 32, "H": 256}, None),
+    "megatron_attention_out": ({"B": 1, "S": 32, "H": 256}, None),
+    "transformer_block": ({"B": 1, "S": 32, "H": 128}, None),
+    "pipeline_stage": ({"B": 1, "S": 32, "H": 256}, "tp=1,pp=2"),
+    "megatron_sp_block": ({"S": 32, "B": 1, "H": 128}, None),
+    "zero3_layer": ({"T": 64, "H": 256, "F": 256}, None),
+    "moe_layer": ({"P": 4, "R": 2, "T": 16, "E": 2, "C": 8, "H": 128, "F": 256}, None),
+    "ulysses_attention": ({"S": 128, "NH": 4, "D": 32}, None),
+}
+"""Each sample's dimensions here (and its grid where it is not plain tp on --ranks)."""
+
+
+@dataclass
+class Case:
+    sample: str
+    schedule: str  # "" = as written
+    program: Program
+    directory: Path
+    predicted_s: float
+    runs: list[float]
+
+    @property
+    def measured_s(self) -> float:
+        return statistics.median(self.runs)
+
+    @property
+    def ratio(self) -> float:
+        return self.predicted_s / self.measured_s
+
+
+def cases(hw: Hardware, ranks: int, names: list[str], root: Path) -> list[Case]:
+    out: list[Case] = []
+    for name in names:
+        defines, grid = SIZES[name]
+        base = load_file(samples.path(name), defines, RanksOverride.parse(grid or str(ranks)))
+        blocks = [b.name for b in base.schedules]
+        # the program as written, unless a block of no steps already is it
+        plain = [] if any(not b.steps for b in base.schedules) else [""]
+        for schedule in plain + blocks:
+            program = apply_schedule_arg(base, schedule, hw) if schedule else base
+            predicted = simulate(program, hw, warnings=False).makespan
+            directory = root / f"{name}-{schedule or 'as-written'}-{ranks}"
+            out.append(Case(name, schedule, program, directory, predicted, []))
+    return out
+
+
+def pairs(group: list[Case]) -> tuple[int, int, list[str]]:
+    """(agreeing, compared, disagreements) over the schedule pairs whose measured times
+    differ by more than 10%."""
+    agree, total, wrong = 0, 0, []
+    for i, a in enumerate(group):
+        for b in group[i + 1 :]:
+            fast, slow = (a, b) if a.measured_s < b.measured_s else (b, a)
+            if slow.measured_s <= fast.measured_s * 1.10:
+                continue
+            total += 1
+            if fast.predicted_s < slow.predicted_s:
+                agree += 1
+            else:
+                wrong.append(f"{fast.schedule or 'as written'} < {slow.schedule or 'as written'}")
+    return agree, total, wrong
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("--profile", help="a cpu-mpi profile (default: run calibrate --local)")
+    ap.add_argument("--ranks", type=int, default=2)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--samples", default=",".join(SIZES))
+    ap.add_argument("--build-dir", default=None)
+    ap.add_argument("--json", default=None, help="write the figures here")
+    args = ap.parse_args()
+    root = (
+        Path(args.build_dir)
+        if args.build_dir
+        else default_build_dir().with_name("bench-model-local")
+    )
+    profile = args.profile
+    if profile is None:
+        profile = str(Path(tempfile.mkdtemp(prefix="cocoviz-bench-")) / "cpu-mpi.toml")
+        code = cocoviz_main(["calibrate", "--local", "-o", profile, "--ranks", str(args.ranks)])
+        if code != 0:
+            raise SystemExit(f"calibrate --local failed (exit {code})")
+    hw = load_profile(profile)
+    names = [n for n in args.samples.split(",") if n]
+    todo = cases(hw, args.ranks, names, root)
+    for c in todo:
+        print(f"building {c.directory.name}", file=sys.stderr)
+        build_cpu_program(c.program, c.directory, hw)
+    iters = {}
+    for c in todo:
+        first = run_once(c.directory, 1, 1)
+        iters[c.directory] = max(1, min(2000, round(0.2 / max(first, 1e-7))))
+    for r in range(args.rounds):
+        for c in todo:
+            n = iters[c.directory]
+            c.runs.append(run_once(c.directory, n, max(1, n // 10)))
+        print(f"round {r + 1} of {args.rounds} done", file=sys.stderr)
+    report(todo, hw, profile, args)
+
+
+def report(todo: list[Case], hw: Hardware, profile: str, args: argparse.Namespace) -> None:
+    print(f"# {len(todo)} programs on {args.ranks} ranks, profile {profile} ({hw.name}); "
+          f"{args.rounds} rounds, median")  # fmt: skip
+    print("| sample | schedule | predicted | measured | predicted / measured | within 0.8-1.25 |")
+    print("|---|---|---|---|---|---|")
+    for c in todo:
+        ok = "yes" if 0.8 <= c.ratio <= 1.25 else "no"
+        print(f"| {c.sample} | {c.schedule or 'as written'} | {c.predicted_s * 1e3:.3f} ms | "
+              f"{c.measured_s * 1e3:.3f} ms | {c.ratio:.2f} | {ok} |")  # fmt: skip
+    within = sum(0.8 <= c.ratio <= 1.25 for c in todo)
+    print(f"\n{within} of {len(todo)} within 0.8-1.25; ratio median "
+          f"{statistics.median(c.ratio for c in todo):.2f}\n")  # fmt: skip
+    print("| sample | pairs > 10% apart | ordered as measured | not |")
+    print("|---|---|---|---|")
+    agree_all = total_all = 0
+    by_sample: dict[str, list[Case]] = {}
+    for c in todo:
+        by_sample.setdefault(c.sample, []).append(c)
+    ranking = {}
+    for name, group in by_sample.items():
+        agree, total, wrong = pairs(group)
+        agree_all, total_all = agree_all + agree, total_all + total
+        ranking[name] = {"agree": agree, "pairs": total, "not": wrong}
+        print(f"| {name} | {total} | {agree} | {'; '.join(wrong)} |")
+    print(f"\nranking: {agree_all} of {total_all} pairs ordered as measured")
+    if args.json:
+        Path(args.json).write_text(
+            json.dumps(
+                {
+                    "profile": profile,
+                    "ranks": args.ranks,
+                    "programs": [
+                        {
+                            "sample": c.sample,
+                            "schedule": c.schedule or "as written",
+                            "predicted_s": c.predicted_s,
+                            "measured_s": c.measured_s,
+                            "runs_s": c.runs,
+                            "ratio": c.ratio,
+                        }
+                        for c in todo
+                    ],
+                    "ranking": ranking,
+                },
+                indent=2,
+            )
+        )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,99 @@
+"""`cocoviz calibrate --local` (issue 27, item 4): a cpu-mpi profile fitted to micro-runs
+of the CPU target, written as a complete profile that `--hw` loads; the fit recovers a
+known machine from its simulated micro-runs, and (build) the command runs end to end."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import pytest
+
+from cocoviz.cli import main
+from cocoviz.sim.collectives import collective_time, p2p_time
+from cocoviz.sim.hardware import load_profile
+from cocoviz.sim.local_profile import (
+    MICRO,
+    fit_local,
+    local_knobs,
+    local_profile_toml,
+    micro_program,
+    starting_profile,
+)
+from cocoviz.sim.timeline import makespan
+
+
+def _machine():  # type: ignore[no-untyped-def]
+    """A made-up 2-rank machine: every knob away from the starting profile."""
+    hw = starting_profile(2)
+    values = {
+        "gpu.hbm_gbps": 11.0,
+        "gpu.vector_tflops.f32": 0.0031,
+        "gpu.vector_tflops.f16": 0.0004,
+        "gpu.matmul_tflops.f32": 0.0009,
+        "gpu.matmul_tflops.f16": 0.0002,
+        "gpu.kernel_gap_us": 3.0,
+        "node.pci_gbps": 2.5,
+        "nccl.measured.base_latency_scale.simple": 2.0,
+        "nccl.measured.hop_latency_scale": 4.0,
+        "nccl.measured.p2p_nvlink_efficiency": 0.6,
+    }
+    for knob in local_knobs():
+        hw = knob.set(hw, values[knob.field])
+    return dataclasses.replace(hw, source="<made-up machine>"), values
+
+
+def _times(hw) -> dict[str, float]:  # type: ignore[no-untyped-def]
+    return {m.name: makespan(micro_program(m.name, 2), hw) for m in MICRO}
+
+
+def test_the_fit_recovers_a_known_machine_from_its_micro_runs() -> None:
+    hw, _ = _machine()
+    cal = fit_local(_times(hw), 2)
+    assert max(abs(r.error) for r in cal.residuals) < 0.02
+    fitted = cal.hardware
+    assert fitted.gpu.hbm_gbps == pytest.approx(11.0, rel=0.05)
+    assert fitted.gpu.matmul_tflops.f32 == pytest.approx(0.0009, rel=0.05)
+    assert fitted.gpu.vector_tflops.f16 == pytest.approx(0.0004, rel=0.05)
+
+
+def test_the_written_profile_is_the_fitted_one(tmp_path: Path) -> None:
+    hw, _ = _machine()
+    times = _times(hw)
+    cal = fit_local(times, 2)
+    path = tmp_path / "cpu.toml"
+    path.write_text(local_profile_toml(cal, 2, sorted(times.items())))
+    loaded = load_profile(path)
+    assert loaded.gpu.arch == "cpu" and loaded.gpu.sms == 1 and loaded.gpus_per_node == 2
+    for m in MICRO:
+        program = micro_program(m.name, 2)
+        assert makespan(program, loaded) == pytest.approx(makespan(program, cal.hardware), rel=1e-3)
+    text = path.read_text()
+    assert text.startswith("# Written by `cocoviz calibrate --local`")
+    assert "#   allgather_large" in text
+
+
+def test_cpu_ranks_run_ring_simple_and_reductions_cost_their_memory_traffic() -> None:
+    """On CPU ranks memory decides a collective: a reduce-scatter reads T blocks and writes
+    one, (T+1)/(T-1) bytes per wire byte against an allgather's 2."""
+    hw = dataclasses.replace(starting_profile(2), source="<fast link>")
+    hw = dataclasses.replace(hw, node=dataclasses.replace(hw.node, pci_gbps=1000.0))
+    size = 64 << 20
+    rs = collective_time(hw, "reducescatter", size, 2)
+    ag = collective_time(hw, "allgather", size, 2)
+    assert (rs.label, ag.label) == ("ring/Simple", "ring/Simple")
+    assert rs.transfer_s / ag.transfer_s == pytest.approx(1.5, rel=0.01)
+    assert p2p_time(hw, size).proto.value == "Simple"
+
+
+@pytest.mark.build
+def test_calibrate_local_runs_on_this_machine(tmp_path: Path, capsys) -> None:  # type: ignore[no-untyped-def]
+    out = tmp_path / "cpu.toml"
+    code = main(["calibrate", "--local", "-o", str(out), "--build-dir", str(tmp_path / "b")])
+    assert code == 0
+    printed = capsys.readouterr().out
+    assert printed.startswith("# cpu-mpi profile of this machine, 2 ranks")
+    assert {m.name for m in MICRO} <= set(printed.split())
+    hw = load_profile(out)
+    assert hw.gpu.arch == "cpu"
+    assert main(["simulate", "adam", "--ranks", "2", "-D", "N=65536", "--hw", str(out)]) == 0
