@@ -420,32 +420,37 @@ class _TuneBar:
         if self.live is None:
             if p.elapsed_s < _PROGRESS_AFTER_S:
                 return
-            from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+            from rich.progress import BarColumn, Progress, TextColumn
 
             self.live = Progress(
                 TextColumn("tuning {task.description}"),
-                BarColumn(),
+                BarColumn(bar_width=20),
                 TextColumn("{task.fields[evaluated]} candidates"),
                 TextColumn("{task.fields[regions]}"),
-                TimeElapsedColumn(),
+                TextColumn("{task.fields[elapsed]}"),
                 TextColumn("{task.fields[left]}"),
                 console=console(stderr=True),
                 transient=True,
             )
             self.task = self.live.add_task(
-                self.name, total=self._STEPS, evaluated=0, regions="", left=""
+                self.name, total=self._STEPS, evaluated=0, regions="", elapsed="", left=""
             )
             self.live.start()
         left = p.remaining_s
         done = p.elapsed_s / (p.elapsed_s + left) if left is not None else 0.0
         if p.regions_done >= p.regions:
             done = 1.0
+        if p.phase == "check":
+            note = "checking the best"
+        else:
+            note = "" if left is None else f"about {_duration(left)} left"
         self.live.update(
             self.task,
             completed=int(done * self._STEPS),
             evaluated=p.evaluated,
             regions=f"regions {p.regions_done}/{p.regions}",
-            left="" if left is None else f"about {_duration(left)} left",
+            elapsed=_duration(p.elapsed_s),
+            left=note,
         )
 
     def close(self) -> None:

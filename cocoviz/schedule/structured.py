@@ -436,6 +436,8 @@ class _Combined:
         return tuple(out)
 
     def result(self) -> TuneResult | None:
+        self.monitor.phase = "check"
+        self.monitor.report()
         kinds = self.kinds
         best = tuple(0 for _ in kinds)
         written = tuple(k.written for k in kinds)

@@ -151,6 +151,9 @@ class TuneProgress:
     elapsed_s: float
     remaining_s: float | None
     """An estimate of the time left (None until there is one)."""
+    phase: str = "search"
+    """``"search"`` while candidates are simulated; ``"check"`` once the regions' best
+    schedule is put together and checked on the whole program (no estimate then)."""
 
 
 # ---------------------------------------------------------------------------------------
@@ -511,6 +514,7 @@ class Monitor:
         self.collectives_done = 0
         self.evaluated_in_done = 0
         """Candidates the searched collectives took."""
+        self.phase = "search"
 
     def plan(self, collectives: int, regions: int = 1) -> None:
         self.collectives, self.regions = collectives, regions
@@ -534,13 +538,15 @@ class Monitor:
     def report(self) -> None:
         if self.progress is not None:
             elapsed = time.perf_counter() - self.start
+            searching = self.phase == "search"
             self.progress(
                 TuneProgress(
                     self.evaluated,
                     self.regions_done,
                     self.regions,
                     elapsed,
-                    self.remaining_s(elapsed),
+                    self.remaining_s(elapsed) if searching else None,
+                    self.phase,
                 )
             )
 
