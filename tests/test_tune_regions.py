@@ -12,6 +12,7 @@ from __future__ import annotations
 import io
 import json
 import random
+import re
 import signal
 import threading
 from pathlib import Path
@@ -176,6 +177,21 @@ def test_a_block_that_is_a_ranked_schedule_tags_it():
     fused = next(c for c in result.candidates if c.block == "fused")
     assert fused.steps == tuple(str(s) for s in program.schedules[0].steps)
     assert makespan(apply_steps(program, fused.steps, HW), HW) == pytest.approx(fused.time_s)
+
+
+def test_a_name_a_step_would_make_but_the_program_has_is_paired_by_position():
+    # layer 0's bias stage is called what split(l1_ys) would call its reducescatter
+    text = gpt_stack(2).replace("l0_yb", "l1_ys_rs")
+    program = load_program(text, "taken.coco")
+    result = tune(program, HW)
+    split = [c for c in result.candidates if "split(l1_ys)" in c.steps]
+    assert split
+    for c in split[:3]:
+        after = " ".join(c.steps[c.steps.index("split(l1_ys)") :])
+        assert re.search(r"\bl1_ys_rs\b", after) is None  # the program's stage
+        assert "l1_ys_rs_2" in after or "_rs" not in after
+        scheduled = apply_steps(program, c.steps, HW)
+        assert makespan(scheduled, HW) == pytest.approx(c.time_s, rel=1e-9)
 
 
 def test_a_sum_that_does_not_hold_falls_back_to_the_whole_program(monkeypatch):
