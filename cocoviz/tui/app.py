@@ -21,25 +21,24 @@ import traceback
 from collections.abc import Callable
 from pathlib import Path
 
-from rich.markup import escape
 from textual import on, work
 from textual.app import ComposeResult
 from textual.containers import Container, Vertical
 from textual.reactive import var
 from textual.widgets import Static, TabbedContent, TabPane, Tabs
-from textual.worker import Worker, WorkerState, get_current_worker
+from textual.worker import Worker, WorkerState
 
 from cocoviz.emit.emitter import Emitted
 from cocoviz.errors import CocovizError
 from cocoviz.ir.nodes import Program
 from cocoviz.ir.summary import Summary, summarize
 from cocoviz.schedule import StepFailure
-from cocoviz.schedule.tune import Candidate, SweepResult
+from cocoviz.schedule.tune import SweepResult
 from cocoviz.sim.hardware import DEFAULT_PROFILE, Hardware, load_profile
 from cocoviz.timefmt import format_time
 from cocoviz.tui import commands, keys, pane_layout
-from cocoviz.tui.keys import KeyModel
 from cocoviz.tui.pane_layout import Needs, PaneLayout
+from cocoviz.tui.teaching import TeachMode, TeachPanel
 from cocoviz.tui.timeline_rows import TimelineRows
 from cocoviz.tui.widgets.code import CodeView
 from cocoviz.tui.widgets.cost import CostSummary
@@ -85,29 +84,13 @@ class ErrorPanel(Static):
         self.remove_class("-shown")
 
 
-class TeachPanel(Static):
-    """Teach mode's explanation of the current step."""
-
-    DEFAULT_CSS = """
-    TeachPanel {
-        height: auto; max-height: 14; display: none; padding: 0 1;
-        border-top: heavy $accent; background: $boost;
-    }
-    TeachPanel.-shown { display: block; }
-    """
-
-    def show_waiting(self) -> None:
-        self.update("[b]Teach mode[/b] — finding the tuner's best schedule (cocoviz tune)…")
-        self.add_class("-shown")
-
-
-class CocovizApp(KeyModel):
+class CocovizApp(TeachMode):
     """Edit a program, step its schedule, watch graph, timeline, cost and code."""
 
     TITLE = "cocoviz"
     CSS_PATH = "app.tcss"
     BINDINGS = keys.APP_BINDINGS
-    COMMANDS = KeyModel.COMMANDS | commands.PROVIDERS
+    COMMANDS = TeachMode.COMMANDS | commands.PROVIDERS
 
     selected: var[str | None] = var(None, init=False)
     """The selected stage, shared by graph, source, timeline and palette (a `var`: its
@@ -478,32 +461,6 @@ class CocovizApp(KeyModel):
         self.code_options = event.options
         self._start_code()
 
-    def _refresh_teach(self) -> None:
-        panel = self.query_one(TeachPanel)
-        panel.set_class(self.wb.teaching, "-shown")
-        if not self.wb.teaching:
-            return
-        note = self.wb.teach_note()
-        if not note.total:
-            panel.update("This program has no schedule steps to teach. Press t to leave.")
-            return
-        goal = escape(note.goal)
-        head = f"[b]Teach mode[/b] — step {note.position} of {note.total}, towards {goal}"
-        if self.wb.user_steps != self.wb.applied_steps:
-            head += " · your own steps come back when you leave (t)"
-        if not note.program:
-            body = NO_PROGRAM
-        elif note.step is None:
-            body = f"{escape(note.text)}\n\nFirst step: [b]{escape(note.next_step or '')}[/b]"
-        else:
-            nxt = (
-                f"\n\nNext: [b]{escape(note.next_step)}[/b] (n)"
-                if note.next_step is not None
-                else f"\n\nThat was the last step: this is {goal}."
-            )
-            body = f"[b]{escape(note.step)}[/b]\n{escape(note.text)}{nxt}"
-        panel.update(f"{head}\n{body}")
-
     # --- selection ---------------------------------------------------------------------
     def watch_selected(self, name: str | None) -> None:
         self.query_one(GraphView).selected = name
@@ -670,56 +627,6 @@ class CocovizApp(KeyModel):
         title = f"crossover on {self.wb.hw.name}" if self.crossover_shown else "cost"
         self.query_one("#cost").border_title = title
         self._refresh_cost()
-
-    def action_teach(self) -> None:
-        self._set_teaching(not self.wb.teaching)
-
-    def _set_teaching(self, on: bool) -> None:
-        job = self.wb.best_job() if on else None
-        if job is not None:  # the tuner's best is taught: found first, in a worker
-            self.wb.teach_waiting = True
-            self.query_one(TeachPanel).show_waiting()
-            self._relayout()
-            self._tune_best(job)
-            return
-        mode = self.wb.compare_mode
-        if self.wb.set_teaching(on):
-            self._after_step()
-        elif self.wb.compare_mode != mode or self.wb.timelines_to_simulate():
-            self._start_sim()
-        self._refresh_teach()
-
-    @work(thread=True, exclusive=True, group="tune", exit_on_error=False, description="tune")
-    def _tune_best(self, program: Program) -> None:
-        worker = get_current_worker()
-        best = self.wb.run_best(program, stop=lambda: worker.is_cancelled)
-        self.call_from_thread(self._tuned, program, best)
-
-    def _tuned(self, program: Program, best: Candidate | str) -> None:
-        self.wb.store_best(program, best)
-        if isinstance(best, str):
-            self.notify(best, title="teach mode", severity="warning")
-        if self.wb.teach_waiting and program is self.wb.base:
-            self._set_teaching(True)
-
-    def action_teach_next(self) -> None:
-        if self.wb.teach_waiting:
-            return
-        if not self.wb.teaching:
-            self._set_teaching(True)
-            return
-        if self.wb.session is None:
-            return
-        if self.wb.teach_finished:
-            self.notify(escape(f"that was the last step: {self.wb.teach_goal()}"))
-            return
-        outcome = self.wb.teach_next()
-        if outcome is not None:
-            self._stepped(outcome)
-
-    def action_teach_prev(self) -> None:
-        if self.wb.teaching:
-            self.action_undo()
 
     def action_emit(self) -> None:
         program = self.wb.program
