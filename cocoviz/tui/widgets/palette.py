@@ -47,16 +47,20 @@ class StepPalette(SteadyOptionList):
         super().__init__(id=id)
         self.entries: list[PaletteEntry] = []
         self.keyed: list[str] = []
+        self._message = ""
+        self._room = -1
+        """The cells a step's line had when shown (a new width lays the notes out again)."""
 
     def show(self, entries: list[PaletteEntry], message: str = "") -> None:
         """Display `entries` (or `message` when there is nothing to offer)."""
         self.entries = entries
+        self._message = message
         legal = [e for e in entries if e.ok]
         illegal = [e for e in entries if not e.ok]
         self.keyed = [e.step for e in legal[:9]]
         # cells for a step after its key: the list's width once laid out, else the side
         # column's less its border
-        room = (self.scrollable_content_region.width or SIDE_W - 2) - 3
+        room = self._room = (self.scrollable_content_region.width or SIDE_W - 2) - 3
         options: list[Option] = []
         for i, e in enumerate(legal):
             key = f"{i + 1} " if i < 9 else "  "
@@ -72,6 +76,13 @@ class StepPalette(SteadyOptionList):
         elif message:
             options.insert(0, Option(Text(message, style="italic dim"), disabled=True))
         self.set_options(options)
+
+    def on_resize(self) -> None:
+        # The list was filled before the layout settled: its notes are placed for the
+        # width it has now (a step and its note on one line, or the note under it).
+        room = (self.scrollable_content_region.width or SIDE_W - 2) - 3
+        if self.entries and room != self._room:
+            self.show(self.entries, self._message)
 
     def step_for_key(self, n: int) -> str | None:
         return self.keyed[n - 1] if 0 < n <= len(self.keyed) else None
