@@ -287,7 +287,7 @@ def _first(name: str, label: str) -> str:
 
 def _tp_algorithms() -> dict[str, str]:
     algos = algorithms("megatron_mlp") | algorithms("megatron_mlp", "mm_rs_c_ag")
-    holds(any(a.lower().startswith("nvls") for a in algos), f"NVLS among {algos}")
+    holds(algos == {"symmetric/Simple"}, f"symmetric/Simple only, got {algos}")
     return {}
 
 
@@ -330,8 +330,6 @@ CLAIMS += [
         DOCS_SAMPLES,
         "and for lamb with `norm(w)` computed before the reduce-scatter ({lamb});",
         lambda: {"lamb": _first("lamb", "C-fuse(RS-C-AG)")},
-        wrong="the tuner's first row for lamb is 1.72× (C-fuse(RS-C-AG)); 1.71× is the "
-        "`fused` block's (the table's)",
     ),
     Claim(
         DOCS_SAMPLES,
@@ -340,12 +338,8 @@ CLAIMS += [
     ),
     Claim(
         DOCS_SAMPLES,
-        "where the allreduce runs as NVLS (~490 GB/s bus bandwidth at large sizes) while "
-        "reduce-scatter and all-gather run as ring (~370; their NVLS path moves more bytes "
-        "per GPU, 276, so NCCL and the model pick ring):",
+        "the allreduce and its halves all run as NCCL's symmetric kernels (symmetric/Simple:",
         _tp_algorithms,
-        wrong="`cocoviz simulate megatron_mlp` runs the allreduce and its halves as "
-        "symmetric/Simple, not NVLS and ring",
     ),
     Claim(
         DOCS_SAMPLES,
