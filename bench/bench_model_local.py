@@ -2,14 +2,18 @@
 schedule, `cocoviz simulate --hw <cpu-mpi profile>` next to the measured step time of the
 program `cocoviz emit --target cpu` writes for it, at the sizes below, on 2 MPI ranks.
 
-Usage: python bench/bench_model_local.py [--profile CPU.toml] [--ranks 2] [--rounds 3]
+Usage: python bench/bench_model_local.py [--profile CPU.toml] [--ranks 2] [--rounds 5] [--stat min]
            [--samples adam,lamb] [--build-dir DIR] [--json OUT.json]
 
-Without --profile it first runs `cocoviz calibrate --local` (micro-runs of the CPU target:
-elementwise and GEMM throughput, collectives and sends small and large) and uses the
-profile that writes. Each round times every program once (`run.sh --iters N`, N sized to
+Without --profile it calibrates as `cocoviz calibrate --local` does (the micro-runs of the
+CPU target: elementwise and GEMM throughput, collectives, a send), but times the
+micro-runs in the same rounds as the programs, so that the profile and the measurements it
+is compared with see the same machine load; the profile is written next to the builds
+(cpu-mpi.toml). Each round times every program once (`run.sh --iters N`, N sized to
 ~0.2 s a run), interleaved, so that they all see the same machine load; a program's
-measured step time is its median over the rounds. Printed per program: predicted,
+measured step time is its fastest round (its time when nothing else competes for the
+cores, as `calibrate --local` measures its micro-runs; --stat median: the typical time
+under the load there was). Printed per program: predicted,
 measured, predicted / measured (goal 0.8-1.25); per sample: the pairs of schedules whose
 measured times differ by more than 10%, and how many of them the model orders the same
 way (goal: all).
@@ -25,18 +29,23 @@ import argparse
 import json
 import statistics
 import sys
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
 from cocoviz import samples
-from cocoviz.cli import main as cocoviz_main
 from cocoviz.cli.calibrate import build_cpu_program, default_build_dir
 from cocoviz.exec.cpu_timing import run_once
 from cocoviz.ir.lower import RanksOverride, load_file
 from cocoviz.ir.nodes import Program
 from cocoviz.schedule import apply_schedule_arg
 from cocoviz.sim.hardware import Hardware, load_profile
+from cocoviz.sim.local_profile import (
+    MICRO,
+    fit_local,
+    local_profile_toml,
+    micro_program,
+    starting_profile,
+)
 from cocoviz.sim.timeline import simulate
 
 SIZES: dict[str, tuple[dict[str, int], str | None]] = {
@@ -64,9 +73,11 @@ class Case:
     predicted_s: float
     runs: list[float]
 
+    stat: str = "min"
+
     @property
     def measured_s(self) -> float:
-        return statistics.median(self.runs)
+        return min(self.runs) if self.stat == "min" else statistics.median(self.runs)
 
     @property
     def ratio(self) -> float:
@@ -110,7 +121,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--profile", help="a cpu-mpi profile (default: run calibrate --local)")
     ap.add_argument("--ranks", type=int, default=2)
-    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--stat", choices=("min", "median"), default="min")
     ap.add_argument("--samples", default=",".join(SIZES))
     ap.add_argument("--build-dir", default=None)
     ap.add_argument("--json", default=None, help="write the figures here")
@@ -120,33 +132,49 @@ def main() -> None:
         if args.build_dir
         else default_build_dir().with_name("bench-model-local")
     )
-    profile = args.profile
-    if profile is None:
-        profile = str(Path(tempfile.mkdtemp(prefix="cocoviz-bench-")) / "cpu-mpi.toml")
-        code = cocoviz_main(["calibrate", "--local", "-o", profile, "--ranks", str(args.ranks)])
-        if code != 0:
-            raise SystemExit(f"calibrate --local failed (exit {code})")
-    hw = load_profile(profile)
     names = [n for n in args.samples.split(",") if n]
+    root.mkdir(parents=True, exist_ok=True)
+    micro: dict[str, Path] = {}
+    if args.profile is None:
+        for m in MICRO:
+            directory = root / f"micro-{m.name}-{args.ranks}"
+            print(f"building {directory.name}", file=sys.stderr)
+            build_cpu_program(micro_program(m.name, args.ranks), directory)
+            micro[m.name] = directory
+        hw = starting_profile(args.ranks)  # schedules resolve the same on any cpu profile
+    else:
+        hw = load_profile(args.profile)
     todo = cases(hw, args.ranks, names, root)
     for c in todo:
+        c.stat = args.stat
         print(f"building {c.directory.name}", file=sys.stderr)
         build_cpu_program(c.program, c.directory, hw)
-    iters = {}
-    for c in todo:
-        first = run_once(c.directory, 1, 1)
-        iters[c.directory] = max(1, min(2000, round(0.2 / max(first, 1e-7))))
+    dirs = [*micro.values(), *(c.directory for c in todo)]
+    iters = {d: max(1, min(2000, round(0.2 / max(run_once(d, 1, 1), 1e-7)))) for d in dirs}
+    runs: dict[Path, list[float]] = {d: [] for d in dirs}
     for r in range(args.rounds):
-        for c in todo:
-            n = iters[c.directory]
-            c.runs.append(run_once(c.directory, n, max(1, n // 10)))
+        for d in dirs:
+            runs[d].append(run_once(d, iters[d], max(1, iters[d] // 10)))
         print(f"round {r + 1} of {args.rounds} done", file=sys.stderr)
+    profile = args.profile
+    if profile is None:
+        pick = min if args.stat == "min" else statistics.median
+        measured = [(name, pick(runs[d])) for name, d in micro.items()]
+        cal = fit_local(dict(measured), args.ranks)
+        profile = str(root / "cpu-mpi.toml")
+        Path(profile).write_text(local_profile_toml(cal, args.ranks, measured))
+        hw = load_profile(profile)
+        worst = max(abs(r.error) for r in cal.residuals)
+        print(f"micro-runs fitted: median {cal.summary()[0]:.1%}, max {worst:.1%}", file=sys.stderr)
+    for c in todo:
+        c.runs = runs[c.directory]
+        c.predicted_s = simulate(c.program, hw, warnings=False).makespan
     report(todo, hw, profile, args)
 
 
 def report(todo: list[Case], hw: Hardware, profile: str, args: argparse.Namespace) -> None:
     print(f"# {len(todo)} programs on {args.ranks} ranks, profile {profile} ({hw.name}); "
-          f"{args.rounds} rounds, median")  # fmt: skip
+          f"{args.rounds} rounds, {args.stat}")  # fmt: skip
     print("| sample | schedule | predicted | measured | predicted / measured | within 0.8-1.25 |")
     print("|---|---|---|---|---|---|")
     for c in todo:

@@ -13,10 +13,11 @@ and writes each: 2). A collective holds the rank's one core, so computation issu
 it barely advances (``channels = 1`` of ``sms = 1``).
 
 ``MICRO`` are the micro-runs: small programs, each exercising one thing — the CPU
-target's elementwise kernel in memory (f32, f16) and in cache with transcendental work,
-its GEMM (f32, f16), allreduce small and large, reduce-scatter, allgather, and a
-point-to-point send small and large. ``cocoviz calibrate --local`` emits, builds (once,
-cached) and times each, then ``fit_local`` moves the profile's rates and latencies until
+target's elementwise kernel (f32, f16, bf16, and f32 with an optimizer's arithmetic), its
+GEMM (f32, f16, bf16), allreduce small and large, reduce-scatter, allgather, and a
+point-to-point send (not a small one: from one step to the next an MPI eager send
+overlaps its receive, so its steady-state time is a copy, not a latency). ``cocoviz
+calibrate --local`` emits, builds (once, cached) and times each, then ``fit_local`` moves the profile's rates and latencies until
 ``simulate`` of every micro program predicts its measured step time: the fit runs the
 whole model (kernels, GEMMs, collectives, streams) exactly as ``cocoviz simulate --hw``
 will. ``local_profile_toml`` writes the result as a complete profile.
@@ -79,10 +80,16 @@ MICRO: tuple[MicroProgram, ...] = (
         "y = x * 1.5 + 0.5\noutput y\n",
     ),
     MicroProgram(
+        "ew_bf16",
+        "elementwise bf16 kernel over 8 MiB: conversions and memory",
+        "program micro_ew_bf16\nranks {ranks}\ndim N = 4194304\ninput x : bf16[N] local\n"
+        "y = x * 1.5 + 0.5\noutput y\n",
+    ),
+    MicroProgram(
         "ew_math",
-        "elementwise f32 kernel in cache with sqrt, division and dropout: arithmetic rate",
-        "program micro_ew_math\nranks {ranks}\ndim N = 65536\ninput x : f32[N] local\n"
-        "y = dropout(x, 0.1) * 0.9 + sqrt(x * x + 1.0) / (x + 2.0)\noutput y\n",
+        "elementwise f32 kernel over 16 MiB with an optimizer's sqrt and division: arithmetic",
+        "program micro_ew_math\nranks {ranks}\ndim N = 4194304\ninput x : f32[N] local\n"
+        "y = (x * 0.9 + 0.1) / (sqrt(x * x * 0.999 + 0.001) + 0.00000001)\noutput y\n",
     ),
     MicroProgram(
         "gemm_f32",
@@ -95,6 +102,12 @@ MICRO: tuple[MicroProgram, ...] = (
         "GEMM f16 [256, 256] x [256, 256]",
         "program micro_gemm_f16\nranks {ranks}\ndim M = 256, K = 256, N = 256\n"
         "input a : f16[M, K] local\ninput b : f16[K, N] local\ny = matmul(a, b)\noutput y\n",
+    ),
+    MicroProgram(
+        "gemm_bf16",
+        "GEMM bf16 [256, 256] x [256, 256]",
+        "program micro_gemm_bf16\nranks {ranks}\ndim M = 256, K = 256, N = 256\n"
+        "input a : bf16[M, K] local\ninput b : bf16[K, N] local\ny = matmul(a, b)\noutput y\n",
     ),
     MicroProgram(
         "allreduce_small",
@@ -119,13 +132,6 @@ MICRO: tuple[MicroProgram, ...] = (
         "allgather to 16 MiB",
         "program micro_allgather_large\nranks {ranks}\ndim N = 4194304\n"
         "input x : f32[N] sliced(0)\ns = allgather(x)\noutput s\n",
-    ),
-    MicroProgram(
-        "send_small",
-        "point-to-point send of 1 KiB between pipeline stages: MPI's fixed cost",
-        "program micro_send_small\nranks tp={tp}, pp=2\ndim N = 256\n"
-        "input x : f32[N] replicated\nr = send(x)\noutput r\n",
-        pipeline=True,
     ),
     MicroProgram(
         "send_large",
@@ -321,8 +327,10 @@ def local_knobs() -> tuple[Knob, ...]:
         Knob("gpu.hbm_gbps", 0.05, 1000.0),
         Knob("gpu.vector_tflops.f32", 1e-6, 10.0),
         Knob("gpu.vector_tflops.f16", 1e-6, 10.0),
+        Knob("gpu.vector_tflops.bf16", 1e-6, 10.0),
         Knob("gpu.matmul_tflops.f32", 1e-6, 10.0),
         Knob("gpu.matmul_tflops.f16", 1e-6, 10.0),
+        Knob("gpu.matmul_tflops.bf16", 1e-6, 10.0),
         Knob("gpu.kernel_gap_us", 0.0, 10000.0, log=False, scale=1.0),
         Knob("node.pci_gbps", 0.05, 1000.0),
         Knob("nccl.measured.base_latency_scale.simple", 0.001, 1000.0),
@@ -335,8 +343,10 @@ _SEEDS = (
     ("gpu.hbm_gbps", "ew_f32"),
     ("gpu.vector_tflops.f32", "ew_math"),
     ("gpu.vector_tflops.f16", "ew_f16"),
+    ("gpu.vector_tflops.bf16", "ew_bf16"),
     ("gpu.matmul_tflops.f32", "gemm_f32"),
     ("gpu.matmul_tflops.f16", "gemm_f16"),
+    ("gpu.matmul_tflops.bf16", "gemm_bf16"),
     ("node.pci_gbps", "allgather_large"),
     ("nccl.measured.base_latency_scale.simple", "allreduce_small"),
     ("nccl.measured.p2p_nvlink_efficiency", "send_large"),
@@ -413,7 +423,7 @@ def local_profile_toml(cal: Calibration, ranks: int, measured: Sequence[tuple[st
         "reduce_bytes": hw.overlap.hbm_bytes_per_reduce_byte,
     }
     mm, vec = hw.gpu.matmul_tflops, hw.gpu.vector_tflops
-    tied = {"bf16": "f16", "f64": "f32", "i32": "f32", "i64": "f32"}
+    tied = {"f64": "f32", "i32": "f32", "i64": "f32"}
     for d in ("f16", "bf16", "f32", "f64", "i32", "i64"):
         src = tied.get(d, d)
         scale = 0.5 if d == "f64" else 1.0
@@ -431,8 +441,5 @@ def local_profile_toml(cal: Calibration, ranks: int, measured: Sequence[tuple[st
         header.append(
             f"#   {label:<22} {t * 1e6:>9.1f} us {fitted.get(label, math.nan) * 1e6:>9.1f} us"
         )
-    header.append(
-        "# bf16 runs at the f16 rates (both widened to f32), f64 at half the f32 rate and "
-        "integers at the f32 rate [A]."
-    )
+    header.append("# f64 runs at half the f32 rate and integers at the f32 rate [A].")
     return "\n".join(header) + "\n\n" + _toml(values)
