@@ -39,6 +39,7 @@ user's or the machine's as ``error: …``, a failure of the executor itself as
 
 from __future__ import annotations
 
+import abc
 import dataclasses
 import json
 import os
@@ -457,7 +458,7 @@ def iteration_report(
     }
 
 
-class _Pipeline:
+class _Pipeline(abc.ABC):
     """The issue loop of an overlapped group: K chunks through the group's stages.
 
     At tick t chunk k runs step t − k, chunks in increasing order; every rank issues the
@@ -486,11 +487,13 @@ class _Pipeline:
                 self.complete(k, name)
         self.join()
 
+    @abc.abstractmethod
     def step(self, k: int, s: Stage) -> None:
-        raise NotImplementedError
+        """Run stage `s` for chunk `k` (each pipeline lays its chunks out its own way)."""
 
+    @abc.abstractmethod
     def join(self) -> None:
-        raise NotImplementedError
+        """Put the values whole on a rank back together from their chunks."""
 
     def value(self, k: int, name: str) -> Array:
         if name in self.pending[k]:
