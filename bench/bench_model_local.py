@@ -46,7 +46,7 @@ from cocoviz.sim.local_profile import (
     micro_program,
     starting_profile,
 )
-from cocoviz.sim.timeline import simulate
+from cocoviz.sim.predict import simulate
 
 SIZES: dict[str, tuple[dict[str, int], str | None]] = {
     "adam": ({"N": 1 << 20}, None),

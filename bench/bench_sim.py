@@ -14,7 +14,7 @@ from cocoviz.ir.nodes import Program
 from cocoviz.samples.gpt import gpt_stack
 from cocoviz.schedule.tune import tune
 from cocoviz.sim.hardware import Hardware, load_profile
-from cocoviz.sim.timeline import simulate
+from cocoviz.sim.predict import simulate
 
 
 def _schedule(program: Program, block: str) -> Program:

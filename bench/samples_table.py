@@ -12,7 +12,7 @@ from cocoviz.ir.lower import RanksOverride, load_program
 from cocoviz.ir.nodes import Program
 from cocoviz.schedule.steps import apply_blocks
 from cocoviz.sim.hardware import load_profile
-from cocoviz.sim.timeline import simulate
+from cocoviz.sim.predict import simulate
 from cocoviz.timefmt import format_time
 
 SAMPLES = (

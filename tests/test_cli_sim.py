@@ -151,8 +151,8 @@ def test_stage_table_draws_what_rich_table_draws():
     from cocoviz.ir.lower import load_file
     from cocoviz.schedule import apply_schedule_arg
     from cocoviz.sim.hardware import load_profile
+    from cocoviz.sim.predict import simulate
     from cocoviz.sim.textview import render_stage_table
-    from cocoviz.sim.timeline import simulate
 
     hw = load_profile("h100-dgx")
     timelines = [simulate(sp.program(sp.PIPE_RS), hw)]

@@ -146,10 +146,11 @@ def test_model_prices_one_batched_allreduce() -> None:
     of both values, and the prediction is no slower than two one-value allreduces."""
     import cocoviz.sim.timeline as tl
     from cocoviz.sim.hardware import load_profile
+    from cocoviz.sim.predict import simulate
 
     p, _ = scheduled(LAMB, "rs_c_ag", False)
     hw = load_profile("h100-dgx")
-    reduces = [s for s in tl.simulate(p, hw, warnings=False).summary.stages if s.kind == "reduce"]
+    reduces = [s for s in simulate(p, hw, warnings=False).summary.stages if s.kind == "reduce"]
     assert [s.name for s in reduces] == ["rn.reduce + wn.reduce"]
     batched = tl.makespan(p, hw)
     orig = tl.batch_reductions

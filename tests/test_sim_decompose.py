@@ -17,7 +17,8 @@ from cocoviz.schedule.steps import apply_steps
 from cocoviz.schedule.tune import schedule_label, sweep, tune
 from cocoviz.sim.collectives import p2p_time
 from cocoviz.sim.hardware import Hardware, load_profile
-from cocoviz.sim.timeline import makespan, simulate, simulate_decomposed, simulate_ops
+from cocoviz.sim.predict import simulate
+from cocoviz.sim.timeline import makespan, simulate_decomposed, simulate_ops
 from cocoviz.sim.trace import to_trace, validate_trace
 from cocoviz.sim.warnings import chunk_times
 from cocoviz.sim.workload import (

@@ -11,7 +11,8 @@ from cocoviz.errors import UsageError
 from cocoviz.ir.lower import load_file
 from cocoviz.samples.gpt import gpt_stack
 from cocoviz.sim.hardware import load_profile
-from cocoviz.sim.timeline import Timeline, makespan, simulate, unscheduled
+from cocoviz.sim.predict import simulate
+from cocoviz.sim.timeline import Timeline, makespan, unscheduled
 from cocoviz.sim.workload import COMM, COMPUTE, Kind
 
 EPS = 1e-12

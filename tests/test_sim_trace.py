@@ -11,7 +11,7 @@ import sim_programs as sp
 from cocoviz import samples
 from cocoviz.ir.lower import load_file
 from cocoviz.sim.hardware import load_profile
-from cocoviz.sim.timeline import simulate
+from cocoviz.sim.predict import simulate
 from cocoviz.sim.trace import to_trace, validate_trace, write_trace
 
 

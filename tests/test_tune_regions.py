@@ -26,9 +26,10 @@ from cocoviz.ir.nodes import Program
 from cocoviz.samples.gpt import gpt_stack
 from cocoviz.schedule import structured
 from cocoviz.schedule.regions import canonical_form, classes_of, clean_cuts, find_regions
+from cocoviz.schedule.search import Monitor, TuneProgress, schedule_label
 from cocoviz.schedule.steps import apply_steps
 from cocoviz.schedule.structured import clear_cache, tune_in_context
-from cocoviz.schedule.tune import Monitor, TuneProgress, schedule_label, tune
+from cocoviz.schedule.tune import tune
 from cocoviz.sim.hardware import load_profile
 from cocoviz.sim.timeline import makespan
 
@@ -417,10 +418,10 @@ def test_budget_marks_the_output(tmp_path, capsys):
 
 
 def test_ctrl_c_prints_the_best_so_far(tmp_path, monkeypatch, capsys):
-    import cocoviz.schedule.tune as tune_module
+    import cocoviz.schedule.search as search_module
 
     clear_cache()
-    real = tune_module.makespan
+    real = search_module.makespan
     calls = []
 
     def interrupted(*args, **kwargs):  # type: ignore[no-untyped-def]
@@ -429,7 +430,7 @@ def test_ctrl_c_prints_the_best_so_far(tmp_path, monkeypatch, capsys):
             signal.raise_signal(signal.SIGINT)
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(tune_module, "makespan", interrupted)
+    monkeypatch.setattr(search_module, "makespan", interrupted)
     assert main(["tune", _gpt_file(tmp_path, 2), "--top", "3"]) == 130
     out = capsys.readouterr()
     assert "interrupted: the best schedules found so far" in out.err

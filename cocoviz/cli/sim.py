@@ -225,8 +225,8 @@ def timeline_json(timeline: Any) -> dict[str, Any]:
 
 def cmd_simulate(args: argparse.Namespace) -> int:
     from cocoviz.cli.inspect import apply_named_schedule
+    from cocoviz.sim.predict import simulate
     from cocoviz.sim.textview import render_stage_table, render_summary, render_timeline
-    from cocoviz.sim.timeline import simulate
 
     hw = args_hardware(args)
     original = load_args_program(args)

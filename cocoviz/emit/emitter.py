@@ -17,7 +17,7 @@ from cocoviz.emit.toolchain import Toolchain, arch_number, find_toolchain
 from cocoviz.errors import BuildError, UsageError
 from cocoviz.ir.nodes import Program
 from cocoviz.sim.hardware import Hardware, default_hardware
-from cocoviz.sim.timeline import simulate
+from cocoviz.sim.predict import simulate
 
 Target = str
 """A target's name: one of `cocoviz.emit.targets.TARGET_NAMES`."""

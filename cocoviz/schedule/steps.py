@@ -41,6 +41,7 @@ __all__ = [
 def chunk_chooser(hw: Hardware) -> ChunkChooser:
     """The chooser of `overlap`'s K on `hw`: the model's fastest legal count, or the
     default when none is legal (the step's own check then says why)."""
+
     def choose(program: Program, items: tuple[str, ...]) -> int:
         # the simulator is imported only when a step needs the model: most commands
         # apply schedules whose overlaps name their K, and start faster without it
@@ -92,9 +93,7 @@ def apply_step(
     return after, resolved
 
 
-def apply_steps(
-    program: Program, steps: Iterable[StepLike], hw: Hardware | None = None
-) -> Program:
+def apply_steps(program: Program, steps: Iterable[StepLike], hw: Hardware | None = None) -> Program:
     """Apply steps in order; raises at the first refused step."""
     return resolve_schedule(program, tuple(steps), hw)[0]
 

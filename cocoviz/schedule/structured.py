@@ -2,7 +2,7 @@
 
 The program's regions (`cocoviz.schedule.regions`) are grouped into classes that are the
 same up to renaming. Each class with something to choose is searched once, on its
-canonical sub-program, by the whole-program search (`cocoviz.schedule.tune.Search`); a
+canonical sub-program, by the whole-program search (`cocoviz.schedule.search.Search`); a
 class without is simulated once. A schedule of the program picks one candidate per
 class, the same for every member, and its predicted time is the sum of its regions'
 times (`math.fsum`): the regions do not interact in the model, so the best schedule is
@@ -51,7 +51,7 @@ from cocoviz.schedule.regions import (
     stretches,
     sub_program,
 )
-from cocoviz.schedule.tune import (
+from cocoviz.schedule.search import (
     Candidate,
     Monitor,
     Search,

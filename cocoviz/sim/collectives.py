@@ -48,7 +48,7 @@ from functools import lru_cache
 from cocoviz.errors import InputError
 from cocoviz.ir.collectives import Collective, collective, collective_named
 from cocoviz.ir.nodes import Op
-from cocoviz.sim.hardware import Algo, Hardware, Link, Proto
+from cocoviz.sim.hardware import Algo, Hardware, Link, Proto, hbm_efficiency
 
 __all__ = [
     "Algo",
@@ -655,7 +655,6 @@ def _memory_alg_bw(hw: Hardware, coll: Coll, topo: _Topo, nbytes: int) -> float:
     achievable memory bandwidth for that traffic. On a GPU memory outruns NVLink and the
     network, so the link decides; on CPU ranks whose "link" is a copy through shared
     memory, memory does (a reduce-scatter then costs 3/2 of an allgather). [D]"""
-    from cocoviz.sim.compute import hbm_efficiency  # compute imports this module
 
     o = hw.overlap
     k = {

@@ -51,7 +51,7 @@ from functools import lru_cache
 
 from cocoviz.ir.types import DTYPE_NAMES, DType
 from cocoviz.sim.collectives import CollCost
-from cocoviz.sim.hardware import Hardware, Link
+from cocoviz.sim.hardware import Hardware, Link, hbm_efficiency
 
 __all__ = [
     "NO_CONTENTION",
@@ -132,33 +132,6 @@ def comm_contention(hw: Hardware, cost: CollCost) -> Contention:
 def _check_dtype(dtype: str) -> None:
     if dtype not in DTYPE_NAMES:
         raise ValueError(f"unknown dtype {dtype!r} (expected one of {', '.join(DTYPE_NAMES)})")
-
-
-def hbm_efficiency(hw: Hardware, nbytes: float) -> float:
-    """Achievable fraction of HBM bandwidth for a kernel moving ``nbytes``.
-
-    Piecewise linear in log10(bytes) through the profile's points, flat beyond the last;
-    below the first it continues the first segment's slope down to ``hbm_floor``.
-    """
-    points = hw.gpu.hbm_efficiency
-    floor = hw.gpu.hbm_efficiency_floor
-    if nbytes <= 0:
-        return floor
-    x = math.log10(nbytes)
-    xs = [math.log10(b) for b, _ in points]
-    ys = [e for _, e in points]
-    if x >= xs[-1]:
-        return ys[-1]
-    if len(xs) == 1:
-        return ys[0] if x >= xs[0] else floor
-    if x <= xs[0]:
-        slope = (ys[1] - ys[0]) / (xs[1] - xs[0]) if xs[1] > xs[0] else 0.0
-        return max(floor, ys[0] - slope * (xs[0] - x))
-    for i in range(len(xs) - 1):
-        x0, x1, y0, y1 = xs[i], xs[i + 1], ys[i], ys[i + 1]
-        if x0 <= x <= x1:
-            return y0 + (y1 - y0) * (x - x0) / (x1 - x0) if x1 > x0 else y1
-    return ys[-1]
 
 
 def _memory_s(hw: Hardware, nbytes: float, contention: Contention) -> float:

@@ -28,9 +28,10 @@ pipeline column) and replicates the lane's events for each of its ranks on outpu
 1-D program of any size costs one lane. ``Timeline.events`` and ``events_of(rank)`` give
 faithful per-rank events.
 
-Use: ``simulate(program, hw, collectives="nccl", baseline=None) -> Timeline``; the
-summary (``timeline.summary``) has the makespan, communication left exposed, the overlap
-fraction, the speedup over a baseline and a per-stage table; ``timeline.warnings`` lists
+Use: ``makespan(program, hw)`` for the predicted time alone; ``simulate`` (in
+``cocoviz.sim.predict``, above this module and ``cocoviz.sim.warnings``) for a whole
+``Timeline``, whose summary has the makespan, communication left exposed, the overlap
+fraction, the speedup over a baseline and a per-stage table, and whose ``warnings`` list
 schedule steps the model predicts to make things slower.
 """
 
@@ -73,7 +74,8 @@ __all__ = [
     "StageRow",
     "Summary",
     "Timeline",
-    "simulate",
+    "ProgramRun",
+    "makespan",
     "simulate_decomposed",
     "simulate_group",
     "simulate_ops",
@@ -717,7 +719,7 @@ def summarize(lanes: Sequence[Lane], baseline_s: float | None = None) -> Summary
 
 
 @dataclass
-class _Run:
+class ProgramRun:
     """One simulation of a program: its items issued in order on an engine."""
 
     ctx: Context
@@ -751,81 +753,4 @@ class _Run:
 
 def makespan(program: Program, hw: Hardware, collectives: str = "nccl") -> float:
     """Only the predicted time of a program (what the tuner ranks by)."""
-    return _Run(Context(program, hw, collectives), record=False).engine.end
-
-
-# The baseline's makespan of the last programs simulated, by the identities of their
-# stages: a step that only fuses or overlaps keeps every stage object, so its baseline is
-# the previous step's. An entry holds its program, so the objects whose identities key it
-# stay alive.
-_BASELINES: dict[tuple[tuple[int, ...], Hardware, str], tuple[Program, float]] = {}
-_BASELINES_KEPT = 16
-
-
-def _baseline_makespan(program: Program, hw: Hardware, collectives: str) -> float:
-    """``makespan(unscheduled(program))``, reused while the stages are the same objects
-    (a key's identities are of live objects, so equal keys mean the same stages)."""
-    key = (tuple(map(id, program.stages)), hw, collectives)
-    hit = _BASELINES.get(key)
-    if hit is not None:
-        p = hit[0]
-        if (p.grid, p.dims, p.params, p.inputs, p.outputs) == (
-            program.grid,
-            program.dims,
-            program.params,
-            program.inputs,
-            program.outputs,
-        ):
-            return hit[1]
-    base = unscheduled(program)
-    t = makespan(base, hw, collectives)
-    while len(_BASELINES) >= _BASELINES_KEPT:
-        _BASELINES.pop(next(iter(_BASELINES)), None)
-    _BASELINES[key] = (base, t)
-    return t
-
-
-def simulate(
-    program: Program,
-    hw: Hardware,
-    *,
-    collectives: str = "nccl",
-    baseline: Program | Timeline | float | None = None,
-    warnings: bool = True,
-) -> Timeline:
-    """Simulate one run of ``program`` on every rank.
-
-    ``baseline`` is what the speedup compares against: the program before its schedule
-    (a Program), an earlier Timeline, or a time in seconds; by default the same stages
-    without fusion or overlap. ``warnings=False`` skips the analysis of slow steps.
-    """
-    ctx = Context(program, hw, collectives)
-    run = _Run(ctx)
-    lanes = run.engine.lanes_out()
-    if isinstance(baseline, Timeline):
-        base_s: float | None = baseline.makespan
-    elif isinstance(baseline, Program):
-        base_s = makespan(baseline, hw, collectives)
-    elif isinstance(baseline, int | float):
-        base_s = float(baseline)
-    else:
-        base_s = _baseline_makespan(program, hw, collectives) if program.groups else None
-        if base_s is None:
-            base_s = run.engine.end
-    summary = summarize(lanes, base_s)
-    found: tuple[SimWarning, ...] = ()
-    if warnings:
-        from cocoviz.sim.warnings import schedule_warnings
-
-        found = tuple(schedule_warnings(ctx, summary))
-    return Timeline(
-        program=program.name,
-        hardware=hw.name,
-        collectives=collectives,
-        tp=program.grid.tp,
-        pp=program.grid.pp,
-        lanes=lanes,
-        cross=tuple(run.engine.cross),
-        summary=summary,
-        warnings=found,
-    )
+    return ProgramRun(Context(program, hw, collectives), record=False).engine.end

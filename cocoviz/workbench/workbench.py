@@ -47,8 +47,8 @@ from cocoviz.schedule.tune import (
     tune,
 )
 from cocoviz.sim.hardware import Hardware
+from cocoviz.sim.predict import simulate as simulate_timeline
 from cocoviz.sim.timeline import Summary, Timeline
-from cocoviz.sim.timeline import simulate as simulate_timeline
 from cocoviz.timefmt import format_time
 from cocoviz.workbench import state, teach
 from cocoviz.workbench.source import Source
