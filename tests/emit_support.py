@@ -4,13 +4,12 @@ schedules, building emitted trees (each distinct source tree once), tool require
 from __future__ import annotations
 
 import hashlib
-import os
 import shutil
 import subprocess
 from collections.abc import Mapping
 from pathlib import Path
 
-import pytest
+from conftest import need_tool
 
 from cocoviz import samples
 from cocoviz.emit.emitter import emit
@@ -18,9 +17,6 @@ from cocoviz.emit.toolchain import find_toolchain
 from cocoviz.ir.lower import RanksOverride, load_file, load_program
 from cocoviz.ir.nodes import Program, unscheduled
 from cocoviz.schedule import apply_block, find_block
-
-REQUIRE_NVCC = os.environ.get("COCOVIZ_REQUIRE_NVCC") == "1"
-REQUIRE_MPI = REQUIRE_NVCC or os.environ.get("COCOVIZ_REQUIRE_MPI") == "1"
 
 SMALL: dict[str, dict[str, int]] = {
     "adam": {"N": 1024},
@@ -94,23 +90,13 @@ def write(directory: Path, files: Mapping[str, str]) -> None:
 
 def need_mpicxx() -> None:
     tc = find_toolchain()
-    if tc.mpi is not None and shutil.which("make"):
-        return
-    if REQUIRE_MPI:
-        pytest.fail("mpicxx and make are required (COCOVIZ_REQUIRE_MPI/NVCC=1) but missing")
-    pytest.skip("mpicxx or make not found (set COCOVIZ_REQUIRE_MPI=1 to make this a failure)")
+    need_tool(tc.mpi is not None and shutil.which("make"), "mpicxx and make", mpi=True)
 
 
 def need_nvcc() -> None:
     tc = find_toolchain()
-    if not tc.missing("cuda") and shutil.which("make"):
-        return
-    if REQUIRE_NVCC:
-        pytest.fail(
-            "nvcc, NCCL, cuBLAS and MPI are required (COCOVIZ_REQUIRE_NVCC=1) but missing: "
-            + "; ".join(tc.missing("cuda"))
-        )
-    pytest.skip("the CUDA toolchain was not found (set COCOVIZ_REQUIRE_NVCC=1 to fail instead)")
+    missing = tc.missing("cuda") + ([] if shutil.which("make") else ["make"])
+    need_tool(not missing, "nvcc, NCCL, cuBLAS, MPI and make (missing: " + "; ".join(missing) + ")")
 
 
 def source_key(files: Mapping[str, str], exts: tuple[str, ...]) -> str:

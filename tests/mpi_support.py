@@ -5,12 +5,10 @@ are compared with the reference of the unscheduled program."""
 from __future__ import annotations
 
 import json
-import os
-import shutil
-import sys
 from pathlib import Path
 
 import pytest
+from conftest import has_mpiexec, need_tool
 
 from cocoviz import numerics as nx
 from cocoviz.cli import main
@@ -20,11 +18,7 @@ from cocoviz.ir.lower import RanksOverride, load_file
 
 @pytest.fixture
 def mpi() -> None:
-    exe = Path(sys.executable).with_name("mpiexec")
-    if not exe.exists() and shutil.which("mpiexec") is None:
-        if os.environ.get("COCOVIZ_REQUIRE_MPI") or os.environ.get("COCOVIZ_REQUIRE_NVCC"):
-            pytest.fail("mpiexec is required (COCOVIZ_REQUIRE_MPI=1) but missing")
-        pytest.skip("mpiexec not installed")
+    need_tool(has_mpiexec(), "mpiexec", mpi=True)
 
 
 def run_and_compare(tmp_path: Path, text: str, schedule: str, ranks: int, capsys) -> None:

@@ -8,6 +8,7 @@ import shutil
 from pathlib import Path
 
 import pytest
+from conftest import need_tool
 from emit_support import need_mpicxx
 
 from cocoviz.cli import main
@@ -48,8 +49,7 @@ def _path_without(tool: str) -> str:
 def test_a_missing_nvcc_is_named_with_a_hint(tmp_path: Path, monkeypatch, capsys) -> None:
     """Without nvcc, `emit --build` shows make's own diagnostic (not only `Error 127`) and
     says what to install or run instead."""
-    if shutil.which("make") is None:
-        pytest.skip("make not found")
+    need_tool(shutil.which("make"), "make", mpi=True)
     monkeypatch.setenv("PATH", _path_without("nvcc"))
     monkeypatch.setenv("CUDA_HOME", str(tmp_path / "no-cuda"))
     monkeypatch.setenv("NVCC", str(tmp_path / "no-cuda" / "bin" / "nvcc"))
@@ -85,8 +85,7 @@ def test_missing_tools_are_read_from_make_output(output: str, tools: list[str]) 
 
 
 def test_a_missing_mpicxx_gets_an_mpi_hint(tmp_path: Path) -> None:
-    if shutil.which("make") is None:
-        pytest.skip("make not found")
+    need_tool(shutil.which("make"), "make", mpi=True)
     (tmp_path / "Makefile").write_text("all:\n\tno-such-dir/mpicxx -c x.cpp\n")
     with pytest.raises(BuildError) as err:
         build(tmp_path)

@@ -17,6 +17,7 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
+from conftest import need_tool
 from emit_support import emit_files, need_nvcc, write
 
 from cocoviz.emit.toolchain import find_toolchain
@@ -55,8 +56,7 @@ def test_device_kernel_ptx_has_vector_peer_accesses_and_multimem(
     name: str, ranks: str, peers: int, arch: str, tmp_path: Path
 ) -> None:
     need_nvcc()
-    if not find_toolchain().cuda.supports(arch):  # type: ignore[union-attr]
-        pytest.skip(f"this nvcc cannot build {arch}")
+    need_tool(find_toolchain().cuda.supports(arch), f"an nvcc that builds {arch}")  # type: ignore[union-attr]
     kernels = ptx(name, ranks, arch, tmp_path)
     lsa = [b for k, b in kernels.items() if "_mc" not in k]
     mc = [b for k, b in kernels.items() if "_mc" in k]

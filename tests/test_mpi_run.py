@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -14,6 +13,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import has_mpiexec, need_tool
 
 from cocoviz import numerics as nx
 from cocoviz.cli import main
@@ -26,11 +26,7 @@ SAMPLES = ROOT / "samples"
 
 
 def _require_mpi() -> None:
-    exe = Path(sys.executable).with_name("mpiexec")
-    if not exe.exists() and shutil.which("mpiexec") is None:
-        if os.environ.get("COCOVIZ_REQUIRE_MPI") or os.environ.get("COCOVIZ_REQUIRE_NVCC"):
-            pytest.fail("mpiexec is required (COCOVIZ_REQUIRE_MPI=1) but missing")
-        pytest.skip("mpiexec not installed")
+    need_tool(has_mpiexec(), "mpiexec", mpi=True)
 
 
 @pytest.fixture(autouse=True)

@@ -24,25 +24,19 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import need_tool
 
 from cocoviz import numerics as nm
 from cocoviz.emit.toolchain import Toolchain, find_toolchain
 
 TEMPLATES = Path(nm.__file__).resolve().parent / "templates"
-REQUIRE_TOOLS = os.environ.get("COCOVIZ_REQUIRE_NVCC") == "1"
-REQUIRE_MPI = REQUIRE_TOOLS or os.environ.get("COCOVIZ_REQUIRE_MPI") == "1"
 DTYPES = ("f16", "bf16", "f32", "f64", "i32", "i64")
 
 
 def need(found: object, what: str, mpi: bool = False) -> None:
     """Skip when a tool is missing; fail instead under COCOVIZ_REQUIRE_NVCC=1 (or, for
-    MPI tools, COCOVIZ_REQUIRE_MPI=1)."""
-    if found:
-        return
-    if REQUIRE_TOOLS or (mpi and REQUIRE_MPI):
-        var = "COCOVIZ_REQUIRE_MPI" if mpi and not REQUIRE_TOOLS else "COCOVIZ_REQUIRE_NVCC"
-        pytest.fail(f"{what} is required ({var}=1) but was not found")
-    pytest.skip(f"{what} not found (set COCOVIZ_REQUIRE_NVCC=1 to make this a failure)")
+    MPI tools, COCOVIZ_REQUIRE_MPI=1): tests/conftest.py's need_tool."""
+    need_tool(found, what, mpi=mpi)
 
 
 def run(cmd: list[str], env: Mapping[str, str] | None = None) -> subprocess.CompletedProcess[str]:
@@ -882,13 +876,14 @@ def test_cuda_header_builds(toolchain: Toolchain, tmp_path: Path, arch: str) -> 
 
 
 def test_need_fails_when_required(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(f"{__name__}.REQUIRE_TOOLS", True)
+    monkeypatch.delenv("COCOVIZ_REQUIRE_MPI", raising=False)
+    monkeypatch.setenv("COCOVIZ_REQUIRE_NVCC", "1")
     with pytest.raises(pytest.fail.Exception, match="COCOVIZ_REQUIRE_NVCC"):
         need(None, "nvcc")
-    monkeypatch.setattr(f"{__name__}.REQUIRE_TOOLS", False)
-    monkeypatch.setattr(f"{__name__}.REQUIRE_MPI", True)
+    monkeypatch.delenv("COCOVIZ_REQUIRE_NVCC")
+    monkeypatch.setenv("COCOVIZ_REQUIRE_MPI", "1")
     with pytest.raises(pytest.fail.Exception, match="COCOVIZ_REQUIRE_MPI"):
         need(None, "mpicxx", mpi=True)
-    monkeypatch.setattr(f"{__name__}.REQUIRE_MPI", False)
+    monkeypatch.delenv("COCOVIZ_REQUIRE_MPI")
     with pytest.raises(pytest.skip.Exception):
         need(shutil.which("definitely-not-a-compiler"), "nvcc")

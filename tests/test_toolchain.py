@@ -19,6 +19,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 import pytest
+from conftest import need_tool
 
 from cocoviz.emit.toolchain import (
     CudaToolkit,
@@ -29,17 +30,11 @@ from cocoviz.emit.toolchain import (
 )
 from cocoviz.errors import BuildError
 
-REQUIRE_TOOLS = os.environ.get("COCOVIZ_REQUIRE_NVCC") == "1"
-REQUIRE_MPI = REQUIRE_TOOLS or os.environ.get("COCOVIZ_REQUIRE_MPI") == "1"
-
 
 def need(found: object, what: str, mpi: bool = False) -> None:
-    """Skip when a tool is missing; fail instead when the environment requires it."""
-    if found:
-        return
-    if REQUIRE_TOOLS or (mpi and REQUIRE_MPI):
-        pytest.fail(f"{what} is required (COCOVIZ_REQUIRE_NVCC/MPI=1) but was not found")
-    pytest.skip(f"{what} not found (set COCOVIZ_REQUIRE_NVCC=1 to make this a failure)")
+    """Skip when a tool is missing; fail instead under COCOVIZ_REQUIRE_NVCC=1 (or, for
+    MPI tools, COCOVIZ_REQUIRE_MPI=1): tests/conftest.py's need_tool."""
+    need_tool(found, what, mpi=mpi)
 
 
 def run(
