@@ -20,7 +20,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from cocoviz.cli import add_json_option
+from cocoviz.cli.options import add_json_option
 from cocoviz.errors import ExitCode, UsageError
 
 WRITTEN_BY = "# Written by `cocoviz calibrate"

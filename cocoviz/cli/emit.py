@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from cocoviz.cli import add_program_options, args_hardware, load_args_program
+from cocoviz.cli.options import add_program_options, args_hardware, load_args_program
 from cocoviz.emit.targets import DEFAULT_TARGET, TARGET_NAMES, target_spec
 from cocoviz.errors import ExitCode, UsageError
 

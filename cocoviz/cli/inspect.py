@@ -9,7 +9,7 @@ import textwrap
 from pathlib import Path
 from typing import Any
 
-from cocoviz.cli import (
+from cocoviz.cli.options import (
     add_json_option,
     add_program_options,
     args_hardware,

@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from cocoviz.cli import (
+from cocoviz.cli.options import (
     add_json_option,
     add_program_options,
     bytes_in,

@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from cocoviz.cli import (
+from cocoviz.cli.options import (
     add_hw_option,
     add_json_option,
     add_program_options,
@@ -527,7 +527,7 @@ def _pow2(value: int) -> str:
 
 
 def _cmd_sweep(args: argparse.Namespace) -> int:
-    from cocoviz.cli import resolve_program_path
+    from cocoviz.cli.options import resolve_program_path
     from cocoviz.errors import InputError, did_you_mean
     from cocoviz.ir.lower import RanksOverride, load_file, parse_defines
     from cocoviz.ir.nodes import Program

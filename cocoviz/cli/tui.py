@@ -10,7 +10,7 @@ import importlib
 import sys
 from typing import Any
 
-from cocoviz.cli import add_hw_option
+from cocoviz.cli.options import add_hw_option
 from cocoviz.errors import ExitCode, UsageError
 
 
