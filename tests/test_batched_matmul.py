@@ -25,7 +25,7 @@ from cocoviz.cli import main
 from cocoviz.emit.emitter import emit
 from cocoviz.errors import InputError, ScheduleError
 from cocoviz.exec.reference import run_reference
-from cocoviz.ir.graph import to_json
+from cocoviz.ir.describe import to_json
 from cocoviz.ir.lower import RanksOverride, load_file, load_program
 from cocoviz.ir.nodes import Program, unscheduled
 from cocoviz.ir.printer import format_program

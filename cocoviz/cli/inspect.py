@@ -158,7 +158,8 @@ def cmd_check(args: argparse.Namespace) -> int:
 
 
 def cmd_show(args: argparse.Namespace) -> int:
-    from cocoviz.ir.graph import to_dot, to_json
+    from cocoviz.ir.describe import to_json
+    from cocoviz.ir.graph import to_dot
     from cocoviz.ir.printer import format_program
 
     program = apply_named_schedule(args, load_args_program(args))

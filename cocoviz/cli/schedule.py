@@ -107,7 +107,7 @@ def cmd_apply(args: argparse.Namespace) -> int:
     if args.explain:
         return _explain(session.program, args.explain, session.hw, args.json)
     if args.json:
-        from cocoviz.ir.graph import to_json
+        from cocoviz.ir.describe import to_json
 
         data = to_json(session.program)
         data["steps"] = [str(s) for s in session.steps]
