@@ -12,6 +12,7 @@ from conftest import has_mpiexec, need_tool
 
 from cocoviz import numerics as nx
 from cocoviz.cli import main
+from cocoviz.exec.dumps import dumped_values
 from cocoviz.exec.reference import run_reference
 from cocoviz.ir.lower import RanksOverride, load_file
 
@@ -46,8 +47,9 @@ def run_and_compare(tmp_path: Path, text: str, schedule: str, ranks: int, capsys
     assert report["ok"] and report["check"], report
     original = load_file(src, None, RanksOverride.parse(str(ranks)))
     ref = run_reference(original)
+    stage_of = {d.name: d.stage for d in dumped_values(original)}
     for row in report["check"]:
         name, dtype = row["name"], row["dtype"]
         got = nx.load_npy(dump / f"{name}.npy", dtype)
-        c = nx.compare(got, ref.global_value(name), dtype)
+        c = nx.compare(got, ref.global_value(stage_of[name]), dtype)
         assert c.ok, (name, c)

@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from cocoviz.cli.inspect import apply_named_schedule
 from cocoviz.cli.options import (
     add_json_option,
     add_program_options,
@@ -19,8 +20,8 @@ from cocoviz.cli.options import (
     load_args_program,
     seconds_in,
 )
-from cocoviz.cli.inspect import apply_named_schedule
 from cocoviz.errors import ExitCode, MismatchError, UsageError
+from cocoviz.exec.dumps import dumped_values
 from cocoviz.ir.nodes import Program
 
 if TYPE_CHECKING:
@@ -43,7 +44,12 @@ def register(sub: Any) -> None:
     add_program_options(p)
     p.add_argument("--mpi", action="store_true", help="run one MPI process per rank")
     p.add_argument("--inputs", metavar="DIR", help="read inputs from DIR/NAME.npy (global shapes)")
-    p.add_argument("--dump", metavar="DIR", help="write outputs and updated inputs as DIR/NAME.npy")
+    p.add_argument(
+        "--dump",
+        metavar="DIR",
+        help="write every output (DIR/<output>.npy) and the new value of every updated "
+        "input, named by the input (DIR/<input>.npy)",
+    )
     p.add_argument(
         "--force",
         action="store_true",
@@ -128,11 +134,12 @@ def _check_run_args(args: argparse.Namespace, program: Program) -> None:
 
 
 def collected_names(program: Program) -> list[str]:
-    """Outputs, then the update stages of updated inputs (their new global values)."""
-    names = list(program.outputs)
-    for stage in program.updates().values():
-        if stage not in names:
-            names.append(stage)
+    """The stages a run collects: outputs, then the update stages of updated inputs
+    (their new global values)."""
+    names: list[str] = []
+    for d in dumped_values(program):
+        if d.stage not in names:
+            names.append(d.stage)
     return names
 
 
@@ -159,8 +166,9 @@ def _prepare_dump(path: str, force: bool) -> Path:
     return d
 
 
-def _write_dump(d: Path, program: Program, values: dict[str, Any], names: list[str]) -> None:
-    """Write every array as DIR/NAME.npy: all staged beside their destinations, then
+def _write_dump(d: Path, program: Program, values: dict[str, Any]) -> None:
+    """Write every dumped value (`cocoviz.exec.dumps`: outputs by name, updated inputs by
+    the input's name) as DIR/NAME.npy: all staged beside their destinations, then
     renamed into place (no truncated file, no write through a link), under the
     directory's lock."""
     import numpy as np
@@ -171,7 +179,10 @@ def _write_dump(d: Path, program: Program, values: dict[str, Any], names: list[s
     def npy(x: Any, dtype: str) -> fsio.Content:
         return lambda sink: np.save(sink, nx.to_dtype(x, nx.dtype_info(dtype)), allow_pickle=False)
 
-    arrays = {f"{n}.npy": npy(values[n], program.type_of(n).dtype.value) for n in names}
+    arrays = {
+        f"{v.name}.npy": npy(values[v.stage], program.type_of(v.stage).dtype.value)
+        for v in dumped_values(program)
+    }
     with fsio.locked_directory(d):
         fsio.remove_stale_temporaries(d)
         fsio.replace_files(d, arrays)
@@ -253,13 +264,13 @@ def cmd_run(args: argparse.Namespace) -> int:
     ok = True
     if not args.no_check:
         ref = run_reference(original, args.seed, given, max_mem=args.max_mem)
-        for n in names:
-            ty = original.type_of(n)
-            c = nx.compare(values[n], ref.global_value(n), ty.dtype.value)
+        for v in dumped_values(original):
+            ty = original.type_of(v.stage)
+            c = nx.compare(values[v.stage], ref.global_value(v.stage), ty.dtype.value)
             ok &= c.ok
             rows.append(
                 {
-                    "name": n,
+                    "name": v.name,
                     "dtype": ty.dtype.value,
                     "max_abs": c.max_abs,
                     "max_rel": c.max_rel,
@@ -267,7 +278,7 @@ def cmd_run(args: argparse.Namespace) -> int:
                 }
             )
     if dump_dir is not None:
-        _write_dump(dump_dir, original, values, names)
+        _write_dump(dump_dir, original, values)
 
     if args.json:
         print(
@@ -322,4 +333,4 @@ def _print_text(
             f"  check {r['name']:<16} {r['dtype']:<5} max abs {r['max_abs']:.3g}  max rel {r['max_rel']:.3g}  {verdict}"
         )
     if dump is not None:
-        print(f"  wrote {len(rows) or len(collected_names(program))} arrays to {dump}")
+        print(f"  wrote {len(dumped_values(program))} arrays to {dump}")

@@ -32,9 +32,48 @@ from cocoviz.emit.overlap import GroupLowering
 from cocoviz.emit.plan import Collectives, EmitError
 from cocoviz.errors import UsageError
 from cocoviz.ir.graph import contracted_order
-from cocoviz.ir.nodes import COLLECTIVES, Group, Op, Program
+from cocoviz.ir.nodes import COLLECTIVES, Expr, Group, Op, Program
 
 __all__ = ["Collectives", "EmitError", "lower_emit", "lower_program"]
+
+
+UNSIGNED_ARGS = frozenset({Op.SQRT, Op.RSQRT, Op.LOG, Op.POW})
+"""Operations whose first argument must not be negative (a real result)."""
+
+
+def unsigned_inputs(p: Program) -> frozenset[str]:
+    """Inputs that reach the first argument of sqrt, rsqrt, log or pow through any chain
+    of stages: `--check` draws them without a sign, so that Adam's `sqrt(v)` stays a
+    number (docs/codegen.md, inputs and dumps)."""
+    deps: dict[str, set[str]] = {}
+    roots: set[str] = set()
+
+    def refs(e: Expr, into: set[str]) -> None:
+        if e.op is Op.REF and e.name is not None:
+            into.add(e.name)
+        for a in e.args:
+            refs(a, into)
+
+    def walk(e: Expr) -> None:
+        if e.op in UNSIGNED_ARGS and e.args:
+            refs(e.args[0], roots)
+        for a in e.args:
+            walk(a)
+
+    for s in p.stages:
+        into: set[str] = set()
+        refs(s.expr, into)
+        deps[s.name] = into
+        walk(s.expr)
+    seen: set[str] = set()
+    todo = list(roots)
+    while todo:
+        n = todo.pop()
+        if n in seen:
+            continue
+        seen.add(n)
+        todo.extend(deps.get(n, ()))
+    return frozenset(i.name for i in p.inputs if i.name in seen)
 
 
 class _ProgramLowerer(GroupLowering):
@@ -45,12 +84,17 @@ class _ProgramLowerer(GroupLowering):
     def lower(self) -> pl.ProgramPlan:
         p = self.p
         inputs: list[pl.InputInit] = []
+        updates = p.updates()
+        unsigned = unsigned_inputs(p)
         for i in p.inputs:
             v = self.view(i.name)
             b = self.new_buffer(i.name, "input", i.ty.dtype, v.count, i.ty.pstage)
             inputs.append(
-                pl.InputInit(b.cname, i.name, i.ty.dtype, v, i.ty.pstage, i.ty.layout.is_local)
-            )
+                pl.InputInit(
+                    b.cname, i.name, i.ty.dtype, v, i.ty.pstage, i.ty.layout.is_local,
+                    updated=i.name in updates, nonnegative=i.name in unsigned,
+                )
+            )  # fmt: skip
         for s in p.stages:
             self.units[s.name] = self.make_units(s)
         self.assign_storage()
@@ -65,14 +109,17 @@ class _ProgramLowerer(GroupLowering):
                 steps.extend(self.lower_units([item], None, f"stage {item}"))
         steps = batch_finishes(steps, self._root_buffer, self._new_batch)
         one_device_stream(steps)
-        outputs = []
-        for o in p.outputs:
-            ty = self.type_of(o)
-            v = self.view(o)
+        def spec(name: str, stage: str) -> pl.OutputSpec:
+            ty = self.type_of(stage)
+            v = self.view(stage)
             gshape = (self.G, *v.shape) if ty.layout.is_local else v.shape
-            outputs.append(
-                pl.OutputSpec(o, self.buffer_of(o).cname, ty.dtype, v, ty.pstage, gshape)
+            b = self.buffer_of(stage)
+            return pl.OutputSpec(
+                name, b.cname, ty.dtype, v, ty.pstage, gshape, b.addressing == "global"
             )
+
+        outputs = [spec(o, o) for o in p.outputs]
+        updated = [spec(i.name, updates[i.name]) for i in p.inputs if i.name in updates]
         stages = []
         for s in p.stages:
             g = self.group_of.get(s.name)
@@ -108,6 +155,7 @@ class _ProgramLowerer(GroupLowering):
             stages=tuple(stages),
             uses_matmul=self._uses_matmul,
             uses_device_api=self._uses_device,
+            updated=tuple(updated),
             chunk_loops=self._chunk_loops,
         )
 

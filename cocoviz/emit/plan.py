@@ -126,6 +126,11 @@ class InputInit:
     pstage: int | None
     local: bool
     """Generator index of a local value is ``tp·numel + E``."""
+    updated: bool = False
+    """The program updates it (state: `--check` draws it once, not every round)."""
+    nonnegative: bool = False
+    """It reaches the argument of sqrt, rsqrt, log or pow: `--check` draws it without a
+    sign (docs/codegen.md, inputs and dumps)."""
 
 
 @dataclass(frozen=True)
@@ -137,6 +142,9 @@ class OutputSpec:
     pstage: int | None
     global_shape: tuple[int, ...]
     """Shape of the global value (``[G, *shape]`` for a local value)."""
+    global_addressing: bool = False
+    """The buffer aliases a replicated input and holds this rank's part at its global
+    positions (a sliced update of a replicated input)."""
 
 
 @dataclass(frozen=True)
@@ -595,6 +603,9 @@ class ProgramPlan:
     uses_device_api: bool = False
     chunk_loops: int = 0
     groups: tuple[str, ...] = field(default=())
+    updated: tuple[OutputSpec, ...] = field(default=())
+    """Updated inputs after a run, named by the input (`source`): the update stage's
+    buffer and view (`cocoviz.exec.dumps`)."""
 
 
 @dataclass(frozen=True)

@@ -423,6 +423,21 @@ class Renderer:
                 out.append(s)
         return out
 
+    def output_spec(self, o: pl.OutputSpec) -> dict[str, Any]:
+        """A value the launcher gathers (--check) or writes (--dump)."""
+        v = o.view
+        return {
+            "name": o.source, "literal": c_string(o.source), "buffer": o.buffer,
+            "enum": dt_enum(o.dtype), "ctype": self.storage_ctype(o.dtype),
+            "pstage": o.pstage if o.pstage is not None else 0,
+            "view": _view(v), "shape": list(o.global_shape),
+            "shape_text": "{" + ", ".join(str(x) for x in o.global_shape) + "}",
+            # a sliced update of a replicated input, stored at its global positions: rank
+            # r's part of chunk k starts at k·numel/K + r·count/K (docs/schedules.md)
+            "global_addressing": o.global_addressing,
+            "chunks": v.chunks if v.kind == "chunked" else 1,
+        }  # fmt: skip
+
     def program(self, p: pl.ProgramPlan) -> dict[str, Any]:
         steps = [self.step(s) for s in p.steps]
         flat = self.flat_kernels(steps)
@@ -451,30 +466,31 @@ class Renderer:
             start = {"replicated": "0", "local": f"tp * {v.numel}", "flat": f"tp * {v.count}"}.get(
                 v.kind, "0"
             )
+            # the global value: [G, *shape] for a local input (G: the tp group's size)
+            gshape = (self.plan.tp, *v.shape) if i.local else v.shape
             inputs.append(
                 {
                     "buffer": i.buffer, "id": c_string(i.source), "enum": dt_enum(i.dtype),
                     "kind": v.kind, "count": v.count, "start": start, "pstage": i.pstage,
                     "outer": v.outer, "run": v.blk * v.inner, "row": v.extent * v.inner,
+                    "name": i.source, "literal": c_string(i.source), "updated": i.updated,
+                    "nonnegative": i.nonnegative, "ctype": self.storage_ctype(i.dtype),
+                    "shape_text": "{" + ", ".join(str(x) for x in gshape) + "}",
+                    "numel": math.prod(gshape), "local": i.local,
                 }
             )  # fmt: skip
-        outputs = []
-        for o in p.outputs:
-            outputs.append(
-                {
-                    "name": o.source, "literal": c_string(o.source), "buffer": o.buffer,
-                    "enum": dt_enum(o.dtype), "ctype": self.storage_ctype(o.dtype),
-                    "pstage": o.pstage if o.pstage is not None else 0,
-                    "view": _view(o.view), "shape": list(o.global_shape),
-                    "shape_text": "{" + ", ".join(str(x) for x in o.global_shape) + "}",
-                }
-            )  # fmt: skip
+        outputs = [self.output_spec(o) for o in p.outputs]
+        updated = [self.output_spec(o) for o in p.updated]
         return {
             "ns": p.cname,
             "title": p.title,
             "buffers": buffers,
             "inputs": inputs,
             "outputs": outputs,
+            # what --dump writes: every output, then every updated input by its name
+            # (cocoviz.exec.dumps)
+            "dumps": outputs + updated,
+            "poison": [b for b in buffers if not b["alias"] and b["role"] != "input"],
             "steps": steps,
             "kernels": flat,
             "rngkeys": [{"cname": k.cname, "tag": c_string(k.tag)} for k in p.keys],

@@ -2,7 +2,8 @@
 
 Both programs run in the reference with the same inputs (the shared generator with one
 seed, or the same given global arrays); every output and every updated input of the
-original is compared by name, as global values, with the dtype's tolerance
+original is compared by name (an updated input by the input's name, as every dump names
+it: `cocoviz.exec.dumps`), as global values, with the dtype's tolerance
 (`numerics.compare`: ``|a − b| ≤ atol + rtol·|b|``, NaN positions must match).
 """
 
@@ -15,6 +16,7 @@ import numpy as np
 import numpy.typing as npt
 
 from cocoviz import numerics as nx
+from cocoviz.exec.dumps import dumped_values
 from cocoviz.exec.reference import RunResult, check_memory, estimate_bytes, run_reference
 from cocoviz.ir.nodes import Program
 from cocoviz.ir.types import format_shape, shape_values
@@ -210,7 +212,7 @@ def verify_programs(
             )
             continue
         rows.append(_compare(name, "output", ra, rb))
-    for name in original.updates():
+    for name in (d.name for d in dumped_values(original) if d.kind == "updated input"):
         done.add(name)
         if name not in sched_updates:
             rows.append(

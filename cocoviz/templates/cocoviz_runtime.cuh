@@ -11,6 +11,7 @@
 //   cuda_input_element<D>  the shared input generator on CUDA storage types
 //   cuda_dropout_value<D>  dropout of one element (scale from dropout_scale<D>(p))
 //   fill_input_kernel<D>   grid-stride input fill; fill_input_async<D> launches it
+//   check_fill_kernel<D>   --check's inputs (check_element of cocoviz_runtime.h)
 //   Pack<T, N>             N elements as one aligned access (load_pack, store_pack,
 //                          pack_aligned): the vectorized path of elementwise kernels
 //   CHECK_CUDA / CHECK_NCCL / CHECK_CUBLAS / CHECK_MPI / CHECK_LAUNCH
@@ -149,6 +150,25 @@ __global__ void fill_input_kernel(typename CudaDt<D>::storage* __restrict__ dst,
   for (uint64_t j = static_cast<uint64_t>(blockIdx.x) * blockDim.x + threadIdx.x; j < count;
        j += stride) {
     COCOVIZ_ST(dst, j) = cuda_input_element<D>(key, start + j);
+  }
+}
+
+// --check's inputs (cocoviz_runtime.h, check_element): the runs of a rank's part, element j
+// at global index run_index(j, run, row, base). Every value is exact in f32, so rounding it
+// from f32 equals rounding it from f64.
+template <DType D>
+__global__ void check_fill_kernel(typename CudaDt<D>::storage* __restrict__ dst, uint64_t key,
+                                  int64_t outer, int64_t run, int64_t row, int64_t base,
+                                  bool nonnegative) {
+  const int64_t n = outer * run;
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t j = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; j < n; j += stride) {
+    const uint64_t u = uniform_bits(key, run_index(j, run, row, base));
+    if constexpr (Dt<D>::is_float) {
+      COCOVIZ_ST(dst, j) = CudaDt<D>::store(static_cast<typename CudaDt<D>::compute>(check_float(u, nonnegative)));
+    } else {
+      COCOVIZ_ST(dst, j) = CudaDt<D>::store(check_int(u, nonnegative));
+    }
   }
 }
 

@@ -21,6 +21,9 @@
 #ifndef COCOVIZ_RUNTIME_H_
 #define COCOVIZ_RUNTIME_H_
 
+#include <sys/stat.h>
+
+#include <cerrno>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
@@ -410,6 +413,64 @@ inline void fill_input(typename Dt<D>::storage* dst, const char* id, uint64_t se
   }
 }
 
+// ------------------------------------------------------- --check's inputs
+//
+// --check draws its own inputs, made to expose mistakes rather than to match the
+// reference (docs/codegen.md, inputs and dumps): a stream per input and per round,
+// key = mix(key_for(id, seed) ^ mix(round)), u(i) = mix(key ^ i); floats are
+// +-((u >> 54) + 1) / 1024 * 2^(((u >> 51) & 7) - 3) (magnitudes 2^-13 .. 16, exact in
+// f16 and f32; the sign is bit 50 of u unless the input reaches sqrt, rsqrt, log or pow),
+// integers ((u & 15) - 8) << ((u >> 56) & 7) (u & 15 shifted alike where unsigned).
+
+COCOVIZ_HD constexpr uint64_t check_key(uint64_t input_key, uint64_t round) {
+  return mix(input_key ^ mix(round));
+}
+
+COCOVIZ_HD double check_float(uint64_t u, bool nonnegative) {
+  const double k = static_cast<double>((u >> 54) + 1) / 1024.0;
+  const int e = static_cast<int>((u >> 51) & 7u) - 3;
+  const double m = e >= 0 ? k * static_cast<double>(1u << e) : k / static_cast<double>(1u << -e);
+  return (!nonnegative && ((u >> 50) & 1u)) ? -m : m;
+}
+
+COCOVIZ_HD int64_t check_int(uint64_t u, bool nonnegative) {
+  const int64_t base = static_cast<int64_t>(u & 15u) - (nonnegative ? 0 : 8);
+  return base * (int64_t{1} << ((u >> 56) & 7u));
+}
+
+template <DType D>
+COCOVIZ_HD typename Dt<D>::storage check_element(uint64_t key, uint64_t i, bool nonnegative) {
+  const uint64_t u = uniform_bits(key, i);
+  if constexpr (Dt<D>::is_float) {
+    return Dt<D>::store_double(check_float(u, nonnegative));
+  } else {
+    return Dt<D>::store(check_int(u, nonnegative));
+  }
+}
+
+// Element j of a rank's part of a value laid out as `outer` runs of `run` elements, run o
+// starting at global flat index base + o * row (a block-sliced value: base = tp * run; any
+// other: one run, base = its first global index).
+COCOVIZ_HD uint64_t run_index(int64_t j, int64_t run, int64_t row, int64_t base) {
+  return static_cast<uint64_t>(base + (j / run) * row + j % run);
+}
+
+template <DType D>
+inline void fill_check(typename Dt<D>::storage* dst, uint64_t key, int64_t outer, int64_t run,
+                       int64_t row, int64_t base, bool nonnegative) {
+  const int64_t n = outer * run;
+  COCOVIZ_OMP_PARALLEL_FOR
+  for (int64_t j = 0; j < n; ++j) dst[j] = check_element<D>(key, run_index(j, run, row, base), nonnegative);
+}
+
+// Copies a rank's part (the runs above) out of a global array.
+template <class T>
+inline void copy_runs(T* dst, const T* global, int64_t outer, int64_t run, int64_t row, int64_t base) {
+  for (int64_t o = 0; o < outer; ++o) {
+    std::memcpy(dst + o * run, global + base + o * row, sizeof(T) * static_cast<size_t>(run));
+  }
+}
+
 // ---------------------------------------------------------------- dropout
 
 // floor(p * 2^32); p in [0, 1), so the product is exact and below 2^32.
@@ -513,6 +574,7 @@ struct NpyArray {
   std::string descr;
   std::vector<uint64_t> shape;
   std::vector<unsigned char> data;
+  uint64_t trailing = 0;  // bytes after the data the header promises
 
   uint64_t numel() const {
     uint64_t n = 1;
@@ -633,6 +695,8 @@ inline NpyArray read_npy_raw(const std::string& path) {
   const size_t bytes = static_cast<size_t>(a.numel()) * itemsize;
   a.data.resize(bytes);
   if (bytes != 0 && std::fread(a.data.data(), 1, bytes, f) != bytes) fail("truncated data");
+  unsigned char extra[4096];
+  for (size_t got; (got = std::fread(extra, 1, sizeof extra, f)) > 0;) a.trailing += got;
   std::fclose(f);
   return a;
 }
@@ -661,6 +725,67 @@ inline std::vector<typename Dt<D>::storage> read_npy(const std::string& path, ui
     std::memcpy(out.data(), a.data.data(), a.data.size());
   }
   return out;
+}
+
+// Reads input `name` for --inputs (docs/codegen.md, inputs and dumps): DIR/<name>.npy must
+// be a C-order .npy of D's dtype ('<f4' for bf16) and of exactly the global shape `shape`,
+// holding exactly the bytes its header promises, as `cocoviz run --inputs` requires.
+// Returns "" and fills `out` (D's storage), or returns the one-line reason it cannot.
+template <DType D>
+inline std::string read_input_npy(const std::string& path, const char* name,
+                                  const std::vector<uint64_t>& shape, bool local,
+                                  std::vector<typename Dt<D>::storage>& out) {
+  auto dims = [](const std::vector<uint64_t>& v) {
+    std::string t = "[";
+    for (size_t k = 0; k < v.size(); ++k) t += (k ? ", " : "") + std::to_string(v[k]);
+    return t + "]";
+  };
+  const std::string what = path + ": input '" + name + "' (" + Dt<D>::name + ", global shape " +
+                           dims(shape) + (local ? ": [G, *shape], one row per rank for a local input" : "") + ")";
+  struct stat st;
+  if (::stat(path.c_str(), &st) != 0) {
+    return path + ": " + std::strerror(errno) + ": input '" + name +
+           "' has no file (an emitted program reads every input from --inputs DIR)";
+  }
+  if (!S_ISREG(st.st_mode)) return path + ": not a regular file (a FIFO or a device would never end)";
+  NpyArray a;
+  try {
+    a = read_npy_raw(path);
+  } catch (const std::exception& e) {
+    return std::string(e.what()) + " (write it with numpy.save)";
+  } catch (...) {
+    return path + ": not a readable .npy file (its header promises more data than fits in memory?)";
+  }
+  const char* want = Dt<D>::npy_descr;
+  if (a.descr != want) {
+    auto named = [](const std::string& d) {
+      static const char* const known[][2] = {{"<f2", "float16"}, {"<f4", "float32"}, {"<f8", "float64"},
+                                             {"<i4", "int32"}, {"<i8", "int64"}};
+      for (const auto& k : known) {
+        if (d == k[0]) return d + " (numpy " + k[1] + ")";
+      }
+      return d;
+    };
+    return what + ": expected dtype " + named(want) + (D == DType::bf16 ? ", bf16 stored as float32" : "") +
+           ", found " + named(a.descr);
+  }
+  if (a.shape != shape) return what + ": expected shape " + dims(shape) + ", found " + dims(a.shape);
+  if (a.trailing != 0) {
+    return path + ": " + std::to_string(a.trailing) +
+           " extra byte(s) follow the data its header promises (write it with numpy.save)";
+  }
+  const uint64_t n = a.numel();
+  out.resize(static_cast<size_t>(n));
+  if constexpr (D == DType::bf16) {
+    for (uint64_t i = 0; i < n; ++i) {
+      float v;
+      std::memcpy(&v, a.data.data() + i * sizeof(float), sizeof v);
+      out[i] = bf16_from_float(v);
+    }
+  } else if (n != 0) {
+    std::memcpy(out.data(), a.data.data(), a.data.size());
+  }
+  return "";
 }
 
 }  // namespace cocoviz

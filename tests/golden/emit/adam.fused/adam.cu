@@ -399,28 +399,32 @@ State* create(const Ctx& ctx) {
     // a host-API collective's buffer: symmetric memory, registered as a window below
     CHECK_NCCL("allocation of in_ref_g", ncclMemAlloc(&mem, sizeof(__half) * 268435456));
     S->owned_symmetric.push_back(mem);
-    CHECK_CUDA("allocation", cudaMemsetAsync(mem, 0, sizeof(__half) * 268435456, S->main));
+    // poisoned: NaN bytes (integers: -1) until written (docs/codegen.md, inputs and dumps)
+    CHECK_CUDA("allocation", cudaMemsetAsync(mem, 0xFF, sizeof(__half) * 268435456, S->main));
     B.in_ref_g = static_cast<__half*>(mem);
   }
   if (on_stage(ctx, 0)) {
     void* mem = nullptr;
     CHECK_CUDA("allocation of in_ref_w", cudaMalloc(&mem, sizeof(float) * 268435456));
     S->owned.push_back(mem);
-    CHECK_CUDA("allocation", cudaMemsetAsync(mem, 0, sizeof(float) * 268435456, S->main));
+    // poisoned: NaN bytes (integers: -1) until written (docs/codegen.md, inputs and dumps)
+    CHECK_CUDA("allocation", cudaMemsetAsync(mem, 0xFF, sizeof(float) * 268435456, S->main));
     B.in_ref_w = static_cast<float*>(mem);
   }
   if (on_stage(ctx, 0)) {
     void* mem = nullptr;
     CHECK_CUDA("allocation of in_ref_m", cudaMalloc(&mem, sizeof(float) * 268435456));
     S->owned.push_back(mem);
-    CHECK_CUDA("allocation", cudaMemsetAsync(mem, 0, sizeof(float) * 268435456, S->main));
+    // poisoned: NaN bytes (integers: -1) until written (docs/codegen.md, inputs and dumps)
+    CHECK_CUDA("allocation", cudaMemsetAsync(mem, 0xFF, sizeof(float) * 268435456, S->main));
     B.in_ref_m = static_cast<float*>(mem);
   }
   if (on_stage(ctx, 0)) {
     void* mem = nullptr;
     CHECK_CUDA("allocation of in_ref_v", cudaMalloc(&mem, sizeof(float) * 268435456));
     S->owned.push_back(mem);
-    CHECK_CUDA("allocation", cudaMemsetAsync(mem, 0, sizeof(float) * 268435456, S->main));
+    // poisoned: NaN bytes (integers: -1) until written (docs/codegen.md, inputs and dumps)
+    CHECK_CUDA("allocation", cudaMemsetAsync(mem, 0xFF, sizeof(float) * 268435456, S->main));
     B.in_ref_v = static_cast<float*>(mem);
   }
   if (on_stage(ctx, 0)) {
@@ -428,28 +432,32 @@ State* create(const Ctx& ctx) {
     // a host-API collective's buffer: symmetric memory, registered as a window below
     CHECK_NCCL("allocation of v_ref_g1", ncclMemAlloc(&mem, sizeof(__half) * 268435456));
     S->owned_symmetric.push_back(mem);
-    CHECK_CUDA("allocation", cudaMemsetAsync(mem, 0, sizeof(__half) * 268435456, S->main));
+    // poisoned: NaN bytes (integers: -1) until written (docs/codegen.md, inputs and dumps)
+    CHECK_CUDA("allocation", cudaMemsetAsync(mem, 0xFF, sizeof(__half) * 268435456, S->main));
     B.v_ref_g1 = static_cast<__half*>(mem);
   }
   if (on_stage(ctx, 0)) {
     void* mem = nullptr;
     CHECK_CUDA("allocation of v_ref_gf", cudaMalloc(&mem, sizeof(float) * 268435456));
     S->owned.push_back(mem);
-    CHECK_CUDA("allocation", cudaMemsetAsync(mem, 0, sizeof(float) * 268435456, S->main));
+    // poisoned: NaN bytes (integers: -1) until written (docs/codegen.md, inputs and dumps)
+    CHECK_CUDA("allocation", cudaMemsetAsync(mem, 0xFF, sizeof(float) * 268435456, S->main));
     B.v_ref_gf = static_cast<float*>(mem);
   }
   if (on_stage(ctx, 0)) {
     void* mem = nullptr;
     CHECK_CUDA("allocation of v_ref_mh", cudaMalloc(&mem, sizeof(float) * 268435456));
     S->owned.push_back(mem);
-    CHECK_CUDA("allocation", cudaMemsetAsync(mem, 0, sizeof(float) * 268435456, S->main));
+    // poisoned: NaN bytes (integers: -1) until written (docs/codegen.md, inputs and dumps)
+    CHECK_CUDA("allocation", cudaMemsetAsync(mem, 0xFF, sizeof(float) * 268435456, S->main));
     B.v_ref_mh = static_cast<float*>(mem);
   }
   if (on_stage(ctx, 0)) {
     void* mem = nullptr;
     CHECK_CUDA("allocation of v_ref_vh", cudaMalloc(&mem, sizeof(float) * 268435456));
     S->owned.push_back(mem);
-    CHECK_CUDA("allocation", cudaMemsetAsync(mem, 0, sizeof(float) * 268435456, S->main));
+    // poisoned: NaN bytes (integers: -1) until written (docs/codegen.md, inputs and dumps)
+    CHECK_CUDA("allocation", cudaMemsetAsync(mem, 0xFF, sizeof(float) * 268435456, S->main));
     B.v_ref_vh = static_cast<float*>(mem);
   }
   if (B.in_ref_m != nullptr) B.v_ref_m1 = B.in_ref_m + (0);
@@ -474,9 +482,9 @@ void destroy(State* S, const Ctx& ctx) {
 #endif
   for (void* p : S->owned) CHECK_CUDA("teardown", cudaFree(p));
   for (void* p : S->owned_symmetric) CHECK_NCCL("teardown", ncclMemFree(p));
-  cudaStreamDestroy(S->main);
-  cudaStreamDestroy(S->compute);
-  cudaStreamDestroy(S->comm);
+  CHECK_CUDA("teardown", cudaStreamDestroy(S->main));
+  CHECK_CUDA("teardown", cudaStreamDestroy(S->compute));
+  CHECK_CUDA("teardown", cudaStreamDestroy(S->comm));
   (void)ctx;
   delete S;
 }
@@ -501,6 +509,68 @@ void init(State* S, const Ctx& ctx, uint64_t seed) {
   (void)B;
   (void)C;
   (void)tp;
+}
+
+void set_inputs(State* S, const Ctx& ctx, const void* const* values) {
+  Buffers& B = S->B;
+  const int64_t tp = ctx.tp;
+  if (B.in_ref_g != nullptr) {
+    std::vector<__half> part(268435456);
+    ::cocoviz::copy_runs(part.data(), static_cast<const __half*>(values[0]), 1, 268435456, 0, tp * 268435456);
+    CHECK_CUDA("inputs", cudaMemcpy(B.in_ref_g, part.data(), sizeof(part[0]) * part.size(), cudaMemcpyHostToDevice));
+  }
+  if (B.in_ref_w != nullptr) {
+    std::vector<float> part(268435456);
+    ::cocoviz::copy_runs(part.data(), static_cast<const float*>(values[1]), 1, 268435456, 0, 0);
+    CHECK_CUDA("inputs", cudaMemcpy(B.in_ref_w, part.data(), sizeof(part[0]) * part.size(), cudaMemcpyHostToDevice));
+  }
+  if (B.in_ref_m != nullptr) {
+    std::vector<float> part(268435456);
+    ::cocoviz::copy_runs(part.data(), static_cast<const float*>(values[2]), 1, 268435456, 0, 0);
+    CHECK_CUDA("inputs", cudaMemcpy(B.in_ref_m, part.data(), sizeof(part[0]) * part.size(), cudaMemcpyHostToDevice));
+  }
+  if (B.in_ref_v != nullptr) {
+    std::vector<float> part(268435456);
+    ::cocoviz::copy_runs(part.data(), static_cast<const float*>(values[3]), 1, 268435456, 0, 0);
+    CHECK_CUDA("inputs", cudaMemcpy(B.in_ref_v, part.data(), sizeof(part[0]) * part.size(), cudaMemcpyHostToDevice));
+  }
+  CHECK_CUDA("inputs", cudaDeviceSynchronize());
+  (void)B;
+  (void)tp;
+  (void)values;
+}
+
+void fill_check(State* S, const Ctx& ctx, uint64_t seed, uint64_t round) {
+  Buffers& B = S->B;
+  const int64_t tp = ctx.tp;
+  if (round == 1) {
+    // every buffer that is not an input holds NaN bytes (integers: -1) before the first
+    // round: a read of a value nothing wrote shows in the outputs
+    if (B.v_ref_g1 != nullptr) CHECK_CUDA("inputs", cudaMemsetAsync(B.v_ref_g1, 0xFF, sizeof(__half) * 268435456, S->main));
+    if (B.v_ref_gf != nullptr) CHECK_CUDA("inputs", cudaMemsetAsync(B.v_ref_gf, 0xFF, sizeof(float) * 268435456, S->main));
+    if (B.v_ref_mh != nullptr) CHECK_CUDA("inputs", cudaMemsetAsync(B.v_ref_mh, 0xFF, sizeof(float) * 268435456, S->main));
+    if (B.v_ref_vh != nullptr) CHECK_CUDA("inputs", cudaMemsetAsync(B.v_ref_vh, 0xFF, sizeof(float) * 268435456, S->main));
+  }
+  if (B.in_ref_g != nullptr) {
+    COCOVIZ_LAUNCH(::cocoviz::check_fill_kernel<cocoviz::DType::f16>, 65536, kThreads, 0, S->main)(B.in_ref_g, ::cocoviz::check_key(::cocoviz::key_for("g", seed), round), 1, 268435456, 0, tp * 268435456, true);
+    CHECK_LAUNCH("inputs", "check_fill_kernel");
+  }
+  if (B.in_ref_w != nullptr && round == 1) {
+    COCOVIZ_LAUNCH(::cocoviz::check_fill_kernel<cocoviz::DType::f32>, 65536, kThreads, 0, S->main)(B.in_ref_w, ::cocoviz::check_key(::cocoviz::key_for("w", seed), round), 1, 268435456, 0, 0, false);
+    CHECK_LAUNCH("inputs", "check_fill_kernel");
+  }
+  if (B.in_ref_m != nullptr && round == 1) {
+    COCOVIZ_LAUNCH(::cocoviz::check_fill_kernel<cocoviz::DType::f32>, 65536, kThreads, 0, S->main)(B.in_ref_m, ::cocoviz::check_key(::cocoviz::key_for("m", seed), round), 1, 268435456, 0, 0, false);
+    CHECK_LAUNCH("inputs", "check_fill_kernel");
+  }
+  if (B.in_ref_v != nullptr && round == 1) {
+    COCOVIZ_LAUNCH(::cocoviz::check_fill_kernel<cocoviz::DType::f32>, 65536, kThreads, 0, S->main)(B.in_ref_v, ::cocoviz::check_key(::cocoviz::key_for("v", seed), round), 1, 268435456, 0, 0, true);
+    CHECK_LAUNCH("inputs", "check_fill_kernel");
+  }
+  CHECK_CUDA("inputs", cudaStreamSynchronize(S->main));
+  (void)B;
+  (void)tp;
+  (void)seed;
 }
 
 void run(State* S, const Ctx& ctx, const Params& P) {
@@ -566,6 +636,15 @@ const char* lowering(const State* S) {
 const void* output(const State* S, int k) {
   if (k == 0) return S->B.v_ref_w1;
   (void)S;
+  return nullptr;
+}
+
+const void* updated(const State* S, int k) {
+  if (k == 0) return S->B.v_ref_w1;
+  if (k == 1) return S->B.v_ref_m1;
+  if (k == 2) return S->B.v_ref_v1;
+  (void)S;
+  (void)k;
   return nullptr;
 }
 
@@ -715,7 +794,8 @@ State* create(const Ctx& ctx) {
     // a host-API collective's buffer: symmetric memory, registered as a window below
     CHECK_NCCL("allocation of in_sch_g", ncclMemAlloc(&mem, sizeof(__half) * 268435456));
     S->owned_symmetric.push_back(mem);
-    CHECK_CUDA("allocation", cudaMemsetAsync(mem, 0, sizeof(__half) * 268435456, S->main));
+    // poisoned: NaN bytes (integers: -1) until written (docs/codegen.md, inputs and dumps)
+    CHECK_CUDA("allocation", cudaMemsetAsync(mem, 0xFF, sizeof(__half) * 268435456, S->main));
     B.in_sch_g = static_cast<__half*>(mem);
   }
   if (on_stage(ctx, 0)) {
@@ -723,21 +803,24 @@ State* create(const Ctx& ctx) {
     // a host-API collective's buffer: symmetric memory, registered as a window below
     CHECK_NCCL("allocation of in_sch_w", ncclMemAlloc(&mem, sizeof(float) * 268435456));
     S->owned_symmetric.push_back(mem);
-    CHECK_CUDA("allocation", cudaMemsetAsync(mem, 0, sizeof(float) * 268435456, S->main));
+    // poisoned: NaN bytes (integers: -1) until written (docs/codegen.md, inputs and dumps)
+    CHECK_CUDA("allocation", cudaMemsetAsync(mem, 0xFF, sizeof(float) * 268435456, S->main));
     B.in_sch_w = static_cast<float*>(mem);
   }
   if (on_stage(ctx, 0)) {
     void* mem = nullptr;
     CHECK_CUDA("allocation of in_sch_m", cudaMalloc(&mem, sizeof(float) * 8388608));
     S->owned.push_back(mem);
-    CHECK_CUDA("allocation", cudaMemsetAsync(mem, 0, sizeof(float) * 8388608, S->main));
+    // poisoned: NaN bytes (integers: -1) until written (docs/codegen.md, inputs and dumps)
+    CHECK_CUDA("allocation", cudaMemsetAsync(mem, 0xFF, sizeof(float) * 8388608, S->main));
     B.in_sch_m = static_cast<float*>(mem);
   }
   if (on_stage(ctx, 0)) {
     void* mem = nullptr;
     CHECK_CUDA("allocation of in_sch_v", cudaMalloc(&mem, sizeof(float) * 8388608));
     S->owned.push_back(mem);
-    CHECK_CUDA("allocation", cudaMemsetAsync(mem, 0, sizeof(float) * 8388608, S->main));
+    // poisoned: NaN bytes (integers: -1) until written (docs/codegen.md, inputs and dumps)
+    CHECK_CUDA("allocation", cudaMemsetAsync(mem, 0xFF, sizeof(float) * 8388608, S->main));
     B.in_sch_v = static_cast<float*>(mem);
   }
   if (on_stage(ctx, 0)) {
@@ -745,7 +828,8 @@ State* create(const Ctx& ctx) {
     // a host-API collective's buffer: symmetric memory, registered as a window below
     CHECK_NCCL("allocation of v_sch_g1_rs", ncclMemAlloc(&mem, sizeof(__half) * 8388608));
     S->owned_symmetric.push_back(mem);
-    CHECK_CUDA("allocation", cudaMemsetAsync(mem, 0, sizeof(__half) * 8388608, S->main));
+    // poisoned: NaN bytes (integers: -1) until written (docs/codegen.md, inputs and dumps)
+    CHECK_CUDA("allocation", cudaMemsetAsync(mem, 0xFF, sizeof(__half) * 8388608, S->main));
     B.v_sch_g1_rs = static_cast<__half*>(mem);
   }
   if (B.in_sch_m != nullptr) B.v_sch_m1 = B.in_sch_m + (0);
@@ -773,9 +857,9 @@ void destroy(State* S, const Ctx& ctx) {
 #endif
   for (void* p : S->owned) CHECK_CUDA("teardown", cudaFree(p));
   for (void* p : S->owned_symmetric) CHECK_NCCL("teardown", ncclMemFree(p));
-  cudaStreamDestroy(S->main);
-  cudaStreamDestroy(S->compute);
-  cudaStreamDestroy(S->comm);
+  CHECK_CUDA("teardown", cudaStreamDestroy(S->main));
+  CHECK_CUDA("teardown", cudaStreamDestroy(S->compute));
+  CHECK_CUDA("teardown", cudaStreamDestroy(S->comm));
   (void)ctx;
   delete S;
 }
@@ -800,6 +884,65 @@ void init(State* S, const Ctx& ctx, uint64_t seed) {
   (void)B;
   (void)C;
   (void)tp;
+}
+
+void set_inputs(State* S, const Ctx& ctx, const void* const* values) {
+  Buffers& B = S->B;
+  const int64_t tp = ctx.tp;
+  if (B.in_sch_g != nullptr) {
+    std::vector<__half> part(268435456);
+    ::cocoviz::copy_runs(part.data(), static_cast<const __half*>(values[0]), 1, 268435456, 0, tp * 268435456);
+    CHECK_CUDA("inputs", cudaMemcpy(B.in_sch_g, part.data(), sizeof(part[0]) * part.size(), cudaMemcpyHostToDevice));
+  }
+  if (B.in_sch_w != nullptr) {
+    std::vector<float> part(268435456);
+    ::cocoviz::copy_runs(part.data(), static_cast<const float*>(values[1]), 1, 268435456, 0, 0);
+    CHECK_CUDA("inputs", cudaMemcpy(B.in_sch_w, part.data(), sizeof(part[0]) * part.size(), cudaMemcpyHostToDevice));
+  }
+  if (B.in_sch_m != nullptr) {
+    std::vector<float> part(8388608);
+    ::cocoviz::copy_runs(part.data(), static_cast<const float*>(values[2]), 1, 8388608, 0, tp * 8388608);
+    CHECK_CUDA("inputs", cudaMemcpy(B.in_sch_m, part.data(), sizeof(part[0]) * part.size(), cudaMemcpyHostToDevice));
+  }
+  if (B.in_sch_v != nullptr) {
+    std::vector<float> part(8388608);
+    ::cocoviz::copy_runs(part.data(), static_cast<const float*>(values[3]), 1, 8388608, 0, tp * 8388608);
+    CHECK_CUDA("inputs", cudaMemcpy(B.in_sch_v, part.data(), sizeof(part[0]) * part.size(), cudaMemcpyHostToDevice));
+  }
+  CHECK_CUDA("inputs", cudaDeviceSynchronize());
+  (void)B;
+  (void)tp;
+  (void)values;
+}
+
+void fill_check(State* S, const Ctx& ctx, uint64_t seed, uint64_t round) {
+  Buffers& B = S->B;
+  const int64_t tp = ctx.tp;
+  if (round == 1) {
+    // every buffer that is not an input holds NaN bytes (integers: -1) before the first
+    // round: a read of a value nothing wrote shows in the outputs
+    if (B.v_sch_g1_rs != nullptr) CHECK_CUDA("inputs", cudaMemsetAsync(B.v_sch_g1_rs, 0xFF, sizeof(__half) * 8388608, S->main));
+  }
+  if (B.in_sch_g != nullptr) {
+    COCOVIZ_LAUNCH(::cocoviz::check_fill_kernel<cocoviz::DType::f16>, 65536, kThreads, 0, S->main)(B.in_sch_g, ::cocoviz::check_key(::cocoviz::key_for("g", seed), round), 1, 268435456, 0, tp * 268435456, true);
+    CHECK_LAUNCH("inputs", "check_fill_kernel");
+  }
+  if (B.in_sch_w != nullptr && round == 1) {
+    COCOVIZ_LAUNCH(::cocoviz::check_fill_kernel<cocoviz::DType::f32>, 65536, kThreads, 0, S->main)(B.in_sch_w, ::cocoviz::check_key(::cocoviz::key_for("w", seed), round), 1, 268435456, 0, 0, false);
+    CHECK_LAUNCH("inputs", "check_fill_kernel");
+  }
+  if (B.in_sch_m != nullptr && round == 1) {
+    COCOVIZ_LAUNCH(::cocoviz::check_fill_kernel<cocoviz::DType::f32>, 32768, kThreads, 0, S->main)(B.in_sch_m, ::cocoviz::check_key(::cocoviz::key_for("m", seed), round), 1, 8388608, 0, tp * 8388608, false);
+    CHECK_LAUNCH("inputs", "check_fill_kernel");
+  }
+  if (B.in_sch_v != nullptr && round == 1) {
+    COCOVIZ_LAUNCH(::cocoviz::check_fill_kernel<cocoviz::DType::f32>, 32768, kThreads, 0, S->main)(B.in_sch_v, ::cocoviz::check_key(::cocoviz::key_for("v", seed), round), 1, 8388608, 0, tp * 8388608, true);
+    CHECK_LAUNCH("inputs", "check_fill_kernel");
+  }
+  CHECK_CUDA("inputs", cudaStreamSynchronize(S->main));
+  (void)B;
+  (void)tp;
+  (void)seed;
 }
 
 void run(State* S, const Ctx& ctx, const Params& P) {
@@ -842,6 +985,15 @@ const char* lowering(const State* S) {
 const void* output(const State* S, int k) {
   if (k == 0) return S->B.v_sch_w1;
   (void)S;
+  return nullptr;
+}
+
+const void* updated(const State* S, int k) {
+  if (k == 0) return S->B.v_sch_w1_s;
+  if (k == 1) return S->B.v_sch_m1;
+  if (k == 2) return S->B.v_sch_v1;
+  (void)S;
+  (void)k;
   return nullptr;
 }
 

@@ -42,9 +42,16 @@ struct State;
 State* create(const Ctx& ctx);
 void destroy(State* S, const Ctx& ctx);
 void init(State* S, const Ctx& ctx, uint64_t seed);
+// --inputs: every input from its global value (values[k]: input k of this program, in
+// storage type, C order; docs/codegen.md, inputs and dumps)
+void set_inputs(State* S, const Ctx& ctx, const void* const* values);
+// --check's inputs of round `round` (from 1): round 1 draws every input and poisons every
+// other buffer (NaN bytes); a later round draws the inputs the program does not update
+void fill_check(State* S, const Ctx& ctx, uint64_t seed, uint64_t round);
 void run(State* S, const Ctx& ctx, const Params& P);
 cudaStream_t stream(const State* S);
 const void* output(const State* S, int k);  // device pointer
+const void* updated(const State* S, int k);  // updated input k (in input order) after run(): device pointer
 const char* lowering(const State* S);  // "nccl-device" or "nccl": what create() chose
 }  // namespace ref
 
@@ -53,9 +60,16 @@ struct State;
 State* create(const Ctx& ctx);
 void destroy(State* S, const Ctx& ctx);
 void init(State* S, const Ctx& ctx, uint64_t seed);
+// --inputs: every input from its global value (values[k]: input k of this program, in
+// storage type, C order; docs/codegen.md, inputs and dumps)
+void set_inputs(State* S, const Ctx& ctx, const void* const* values);
+// --check's inputs of round `round` (from 1): round 1 draws every input and poisons every
+// other buffer (NaN bytes); a later round draws the inputs the program does not update
+void fill_check(State* S, const Ctx& ctx, uint64_t seed, uint64_t round);
 void run(State* S, const Ctx& ctx, const Params& P);
 cudaStream_t stream(const State* S);
 const void* output(const State* S, int k);  // device pointer
+const void* updated(const State* S, int k);  // updated input k (in input order) after run(): device pointer
 const char* lowering(const State* S);  // "nccl-device" or "nccl": what create() chose
 }  // namespace sch
 

@@ -39,6 +39,7 @@ struct Args {
   bool check = false;
   int check_iters = 3;
   std::string dump;
+  std::string inputs;
   uint64_t seed = 0;
   std::vector<std::pair<std::string, double>> params;
 };
@@ -46,11 +47,11 @@ struct Args {
 [[noreturn]] void usage(const Ctx& ctx, const std::string& why) {
   if (ctx.world_rank == 0) {
     std::fprintf(stderr,
-                 "%s\nusage: %s [--iters N] [--warmup N] [--check] [--check-iters N] [--dump DIR] "
-                 "[--seed S] [--param NAME=VALUE] [--no-graph]\n",
+                 "%s\nusage: %s [--iters N] [--warmup N] [--check] [--check-iters N] [--inputs DIR] "
+                 "[--dump DIR] [--seed S] [--param NAME=VALUE] [--no-graph]\n",
                  why.c_str(), "adam");
   }
-  MPI_Finalize();
+  CHECK_MPI("usage", MPI_Finalize());
   std::exit(2);
 }
 
@@ -73,6 +74,8 @@ Args parse_args(const Ctx& ctx, int argc, char** argv) {
         a.check_iters = std::stoi(value());
       } else if (arg == "--dump") {
         a.dump = value();
+      } else if (arg == "--inputs") {
+        a.inputs = value();
       } else if (arg == "--seed") {
         a.seed = std::stoull(value());
       } else if (arg == "--param") {
@@ -182,6 +185,84 @@ bool check_copies(const Ctx& ctx, const std::string& name, const std::vector<typ
   return ok;
 }
 
+// --inputs DIR: the global value of every input of the program, read from DIR/<name>.npy
+// in the layout `cocoviz run --inputs` reads (docs/codegen.md, inputs and dumps).
+struct InputValues {
+  std::vector<Dt<cocoviz::DType::f16>::storage> v0;  // g
+  std::vector<Dt<cocoviz::DType::f32>::storage> v1;  // w
+  std::vector<Dt<cocoviz::DType::f32>::storage> v2;  // m
+  std::vector<Dt<cocoviz::DType::f32>::storage> v3;  // v
+};
+
+// Every rank reads and checks every input file; where any rank finds a defect, the lowest
+// such rank prints it (which file, what was expected, what was found) and every rank ends
+// with exit 2, before anything runs.
+void read_inputs(const Ctx& ctx, const std::string& dir, InputValues& in) {
+  std::string why;
+  struct stat st;
+  if (::stat(dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) why = "no such directory";
+  if (why.empty()) why = ::cocoviz::read_input_npy<cocoviz::DType::f16>(dir + "/" + "g" + ".npy", "g", std::vector<uint64_t>{32, 268435456}, true, in.v0);
+  if (why.empty()) why = ::cocoviz::read_input_npy<cocoviz::DType::f32>(dir + "/" + "w" + ".npy", "w", std::vector<uint64_t>{268435456}, false, in.v1);
+  if (why.empty()) why = ::cocoviz::read_input_npy<cocoviz::DType::f32>(dir + "/" + "m" + ".npy", "m", std::vector<uint64_t>{268435456}, false, in.v2);
+  if (why.empty()) why = ::cocoviz::read_input_npy<cocoviz::DType::f32>(dir + "/" + "v" + ".npy", "v", std::vector<uint64_t>{268435456}, false, in.v3);
+  const int mine = why.empty() ? ctx.world_size : ctx.world_rank;
+  int first = ctx.world_size;
+  CHECK_MPI("inputs", MPI_Allreduce(&mine, &first, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD));
+  if (first == ctx.world_size) return;
+  if (ctx.world_rank == first) {
+    std::fprintf(stderr, "%s: --inputs %s: %s\n", "adam", dir.c_str(), why.c_str());
+  }
+  CHECK_MPI("inputs", MPI_Finalize());
+  std::exit(2);
+}
+
+// The read inputs in the input order of ref.
+std::vector<const void*> input_values_ref(const InputValues& in) {
+  std::vector<const void*> out;
+  out.push_back(in.v0.data());
+  out.push_back(in.v1.data());
+  out.push_back(in.v2.data());
+  out.push_back(in.v3.data());
+  (void)in;
+  return out;
+}
+
+// The read inputs in the input order of sch.
+std::vector<const void*> input_values_sch(const InputValues& in) {
+  std::vector<const void*> out;
+  out.push_back(in.v0.data());
+  out.push_back(in.v1.data());
+  out.push_back(in.v2.data());
+  out.push_back(in.v3.data());
+  (void)in;
+  return out;
+}
+
+// The global value of a sliced update of a replicated input, stored at its global
+// positions (docs/schedules.md): in each of the `chunks` chunks of `numel / chunks`
+// elements, group rank r holds the r-th piece; assembled on the group root.
+template <DType D>
+std::vector<typename Dt<D>::storage> gather_addressed(const Ctx& ctx, const typename Dt<D>::storage* whole,
+                                                      int64_t numel, int64_t chunks, const char* what) {
+  using T = typename Dt<D>::storage;
+  const int64_t chunk = numel / chunks, piece = chunk / ctx.T;
+  std::vector<T> mine(static_cast<size_t>(chunks * piece));
+  for (int64_t k = 0; k < chunks; ++k) {
+    std::memcpy(&mine[static_cast<size_t>(k * piece)], whole + k * chunk + ctx.tp * piece, sizeof(T) * static_cast<size_t>(piece));
+  }
+  const std::vector<T> recv = gather_copies<D>(ctx, mine.data(), chunks * piece, what);
+  std::vector<T> all;
+  if (ctx.tp != 0) return all;
+  all.resize(static_cast<size_t>(numel));
+  for (int64_t r = 0; r < ctx.T; ++r) {
+    for (int64_t k = 0; k < chunks; ++k) {
+      std::memcpy(&all[static_cast<size_t>(k * chunk + r * piece)], &recv[static_cast<size_t>((r * chunks + k) * piece)],
+                  sizeof(T) * static_cast<size_t>(piece));
+    }
+  }
+  return all;
+}
+
 // Creates DIR for --dump on every rank that writes (errors other than "exists" are fatal).
 void make_dump_dir(const std::string& dir) {
   if (::mkdir(dir.c_str(), 0777) != 0 && errno != EEXIST) {
@@ -212,7 +293,7 @@ void setup_ctx(Ctx& ctx) {
                    "start it with 32 ranks (see run.sh) or re-emit with --ranks\n",
                    "adam", ctx.T, ctx.P, ctx.world_size);
     }
-    MPI_Finalize();
+    CHECK_MPI("setup", MPI_Finalize());
     std::exit(2);
   }
   ctx.pp = ctx.world_rank / ctx.T;
@@ -312,7 +393,7 @@ void iterate(sch::State* S, const Ctx& ctx, const Params& P, cudaGraphExec_t gra
 }  // namespace
 
 int main(int argc, char** argv) {
-  MPI_Init(&argc, &argv);
+  CHECK_MPI("setup", MPI_Init(&argc, &argv));
   Ctx ctx;
   setup_ctx(ctx);
   const bool no_graph = take_no_graph(&argc, argv);
@@ -340,20 +421,32 @@ int main(int argc, char** argv) {
   ctx.nccl_group = ctx.nccl_world;
   CHECK_CUBLAS("setup", cublasCreate(&ctx.blas));
 
+  InputValues given;
+  const bool have_inputs = !args.inputs.empty();
+  if (have_inputs) read_inputs(ctx, args.inputs, given);
+
   sch::State* S = sch::create(ctx);
   // the graph is captured after init(): it holds the constants init() derives from --seed
   sch::init(S, ctx, args.seed);
   cudaGraphExec_t graph = no_graph ? nullptr : capture_iteration(S, ctx, P);
   bool ok = true;
-  bool ran = false;
   if (args.check) {
-    // the reference and the scheduled program from the same inputs, --check-iters iterations
-    // each (state such as updated weights carries over); outputs compared after the first
-    // and after the last iteration, every rank's copy of a replicated output included
+    // the reference and the scheduled program from the same inputs, --check-iters rounds
+    // each (state such as updated weights carries over); round 1 poisons every buffer that
+    // is not an input and starts from --inputs or drawn inputs, every later round (every
+    // graph replay) draws new values for the inputs the program does not update
+    // (docs/codegen.md, inputs and dumps); outputs compared after the first and after the
+    // last round, every rank's copy of a replicated output included
     ref::State* R = ref::create(ctx);
     ref::init(R, ctx, args.seed);
     sch::init(S, ctx, args.seed);
     for (int round = 1; round <= args.check_iters; ++round) {
+      ref::fill_check(R, ctx, args.seed, static_cast<uint64_t>(round));
+      sch::fill_check(S, ctx, args.seed, static_cast<uint64_t>(round));
+      if (round == 1 && have_inputs) {
+        ref::set_inputs(R, ctx, input_values_ref(given).data());
+        sch::set_inputs(S, ctx, input_values_sch(given).data());
+      }
       ref::run(R, ctx, P);
       CHECK_CUDA("check", cudaStreamSynchronize(ref::stream(R)));
       iterate(S, ctx, P, graph);
@@ -369,28 +462,45 @@ int main(int argc, char** argv) {
         ok = check_copies<cocoviz::DType::f32>(ctx, name, actual, expected, 268435456) && ok;
       }
     }
-    ran = args.check_iters == 1;
     int mine = ok ? 1 : 0, all = 0;
     CHECK_MPI("check", MPI_Allreduce(&mine, &all, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD));
     ok = all == 1;
     ref::destroy(R, ctx);
   }
   if (!args.dump.empty()) {
+    // one iteration (the graph) from init: the inputs of --inputs, or the shared
+    // generator's with --seed (as `cocoviz run` draws them); every output and every
+    // updated input (named by the input) after it
     if (ctx.tp == 0) make_dump_dir(args.dump);
-    if (!ran) {
-      sch::init(S, ctx, args.seed);
-      iterate(S, ctx, P, graph);
-      CHECK_CUDA("dump", cudaStreamSynchronize(sch::stream(S)));
-    }
+    sch::init(S, ctx, args.seed);
+    if (have_inputs) sch::set_inputs(S, ctx, input_values_sch(given).data());
+    iterate(S, ctx, P, graph);
+    CHECK_CUDA("dump", cudaStreamSynchronize(sch::stream(S)));
     if (ctx.pp == 0) {
       const auto a = to_host<cocoviz::DType::f32>(sch::output(S, 0), 268435456, "w1");
       const auto value = gather_global<cocoviz::DType::f32>(ctx, a.data(), kReplicated, 268435456, 1, 1, 1, "w1");
       dump_output<cocoviz::DType::f32>(ctx, args.dump, "w1", value, {268435456});
     }
+    if (ctx.pp == 0) {
+      const auto a = to_host<cocoviz::DType::f32>(sch::updated(S, 0), 268435456, "w");
+      const auto value = gather_addressed<cocoviz::DType::f32>(ctx, a.data(), 268435456, 1, "w");
+      dump_output<cocoviz::DType::f32>(ctx, args.dump, "w", value, {268435456});
+    }
+    if (ctx.pp == 0) {
+      const auto a = to_host<cocoviz::DType::f32>(sch::updated(S, 1), 8388608, "m");
+      const auto value = gather_global<cocoviz::DType::f32>(ctx, a.data(), kFlat, 8388608, 1, 1, 1, "m");
+      dump_output<cocoviz::DType::f32>(ctx, args.dump, "m", value, {268435456});
+    }
+    if (ctx.pp == 0) {
+      const auto a = to_host<cocoviz::DType::f32>(sch::updated(S, 2), 8388608, "v");
+      const auto value = gather_global<cocoviz::DType::f32>(ctx, a.data(), kFlat, 8388608, 1, 1, 1, "v");
+      dump_output<cocoviz::DType::f32>(ctx, args.dump, "v", value, {268435456});
+    }
   }
 
   // warm-up and timed iterations on the program's stream, timed with CUDA events
   sch::init(S, ctx, args.seed);
+  if (have_inputs) sch::set_inputs(S, ctx, input_values_sch(given).data());
   for (int it = 0; it < args.warmup; ++it) iterate(S, ctx, P, graph);
   CHECK_CUDA("timing", cudaStreamSynchronize(sch::stream(S)));
   CHECK_MPI("timing", MPI_Barrier(MPI_COMM_WORLD));
@@ -413,12 +523,12 @@ int main(int argc, char** argv) {
                 sch::lowering(S));
     std::fflush(stdout);
   }
-  cudaEventDestroy(t0);
-  cudaEventDestroy(t1);
+  CHECK_CUDA("teardown", cudaEventDestroy(t0));
+  CHECK_CUDA("teardown", cudaEventDestroy(t1));
   if (graph != nullptr) CHECK_CUDA("teardown", cudaGraphExecDestroy(graph));
   sch::destroy(S, ctx);
   CHECK_CUBLAS("teardown", cublasDestroy(ctx.blas));
   CHECK_NCCL("teardown", ncclCommDestroy(ctx.nccl_world));
-  MPI_Finalize();
+  CHECK_MPI("teardown", MPI_Finalize());
   return ok ? 0 : 4;
 }
