@@ -16,9 +16,11 @@ from cocoviz.ir.nodes import (
     BINARY_CALLS,
     BINARY_INFIX,
     COMPARISONS,
+    PERMUTES,
     UNARY_CALLS,
     Expr,
     Op,
+    permutation,
 )
 from cocoviz.ir.types import DType, Layout, TensorType, block_dim, shape_values
 
@@ -230,6 +232,8 @@ class BodyBuilder:
             return v, dt
         if op is Op.RESHAPE:
             return self.reshaped(e.args[0]), e.args[0].type.dtype
+        if op in PERMUTES:
+            return self.permuted(e), e.args[0].type.dtype
         if op is Op.CAST:
             v, dt = self.expr(e.args[0])
             assert e.dtype_arg is not None
@@ -291,6 +295,43 @@ class BodyBuilder:
             ("load", x.name, self.L), kind="load", buffer=buf.cname, a=self.L, dtype=buf.dtype
         )
 
+    def permuted(self, e: Expr) -> str:
+        """`transpose`/`permute` of a named value, at the top of its unit (the lowering
+        lifts it so): element L of the rank's result array is element Σ ((L / os_k) %
+        O_k) · is_{perm[k]} of the rank's operand array, O the result's per-rank shape and
+        os, is the row-major strides (docs/language.md, transpose and permute)."""
+        x = e.args[0]
+        assert x.op is Op.REF and x.name is not None
+        G = self.lw.G
+        buf = self.lw.buffer_of(x.name)
+        if (
+            buf.addressing == "global"
+            or self.lw.view(x.name).kind == "chunked"
+            or self.space.view.kind == "chunked"
+            or self.space.view.shape != shape_values(e.type.shape)
+        ):
+            raise EmitError(
+                f"{e.op.value} of '{x.name}': the emitter permutes a rank's array as it is "
+                "stored, and this one is stored chunk by chunk or at global positions",
+                e.span,
+                hint="permute a value outside overlapped groups and in-place updates",
+            )
+        perm = permutation(e)
+        src = _rank_shape(x.type, G)
+        out = [src[p] for p in perm]
+        src_strides = _row_major(src)
+        out_strides = _row_major(out)
+        terms = tuple(
+            (out_strides[k], out[k], src_strides[perm[k]])
+            for k in range(len(out) - 1, -1, -1)
+            if out[k] != 1
+        )
+        self.lw.note_read(x.name, self.kernel, register=False)
+        idx = self.emit(("perm", x.name, perm), kind="index_bcast", a=self.L, terms=terms)
+        return self.emit(
+            ("load", x.name, idx), kind="load", buffer=buf.cname, a=idx, dtype=buf.dtype
+        )
+
     def operand(self, e: Expr, dt: DType) -> str:
         if e.op is Op.CONST and e.value is not None:
             # a literal takes the operand dtype straight from its source value
@@ -344,6 +385,22 @@ class BodyBuilder:
         idx = self.storage_index(name, ty)
         v = self.operand_conv(var, dt, buf.dtype)
         self.stmts.append(pl.Stmt(kind="store", buffer=buf.cname, a=idx, b=v, dtype=buf.dtype))
+
+
+def _rank_shape(ty: TensorType, group: int) -> list[int]:
+    """The shape of a rank's array of a value of type `ty` (its block, when sliced)."""
+    shape = list(shape_values(ty.shape))
+    d = block_dim(ty.layout, ty.shape, group)
+    if d is not None:
+        shape[d] //= group
+    return shape
+
+
+def _row_major(shape: Sequence[int]) -> list[int]:
+    out = [1] * len(shape)
+    for j in range(len(shape) - 2, -1, -1):
+        out[j] = out[j + 1] * shape[j + 1]
+    return out
 
 
 def _common_dtype(args: Sequence[Expr]) -> DType:

@@ -12,7 +12,7 @@ from cocoviz.emit import plan as pl
 from cocoviz.emit.body import BodyBuilder, Unit, _with_chunks, view_of
 from cocoviz.emit.collectives import CollectiveLowering
 from cocoviz.emit.plan import EmitError
-from cocoviz.ir.nodes import COLLECTIVES, REDUCTIONS, ROWWISE, Expr, Op, Stage
+from cocoviz.ir.nodes import COLLECTIVES, PERMUTES, REDUCTIONS, ROWWISE, Expr, Op, Stage
 from cocoviz.ir.types import TensorType, block_dim, shape_values
 
 REDUCE_BLOCKS = 1024
@@ -28,18 +28,74 @@ class KernelLowering(CollectiveLowering):
         e = s.expr
         op = e.op
         chunks = self.chunks_of.get(s.name)
-        if op is Op.MATMUL:
-            self._uses_matmul = True
-            return [Unit("matmul", s.name, s.name, e, s.ty, chunks)]
         if op in COLLECTIVES:
             return [Unit("coll", s.name, s.name, e, s.ty, chunks)]
         body = e.args[1] if op is Op.UPDATE else e
         out: list[Unit] = []
         counter = [0]
 
+        def temp(x: Expr, ty: TensorType) -> Expr:
+            """`x` computed into a temporary of type `ty` by its own unit."""
+            counter[0] += 1
+            name = f"{s.name}.t{counter[0]}"
+            self.lifted_types[name] = ty
+            out.append(Unit("ew", name, s.name, x, ty, chunks))
+            return Expr(Op.REF, name=name, ty=ty, span=x.span)
+
+        if op is Op.MATMUL:
+            # an operand `transpose(x, …)` is copied into a temporary first (exact: the
+            # GEMM reads the same values the reference does; docs/codegen.md)
+            operands: list[Expr] = []
+            for a in e.args:
+                if a.op in PERMUTES:
+                    if chunks:
+                        raise EmitError(
+                            f"matmul '{s.name}' reads a {a.op.value} inside an overlapped "
+                            "group; the emitter cannot chunk it",
+                            s.span,
+                        )
+                    x = a.args[0]
+                    if x.op is not Op.REF and x.type.dtype.compute != x.type.dtype:
+                        raise EmitError(
+                            f"the emitter needs the operand of {a.op.value} in matmul "
+                            f"'{s.name}' to be a named value (a {x.type.dtype.value} "
+                            "expression would be rounded before the GEMM reads it)",
+                            x.span or s.span,
+                            hint=f"name it first: t = <the operand>, then "
+                            f"matmul({a.op.value}(t, …), …)",
+                        )
+                    if x.op is not Op.REF:
+                        x = temp(x, x.type)
+                    a = temp(dataclasses.replace(a, args=(x,)), a.type)
+                elif a.op is not Op.REF:
+                    raise EmitError(
+                        f"the emitter needs each operand of matmul '{s.name}' to be a named "
+                        "value or a transpose of one",
+                        a.span or s.span,
+                        hint="name it first: t = <the operand>, then matmul(t, …)",
+                    )
+                operands.append(a)
+            self._uses_matmul = True
+            mm = dataclasses.replace(e, args=tuple(operands))
+            return [*out, Unit("matmul", s.name, s.name, mm, s.ty, chunks)]
+
         def lift(x: Expr, top: bool) -> Expr:
             args = tuple(lift(a, False) for a in x.args)
             x2 = dataclasses.replace(x, args=args) if args != x.args else x
+            if x2.op in PERMUTES:
+                # a permute reads its operand's stored array at permuted positions, so
+                # the operand is a named value and the permute is the top of its unit
+                if chunks:
+                    raise EmitError(
+                        f"stage '{s.name}' permutes a value inside an overlapped group; the "
+                        "emitter cannot chunk a transpose",
+                        s.span,
+                    )
+                (a,) = x2.args
+                if a.op is not Op.REF or a.name in self.param_names:
+                    x2 = dataclasses.replace(x2, args=(temp(a, _compute(a.type)),))
+                if not top:
+                    return temp(x2, _compute(x2.type))
             if top:
                 return x2
             if x2.op in REDUCTIONS or x2.op in ROWWISE:
@@ -120,6 +176,8 @@ class KernelLowering(CollectiveLowering):
 
     def joins(self, u: Unit, cur: list[Unit], space: pl.Space) -> bool:
         members = {c.value: c for c in cur}
+        if u.expr.op in PERMUTES and any(n in members for n in u.expr.refs()):
+            return False  # it reads its operand at other elements than its own
         for name in u.expr.refs():
             m = members.get(name)
             if m is None:
@@ -364,6 +422,12 @@ class KernelLowering(CollectiveLowering):
             b_offset=pl.Offset(per_rank=b_rank),
             batch=tuple(merged) or (pl.BatchDim(1, 0, 0, 0),),
         )
+
+
+def _compute(ty: TensorType) -> TensorType:
+    """`ty` in its compute dtype: a temporary inside a stage is not rounded (the stage
+    rounds once, as the reference does)."""
+    return dataclasses.replace(ty, dtype=ty.dtype.compute)
 
 
 def _local_shape(ty: TensorType, group: int) -> list[int]:

@@ -73,6 +73,7 @@ from cocoviz.exec.shard_pipeline import ShardPipeline
 from cocoviz.ir.graph import ordered_items
 from cocoviz.ir.nodes import (
     COLLECTIVES,
+    PERMUTES,
     REDUCTIONS,
     Expr,
     Group,
@@ -553,7 +554,7 @@ class _CollPlan:
     order: slice | npt.NDArray[np.int64] | None = None
 
 
-_NOT_IN_CHUNKS = frozenset({Op.MATMUL, Op.RESHAPE, *REDUCTIONS, *COLLECTIVES})
+_NOT_IN_CHUNKS = frozenset({Op.MATMUL, Op.RESHAPE, *PERMUTES, *REDUCTIONS, *COLLECTIVES})
 """Operations a chunk expression cannot hold: a matmul is a stage of its own, the rest
 the `overlap` step refuses (docs/schedules.md)."""
 

@@ -41,11 +41,13 @@ from cocoviz.exec.layout import (
 )
 from cocoviz.ir.nodes import (
     COMPARISONS,
+    PERMUTES,
     REDUCTIONS,
     ROWWISE,
     Expr,
     Op,
     ReduceOp,
+    permutation,
 )
 from cocoviz.ir.types import DType, TensorType, block_dim, shape_values
 
@@ -627,6 +629,12 @@ class _Eval:
         if op is Op.RESHAPE:
             # every layout keeps each rank's part as the same row-major array
             return self.eval(e.args[0]).reshape(rank_shape(ty, ctx.group))
+        if op in PERMUTES:
+            # a sliced dimension moves with its data: each rank permutes its own block
+            # (docs/language.md, transpose and permute)
+            x_e = e.args[0]
+            xv = self.eval(x_e).reshape(rank_shape(x_e.type, ctx.group))
+            return np.transpose(xv, permutation(e)).reshape(rank_shape(ty, ctx.group))
         raise ValueError(
             f"{op.value} cannot be evaluated inside an expression on one rank: "
             "communication is evaluated by the driver over all ranks"

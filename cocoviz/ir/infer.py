@@ -24,6 +24,7 @@ from cocoviz.ir.nodes import (
     BINARY_INFIX,
     COLLECTIVES,
     COMPARISONS,
+    PERMUTES,
     REDUCTIONS,
     ROWWISE,
     UNARY_CALLS,
@@ -32,6 +33,7 @@ from cocoviz.ir.nodes import (
     Op,
     Program,
     Stage,
+    permutation,
 )
 from cocoviz.ir.types import (
     FLAT,
@@ -663,6 +665,69 @@ class Inferencer:
         pstage = self._pstage((x,), e.span)
         return _replace(e, args=(x,), ty=TensorType(ty.dtype, new, layout, pstage))
 
+    def _permute(self, e: Expr) -> Expr:
+        """`transpose(x, d0, d1)` / `permute(x, p…)`: the dimensions reordered; a sliced
+        dimension moves with its data, so each rank permutes its own block
+        (docs/language.md, transpose and permute)."""
+        (x,) = (self.infer(a, False) for a in e.args)
+        ty = x.type
+        fname = e.op.value
+        rank = len(ty.shape)
+        assert e.tag is not None
+        written = [int(v) for v in e.tag.split(",")]
+        if e.op is Op.TRANSPOSE and rank < 2:
+            raise InputError(
+                f"transpose needs a value of rank ≥ 2; {describe(x)} is "
+                f"{format_shape(ty.shape)}",
+                e.span,
+                hint="a vector or a scalar has nothing to transpose",
+            )
+        if e.op is Op.PERMUTE and len(written) != rank:
+            raise InputError(
+                f"permute: {describe(x)}{format_shape(ty.shape)} has {rank} dimensions, the "
+                f"permutation lists {len(written)}",
+                e.span,
+                hint=f"list each of the dimensions 0…{rank - 1} once, e.g. permute("
+                f"{source_text(x)}, {', '.join(str(i) for i in reversed(range(rank)))})"
+                if rank
+                else "a scalar has no dimensions to permute",
+            )
+        dims: list[int] = []
+        for v in written:
+            if not -rank <= v < rank:
+                raise InputError(
+                    f"{fname}: dimension {v} is out of range for {describe(x)} of rank {rank}",
+                    e.span,
+                    hint=f"dimensions are 0…{rank - 1} (or -1…-{rank})",
+                )
+            dims.append(v + rank if v < 0 else v)
+        if e.op is Op.PERMUTE and sorted(dims) != list(range(rank)):
+            twice = sorted({d for d in dims if dims.count(d) > 1})
+            raise InputError(
+                f"permute: ({', '.join(map(str, written))}) is not a permutation of the "
+                f"dimensions 0…{rank - 1}: dimension {twice[0]} appears twice",
+                e.span,
+                hint="list each dimension exactly once",
+            )
+        e = _replace(e, args=(x,), tag=",".join(map(str, dims)))
+        perm = permutation(e)
+        shape = tuple(ty.shape[p] for p in perm)
+        layout = ty.layout
+        if layout.is_sliced:
+            d = block_dim(layout, ty.shape, self.G)
+            if d is None:
+                raise InputError(
+                    f"{fname}: {describe(x)} is flat-sliced and its chunks are not blocks of "
+                    f"one dimension of {format_shape(ty.shape)}, so they cannot be permuted "
+                    "rank by rank",
+                    e.span,
+                    hint="slice it along a dimension (sliced(d)), or gather it first "
+                    "(allgather)",
+                )
+            layout = sliced(perm.index(d), shape)
+        pstage = self._pstage((x,), e.span)
+        return _replace(e, ty=TensorType(ty.dtype, shape, layout, pstage))
+
     def _update(self, e: Expr) -> Expr:
         t, v = (self.infer(x, False) for x in e.args)
         if t.op is not Op.REF or t.name not in self.inputs:
@@ -979,6 +1044,7 @@ _RULES: dict[Op, Callable[[Inferencer, Expr], Expr]] = {
     Op.DROPOUT: Inferencer._dropout,
     Op.MATMUL: Inferencer._matmul,
     Op.RESHAPE: Inferencer._reshape,
+    **{op: Inferencer._permute for op in PERMUTES},
     Op.UPDATE: Inferencer._update,
     **{op: Inferencer._rowwise for op in ROWWISE},
     **{op: Inferencer._reduction for op in REDUCTIONS},

@@ -27,6 +27,7 @@ from cocoviz.ir.nodes import (
     BINARY_CALLS,
     CALL_NAMES,
     COLLECTIVES,
+    PERMUTES,
     REDUCTIONS,
     ROWWISE,
     UNARY_CALLS,
@@ -740,6 +741,8 @@ class _Lowerer:
             return Expr(op, (a.sub(a.pos[0]), a.sub(a.pos[1])), span=c.span)
         if op is Op.RESHAPE:
             return self._reshape_call(a)
+        if op in PERMUTES:
+            return _permute_call(a)
         if op is Op.CAST:
             return _cast_call(a)
         if op is Op.DROPOUT:
@@ -1019,6 +1022,36 @@ def _dropout_call(a: _CallArgs, tag: str) -> Expr:
         k = a.literal(a.kws["k"].value, "k") if "k" in a.kws else 0
         tag = f"{idv.name}#{int(k)}"
     return Expr(a.op, (a.sub(a.pos[0]),), value=float(p), tag=tag, span=a.call.span)
+
+
+def _permute_call(a: _CallArgs) -> Expr:
+    """`transpose(x, d0, d1)` or `permute(x, p0, p1, …)`: the dimensions are integer
+    literals (negative ones count from the end), checked against x's rank by inference."""
+    a.no_kw()
+    sig = "x, d0, d1" if a.op is Op.TRANSPOSE else "x, p0, p1, …"
+    if a.op is Op.TRANSPOSE:
+        a.arity(3, sig)
+    elif len(a.pos) < 2:
+        raise InputError(
+            f"permute takes the value and a permutation of its dimensions ({a.fname}({sig})), "
+            f"got {len(a.pos)} argument{'s' if len(a.pos) != 1 else ''}",
+            a.call.span,
+            hint="for example permute(x, 1, 0, 2) puts dimension 1 first",
+        )
+    dims: list[str] = []
+    for node in a.pos[1:]:
+        v = a.literal(node, "a dimension")
+        if not isinstance(v, int):
+            raise InputError(
+                f"{a.fname}: a dimension must be an integer, got {v!r}",
+                getattr(node, "span", a.call.span),
+            )
+        dims.append(str(v))
+    return Expr(a.op, (a.sub(a.pos[0]),), tag=",".join(dims), span=a.call.span)
+
+
+def _replace_expr(e: Expr, **changes: Any) -> Expr:
+    return dataclasses.replace(e, **changes)
 
 
 def _slice_call(a: _CallArgs) -> Expr:

@@ -67,6 +67,9 @@ class Op(enum.Enum):
     MATMUL = "matmul"
     UPDATE = "update"
     RESHAPE = "reshape"
+    # data movement: a permutation of the dimensions (`tag` holds the written dimensions)
+    TRANSPOSE = "transpose"
+    PERMUTE = "permute"
     # collectives: one row each in cocoviz.ir.collectives.COLLECTIVE_TABLE
     ALLREDUCE = "allreduce"
     REDUCESCATTER = "reducescatter"
@@ -98,6 +101,8 @@ UNARY_CALLS = {
 COMPARISONS = {Op.LT, Op.LE, Op.GT, Op.GE, Op.EQ, Op.NE}
 ROWWISE = {Op.LAYERNORM, Op.RMSNORM, Op.SOFTMAX}
 REDUCTIONS = {Op.SUM, Op.NORM, Op.AMAX}
+PERMUTES = frozenset({Op.TRANSPOSE, Op.PERMUTE})
+"""`transpose(x, d0, d1)` and `permute(x, p0, …)`: each rank permutes its own array."""
 COLLECTIVES = frozenset(Op(c.name) for c in COLLECTIVE_TABLE)
 """The collective operators: the rows of the collectives table (each needs its member)."""
 WHOLE_RHS = COLLECTIVES | {Op.MATMUL, Op.RESHAPE}
@@ -145,7 +150,9 @@ class Expr:
     `tag` = stable id; LAYERNORM/RMSNORM `value` = eps; SLICE `value` = dim or None;
     BROADCAST/REDUCE `value` = root; ALLTOALL `value` = the `to` dimension and `tag` = the
     `from` dimension as text (both normal, non-negative, after inference; `tag` None
-    before inference when the source omits `from=`); collectives with a reduction `rop`.
+    before inference when the source omits `from=`); TRANSPOSE/PERMUTE `tag` = the
+    written dimensions as comma-separated text (non-negative after inference; see
+    `permutation`); collectives with a reduction `rop`.
     """
 
     op: Op
@@ -238,6 +245,20 @@ def _refs(e: Expr) -> frozenset[str]:
         elif x.args:
             todo.extend(x.args)
     return frozenset(found)
+
+
+def permutation(e: Expr) -> tuple[int, ...]:
+    """The permutation of a typed TRANSPOSE or PERMUTE node: result dimension k is
+    operand dimension ``perm[k]`` (docs/language.md, transpose and permute)."""
+    assert e.tag is not None
+    dims = tuple(int(x) for x in e.tag.split(","))
+    if e.op is Op.PERMUTE:
+        return dims
+    rank = len(e.args[0].type.shape)
+    d0, d1 = (d + rank if d < 0 else d for d in dims)
+    perm = list(range(rank))
+    perm[d0], perm[d1] = perm[d1], perm[d0]
+    return tuple(perm)
 
 
 def ref(name: str, span: Span | None = None) -> Expr:
@@ -483,6 +504,7 @@ __all__ = [
     "GroupKind",
     "Input",
     "Op",
+    "PERMUTES",
     "Param",
     "Program",
     "ReduceOp",
@@ -491,5 +513,6 @@ __all__ = [
     "Stage",
     "StepCall",
     "TensorType",
+    "permutation",
     "unscheduled",
 ]

@@ -8,6 +8,7 @@ from cocoviz.ir.nodes import (
     BINARY_INFIX,
     COLLECTIVES,
     COMPARISONS,
+    PERMUTES,
     Expr,
     Group,
     GroupKind,
@@ -77,6 +78,9 @@ class _ExprPrinter:
         if op is Op.RESHAPE:
             assert e.shape_arg is not None
             args += [size.text for size in e.shape_arg]
+        if op in PERMUTES:
+            assert e.tag is not None
+            args += e.tag.split(",")
         if op is Op.SLICE and e.value is not None:
             args.append(str(e.value))
         if op is Op.DROPOUT:

@@ -113,6 +113,7 @@ _FLOPS = {
     Op.SQRT: 2, Op.RSQRT: 2, Op.EXP: 8, Op.LOG: 8, Op.TANH: 8, Op.SIGMOID: 8, Op.GELU: 10,
     Op.POW: 8, Op.DROPOUT: 10, Op.LAYERNORM: 8, Op.RMSNORM: 6, Op.SOFTMAX: 6, Op.NORM: 2,
     Op.REF: 0, Op.CONST: 0, Op.SLICE: 0, Op.UPDATE: 0,
+    Op.TRANSPOSE: 0, Op.PERMUTE: 0,  # data movement: priced by the bytes it reads and writes
 }  # fmt: skip
 
 
@@ -773,6 +774,7 @@ def _lower_stage(ctx: Context, name: str, chunks: int, chunk: int) -> list[Opera
         rows = _chunk_rows(mm.m, chunks)[chunk]
         spec = MatmulSpec(rows, mm.n, mm.k, mm.dtype, mm.batch)
         return [
+            *_permuted_operands(ctx, s, pstage, needs),
             Operation(
                 name=name,
                 stage=name,
@@ -789,6 +791,36 @@ def _lower_stage(ctx: Context, name: str, chunks: int, chunk: int) -> list[Opera
             )
         ]
     return _compute_ops(ctx, (name,), pstage, COMPUTE, chunks, kind=Kind.COMPUTE)
+
+
+def _permuted_operands(
+    ctx: Context, s: Stage, pstage: int, needs: Iterable[str]
+) -> list[Operation]:
+    """A matmul operand written `transpose(x, …)` or `permute(x, …)`: the emitter copies
+    it into a temporary first (docs/codegen.md), one memory-bound kernel that reads and
+    writes the rank's part once."""
+    ops: list[Operation] = []
+    for i, a in enumerate(s.expr.args):
+        if a.op not in (Op.TRANSPOSE, Op.PERMUTE):
+            continue
+        nbytes = float(2 * ctx.per_rank_bytes(a.type))
+        spec = KernelSpec(0.0, nbytes, a.type.dtype.value, True, 0.0)
+        ops.append(
+            Operation(
+                name=f"{s.name}.t{i + 1}",
+                stage=s.name,
+                members=(s.name,),
+                needs=frozenset(needs),
+                makes=(),
+                stream=COMPUTE,
+                kind=Kind.COMPUTE,
+                pstage=pstage,
+                spec=spec,
+                nbytes=nbytes,
+                detail=f"{a.op.value} of a matmul operand",
+            )
+        )
+    return ops
 
 
 def _chunk_rows(m: int, chunks: int) -> list[int]:

@@ -10,6 +10,7 @@ from typing import ClassVar
 from cocoviz.ir.collectives import COLLECTIVE_TABLE
 from cocoviz.ir.nodes import (
     COLLECTIVES,
+    PERMUTES,
     REDUCTIONS,
     ROWWISE,
     Group,
@@ -210,6 +211,9 @@ class Overlap(Transformation):
         if op is Op.RESHAPE:
             refuse("reshape regroups the elements, so its chunks are not the rows being chunked")
         nodes = list(s.expr.walk())
+        if any(e.op in PERMUTES for e in nodes):
+            refuse("a transpose or permute moves elements between rows, so chunk k of its "
+                   "value is not made from chunk k of its operand")
         if any(e.op in REDUCTIONS for e in nodes):
             refuse("it reduces a whole tensor to a scalar, which needs every chunk")
         if not s.ty.shape or rows_of(s) != rows:
@@ -292,6 +296,8 @@ class Overlap(Transformation):
                 if len(b.type.shape) == len(t.shape) and b.type.shape[0].value != 1:
                     refuse(s, "its right operand has the chunked dimension 0 too")
             for e in s.expr.walk():
+                if e.op in PERMUTES:
+                    refuse(s, f"{e.op.value} moves elements between the chunks of dimension 0")
                 if e.op in REDUCTIONS:
                     refuse(s, "it reduces a whole tensor to a scalar, which needs every chunk")
                 if e.op in (Op.DROPOUT, Op.SLICE):
