@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 
 from cocoviz.cli import main
+from cocoviz.emit.stamp import built_from, write_stamp
 
 FAKE_MPIEXEC = """#!/bin/sh
 # a launcher that starts its ranks and leaves them behind when it is killed
@@ -39,9 +40,11 @@ def tree(tmp_path: Path) -> Path:
     out = tmp_path / "o"
     with contextlib.redirect_stderr(io.StringIO()):
         assert main(["emit", "sgd", "--target", "cuda", "-o", str(out)]) == 0
+    sources = built_from(n for n in os.listdir(out) if not n.startswith("."))
     rank = out / "sgd-emu"
     rank.write_text(FAKE_RANK)
     rank.chmod(0o755)
+    write_stamp(out, "sgd-emu", sources)  # as `make emulate` would: run.sh runs it
     launcher = tmp_path / "mpiexec"
     launcher.write_text(FAKE_MPIEXEC)
     launcher.chmod(0o755)

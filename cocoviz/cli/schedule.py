@@ -102,7 +102,8 @@ def cmd_apply(args: argparse.Namespace) -> int:
     session = Session(program, args_hardware(args))
     session.apply_all(steps)
     if args.output:
-        comment = f"{program.name}: {len(session.steps)} step(s), written by cocoviz apply"
+        # the comment after the two header lines (docs/schedules.md, "Writing steps")
+        comment = f"program {program.name}, written by cocoviz apply"
         session.save(args.output, comment)
     if args.explain:
         return _explain(session.program, args.explain, session.hw, args.json)

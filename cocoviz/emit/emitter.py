@@ -139,14 +139,61 @@ def _missing_tool_hint(tool: str) -> str:
     return f"{tool} does not exist: install it or point the Makefile's variable at it"
 
 
+_MAKE_LINE = re.compile(r"^g?make(?:\[\d+\])?: ")
+"""A line make writes itself (``make: *** [Makefile:17: sgd.o] Error 1``, ``make[1]:
+Entering directory ...``), not the compiler."""
+_COMPILER_ERROR = re.compile(
+    r"\berror\b|\bfatal\b|undefined reference|multiple definition|cannot find -l"
+    r"|No such file or directory|not found|unresolved external",
+    re.IGNORECASE,
+)
+"""A line where a compiler, nvcc, ptxas or the linker reports an error: gcc/clang's
+``file:line:col: error: ...``, nvcc's ``file(line): error: ...`` and ``nvcc fatal   :
+...``, ld's ``undefined reference to ...``."""
+_CONTEXT = re.compile(r"^\s+(?:\d+\s*)?\|")
+"""gcc/clang's quoted source line and caret under an error (``  617 | this ...``)."""
+MAX_SHOWN = 12
+"""Compiler lines a failed build shows; `make -C DIR` shows the rest."""
+
+
+def _is_error(line: str) -> bool:
+    return not _MAKE_LINE.match(line) and _COMPILER_ERROR.search(line) is not None
+
+
+def compiler_messages(output: str) -> list[str]:
+    """The compiler's (or linker's) first error lines in make's output, each with the
+    source line and caret gcc/clang print under it, then make's line naming the rule that
+    failed. Where no line reads as an error, the last lines before make gave up."""
+    lines = output.splitlines()
+    shown: list[str] = []
+    k = 0
+    while k < len(lines) and len(shown) < MAX_SHOWN:
+        ln = lines[k]
+        k += 1
+        if ln in shown or not (_is_error(ln) or _MISSING_TOOL.match(ln.strip())):
+            continue
+        shown.append(ln)
+        while k < len(lines) and _CONTEXT.match(lines[k]) and len(shown) < MAX_SHOWN:
+            shown.append(lines[k])
+            k += 1
+    if not shown:
+        own = [ln for ln in lines if ln.strip() and not _MAKE_LINE.match(ln)]
+        shown = own[-MAX_SHOWN:]
+    more = sum(1 for ln in lines[k:] if _is_error(ln) and ln not in shown)
+    if more:
+        shown.append(f"... and {more} more error line(s)")
+    shown += [ln for ln in lines if _MAKE_LINE.match(ln) and "***" in ln][:1]
+    return shown
+
+
 def build(directory: Path, jobs: int = 2, extra: Sequence[str] = ()) -> str:
-    """Run make in `directory`; raises BuildError with the compiler's messages, or make's
-    own when a program it runs (nvcc, mpicxx, the host compiler) is missing."""
+    """Run make in `directory`; raises BuildError (exit 5) with the compiler's first error
+    lines (docs/codegen.md, "The output directory"), or make's own when a program it runs
+    (nvcc, mpicxx, the host compiler) is missing."""
     try:
         res = subprocess.run(
             ["make", "-C", str(directory), f"-j{jobs}", *extra],
             capture_output=True,
-            text=True,
             check=False,
         )
     except OSError as e:
@@ -154,20 +201,17 @@ def build(directory: Path, jobs: int = 2, extra: Sequence[str] = ()) -> str:
             f"cannot run make: {e.strerror}",
             hint="install make and a C++ compiler (e.g. `apt install make g++`)",
         ) from None
+    # a compiler speaks the locale's encoding: bytes that are not UTF-8 are shown, not fatal
+    stdout = res.stdout.decode("utf-8", errors="replace")
+    stderr = res.stderr.decode("utf-8", errors="replace")
     if res.returncode != 0:
-        output = res.stderr + res.stdout
+        output = f"{stderr}\n{stdout}"
         missing = missing_tools(output)
-        shown_lines: list[str] = []
-        for ln in output.splitlines():
-            if ("error" in ln.lower() or _MISSING_TOOL.match(ln.strip())) and (
-                ln not in shown_lines
-            ):
-                shown_lines.append(ln)
-        shown = "\n".join(shown_lines[:20]) or output[-4000:]
-        full = f"run `make -C {directory}` to see the full output"
+        shown = "\n".join(compiler_messages(output))
+        full = f"run `make -C {directory}{''.join(' ' + shlex.quote(x) for x in extra)}` to see the full output"
         hint = "; ".join([*(_missing_tool_hint(t) for t in missing), full])
         raise BuildError(
             f"building the emitted code in {directory} failed (make exit {res.returncode}):\n{shown}",
             hint=hint,
         )
-    return res.stdout + res.stderr
+    return stdout + stderr

@@ -23,6 +23,7 @@ from cocoviz.emit import plan as pl
 from cocoviz.emit.kernels import REDUCE_BLOCKS
 from cocoviz.emit.names import c_double, c_string
 from cocoviz.emit.plan import EmitError
+from cocoviz.emit.stamp import built_from
 from cocoviz.emit.targets import target_spec
 from cocoviz.ir.collectives import collective_named
 from cocoviz.ir.types import DType
@@ -568,6 +569,9 @@ class Renderer:
         """The rendered output files by name."""
         ctx = self.context()
         stem = self.plan.file_stem
+        names = [name.format(stem=stem) for name, _ in self.templates]
+        # the files the Makefile stamps a binary with and run.sh checks (cocoviz/emit/stamp.py)
+        ctx["built_from"] = built_from([*names, *self.runtime_files])
         out = {name.format(stem=stem): self.render(t, ctx) for name, t in self.templates}
         for f in self.runtime_files:
             out[f] = (TEMPLATES / f).read_text(encoding="utf-8")

@@ -19,6 +19,7 @@ from cocoviz.ir.transforms.base import Index, Transformation, index
 from cocoviz.ir.transforms.dce import DCE
 from cocoviz.ir.transforms.decompose import Decompose
 from cocoviz.ir.transforms.fuse import Fuse
+from cocoviz.ir.transforms.naming import made_by
 from cocoviz.ir.transforms.overlap import DEFAULT_CHUNKS, Overlap
 from cocoviz.ir.transforms.reorder import Reorder
 from cocoviz.ir.transforms.split import Split
@@ -175,6 +176,14 @@ def candidate_steps(program: Program, name: str) -> list[Transformation]:
     if name in idx.inputs:
         return [AsSlice(tensors=(name,))]
     if not idx.is_stage(name):
+        steps = made_by(program, name)
+        if steps is not None:  # a name split or reorder makes (transforms/naming.py)
+            shown = "; ".join(str(s) for s in steps)
+            raise ScheduleError(
+                f"no stage named '{name}' yet: {shown} "
+                f"{'makes it' if len(steps) == 1 else 'make it'}",
+                hint=f"apply {shown} first",
+            )
         hint = did_you_mean(name, [s.name for s in idx.stages] + list(idx.inputs))
         raise ScheduleError(f"no stage or input named '{name}'", hint=hint)
     s = idx.stage(name)

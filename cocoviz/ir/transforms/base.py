@@ -944,6 +944,11 @@ class Transformation(abc.ABC):
             )
         if name in idx.params:
             raise self.error(f"'{name}' is a param, not a stage", arg=arg)
+        from cocoviz.ir.transforms.naming import not_made_yet
+
+        made = not_made_yet(program, name, str(self.call or self))
+        if made is not None:  # a name split or reorder makes (transforms/naming.py)
+            raise self.error(made[0], arg=arg, hint=made[1])
         hint = did_you_mean(name, [s.name for s in idx.stages])  # in program order
         raise self.error(f"no stage named '{name}'", arg=arg, hint=hint or self.stages_hint(idx))
 

@@ -8,7 +8,14 @@ from typing import ClassVar
 
 from cocoviz.ir.infer import Inferencer
 from cocoviz.ir.nodes import Expr, Op, Program, Stage, StepCall, ref
-from cocoviz.ir.transforms.base import Edit, Transformation, describe_stage, index, splice
+from cocoviz.ir.transforms.base import (
+    Edit,
+    Index,
+    Transformation,
+    describe_stage,
+    index,
+    splice,
+)
 from cocoviz.ir.transforms.retype import _Env, typed_stage
 
 
@@ -41,9 +48,7 @@ class Split(Transformation):
         s = self.lookup_stage(program, self.stage, 0)
         e = s.expr
         if e.op is not Op.ALLREDUCE:
-            hint = "split applies to an allreduce"
-            if e.op is Op.REDUCESCATTER or e.op is Op.ALLGATHER:
-                hint = f"'{s.name}' is already one half of a split allreduce"
+            hint = self._halves(idx, s) or "split applies to an allreduce"
             raise self.error(
                 f"{describe_stage(s)} is not an allreduce",
                 stage=s,
@@ -76,6 +81,33 @@ class Split(Transformation):
         i = idx.position(s.name)
         new, window = splice(program, i, i + 1, (rs, ag))
         return Edit(new, typed={rs_name, s.name}, window=window)
+
+    @staticmethod
+    def _halves(idx: Index, s: Stage) -> str | None:
+        """For a reducescatter whose result an allgather gathers (or that allgather): the
+        two stages already are an allreduce split in two; None for any other stage (an
+        allgather the program wrote of its own is no half of anything)."""
+        e = s.expr
+        if e.op is Op.ALLGATHER and e.args and e.args[0].op is Op.REF:
+            rs, ag = e.args[0].name, s.name
+        elif e.op is Op.REDUCESCATTER:
+            users = [
+                u
+                for u in idx.users(s.name)
+                if (x := idx.stage(u).expr).op is Op.ALLGATHER
+                and x.args[0].op is Op.REF
+                and x.args[0].name == s.name
+            ]
+            if not users:
+                return None
+            rs, ag = s.name, users[0]
+        else:
+            return None
+        if rs is None or not idx.is_stage(rs) or idx.stage(rs).expr.op is not Op.REDUCESCATTER:
+            return None
+        return (
+            f"'{rs}' (reducescatter) and '{ag}' (allgather) already are an allreduce split in two"
+        )
 
     def _allreduces(self, program: Program) -> str:
         names = [s.name for s in program.stages if s.expr.op is Op.ALLREDUCE]

@@ -5,14 +5,24 @@
 # On a cluster, pass a hostfile through MPIRUN_ARGS, e.g. MPIRUN_ARGS="-f hosts".
 set -eu
 cd "$(dirname "$0")"
+# built BINARY MAKE: refuse a binary that is missing (exit 2) or was built from other
+# sources than this tree holds now (exit 5): its stamp, written when make links it, is the
+# cksum of the files it is built from (docs/codegen.md, "A binary from other sources").
+built() {
+  if [ ! -x "./$1" ]; then
+    echo "run.sh: ./$1 is not built: run '$2' first" >&2
+    exit 2
+  fi
+  if [ "$(cat "./$1.stamp" 2>/dev/null || :)" != "$(cat Makefile cocoviz_runtime.cuh cocoviz_runtime.h main.cu megatron_mlp.cu megatron_mlp.h | cksum)" ]; then
+    echo "run.sh: ./$1 was built from other sources than this tree now holds (emitted again or edited since): run '$2' to rebuild it" >&2
+    exit 5
+  fi
+}
 if [ "${1:-}" = "--emulate" ]; then
   # the emulation build (make emulate): the same program on 8 CPU ranks, no GPU;
   # rule violations, stream/event hazards and hangs end it with exit 3 and a report
   shift
-  if [ ! -x ./megatron_mlp-emu ]; then
-    echo "run.sh: ./megatron_mlp-emu is not built: run 'make emulate' first" >&2
-    exit 2
-  fi
+  built megatron_mlp-emu "make emulate"
   # The launcher takes this shell's place (exec), as for a real run: a signal to run.sh,
   # SIGKILL included, reaches mpiexec at once. A guard outside the job waits for it to
   # end, however it ends, then ends every process still holding the job's directory in
@@ -36,4 +46,5 @@ if [ "${1:-}" = "--emulate" ]; then
 fi
 # one rank per GPU; NCCL's own tuning is left alone unless you set NCCL_* variables.
 # The default launcher is the MPI the Makefile links against; MPIRUN or MPIEXEC override it.
+built megatron_mlp make
 exec ${MPIRUN:-${MPIEXEC:-<found>}} -np 8 ${MPIRUN_ARGS:-} ./megatron_mlp "$@"
