@@ -210,6 +210,22 @@ def test_overlap_refuses_a_transpose() -> None:
     assert "moves elements between rows" in info.value.message
 
 
+def test_decompose_refuses_a_transposed_matmul_operand_and_takes_a_named_one() -> None:
+    text = (
+        "input x : f32[B, H] local\ninput dy : f32[B, F] local\n"
+        "gw = matmul(transpose(x, 0, 1), dy)\ngs = reducescatter(+, gw)\noutput gs\n"
+    )
+    with pytest.raises(ScheduleError) as info:
+        apply_steps(prog(text), ["decompose(gw, gs)"])
+    assert "multiplies a transpose of its operand" in info.value.message
+    assert "make the transpose a stage of its own" in (info.value.hint or "")
+    named = text.replace(
+        "gw = matmul(transpose(x, 0, 1), dy)", "xt = transpose(x, 0, 1)\ngw = matmul(xt, dy)"
+    )
+    q = apply_steps(prog(named), ["decompose(gw, gs)"])
+    assert q.groups
+
+
 # --- cost model, TUI --------------------------------------------------------------------
 def test_cost_model_prices_the_copy_of_a_transposed_matmul_operand() -> None:
     from cocoviz.sim.hardware import load_profile

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from cocoviz.errors import ScheduleError
-from cocoviz.ir.nodes import Group, GroupKind, Op, Program, Stage, StepCall
+from cocoviz.ir.nodes import PERMUTES, Group, GroupKind, Op, Program, Stage, StepCall
 from cocoviz.ir.shards import gather_split
 from cocoviz.ir.transforms.base import Edit, Index, Transformation, describe_stage, index
 from cocoviz.ir.transforms.grouping import add_overlapped
@@ -117,6 +117,16 @@ class Decompose(Transformation):
                 stage=s,
                 arg=arg,
             )
+        for a in s.expr.args:
+            if a.op in PERMUTES:
+                raise self.error(
+                    f"'{s.name}' multiplies a {a.op.value} of its operand; decompose computes "
+                    "the matmul shard by shard from stored operands",
+                    stage=s,
+                    arg=arg,
+                    hint=f"make the {a.op.value} a stage of its own (t = {a.op.value}(…)), then "
+                    f"matmul(t, …)",
+                )
         right = s.expr.args[1].type
         if len(right.shape) > 2:
             raise self.error(
