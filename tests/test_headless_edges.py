@@ -558,3 +558,20 @@ def test_explain_on_a_name_a_step_makes(capsys) -> None:  # type: ignore[no-unty
     err = capsys.readouterr().err
     assert "no stage named 'sum_rs' yet: split(sum) makes it" in err
     assert "did you mean" not in err
+
+
+@pytest.mark.build
+def test_a_program_named_force_gets_a_stem_of_its_own(tmp_path: Path) -> None:
+    """FORCE is the Makefile's target that rebuilds a stale binary: a program of that
+    name is built as FORCE_prog, and `make -n` still plans its build."""
+    if shutil.which("make") is None:
+        pytest.skip("make not found")
+    src = tmp_path / "FORCE.coco"
+    src.write_text(
+        (ROOT / "samples" / "sgd.coco").read_text().replace("program sgd", "program FORCE")
+    )
+    out = tmp_path / "o"
+    argv = ["emit", str(src), "--target", "cpu", "-o", str(out), "-D", "N=64", "--ranks", "2"]
+    assert main(argv) == 0
+    assert (out / "FORCE_prog.cpp").exists()
+    assert "-o FORCE_prog main.o FORCE_prog.o" in _make_n(out)

@@ -70,6 +70,7 @@ def c_double(value: float | int) -> str:
 # file system `Main.cu` is `main.cu`).
 _RESERVED_STEMS = frozenset(
     {"main", "cocoviz_runtime", "makefile", "all", "run", "clean", "emulate", "emu", "manifest"}
+    | {"force"}  # the Makefile's FORCE target (the build stamp, docs/codegen.md)
 )
 
 
