@@ -230,8 +230,14 @@ MUTANTS: list[Mutant] = [
 ]  # fmt: skip
 
 
-def _check(m: Mutant, root: Path) -> str | None:
-    text = (root / m.file).read_text(encoding="utf-8")
+def _check(m: Mutant, root: Path | None) -> str | None:
+    """Why the mutant cannot be applied to the file in `root` (None: HEAD's file, which is
+    what the worktree holds; the checkout may hold other uncommitted edits)."""
+    if root is None:
+        show = ["git", "-C", str(ROOT), "show", f"HEAD:{m.file}"]
+        text = subprocess.run(show, capture_output=True, text=True, check=True).stdout
+    else:
+        text = (root / m.file).read_text(encoding="utf-8")
     n = text.count(m.old)
     return None if n == 1 else f"{m.id}: the fragment occurs {n} times in {m.file}"
 
@@ -242,7 +248,9 @@ def _pytest(tree: Path, tests: list[str], timeout: float) -> tuple[int, float, s
            "-p", "no:randomly", "-m", "not build", *tests]  # fmt: skip
     start = time.monotonic()
     try:
-        res = subprocess.run(cmd, cwd=tree, env=env, capture_output=True, text=True, timeout=timeout)
+        res = subprocess.run(
+            cmd, cwd=tree, env=env, capture_output=True, text=True, timeout=timeout
+        )
     except subprocess.TimeoutExpired:
         return -1, time.monotonic() - start, "timeout"
     tail = (res.stdout + res.stderr).strip().splitlines()[-3:]
@@ -260,7 +268,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
 
     mutants = [m for m in MUTANTS if not args.only or m.id.startswith(args.only)]
-    bad = [e for m in mutants if (e := _check(m, ROOT)) is not None]
+    bad = [e for m in mutants if (e := _check(m, None)) is not None]
     if args.list or bad:
         for m in mutants:
             print(f"{m.id:32} {m.file:40} {m.why}")
