@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from cocoviz.ir.types import TensorType, block_dim, shape_values
+from cocoviz.ir.types import TensorType, block_dim, dp_view, shape_values
 
 __all__ = [
     "alltoall_pack",
@@ -41,6 +41,9 @@ __all__ = [
     "chunked_slices",
     "global_flat_index",
     "global_shape",
+    "grid_global_shape",
+    "join_grid",
+    "split_grid",
     "is_contiguous_chunk",
     "join_global",
     "locate",
@@ -293,3 +296,60 @@ def locate(held: IndexArray, wanted: IndexArray) -> slice | IndexArray | None:
         if idx.size < 2 or bool(np.all(np.diff(idx) == 1)):
             return slice(int(idx[0]), int(idx[0]) + idx.size)
     return idx.astype(np.int64, copy=False)
+
+
+# ---------------------------------------------------------------------- grids with dp
+# On a grid `ranks dp=D, tp=T, …` a pipeline stage holds D·T ranks, index d·T + t, and a
+# value's dp layout spreads each tp rank's part over the D ranks of its dp group
+# (docs/language.md, rank grids). The global value of a value local over dp is the stack
+# ``[D, *tp_global]`` of every replica's.
+
+
+def grid_global_shape(ty: TensorType, group: int, dp: int) -> tuple[int, ...]:
+    """Shape of the global value on a grid with D = `dp` replicas."""
+    shape = global_shape(ty, group)
+    return (dp, *shape) if ty.dp.is_local else shape
+
+
+def split_grid(value: npt.ArrayLike, ty: TensorType, group: int, dp: int) -> list[Array]:
+    """The D·T per-rank arrays of a global value (index d·T + t)."""
+    v = np.asarray(value)
+    if ty.dp.is_local:
+        out: list[Array] = []
+        for d in range(dp):
+            out += split_global(v[d], ty, group)
+        return out
+    tp_parts = split_global(v, ty, group)
+    if ty.dp.is_replicated:
+        return tp_parts * dp
+    view = dp_view(ty, group)
+    want = rank_shape(view, dp)
+    return [
+        np.array(take_rank_part(tp_parts[t], view, dp, d)).reshape(want)
+        for d in range(dp)
+        for t in range(group)
+    ]
+
+
+def join_grid(per_rank: Sequence[npt.ArrayLike], ty: TensorType, group: int, dp: int) -> Array:
+    """The global value of D·T per-rank arrays: the inverse of `split_grid`."""
+    arrays = [np.asarray(a) for a in per_rank]
+    if len(arrays) != group * dp:
+        raise ValueError(f"expected {group * dp} per-rank arrays, got {len(arrays)}")
+    replicas = []
+    if not ty.dp.is_sliced:
+        replicas = [join_global(arrays[d * group : (d + 1) * group], ty, group) for d in range(dp)]
+    if ty.dp.is_local:
+        return np.stack(replicas)
+    if ty.dp.is_replicated:
+        for d, r in enumerate(replicas[1:], start=1):
+            if r is not replicas[0] and not _same_bits(replicas[0], r):
+                raise AssertionError(f"dp-replicated value differs between replica 0 and {d} ({ty})")
+        return replicas[0]
+    view = dp_view(ty, group)
+    tp_shape = rank_shape(ty, group)
+    tp_parts = [
+        join_global([arrays[d * group + t] for d in range(dp)], view, dp).reshape(tp_shape)
+        for t in range(group)
+    ]
+    return join_global(tp_parts, ty, group)

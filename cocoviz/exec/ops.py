@@ -40,6 +40,7 @@ from cocoviz.exec.layout import (
     take_rank_part,
 )
 from cocoviz.ir.nodes import (
+    AXIS_REDUCTIONS,
     COMPARISONS,
     PERMUTES,
     REDUCTIONS,
@@ -49,7 +50,7 @@ from cocoviz.ir.nodes import (
     ReduceOp,
     permutation,
 )
-from cocoviz.ir.types import DType, TensorType, block_dim, shape_values
+from cocoviz.ir.types import DType, TensorType, block_dim, dp_view, shape_values
 
 __all__ = [
     "RankContext",
@@ -538,7 +539,15 @@ def stage_value(e: Expr, ctx: RankContext) -> Array:
     rank's storage shape."""
     v = evaluate(e, ctx)
     ty = e.type
-    return np.asarray(round_to(v, ty.dtype)).reshape(rank_shape(ty, ctx.group))
+    return np.asarray(round_to(v, ty.dtype)).reshape(_stored_shape(ty, ctx))
+
+
+def _stored_shape(ty: TensorType, ctx: RankContext) -> tuple[int, ...]:
+    """The rank's array shape of `ty`: its dp part on a grid with a dp axis, where the
+    context says how many dp ranks there are (`dp`; docs/language.md, rank grids)."""
+    if ty.dp.is_sliced:
+        return rank_shape(dp_view(ty, ctx.group), getattr(ctx, "dp", 1))
+    return rank_shape(ty, ctx.group)
 
 
 def reduction_partial_of(e: Expr, ctx: RankContext) -> Array:
@@ -580,6 +589,10 @@ class _Eval:
         if op is Op.SLICE:
             (x,) = e.args
             full = self.eval(x)
+            if e.tag == "dp":  # slice(x, over=dp): the dp part of the rank's tp part
+                view = dp_view(ty, ctx.group)
+                dp, d = getattr(ctx, "dp", 1), getattr(ctx, "dp_rank", 0)
+                return take_rank_part(full, view, dp, d).reshape(rank_shape(view, dp))
             part = take_rank_part(full, ty, ctx.group, ctx.rank)
             return part.reshape(rank_shape(ty, ctx.group))
         if op is Op.CAST:
@@ -629,6 +642,8 @@ class _Eval:
         if op is Op.RESHAPE:
             # every layout keeps each rank's part as the same row-major array
             return self.eval(e.args[0]).reshape(rank_shape(ty, ctx.group))
+        if op in AXIS_REDUCTIONS:
+            return self._axis_reduction(e)
         if op in PERMUTES:
             # a sliced dimension moves with its data: each rank permutes its own block
             # (docs/language.md, transpose and permute)
@@ -639,6 +654,28 @@ class _Eval:
             f"{op.value} cannot be evaluated inside an expression on one rank: "
             "communication is evaluated by the driver over all ranks"
         )
+
+    def _axis_reduction(self, e: Expr) -> Array:
+        """`sum/mean/amax/amin(x, dim=d)` on the rank's own array, accumulated in x's
+        compute type; along the dimension x is sliced on, `mean` divides the rank's sum by
+        the whole extent, so that the ranks' partial sums add up to the mean
+        (docs/language.md, reductions along a dimension)."""
+        x_e = e.args[0]
+        xt = x_e.type
+        xv = self.eval(x_e).reshape(rank_shape(xt, self.ctx.group))
+        d = int(e.value or 0)
+        acc = accumulation_dtype(xt.dtype)
+        xa = xv.astype(acc, copy=False)
+        with np.errstate(all="ignore"):
+            if e.op is Op.SUM_DIM or e.op is Op.MEAN:
+                out = np.sum(xa, axis=d, dtype=acc)
+                if e.op is Op.MEAN:
+                    out = out / acc.type(xt.shape[d].value)
+            elif e.op is Op.AMAX_DIM:
+                out = np.max(xa, axis=d)
+            else:
+                out = np.min(xa, axis=d)
+        return to_compute(np.asarray(out), e.type.dtype).reshape(rank_shape(e.type, self.ctx.group))
 
     def _dropout(self, e: Expr) -> Array:
         (x_e,) = e.args
@@ -835,4 +872,4 @@ def stage_value_pooled(e: Expr, ctx: RankContext, pool: BufferPool) -> tuple[Arr
     else:
         v = np.asarray(round_to(v, ty.dtype))
     base = v if ev._is_owned(v) else None
-    return v.reshape(rank_shape(ty, ctx.group)), base
+    return v.reshape(_stored_shape(ty, ctx)), base

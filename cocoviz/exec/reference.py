@@ -27,13 +27,16 @@ from cocoviz.exec.layout import (
     chunk_range,
     global_flat_index,
     global_shape,
+    grid_global_shape,
     is_contiguous_chunk,
     join_global,
+    join_grid,
     rank_shape,
+    split_grid,
     take_rank_part,
 )
 from cocoviz.ir.nodes import COLLECTIVES, Expr, Op, Program, Stage
-from cocoviz.ir.types import REPLICATED, TensorType, format_shape
+from cocoviz.ir.types import REPLICATED, TensorType, dp_view, format_shape
 
 __all__ = [
     "DEFAULT_MAX_MEM",
@@ -88,25 +91,30 @@ class RunResult:
         global value of its update stage (its value after the program); see `initial_value`
         for the value it started with."""
         s = self._stored(name)
+        return self._join(s)
+
+    def _join(self, s: Stored) -> Array:
+        if self.program.grid.has_dp:
+            return join_grid(s.arrays, s.ty, self.group, self.program.grid.dp)
         return join_global(s.arrays, s.ty, self.group)
 
     def initial_value(self, name: str) -> Array:
         """The global value an input started with."""
         s = self.initial[name]
-        return join_global(s.arrays, s.ty, self.group)
+        return self._join(s)
 
     def storage(self, name: str, rank: int) -> Array:
-        """What world rank `rank` stores for `name` (world rank = pp·T + tp)."""
+        """What world rank `rank` stores for `name` (world rank = (pp·D + dp)·T + tp)."""
         grid = self.program.grid
         if not 0 <= rank < grid.world:
             raise IndexError(f"rank {rank} is outside the world of {grid.world} ranks")
         s = self._stored(name)
-        p, tp = divmod(rank, grid.tp)
+        p, d, tp = grid.coords(rank)
         if s.pstage is not None and s.pstage != p:
             raise KeyError(
                 f"'{name}' lives on pipeline stage {s.pstage}; rank {rank} is on stage {p}"
             )
-        return s.arrays[tp]
+        return s.arrays[d * grid.tp + tp]
 
     def type_of(self, name: str) -> TensorType:
         return self._stored(name).ty
@@ -177,6 +185,7 @@ def estimate_bytes(program: Program) -> int:
     g = program.grid.group
     total = sum(_stored_bytes(i.ty, g) for i in program.inputs)
     total += sum(_stored_bytes(s.ty, g) for s in program.stages)
+    total *= program.grid.dp  # each dp replica's (an upper bound: dp-sliced are smaller)
     temp = max(
         [_input_temp_bytes(i.ty, g) for i in program.inputs]
         + [_stage_temp_bytes(s, g) for s in program.stages]
@@ -278,6 +287,51 @@ def _given(name: str, value: Any, ty: TensorType, group: int) -> list[Array]:
     return [np.array(take_rank_part(a, ty, group, r)).reshape(shape) for r in range(group)]
 
 
+def _grid_input(
+    name: str,
+    ty: TensorType,
+    program: Program,
+    seed: int,
+    given: Mapping[str, Any],
+    pre: Stored | None,
+) -> list[Array]:
+    """An input's D·T arrays on a grid with a dp axis (docs/language.md, rank grids)."""
+    g, dp = program.grid.group, program.grid.dp
+    if name in given:
+        a = np.asarray(given[name])
+        want = grid_global_shape(ty, g, dp)
+        if a.shape != want:
+            raise InputError(
+                f"input '{name}' is declared {ty}: expected an array of shape {list(want)} "
+                + ("([D, …]: local over dp holds one value per dp replica) " if ty.dp.is_local else "")
+                + f"got {list(a.shape)}",
+            )
+        if ty.dp.is_replicated:
+            return _given(name, a, ty, g) * dp
+        storage = ops.storage_dtype(ty.dtype)
+        if a.dtype != storage:
+            raise InputError(
+                f"input '{name}' is declared {ty} (numpy {storage}), but the given array "
+                f"has dtype {a.dtype}",
+                hint=f"convert it first, e.g. x.astype(np.{storage})",
+            )
+        if ty.dtype.value == "bf16":
+            a = nx.round_bf16(a)
+        return split_grid(a, ty, g, dp)
+    if pre is not None and pre.ty == ty:
+        return pre.arrays
+    if pre is not None and _same_global(pre.ty, ty) and pre.ty.dp.is_local == ty.dp.is_local:
+        return split_grid(join_grid(pre.arrays, pre.ty, g, dp), ty, g, dp)
+    if ty.dp.is_local:
+        shape = grid_global_shape(ty, g, dp)
+        value = nx.generate_input(name, ty.dtype.value, _numel(shape), seed).reshape(shape)
+        return split_grid(value, ty, g, dp)
+    tp_parts = _generate(name, ty, g, seed)
+    if ty.dp.is_replicated:
+        return tp_parts * dp
+    return split_grid(join_global(tp_parts, ty, g), ty, g, dp)
+
+
 def _same_global(a: TensorType, b: TensorType) -> bool:
     """Whether values of the two types have the same global form (only the slicing or
     replication differs)."""
@@ -299,14 +353,24 @@ class _Ctx:
         self.run = run
         self.pstage = pstage
         self._rank = rank
+        """The rank's index in its pipeline stage: dp·T + tp (dp = 0 without a dp axis)."""
 
     @property
     def rank(self) -> int:
-        return self._rank
+        return self._rank % self.run.group  # the tp rank: ops slice and combine over tp
 
     @property
     def group(self) -> int:
         return self.run.group
+
+    @property
+    def dp(self) -> int:
+        """Ranks of the dp axis (1 without one)."""
+        return self.run.dp
+
+    @property
+    def dp_rank(self) -> int:
+        return self._rank // self.run.group
 
     @property
     def seed(self) -> int:
@@ -317,7 +381,7 @@ class _Ctx:
         return s.arrays[self._rank]
 
     def combine(self, e: Expr, partial: Array) -> Array:
-        return self.run.combined[e]
+        return self.run.combined[e][self._rank // self.run.group]
 
 
 class _Runner:
@@ -325,24 +389,38 @@ class _Runner:
         self.program = program
         self.seed = seed
         self.group = program.grid.group
+        self.dp = program.grid.dp
+        self.world = self.group * self.dp
+        """Ranks of a pipeline stage: D·T, index dp·T + tp (docs/language.md, rank grids)."""
         self.values: dict[str, Stored] = {}
-        self.combined: dict[Expr, Array] = {}
+        self.combined: dict[Expr, list[Array]] = {}
+        """Each implicit reduction's combined value, by dp replica."""
+
+    def _arrays(self, e: Expr, ty: TensorType) -> list[Array]:
+        """Every rank's value of `e`: computed once per dp replica when replicated over
+        tp (shared by its T ranks), once for all when replicated over dp too."""
+        g = self.group
+        if ty.layout.is_replicated:
+            if ty.dp.is_replicated:
+                v = ops.stage_value(e, _Ctx(self, ty.pstage, 0))
+                v.flags.writeable = False
+                return [v] * self.world
+            out: list[Array] = []
+            for d in range(self.dp):
+                v = ops.stage_value(e, _Ctx(self, ty.pstage, d * g))
+                v.flags.writeable = False
+                out += [v] * g
+            return out
+        return [ops.stage_value(e, _Ctx(self, ty.pstage, r)) for r in range(self.world)]
 
     def run_stage(self, s: Stage) -> None:
         e = s.expr
         ty = s.ty
-        g = self.group
         if e.op in COLLECTIVES:
             self.values[s.name] = Stored(ty, self._collective(e))
             return
         self._precombine(e)
-        if ty.layout.is_replicated:
-            v = ops.stage_value(e, _Ctx(self, ty.pstage, 0))
-            v.flags.writeable = False
-            arrays = [v] * g
-        else:
-            arrays = [ops.stage_value(e, _Ctx(self, ty.pstage, r)) for r in range(g)]
-        self.values[s.name] = Stored(ty, arrays)
+        self.values[s.name] = Stored(ty, self._arrays(e, ty))
 
     def _precombine(self, e: Expr) -> None:
         """Implicit reductions of sliced values in `e`, innermost first: every rank's
@@ -352,28 +430,46 @@ class _Runner:
             if red in self.combined:
                 continue
             x = red.args[0]
-            parts = [
-                ops.reduction_partial_of(red, _Ctx(self, x.type.pstage, r))
-                for r in range(self.group)
-            ]
             acc = ops.accumulation_dtype(x.type.dtype)
-            self.combined[red] = ops.combine_ranks(parts, ops.partial_rop(red.op), acc)
+            g = self.group
+            self.combined[red] = [
+                ops.combine_ranks(
+                    [
+                        ops.reduction_partial_of(red, _Ctx(self, x.type.pstage, d * g + t))
+                        for t in range(g)
+                    ],
+                    ops.partial_rop(red.op),
+                    acc,
+                )
+                for d in range(self.dp)
+            ]
 
     def _operand(self, x: Expr) -> list[Array]:
         if x.op is Op.REF:
             assert x.name is not None
             return list(self.values[x.name].arrays)
-        g = self.group
         self._precombine(x)
-        if x.type.layout.is_replicated:
-            v = ops.stage_value(x, _Ctx(self, x.type.pstage, 0))
-            return [v] * g
-        return [ops.stage_value(x, _Ctx(self, x.type.pstage, r)) for r in range(g)]
+        return self._arrays(x, x.type)
 
     def _collective(self, e: Expr) -> list[Array]:
         (x,) = e.args
         arrays = self._operand(x)
-        return ops.COLLECTIVE_SEMANTICS[e.op](arrays, e)
+        semantics = ops.COLLECTIVE_SEMANTICS[e.op]
+        g, dp = self.group, self.dp
+        if dp == 1:
+            return semantics(arrays, e)
+        out: list[Array] = [np.empty(0)] * self.world
+        if e.tag == "dp":
+            # over dp: the D ranks with the same tp index, on their tp parts (dp views)
+            xv = Expr(Op.REF, name=x.name, ty=dp_view(x.type, g))
+            ev = Expr(e.op, (xv,), rop=e.rop, value=e.value, ty=dp_view(e.type, g))
+            for t in range(g):
+                for d, a in enumerate(semantics(arrays[t::g], ev)):
+                    out[d * g + t] = a
+            return out
+        for d in range(dp):  # over tp, within each dp replica
+            out[d * g : (d + 1) * g] = semantics(arrays[d * g : (d + 1) * g], e)
+        return out
 
 
 def run_reference(
@@ -419,7 +515,7 @@ def run_reference(
             value = params[p.name]
         a = ops.round_to(np.asarray(value), p.dtype)
         a.flags.writeable = False
-        run.values[p.name] = Stored(TensorType(p.dtype, (), REPLICATED, None), [a] * g)
+        run.values[p.name] = Stored(TensorType(p.dtype, (), REPLICATED, None), [a] * run.world)
     if params:
         for name in params:
             if not any(q.name == name for q in program.params):
@@ -429,6 +525,9 @@ def run_reference(
                 )
     for i in program.inputs:
         pre = preloaded.get(i.name) if preloaded else None
+        if program.grid.has_dp:
+            run.values[i.name] = Stored(i.ty, _grid_input(i.name, i.ty, program, seed, given, pre))
+            continue
         if i.name in given:
             arrays = _given(i.name, given[i.name], i.ty, g)
         elif pre is not None and pre.ty == i.ty:

@@ -378,14 +378,14 @@ class _Parser:
         if self.at("NUMBER"):
             n = self.num()
             return RanksStmt(self.span_from(kw, n.span), n=n)
-        a = self.name()
-        self.expect("EQUAL")
-        an = self.num()
-        self.expect("COMMA")
-        b = self.name()
-        self.expect("EQUAL")
-        bn = self.num()
-        return RanksStmt(self.span_from(kw, bn.span), grid=((a, an), (b, bn)))
+        axes = []
+        while True:
+            a = self.name()
+            self.expect("EQUAL")
+            axes.append((a, self.num()))
+            if not self.accept("COMMA"):
+                break
+        return RanksStmt(self.span_from(kw, axes[-1][1].span), grid=tuple(axes))
 
     def dim_stmt(self) -> Any:
 
@@ -443,10 +443,16 @@ class _Parser:
         layout_span = layout.span
         if toks[self.i][0] == "LPAR":
             self.i += 1
+            if toks[self.i][0] == "NAME":
+                raise Fallback  # `sliced(over=dp)`: the grammar's layout_over
             layout_arg = self.signed()
+            if toks[self.i][0] != "RPAR":
+                raise Fallback  # `sliced(0, over=dp)`
             rpar = self.expect("RPAR")
             layout_span = Span(source, layout_span.line, layout_span.col, rpar[2], rpar[4])
         stage_kw = stage = None
+        if toks[self.i][0] == "NAME":
+            raise Fallback  # layouts over further axes: `local(over=dp)`
         if toks[self.i][0] == "AT":
             self.i += 1
             stage_kw = self.name()

@@ -18,8 +18,11 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
 from cocoviz.errors import InputError, Span
+from cocoviz.ir import axes
 from cocoviz.ir.collectives import collective
 from cocoviz.ir.nodes import (
+    AXIS_NAMES,
+    AXIS_REDUCTIONS,
     BINARY_CALLS,
     BINARY_INFIX,
     COLLECTIVES,
@@ -352,6 +355,12 @@ class Inferencer:
             if ty is not None:
                 return _replace(e, ty=ty)
             return self._ref(e)  # raises the error
+        if self.grid.has_dp:
+            return axes.infer(self, e)  # the tp rules, then the dp rules
+        return self._dispatch(e)
+
+    def _dispatch(self, e: Expr) -> Expr:
+        """The tp rule of `e` (docs/language.md, layout inference)."""
         rule = _RULES.get(e.op)
         if rule is None:
             return self._elementwise(e)
@@ -728,6 +737,75 @@ class Inferencer:
         pstage = self._pstage((x,), e.span)
         return _replace(e, ty=TensorType(ty.dtype, shape, layout, pstage))
 
+    def _axis_reduction(self, e: Expr) -> Expr:
+        """`sum/mean/amax/amin(x, dim=d, keepdim=…)` (docs/language.md, reductions along
+        a dimension): each rank reduces its own array along d. Along a dimension x is
+        sliced on, `sum` and `mean` give local partial sums for the program to combine
+        (allreduce or reducescatter: communication is written, never inserted);
+        `amax` and `amin` there are an error."""
+        (x,) = (self.infer(a, False) for a in e.args)
+        ty = x.type
+        fname = AXIS_NAMES[e.op]
+        rank = len(ty.shape)
+        if rank == 0:
+            raise InputError(
+                f"{fname}(…, dim=…) needs a tensor of rank ≥ 1; {describe(x)} is a scalar",
+                e.span,
+            )
+        assert isinstance(e.value, int)
+        d = e.value + rank if e.value < 0 else e.value
+        if not 0 <= d < rank:
+            raise InputError(
+                f"{fname}: dim={e.value} is out of range for {describe(x)} of rank {rank}",
+                e.span,
+                hint=f"dimensions are 0…{rank - 1} (or -1…-{rank})",
+            )
+        if e.op is Op.MEAN and not ty.dtype.is_float:
+            raise InputError(
+                f"mean needs a floating-point operand, got {ty.dtype.value}",
+                e.span,
+                hint=f"cast it first, e.g. mean(cast(f32, {source_text(x)}), dim={e.value})",
+            )
+        keep = e.tag == "keepdim"
+        shape = ty.shape[:d] + ((Size("1", 1),) if keep else ()) + ty.shape[d + 1 :]
+        layout = ty.layout
+        if layout.is_sliced:
+            b = block_dim(layout, ty.shape, self.G)
+            if b is None:
+                raise InputError(
+                    f"{fname}: {describe(x)} is flat-sliced and its chunks are not blocks of "
+                    f"one dimension of {format_shape(ty.shape)}, so no rank holds whole lines "
+                    f"along dimension {d}",
+                    e.span,
+                    hint="slice it along a dimension (sliced(d)), or gather it first "
+                    "(allgather)",
+                )
+            if b == d and e.op in (Op.SUM_DIM, Op.MEAN):
+                layout = LOCAL
+            elif b == d:
+                size = ty.shape[d]
+                other = next((k for k in range(rank) if k != d), None)
+                raise InputError(
+                    f"{fname} along dimension {d} ({size.text} = {size.value}), which "
+                    f"{describe(x)} is sliced along: each rank holds {size.value // self.G} of "
+                    f"its {size.value} entries, and the language does not insert the "
+                    f"allreduce({'max' if e.op is Op.AMAX_DIM else 'min'}) that would finish "
+                    "it",
+                    e.span,
+                    hint=(
+                        f"re-slice it first, `t = alltoall({source_text(x)}, from={d}, "
+                        f"to={other})`, then {fname}(t, dim={d}); or gather it (allgather)"
+                    )
+                    if other is not None
+                    else "gather it first (allgather)",
+                )
+            else:
+                layout = sliced(b if keep or b < d else b - 1, shape)
+        pstage = self._pstage((x,), e.span)
+        return _replace(
+            e, args=(x,), value=d, ty=TensorType(ty.dtype, shape, layout, pstage)
+        )
+
     def _update(self, e: Expr) -> Expr:
         t, v = (self.infer(x, False) for x in e.args)
         if t.op is not Op.REF or t.name not in self.inputs:
@@ -1045,6 +1123,7 @@ _RULES: dict[Op, Callable[[Inferencer, Expr], Expr]] = {
     Op.MATMUL: Inferencer._matmul,
     Op.RESHAPE: Inferencer._reshape,
     **{op: Inferencer._permute for op in PERMUTES},
+    **{op: Inferencer._axis_reduction for op in AXIS_REDUCTIONS},
     Op.UPDATE: Inferencer._update,
     **{op: Inferencer._rowwise for op in ROWWISE},
     **{op: Inferencer._reduction for op in REDUCTIONS},
@@ -1119,6 +1198,8 @@ def infer_program(program: Program) -> Program:
         stages.append(dataclasses.replace(s, expr=expr))
     out = dataclasses.replace(program, stages=tuple(stages))
     check_updates(out)
+    if program.grid.has_dp:
+        axes.check_updates(out)
     return out
 
 

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from cocoviz.errors import DiagnosticBag, InputError, Span, UsageError, did_you_mean
+from cocoviz.ir import axes
 from cocoviz.ir import syntax as syn
 from cocoviz.ir.collectives import collective
 from cocoviz.ir.infer import Inferencer, check_divisible, check_updates, program_env
@@ -56,6 +57,7 @@ from cocoviz.ir.types import (
     TensorType,
     numel,
     sliced,
+    tp_local_shape,
 )
 
 LAYOUT_WORDS = ("replicated", "local", "sliced")
@@ -92,11 +94,13 @@ def _shown(text: str, limit: int = 40) -> str:
 
 @dataclass(frozen=True)
 class RanksOverride:
-    """`--ranks N` or `--ranks tp=T,pp=P`."""
+    """`--ranks N` or `--ranks dp=D,tp=T,pp=P` (any subset of the named axes)."""
 
     n: int | None = None
     tp: int | None = None
     pp: int | None = None
+    axes: tuple[tuple[str, int], ...] = ()
+    """The named axes as given (`tp`/`pp` repeat two of them)."""
 
     @staticmethod
     def parse(text: str) -> RanksOverride:
@@ -104,14 +108,23 @@ class RanksOverride:
         n = _int_arg(text)
         if n is not None:
             return RanksOverride(n=n)
-        parts = dict(p.split("=", 1) for p in text.replace(" ", "").split(",") if "=" in p)
-        if set(parts) == {"tp", "pp"}:
-            tp, pp = _int_arg(parts["tp"]), _int_arg(parts["pp"])
-            if tp is not None and pp is not None:
-                return RanksOverride(tp=tp, pp=pp)
+        items = [p.split("=", 1) for p in text.replace(" ", "").split(",")]
+        names = [i[0] for i in items]
+        if (
+            items
+            and all(len(i) == 2 for i in items)
+            and set(names) <= set(GRID_AXES)
+            and len(set(names)) == len(names) >= 2
+        ):
+            values = [_int_arg(i[1]) for i in items]
+            if all(v is not None for v in values):
+                axes = tuple((nm, int(v)) for nm, v in zip(names, values, strict=True))  # type: ignore[arg-type]
+                d = dict(axes)
+                return RanksOverride(tp=d.get("tp"), pp=d.get("pp"), axes=axes)
         raise UsageError(
             f"--ranks expects N or tp=T,pp=P, got '{_shown(text)}'",
-            hint="for example --ranks 8 or --ranks tp=4,pp=2 (digits 0-9)",
+            hint="for example --ranks 8, --ranks tp=4,pp=2 or --ranks dp=2,tp=4: a whole "
+            "grid of two or more of the axes dp, tp, pp (digits 0-9)",
         )
 
 
@@ -255,6 +268,8 @@ class _Lowerer:
             source_names=frozenset(self.bound),
         )
         check_updates(prog)
+        if prog.grid.has_dp:
+            axes.check_updates(prog)
         prog = _order_reads_before_updates(prog)
         if prog.groups:
             _check_groups(prog, decl.groups_syntax)
@@ -445,18 +460,23 @@ class _Lowerer:
         if st.n is not None:
             return _checked_grid(Grid(_int(st.n, "the rank count")), st.span)
         assert st.grid is not None
-        (n1, v1), (n2, v2) = st.grid
-        vals = {n1.text: v1, n2.text: v2}
-        if set(vals) != {"tp", "pp"}:
-            bad = n1 if n1.text not in ("tp", "pp") else n2
-            what = f"'{bad.text}' twice" if n1.text == n2.text else f"'{bad.text}'"
-            raise InputError(
-                f"ranks grid expects tp=T, pp=P; got {what}",
-                bad.span,
-                hint="for example: ranks tp=8, pp=2",
-            )
-        grid = Grid(_int(vals["tp"], "tp"), _int(vals["pp"], "pp"), True)
-        return _checked_grid(grid, st.span)
+        vals: dict[str, int] = {}
+        for name, num in st.grid:
+            if name.text not in GRID_AXES:
+                raise InputError(
+                    f"unknown axis '{name.text}' in the ranks grid",
+                    name.span,
+                    hint=did_you_mean(name.text, GRID_AXES)
+                    or "axes: dp (data), tp (tensor), pp (pipeline); e.g. ranks dp=2, tp=4",
+                )
+            if name.text in vals:
+                raise InputError(
+                    f"axis '{name.text}' is given twice in the ranks grid",
+                    name.span,
+                    hint="each axis appears at most once: ranks dp=D, tp=T, pp=P",
+                )
+            vals[name.text] = _int(num, name.text)
+        return _checked_grid(_make_grid(tuple(vals.items())), st.span)
 
     def _apply_ranks_override(self, grid: Grid | None, span: Span | None) -> Grid:
         r = self.ranks
@@ -472,21 +492,36 @@ class _Lowerer:
                     hint="add `ranks N` (or `ranks tp=T, pp=P`) after `program`, or pass --ranks",
                 )
             return grid
-        if r.tp is not None and r.pp is not None:
-            if r.tp <= 0 or r.pp <= 0:
-                raise UsageError("--ranks: tp and pp must be positive")
-            return _checked_grid(Grid(r.tp, r.pp, True), None)
+        if r.axes:
+            for name, v in r.axes:
+                if v <= 0:
+                    raise UsageError(f"--ranks: {name} must be positive")
+            # the named axes are the whole grid (an axis left out has size 1)
+            return _checked_grid(_make_grid(r.axes), None)
         assert r.n is not None
         if r.n <= 0:
             raise UsageError("--ranks must be positive")
         if grid is not None and grid.is_grid:
-            if r.n % grid.pp:
+            # every axis but tp keeps its size: T = N / (D·P)
+            rest = grid.world // grid.tp
+            if r.n % rest and not grid.has_dp:
                 raise UsageError(
                     f"--ranks {r.n}: the program has pp={grid.pp} pipeline stages, which do "
                     f"not divide {r.n}",
                     hint=f"use a multiple of {grid.pp}, or --ranks tp=T,pp=P",
                 )
-            return _checked_grid(Grid(r.n // grid.pp, grid.pp, True), None)
+            if r.n % rest:
+                others = " × ".join(f"{a}={grid.size(a)}" for a in grid.axes if a != "tp")
+                raise UsageError(
+                    f"--ranks {r.n}: the program's other axes ({others}) hold {rest} ranks "
+                    f"per tp index, which does not divide {r.n}",
+                    hint=f"use a multiple of {rest}, or name the axes: --ranks "
+                    + ",".join(f"{a}={grid.size(a)}" for a in grid.axes),
+                )
+            axes = tuple((a, r.n // rest if a == "tp" else grid.size(a)) for a in grid.axes)
+            if "tp" not in grid.axes:
+                axes = (*axes, ("tp", r.n // rest))
+            return _checked_grid(_make_grid(axes), None)
         return _checked_grid(Grid(r.n), None)
 
     def _param(self, pn: syn.Name, pt: syn.Name, pv: syn.Num, neg: bool) -> Param:
@@ -592,11 +627,76 @@ class _Lowerer:
                 f"input '{st.name.text}' has {numel(shape)} elements, too many (at most 2^62)",
                 st.span,
             )
+        if st.layout_over is not None or st.more_layouts:
+            return self._grid_input_type(st, dt, shape)
         layout = _input_layout(st, shape)
         check_divisible(
             shape, layout, self.grid.group, st.layout_span or st.span, f"input '{st.name.text}'"
         )
         return TensorType(dt, shape, layout, self._input_stage(st))
+
+    def _grid_input_type(self, st: syn.InputStmt, dt: DType, shape: Shape) -> TensorType:
+        """An input with layouts over named axes: `sliced(1) local(over=dp)`; an axis
+        without a layout is replicated (docs/language.md, rank grids)."""
+        specs = [syn.AxisLayout(st.layout, st.layout_arg, st.layout_over, st.layout_span or st.span)]
+        specs += st.more_layouts
+        by_axis: dict[str, syn.AxisLayout] = {}
+        what = f"input '{st.name.text}'"
+        for spec in specs:
+            axis = "tp" if spec.over is None else self.axis(spec.over, "a layout")
+            if axis in by_axis:
+                raise InputError(
+                    f"{what} has two layouts over the {axis} axis",
+                    spec.span,
+                    hint="give each axis at most one layout; an axis without one is replicated",
+                )
+            by_axis[axis] = spec
+
+        def layout_of(spec: syn.AxisLayout, of: Shape) -> Layout:
+            return _input_layout(dataclasses.replace(st, layout=spec.word, layout_arg=spec.arg), of)
+
+        tp_layout = REPLICATED
+        if "tp" in by_axis:
+            tp_layout = layout_of(by_axis["tp"], shape)
+            check_divisible(shape, tp_layout, self.grid.group, by_axis["tp"].span, what)
+        dp_layout = REPLICATED
+        if "dp" in by_axis:
+            # a dp layout describes a tp rank's part (docs/language.md, rank grids)
+            view = tp_local_shape(shape, tp_layout, self.grid.group)
+            dp_layout = layout_of(by_axis["dp"], view)
+            axes.check_divisible_dp(
+                TensorType(dt, view, dp_layout), dp_layout, self.grid.dp, by_axis["dp"].span, what
+            )
+        return TensorType(dt, shape, tp_layout, self._input_stage(st), dp_layout)
+
+    def axis(self, name: syn.Name, what: str) -> str:
+        """The grid axis `over=NAME` names (docs/language.md, rank grids)."""
+        grid = self.grid
+        if not grid.is_grid:
+            raise InputError(
+                f"over={name.text}: {what} over a named axis needs a rank grid, but this "
+                f"program runs on `ranks {grid.world}`",
+                name.span,
+                hint=f"declare the axes, e.g. ranks dp=2, tp={max(1, grid.world // 2)}",
+            )
+        if name.text == "pp" and "pp" in grid.axes:
+            raise InputError(
+                f"over=pp: {what} runs within one pipeline stage; the pp axis is crossed "
+                "only by send",
+                name.span,
+                hint="name the dp or tp axis, or move the value with send(x)",
+            )
+        if name.text not in grid.axes:
+            known = [a for a in grid.axes if a != "pp"]
+            raise InputError(
+                f"unknown axis '{name.text}': this program's grid has the axes "
+                f"{', '.join(grid.axes)}",
+                name.span,
+                hint=did_you_mean(name.text, known)
+                or (f"declare it in the ranks statement: ranks {name.text}=N, …"
+                    if name.text in GRID_AXES else "axes: " + ", ".join(known)),
+            )
+        return name.text
 
     def _input_stage(self, st: syn.InputStmt) -> int:
         """The pipeline stage of `input ... @stage K` (0 without `@stage`)."""
@@ -743,6 +843,8 @@ class _Lowerer:
             return self._reshape_call(a)
         if op in PERMUTES:
             return _permute_call(a)
+        if op in (Op.MEAN, Op.AMIN) or (op in (Op.SUM, Op.AMAX) and "dim" in a.kws):
+            return _axis_reduction_call(a)
         if op is Op.CAST:
             return _cast_call(a)
         if op is Op.DROPOUT:
@@ -752,7 +854,11 @@ class _Lowerer:
             self.dropouts += 1
             return _dropout_call(a, tag)
         if op is Op.SLICE:
-            return _slice_call(a)
+            over = self._over_kw(a)
+            if over is not None:
+                a.kws.pop("over")
+            e = _slice_call(a)
+            return _replace_expr(e, tag="dp") if over == "dp" else e
         if op in ROWWISE:
             return _rowwise_call(a)
         if op is Op.WHERE:
@@ -782,6 +888,14 @@ class _Lowerer:
             x = a.pos[0]
         value: float | int | None = None
         tag: str | None = None
+        over = self._over_kw(a)
+        if over is not None and (row.reslices or row.result is None):
+            raise InputError(
+                f"{a.fname}(…, over={over}) is not supported yet: only allreduce, "
+                "reducescatter, allgather, broadcast and reduce run over a named axis",
+                a.kws["over"].span,
+                hint=f"leave over= out ({a.fname} runs over tp)",
+            )
         if row.reslices:
             a.no_kw(("to", "from"))
             if "to" not in a.kws:
@@ -795,7 +909,7 @@ class _Lowerer:
             if "from" in a.kws:
                 tag = str(self._dim_literal(a, "from"))
         elif row.rooted:
-            a.no_kw(("root",))
+            a.no_kw(("root", "over"))
             value = 0
             if "root" in a.kws:
                 rv = a.literal(a.kws["root"].value, "root")
@@ -803,8 +917,23 @@ class _Lowerer:
                     raise InputError(f"{a.fname}: root must be an integer", a.kws["root"].span)
                 value = rv
         else:
-            a.no_kw()
+            a.no_kw(("over",) if over is not None else ())
+        if over == "dp":
+            tag = "dp"  # the axis of a collective other than alltoall (Expr.tag)
         return Expr(op, (a.sub(x),), rop=rop, value=value, tag=tag, span=a.call.span)
+
+    def _over_kw(self, a: _CallArgs) -> str | None:
+        """The axis `over=AXIS` names (None without over=)."""
+        kw = a.kws.get("over")
+        if kw is None:
+            return None
+        v = kw.value
+        if not (isinstance(v, Expr) and v.op is Op.REF and v.name):
+            raise InputError(
+                f"{a.fname}: over= names an axis of the rank grid, such as over=dp",
+                kw.span,
+            )
+        return self.axis(syn.Name(v.name, v.span or kw.span), f"{a.fname}")
 
     @staticmethod
     def _dim_literal(a: _CallArgs, key: str) -> int:
@@ -900,6 +1029,12 @@ def _declared_type(st: syn.InputStmt) -> tuple[Any, ...]:
         None if arg is None else (arg[0].text, arg[1]),
         None if stage_kw is None else stage_kw.text,
         None if stage is None else stage.text,
+        None if st.layout_over is None else st.layout_over.text,
+        tuple(
+            (m.word.text, None if m.arg is None else (m.arg[0].text, m.arg[1]),
+             None if m.over is None else m.over.text)
+            for m in st.more_layouts
+        ),
     )
 
 
@@ -1054,6 +1189,48 @@ def _replace_expr(e: Expr, **changes: Any) -> Expr:
     return dataclasses.replace(e, **changes)
 
 
+def _replace_expr(e: Expr, **changes: Any) -> Expr:
+    return dataclasses.replace(e, **changes)
+
+
+_AXIS_OPS = {Op.SUM: Op.SUM_DIM, Op.MEAN: Op.MEAN, Op.AMAX: Op.AMAX_DIM, Op.AMIN: Op.AMIN}
+
+
+def _axis_reduction_call(a: _CallArgs) -> Expr:
+    """`sum/mean/amax/amin(x, dim=d, keepdim=true|false)`: a reduction along dimension d
+    (an integer literal; negative counts from the end)."""
+    a.no_kw(("dim", "keepdim"))
+    a.arity(1, "x, dim=d, keepdim=false")
+    if "dim" not in a.kws:
+        raise InputError(
+            f"{a.fname} needs the dimension to reduce: dim=",
+            a.call.span,
+            hint=f"for example {a.fname}(x, dim=-1); sum(x) and amax(x) without dim= reduce "
+            "the whole tensor to a scalar",
+        )
+    d = a.literal(a.kws["dim"].value, "dim")
+    if not isinstance(d, int):
+        raise InputError(f"{a.fname}: dim must be an integer dimension", a.kws["dim"].span)
+    keep = False
+    if "keepdim" in a.kws:
+        kv = a.kws["keepdim"].value
+        if isinstance(kv, Expr) and kv.op is Op.REF and kv.name in ("true", "false"):
+            keep = kv.name == "true"
+        elif isinstance(kv, Expr) and kv.op is Op.CONST and kv.value in (0, 1):
+            keep = kv.value == 1
+        else:
+            raise InputError(
+                f"{a.fname}: keepdim must be true or false", a.kws["keepdim"].span
+            )
+    return Expr(
+        _AXIS_OPS[a.op],
+        (a.sub(a.pos[0]),),
+        value=d,
+        tag="keepdim" if keep else None,
+        span=a.call.span,
+    )
+
+
 def _slice_call(a: _CallArgs) -> Expr:
     """`slice(x)` or `slice(x, d)`."""
     a.no_kw()
@@ -1103,12 +1280,25 @@ def _where_call(a: _CallArgs) -> Expr:
     return Expr(a.op, (cexpr, a.sub(a.pos[1]), a.sub(a.pos[2])), span=a.call.span)
 
 
+GRID_AXES = ("dp", "tp", "pp")
+"""The named axes of a rank grid (docs/language.md, rank grids)."""
+
+
+def _make_grid(axes: tuple[tuple[str, int], ...]) -> Grid:
+    """The grid of `ranks A=n, …` (axes in written order, each at most once)."""
+    d = dict(axes)
+    names = tuple(a for a, _ in axes)
+    # the two-axis grid of before keeps its printed form (tp first)
+    order = () if set(names) == {"tp", "pp"} else names
+    return Grid(d.get("tp", 1), d.get("pp", 1), True, d.get("dp", 1), order)
+
+
 def _checked_grid(grid: Grid, span: Span | None) -> Grid:
     """`grid`, when its world is at most `MAX_RANKS` (`span`: the `ranks` statement;
     None for `--ranks`)."""
     if grid.world <= MAX_RANKS:
         return grid
-    what = f"tp × pp = {grid.world}" if grid.is_grid else str(grid.world)
+    what = f"{' × '.join(grid.axes)} = {grid.world}" if grid.is_grid else str(grid.world)
     message = f"too many ranks: {what} (at most {MAX_RANKS:,})"
     if span is None:
         raise UsageError(f"--ranks: {message}")

@@ -70,6 +70,12 @@ class Op(enum.Enum):
     # data movement: a permutation of the dimensions (`tag` holds the written dimensions)
     TRANSPOSE = "transpose"
     PERMUTE = "permute"
+    # reductions along one dimension (`value` = the dimension, `tag` = "keepdim" or None):
+    # `sum(x, dim=d)` and `amax(x, dim=d)` are these, not the whole-tensor SUM and AMAX
+    SUM_DIM = "sum(dim)"
+    MEAN = "mean"
+    AMAX_DIM = "amax(dim)"
+    AMIN = "amin"
     # collectives: one row each in cocoviz.ir.collectives.COLLECTIVE_TABLE
     ALLREDUCE = "allreduce"
     REDUCESCATTER = "reducescatter"
@@ -103,6 +109,10 @@ ROWWISE = {Op.LAYERNORM, Op.RMSNORM, Op.SOFTMAX}
 REDUCTIONS = {Op.SUM, Op.NORM, Op.AMAX}
 PERMUTES = frozenset({Op.TRANSPOSE, Op.PERMUTE})
 """`transpose(x, d0, d1)` and `permute(x, p0, …)`: each rank permutes its own array."""
+AXIS_REDUCTIONS = frozenset({Op.SUM_DIM, Op.MEAN, Op.AMAX_DIM, Op.AMIN})
+"""`sum/mean/amax/amin(x, dim=d, keepdim=…)`: a reduction along one dimension."""
+AXIS_NAMES = {Op.SUM_DIM: "sum", Op.MEAN: "mean", Op.AMAX_DIM: "amax", Op.AMIN: "amin"}
+"""How each reduction along a dimension is written."""
 COLLECTIVES = frozenset(Op(c.name) for c in COLLECTIVE_TABLE)
 """The collective operators: the rows of the collectives table (each needs its member)."""
 WHOLE_RHS = COLLECTIVES | {Op.MATMUL, Op.RESHAPE}
@@ -114,7 +124,9 @@ ELEMENTWISE = (
     | {Op.NEG, Op.WHERE, Op.CAST, Op.DROPOUT, Op.SLICE}
 )
 CALL_NAMES = {
-    op.value: op for op in Op if op not in BINARY_INFIX | COMPARISONS | {Op.REF, Op.CONST, Op.NEG}
+    op.value: op
+    for op in Op
+    if op not in BINARY_INFIX | COMPARISONS | {Op.REF, Op.CONST, Op.NEG, Op.SUM_DIM, Op.AMAX_DIM}
 }
 
 
@@ -152,7 +164,9 @@ class Expr:
     `from` dimension as text (both normal, non-negative, after inference; `tag` None
     before inference when the source omits `from=`); TRANSPOSE/PERMUTE `tag` = the
     written dimensions as comma-separated text (non-negative after inference; see
-    `permutation`); collectives with a reduction `rop`.
+    `permutation`); SUM_DIM/MEAN/AMAX_DIM/AMIN `value` = the reduced dimension
+    (non-negative after inference) and `tag` = "keepdim" when it is kept with extent 1;
+    collectives with a reduction `rop`.
     """
 
     op: Op
@@ -371,23 +385,56 @@ class ScheduleBlock:
 
 @dataclass(frozen=True)
 class Grid:
-    """`ranks N` (tp=N, pp=1, not a grid) or `ranks tp=T, pp=P`."""
+    """`ranks N` (tp=N, pp=1, not a grid) or `ranks dp=D, tp=T, pp=P` (any subset of
+    the named axes, in any order: `order` keeps the written order for the printer).
+
+    World ranks are numbered tp-fastest: rank = (pp·D + dp)·T + tp (docs/language.md,
+    rank grids), so a tp group is T consecutive ranks and a dp group strides by T.
+    """
 
     tp: int
     pp: int = 1
     is_grid: bool = False
+    dp: int = 1
+    order: tuple[str, ...] = ()
 
     @property
     def world(self) -> int:
-        return self.tp * self.pp
+        return self.tp * self.pp * self.dp
 
     @property
     def group(self) -> int:
-        """Ranks a collective runs over (G)."""
+        """Ranks a collective runs over by default (G: the tp axis)."""
         return self.tp
 
+    @property
+    def has_dp(self) -> bool:
+        """The grid names a data-parallel axis (values then have a layout over dp)."""
+        return "dp" in self.order
+
+    @property
+    def axes(self) -> tuple[str, ...]:
+        """The axis names a program may write (`over=`), in the written order."""
+        if not self.is_grid:
+            return ()
+        return self.order or ("tp", "pp")
+
+    def size(self, axis: str) -> int:
+        return {"tp": self.tp, "pp": self.pp, "dp": self.dp}[axis]
+
+    def coords(self, rank: int) -> tuple[int, int, int]:
+        """(pp, dp, tp) of a world rank."""
+        rest, tp = divmod(rank, self.tp)
+        p, d = divmod(rest, self.dp)
+        return p, d, tp
+
+    def rank_of(self, pp: int, dp: int, tp: int) -> int:
+        return (pp * self.dp + dp) * self.tp + tp
+
     def __str__(self) -> str:
-        return f"tp={self.tp}, pp={self.pp}" if self.is_grid else str(self.tp)
+        if not self.is_grid:
+            return str(self.tp)
+        return ", ".join(f"{a}={self.size(a)}" for a in self.axes)
 
 
 @dataclass(frozen=True)
@@ -503,6 +550,8 @@ __all__ = [
     "Group",
     "GroupKind",
     "Input",
+    "AXIS_NAMES",
+    "AXIS_REDUCTIONS",
     "Op",
     "PERMUTES",
     "Param",

@@ -5,6 +5,8 @@ from __future__ import annotations
 from cocoviz.ir.collectives import collective
 from cocoviz.ir.graph import ordered_items
 from cocoviz.ir.nodes import (
+    AXIS_NAMES,
+    AXIS_REDUCTIONS,
     BINARY_INFIX,
     COLLECTIVES,
     COMPARISONS,
@@ -18,7 +20,7 @@ from cocoviz.ir.nodes import (
     Stage,
     StepCall,
 )
-from cocoviz.ir.types import format_shape
+from cocoviz.ir.types import axis_layout_text, format_shape
 
 _PREC = {Op.ADD: 1, Op.SUB: 1, Op.MUL: 2, Op.DIV: 2}
 _DEFAULT_EPS = {Op.LAYERNORM: 1e-5, Op.RMSNORM: 1e-6}
@@ -81,8 +83,15 @@ class _ExprPrinter:
         if op in PERMUTES:
             assert e.tag is not None
             args += e.tag.split(",")
+        if op in AXIS_REDUCTIONS:
+            args.append(f"dim={e.value}")
+            if e.tag == "keepdim":
+                args.append("keepdim=true")
+            return f"{AXIS_NAMES[op]}({', '.join(args)})"
         if op is Op.SLICE and e.value is not None:
             args.append(str(e.value))
+        if e.tag == "dp" and (op is Op.SLICE or (row is not None and not row.reslices)):
+            args.append("over=dp")  # the axis of a collective or a slice (rank grids)
         if op is Op.DROPOUT:
             assert e.value is not None
             args.append(format_number(e.value))
@@ -155,7 +164,10 @@ def format_program(program: Program, schedules: bool = True, annotate: bool = Fa
     for i in p.inputs:
         t = i.ty
         stage = f" @stage {t.pstage}" if t.pstage else ""
-        lines.append(f"input {i.name} : {t.dtype.value}{format_shape(t.shape)} {t.layout}{stage}")
+        over = "" if t.dp.is_replicated else " " + axis_layout_text(t.dp, "dp")
+        lines.append(
+            f"input {i.name} : {t.dtype.value}{format_shape(t.shape)} {t.layout}{over}{stage}"
+        )
     lines.append("")
     by_name = {s.name: s for s in p.stages}
     body: list[str] = []
@@ -174,7 +186,8 @@ def format_program(program: Program, schedules: bool = True, annotate: bool = Fa
                 continue
             t = st.ty
             where = f" @stage {t.pstage}" if p.grid.is_grid and t.pstage is not None else ""
-            comments.append(f"{t.dtype.value}{format_shape(t.shape)} {t.layout}{where}")
+            over = "" if t.dp.is_replicated else " " + axis_layout_text(t.dp, "dp")
+            comments.append(f"{t.dtype.value}{format_shape(t.shape)} {t.layout}{over}{where}")
         body = _annotate(body, comments)
     lines += body
     if p.outputs:

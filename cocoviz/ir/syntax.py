@@ -128,11 +128,11 @@ class ProgramStmt:
 
 @dataclass(frozen=True)
 class RanksStmt:
-    """`ranks N` (`n`) or `ranks tp=T, pp=P` (`grid`)."""
+    """`ranks N` (`n`) or `ranks dp=D, tp=T, pp=P` (`grid`: the named axes as written)."""
 
     span: Span
     n: Num | None = None
-    grid: tuple[tuple[Name, Num], tuple[Name, Num]] | None = None
+    grid: tuple[tuple[Name, Num], ...] | None = None
 
 
 @dataclass(frozen=True)
@@ -165,6 +165,16 @@ class SizeExpr:
         d["span"] = span
 
 
+@dataclass(frozen=True)
+class AxisLayout:
+    """A further layout of an input, over a named axis: `local(over=dp)`."""
+
+    word: Name
+    arg: tuple[Num, bool] | None
+    over: Name | None
+    span: Span
+
+
 @dataclass(frozen=True, init=False)  # its __init__ is written by hand
 class InputStmt:
     """`input NAME : DTYPE[SIZE, …] LAYOUT`, optionally `@stage K`."""
@@ -178,6 +188,8 @@ class InputStmt:
     stage: Num | None
     span: Span
     layout_span: Span | None = None  # the layout word and its argument
+    layout_over: Name | None = None  # `over=AXIS` of the first layout
+    more_layouts: tuple[AxisLayout, ...] = ()  # layouts over further axes
 
     def __init__(
         self,
@@ -190,9 +202,13 @@ class InputStmt:
         stage: Num | None,
         span: Span,
         layout_span: Span | None = None,
+        layout_over: Name | None = None,
+        more_layouts: tuple[AxisLayout, ...] = (),
     ) -> None:
         # as Name's
         d = self.__dict__
+        d["layout_over"] = layout_over
+        d["more_layouts"] = more_layouts
         d["name"] = name
         d["dtype"] = dtype
         d["sizes"] = sizes
@@ -346,10 +362,9 @@ class _Build:
 
     def ranks_grid(self, c: list[Any]) -> RanksStmt:
         return RanksStmt(
-            self._join(c[0], c[4]),
-            grid=(
-                (self._name(c[1]), self._num(c[2])),
-                (self._name(c[3]), self._num(c[4])),
+            self._join(c[0], c[-1]),
+            grid=tuple(
+                (self._name(c[k]), self._num(c[k + 1])) for k in range(1, len(c) - 1, 2)
             ),
         )
 
@@ -374,9 +389,10 @@ class _Build:
         name, dtype = self._name(c[1]), self._name(c[2])
         sizes = tuple(x for x in c[3:] if isinstance(x, SizeExpr))
         rest = [x for x in c[3:] if not isinstance(x, SizeExpr)]
-        layout_name, layout_arg, layout_span = rest[0]
-        stage_kw, stage = rest[1] if len(rest) > 1 else (None, None)
-        end = stage if stage is not None else layout_span
+        layout_name, layout_arg, layout_span, layout_over = rest[0]
+        more = tuple(x for x in rest[1:] if isinstance(x, AxisLayout))
+        stage_kw, stage = rest[-1] if len(rest) > 1 and isinstance(rest[-1], tuple) else (None, None)
+        end = stage if stage is not None else (more[-1].span if more else layout_span)
         return InputStmt(
             name,
             dtype,
@@ -387,18 +403,40 @@ class _Build:
             stage,
             self._join(c[0], end),
             layout_span,
+            layout_over,
+            more,
         )
 
     def size(self, c: list[Any]) -> SizeExpr:
         factors = tuple(self._num(t) if t.type == "NUMBER" else self._name(t) for t in c)
         return SizeExpr(factors, self._join(c[0], c[-1]))
 
-    def layout_word(self, c: list[Any]) -> tuple[Name, None, Span]:
+    def layout_word(self, c: list[Any]) -> tuple[Name, None, Span, None]:
         name = self._name(c[0])
-        return (name, None, name.span)
+        return (name, None, name.span, None)
 
-    def layout_arg(self, c: list[Any]) -> tuple[Name, tuple[Num, bool], Span]:
-        return (self._name(c[0]), self._signed(c[1]), self._join(c[0], c[2]))
+    def layout_arg(self, c: list[Any]) -> tuple[Name, tuple[Num, bool], Span, None]:
+        return (self._name(c[0]), self._signed(c[1]), self._join(c[0], c[2]), None)
+
+    def layout_arg_over(self, c: list[Any]) -> tuple[Name, tuple[Num, bool], Span, Name]:
+        return (self._name(c[0]), self._signed(c[1]), self._join(c[0], c[-1]), self._over(c))
+
+    def layout_over(self, c: list[Any]) -> tuple[Name, None, Span, Name]:
+        return (self._name(c[0]), None, self._join(c[0], c[-1]), self._over(c))
+
+    def _over(self, c: list[Any]) -> Name:
+        key = self._name(c[-3])
+        if key.text != "over":
+            raise InputError(
+                f"a layout takes one keyword, over=AXIS; got '{key.text}='",
+                key.span,
+                hint="for example sliced(0, over=dp) or local(over=dp)",
+            )
+        return self._name(c[-2])
+
+    def layout_more(self, c: list[Any]) -> AxisLayout:
+        word, arg, span, over = c[0]
+        return AxisLayout(word, arg, over, span)
 
     def stage_ann(self, c: list[Any]) -> tuple[Name, Num]:
         return (self._name(c[0]), self._num(c[1]))

@@ -277,8 +277,18 @@ class TensorType:
     shape: Shape
     layout: Layout
     pstage: int | None = 0  # None: on every pipeline stage (params, literals)
+    dp: Layout = REPLICATED
+    """The layout over the grid's dp axis, of each tp rank's part (docs/language.md,
+    rank grids); replicated on a grid without dp."""
 
-    def __init__(self, dtype: DType, shape: Shape, layout: Layout, pstage: int | None = 0) -> None:
+    def __init__(
+        self,
+        dtype: DType,
+        shape: Shape,
+        layout: Layout,
+        pstage: int | None = 0,
+        dp: Layout = REPLICATED,
+    ) -> None:
         # inference types every node: as Span's, the fields go straight into __dict__,
         # at half the cost of the generated frozen __init__'s object.__setattr__ calls
         d = self.__dict__
@@ -286,6 +296,7 @@ class TensorType:
         d["shape"] = shape
         d["layout"] = layout
         d["pstage"] = pstage
+        d["dp"] = dp
 
     @cached_property
     def numel(self) -> int:
@@ -298,4 +309,31 @@ class TensorType:
         return len(self.shape) == 0
 
     def __str__(self) -> str:
-        return f"{self.dtype.value}{format_shape(self.shape)} {self.layout}"
+        over = "" if self.dp.is_replicated else " " + axis_layout_text(self.dp, "dp")
+        return f"{self.dtype.value}{format_shape(self.shape)} {self.layout}{over}"
+
+
+def axis_layout_text(layout: Layout, axis: str) -> str:
+    """A layout over a named axis as the source writes it: `sliced(1, over=dp)`."""
+    if layout.is_sliced and layout.dim is not None:
+        return f"sliced({layout.dim}, over={axis})"
+    return f"{layout.kind.value}(over={axis})"
+
+
+def tp_local_shape(shape: Shape, layout: Layout, group: int) -> Shape:
+    """The shape of one tp rank's part of a value (a flat chunk that is no block of one
+    dimension: 1-D), with spellings such as `F/4` for messages."""
+    if not layout.is_sliced or group == 1:
+        return shape
+    d = block_dim(layout, shape, group)
+    if d is None:
+        n = numel(shape)
+        return (Size(f"{n}/{group}", n // group),)
+    s = shape[d]
+    return shape[:d] + (Size(f"{s.text}/{group}", s.value // group),) + shape[d + 1 :]
+
+
+def dp_view(ty: TensorType, group: int) -> TensorType:
+    """The value as the dp axis sees it: each tp rank's part, laid out over dp
+    (docs/language.md, rank grids: a dp layout describes a tp rank's part)."""
+    return TensorType(ty.dtype, tp_local_shape(ty.shape, ty.layout, group), ty.dp, ty.pstage)

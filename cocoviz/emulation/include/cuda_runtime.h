@@ -43,11 +43,12 @@ inline void __threadfence_system() {}
 // Atomics: a block's threads are fibers on one host thread, so a read-modify-write is
 // atomic as it is. Atomics of concurrent blocks do not race with each other, so the
 // happens-before check records one as a read: it is still ordered against plain writes
-// before and after it (a later unordered plain read of its result is not reported).
+// before and after it (a later unordered plain read of its result is not reported); the
+// intra-block racecheck leaves atomics out.
 namespace cocoviz_emu {
 template <class T, class F>
 inline T atomic_rmw(T* p, F f) {
-  access(p, sizeof(T), false);
+  access_atomic(p, sizeof(T));
   const T old = *p;
   *p = f(old);
   return old;

@@ -1026,6 +1026,18 @@ int take_last_error() {
 
 // ==================================================================== memory
 
+// Racecheck: the threads of one block between two of its barriers (block_barrier) run in
+// one "race epoch"; each granule remembers, for the epoch it was last touched in, the thread
+// that wrote it and up to two threads that read it, with their source lines. A thread's
+// access conflicts with another thread's write (or, writing, with another thread's read)
+// of the same epoch: nothing orders the two on a GPU (compute-sanitizer's racecheck).
+struct RaceCell {
+  uint64_t epoch;                  // race epoch of the accesses below (stale: none)
+  uint32_t w, r1, r2;              // thread index + 1 of the writer and of two readers (0: none)
+  int wl, r1l, r2l;                // their source lines
+  const char *wf, *r1f, *r2f;      // their source files (nullptr: an API's own access)
+};
+
 namespace {
 
 std::map<uintptr_t, std::unique_ptr<Alloc>>& allocs() {
@@ -1063,6 +1075,12 @@ Alloc* lookup(uintptr_t a) {
 std::string describe_alloc(const Alloc& x) {
   std::string kind = x.kind == MemKind::device ? "device allocation" : (x.kind == MemKind::symmetric ? "ncclMemAlloc window memory" : "window memory of rank " + std::to_string(x.owner) + " (mapped)");
   return kind + " of " + std::to_string(x.size) + " bytes at " + hex(reinterpret_cast<void*>(x.base)) + " made by " + x.label;
+}
+
+// Racecheck cells are this process's own (also for a peer's mapped window).
+void drop_race(Alloc* a) {
+  if (a->race != nullptr) ::munmap(a->race, cell_count(a->size) * sizeof(RaceCell));
+  a->race = nullptr;
 }
 
 Alloc* add(uintptr_t base, size_t size, MemKind kind, int owner, Cell* cells, SpinLock* lock) {
@@ -1106,6 +1124,7 @@ bool device_free(void* p) {
   a->freed_at = site_text(g_site);
   std::free(a->cells);
   a->cells = nullptr;
+  drop_race(a);
   // the pages stay mapped but inaccessible: a stray host dereference faults
   ::mprotect(p, round_up(std::max<size_t>(a->size, 1), 4096), PROT_NONE);
   g_last = nullptr;
@@ -1162,6 +1181,7 @@ void shared_unmap(void* local_base) {
   ::munmap(static_cast<char*>(local_base) - data_offset(), file_size(a->size));
   a->cells = nullptr;
   a->lock = nullptr;
+  drop_race(a);
   g_last = nullptr;
 }
 
@@ -1179,6 +1199,7 @@ bool shared_free(void* p) {
   ::munmap(static_cast<char*>(p) - data_offset(), file_size(a->size));
   a->cells = nullptr;
   a->lock = nullptr;
+  drop_race(a);
   g_last = nullptr;
   return true;
 }
@@ -1223,6 +1244,127 @@ namespace {
   fail("hazard", std::string(kind) + " between operations the program does not order", d);
 }
 
+bool env_off(const char* name) {
+  const char* v = std::getenv(name);
+  return v != nullptr && v[0] == '0' && v[1] == '\0';
+}
+bool initcheck_on() {
+  static const bool on = !env_off("COCOVIZ_EMU_INITCHECK");
+  return on;
+}
+bool racecheck_on() {
+  static const bool on = !env_off("COCOVIZ_EMU_RACECHECK");
+  return on;
+}
+
+uint64_t g_race_epoch = 1;     // advanced when a block starts and when its barrier releases
+uint32_t g_race_tid = 0;       // linear index of the running thread in its block
+bool g_in_kernel = false;
+bool g_atomic = false;         // the access being made is an atomic's (access_atomic)
+
+// The program's static data ([__executable_start, _end), linker symbols): where __shared__
+// variables live in the emulation (cuda_runtime.h makes them static).
+extern "C" char __executable_start[] __attribute__((weak));
+extern "C" char _end[] __attribute__((weak));
+bool is_static_data(uintptr_t a, size_t n) {
+  const uintptr_t lo = reinterpret_cast<uintptr_t>(__executable_start), hi = reinterpret_cast<uintptr_t>(_end);
+  return lo != 0 && hi != 0 && a >= lo && a + n <= hi;
+}
+std::unordered_map<uintptr_t, RaceCell>& static_race_cells() {  // per granule address
+  static auto* m = new std::unordered_map<uintptr_t, RaceCell>();
+  return *m;
+}
+
+std::string thread_text(uint32_t t) {
+  const Dim3 bd = g_pos.block_dim;
+  return "thread (" + std::to_string(t % bd.x) + "," + std::to_string((t / bd.x) % bd.y) + "," +
+         std::to_string(t / (bd.x * bd.y)) + ")";
+}
+
+std::string line_text(const char* file, int line) {
+  return file != nullptr ? std::string(file) + ":" + std::to_string(line) : std::string("(an API's access, no source line)");
+}
+
+[[noreturn]] __attribute__((noinline)) void intra_block_race(const char* kind, const std::string& memory, size_t off,
+                                                             size_t n, bool write, const char* file, int line,
+                                                             uint32_t other, bool other_write, const char* of, int ol) {
+  const Op* op = dev().current;
+  const std::string block = "block (" + std::to_string(g_pos.block.x) + "," + std::to_string(g_pos.block.y) + "," +
+                            std::to_string(g_pos.block.z) + ")";
+  std::vector<std::string> d;
+  d.push_back(std::string("this access: ") + (write ? "write" : "read") + " by " + thread_text(g_race_tid) + " at " +
+              line_text(file, line));
+  d.push_back(std::string("earlier access: ") + (other_write ? "write" : "read") + " by " + thread_text(other - 1) +
+              " at " + line_text(of, ol));
+  d.push_back("memory: " + memory + ", bytes [" + std::to_string(off) + ", " + std::to_string(off + n) + ")");
+  d.push_back("both threads belong to " + block + " of " + (op != nullptr ? op->what() : std::string("the kernel")) +
+              " and no __syncthreads() (or CTA-wide barrier) lies between the two accesses: on a GPU they run in "
+              "either order (compute-sanitizer racecheck reports this hazard)");
+  fail("intra-block race", std::string(kind) + " between two threads of one block", d);
+}
+
+// Checks and records one granule's access by the running thread (the racecheck above).
+inline void race_step(RaceCell& c, bool write, const char* file, int line, const std::string* memory_or_null,
+                      const Alloc* x, uintptr_t a, size_t n) {
+  const uint32_t me = g_race_tid + 1;
+  if (c.epoch != g_race_epoch) {
+    c = RaceCell{g_race_epoch, 0, 0, 0, 0, 0, 0, nullptr, nullptr, nullptr};
+  }
+  const char* kind = nullptr;
+  uint32_t other = 0;
+  bool ow = false;
+  const char* of = nullptr;
+  int ol = 0;
+  if (c.w != 0 && c.w != me) {
+    kind = write ? "write after write" : "read after write";
+    other = c.w, ow = true, of = c.wf, ol = c.wl;
+  } else if (write && c.r1 != 0 && c.r1 != me) {
+    kind = "write after read", other = c.r1, of = c.r1f, ol = c.r1l;
+  } else if (write && c.r2 != 0 && c.r2 != me) {
+    kind = "write after read", other = c.r2, of = c.r2f, ol = c.r2l;
+  }
+  if (kind != nullptr) {
+    const std::string memory = memory_or_null != nullptr ? *memory_or_null : describe_alloc(*x);
+    const uintptr_t base = x != nullptr ? x->base : reinterpret_cast<uintptr_t>(__executable_start);
+    intra_block_race(kind, memory, a - base, n, write, file, line, other, ow, of, ol);
+  }
+  if (write) {
+    c.w = me, c.wf = file, c.wl = line;
+  } else if (c.r1 == 0) {
+    c.r1 = me, c.r1f = file, c.r1l = line;
+  } else if (c.r1 != me && c.r2 == 0) {
+    c.r2 = me, c.r2f = file, c.r2l = line;
+  }
+}
+
+// An access of the block's __shared__ (static) data: racecheck only (it is the block's own).
+void access_static(uintptr_t a, size_t n, bool write, const char* file, int line) {
+  if (!racecheck_on() || g_atomic || n == 0) return;
+  static const std::string memory = "__shared__ memory (the program's static data; offsets from its start)";
+  auto& m = static_race_cells();
+  for (uintptr_t g = a / kGranule; g <= (a + n - 1) / kGranule; ++g) {
+    race_step(m[g], write, file, line, &memory, nullptr, a, n);
+  }
+}
+
+[[noreturn]] __attribute__((noinline)) void uninitialized(const Alloc& x, uintptr_t a, size_t n, size_t g_first,
+                                                          const Op& op, const char* file, int line) {
+  // the unwritten run of granules inside the access, from its first unwritten one
+  const size_t g1 = (a - x.base + n - 1) / kGranule;
+  size_t gl = g_first;
+  while (gl + 1 <= g1 && x.cells[gl + 1].w == 0) ++gl;
+  const size_t lo = std::max(a - x.base, g_first * kGranule), hi = std::min(a - x.base + n, (gl + 1) * kGranule);
+  std::vector<std::string> d;
+  d.push_back("this access: " + op.what() + (file != nullptr ? std::string(" (load at ") + file + ":" + std::to_string(line) + ")" : std::string()) +
+              ", bytes [" + std::to_string(a - x.base) + ", " + std::to_string(a - x.base + n) + ")");
+  d.push_back("unwritten: bytes [" + std::to_string(lo) + ", " + std::to_string(hi) + ")" +
+              (gl < g1 ? " (the first unwritten run in the access)" : ""));
+  d.push_back("memory: " + describe_alloc(x));
+  d.push_back("no kernel, copy, memset, NCCL or cuBLAS call wrote these bytes since the allocation: the read sees "
+              "garbage on a GPU (compute-sanitizer initcheck reports it); COCOVIZ_EMU_INITCHECK=0 turns the check off");
+  fail("uninitialized read", "a read of device memory that nothing wrote", d);
+}
+
 }  // namespace
 
 void access(const void* p, size_t n, bool write, const char* file, int line, bool multicast) {
@@ -1231,6 +1373,10 @@ void access(const void* p, size_t n, bool write, const char* file, int line, boo
   const uintptr_t a = reinterpret_cast<uintptr_t>(p);
   const Alloc* x = g_last;
   if (x == nullptr || a < x->base || a + n > x->base + x->size || x->freed) {
+    if (g_in_kernel && lookup(a) == nullptr && is_static_data(a, n)) {
+      access_static(a, n, write, file, line);
+      return;
+    }
     std::string what = op->what();
     if (file != nullptr) what += std::string(" (") + (write ? "store" : "load") + " at " + file + ":" + std::to_string(line) + ")";
     x = &check_range(p, n, what);
@@ -1258,6 +1404,10 @@ void access(const void* p, size_t n, bool write, const char* file, int line, boo
       c.w = me;
       std::memset(c.r, 0, sizeof c.r);
     } else {
+      if (c.w == 0 && initcheck_on()) {
+        if (x->lock != nullptr) x->lock->unlock();
+        uninitialized(*x, a, n, g, *op, file, line);
+      }
       if (c.w != me && !v.covers(c.w)) {
         if (x->lock != nullptr) x->lock->unlock();
         race("read after write", *x, a, n, c.w, *op, file, line);
@@ -1278,40 +1428,119 @@ void access(const void* p, size_t n, bool write, const char* file, int line, boo
     }
   }
   if (x->lock != nullptr) x->lock->unlock();
+  if (g_in_kernel && !g_atomic && racecheck_on()) {
+    Alloc* xm = const_cast<Alloc*>(x);
+    if (xm->race == nullptr) {
+      // zero pages, touched only where kernels access
+      void* m = ::mmap(nullptr, cell_count(x->size) * sizeof(RaceCell), PROT_READ | PROT_WRITE,
+                       MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+      if (m == MAP_FAILED) fail("emulation", "cannot allocate racecheck cells (COCOVIZ_EMU_RACECHECK=0 turns racecheck off)");
+      xm->race = static_cast<RaceCell*>(m);
+    }
+    for (size_t g = g0; g <= g1; ++g) race_step(xm->race[g], write, file, line, nullptr, x, a, n);
+  }
+}
+
+void access_atomic(const void* p, size_t n, const char* file, int line) {
+  g_atomic = true;
+  access(p, n, false, file, line);
+  g_atomic = false;
 }
 
 // =================================================================== waiting
+//
+// Every rank has a status board: a 4 KiB file $COCOVIZ_EMU_DIR/status-R that every rank maps.
+// It holds the text of the operation the rank waits for (the watchdog prints it) and, for
+// the deadlock detector, the rank's state: running, waiting in wait_until (with the ranks it
+// waits for and a count of its failed polls), inside a blocking MPI call (wrapped through
+// MPI's profiling interface, below) or exited. A wait serial counts the rank's waits.
+//
+// Deadlock: a waiting rank reads every board; when every rank is waiting, in a blocking MPI
+// call or exited, it remembers their serials; if after COCOVIZ_EMU_DEADLOCK_S seconds
+// (default 0.5) every rank is still in the same wait and every polling rank has polled and
+// failed at least kDeadlockPolls more times, no rank can make progress: nothing is left to
+// post what the others wait for (a rank that waits only completes what peers posted). It
+// reports the wait-for cycle and ends the job. The watchdog (COCOVIZ_EMU_TIMEOUT) stays as
+// the backstop for what this misses (a rank spinning in host code, an MPI-only hang).
 
 namespace {
 
+enum BoardState : int32_t { kRunning = 0, kWaiting = 1, kInMpi = 2, kExited = 3 };
+constexpr size_t kStatusBytes = 1024;
+constexpr int kBoardPeers = 256;
+constexpr uint64_t kDeadlockPolls = 100;
+
+struct BoardSlot {
+  char text[kStatusBytes];     // the pending operation (offset 0: everyone_pending reads it)
+  uint64_t serial;             // waits entered so far
+  uint64_t polls;              // failed polls of the current wait
+  int32_t state;               // BoardState
+  int32_t npeers;              // entries of peers (-1: every other rank)
+  int32_t peers[kBoardPeers];  // world ranks this wait needs something from
+  char key[128];               // ranks with one key wait together (one communicator's collective)
+};
+constexpr size_t kBoardBytes = 4096;
+static_assert(sizeof(BoardSlot) <= kBoardBytes, "board slot");
+
 struct StatusBoard {
-  char* mine = nullptr;  // 1 KiB mapped status text of this rank
+  BoardSlot* mine = nullptr;
   bool tried = false;
+  std::vector<const BoardSlot*> all;  // every rank's board, mapped when it exists
 };
 StatusBoard g_board;
-constexpr size_t kStatusBytes = 1024;
+
+const char* emu_dir_env() {
+  const char* d = std::getenv("COCOVIZ_EMU_DIR");
+  return d != nullptr && d[0] != '\0' ? d : nullptr;
+}
+
+void board_exit() {
+  if (g_board.mine != nullptr) __atomic_store_n(&g_board.mine->state, kExited, __ATOMIC_RELEASE);
+}
 
 void board_open() {
   if (g_board.tried) return;
   g_board.tried = true;
-  const char* d = std::getenv("COCOVIZ_EMU_DIR");
-  if (d == nullptr || d[0] == '\0') return;
+  const char* d = emu_dir_env();
+  if (d == nullptr) return;
   const std::string path = std::string(d) + "/status-" + std::to_string(world_rank());
   const int fd = ::open(path.c_str(), O_RDWR | O_CREAT, 0600);
   if (fd < 0) return;
-  if (::ftruncate(fd, kStatusBytes) == 0) {
-    void* m = ::mmap(nullptr, kStatusBytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-    if (m != MAP_FAILED) g_board.mine = static_cast<char*>(m);
+  if (::ftruncate(fd, kBoardBytes) == 0) {
+    void* m = ::mmap(nullptr, kBoardBytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (m != MAP_FAILED) {
+      g_board.mine = static_cast<BoardSlot*>(m);
+      std::atexit(board_exit);
+    }
   }
   ::close(fd);
+}
+
+// Rank r's board, mapped read-only once its file has its full size (nullptr before).
+const BoardSlot* board_of(int r) {
+  if (g_board.all.size() < static_cast<size_t>(world_size())) g_board.all.resize(static_cast<size_t>(world_size()), nullptr);
+  const BoardSlot*& b = g_board.all[static_cast<size_t>(r)];
+  if (b != nullptr) return b;
+  const char* d = emu_dir_env();
+  if (d == nullptr) return nullptr;
+  const std::string path = std::string(d) + "/status-" + std::to_string(r);
+  const int fd = ::open(path.c_str(), O_RDONLY);
+  if (fd < 0) return nullptr;
+  struct stat st {};
+  if (::fstat(fd, &st) == 0 && st.st_size >= static_cast<off_t>(kBoardBytes)) {
+    void* m = ::mmap(nullptr, kBoardBytes, PROT_READ, MAP_SHARED, fd, 0);
+    if (m != MAP_FAILED) b = static_cast<const BoardSlot*>(m);
+  }
+  ::close(fd);
+  return b;
 }
 
 std::string g_pending;
 
 std::vector<std::string> everyone_pending() {
   std::vector<std::string> out;
-  const char* d = std::getenv("COCOVIZ_EMU_DIR");
-  if (d == nullptr || d[0] == '\0') {
+  const char* d = emu_dir_env();
+  if (d == nullptr) {
     out.push_back("rank " + std::to_string(world_rank()) + ": " + g_pending + "  (set COCOVIZ_EMU_DIR, as run.sh --emulate does, to see every rank)");
     return out;
   }
@@ -1336,26 +1565,216 @@ double now_s() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
 
+void board_text(const std::string& what) {
+  board_open();
+  if (g_board.mine != nullptr) {
+    const size_t n = std::min(what.size(), kStatusBytes - 1);
+    std::memcpy(g_board.mine->text, what.data(), n);
+    g_board.mine->text[n] = '\0';
+  }
+}
+
+// Enters a wait (state kWaiting or kInMpi) with the ranks it needs and its key.
+void board_enter(int32_t state, const std::vector<int>& peers, const std::string& key) {
+  board_open();
+  BoardSlot* b = g_board.mine;
+  if (b == nullptr) return;
+  if (peers.size() > static_cast<size_t>(kBoardPeers)) {
+    b->npeers = -1;
+  } else {
+    b->npeers = static_cast<int32_t>(peers.size());
+    for (size_t i = 0; i < peers.size(); ++i) b->peers[i] = peers[i];
+  }
+  const size_t k = std::min(key.size(), sizeof b->key - 1);
+  std::memcpy(b->key, key.data(), k);
+  b->key[k] = '\0';
+  __atomic_store_n(&b->polls, 0, __ATOMIC_RELAXED);
+  __atomic_add_fetch(&b->serial, 1, __ATOMIC_RELEASE);
+  __atomic_store_n(&b->state, state, __ATOMIC_RELEASE);
+}
+
+void board_leave() {
+  if (g_board.mine != nullptr) __atomic_store_n(&g_board.mine->state, kRunning, __ATOMIC_RELEASE);
+}
+
+double deadlock_s() {
+  static const double t = [] {
+    const char* v = std::getenv("COCOVIZ_EMU_DEADLOCK_S");
+    return v != nullptr && v[0] != '\0' ? std::atof(v) : 0.5;
+  }();
+  return t;
+}
+
+struct Seen {
+  uint64_t serial, polls;
+  int32_t state;
+};
+
+// One reading of every board: false unless every rank waits, is in MPI or has exited.
+bool all_blocked(std::vector<Seen>* out) {
+  out->assign(static_cast<size_t>(world_size()), Seen{});
+  for (int r = 0; r < world_size(); ++r) {
+    const BoardSlot* b = board_of(r);
+    if (b == nullptr) return false;
+    Seen& s = (*out)[static_cast<size_t>(r)];
+    s.state = __atomic_load_n(&b->state, __ATOMIC_ACQUIRE);
+    s.serial = __atomic_load_n(&b->serial, __ATOMIC_ACQUIRE);
+    s.polls = __atomic_load_n(&b->polls, __ATOMIC_ACQUIRE);
+    if (s.state == kRunning) return false;
+  }
+  return true;
+}
+
+const char* state_text(int32_t s) {
+  return s == kWaiting ? "waits" : s == kInMpi ? "is blocked in MPI" : s == kExited ? "has exited" : "runs";
+}
+
+// The wait-for edges of rank r: the ranks its board names (all others if it names none),
+// less those waiting with the same key (they are in the same collective as r).
+std::vector<int> waits_for(int r) {
+  const BoardSlot* b = board_of(r);
+  std::vector<int> out;
+  if (b == nullptr || b->state == kExited) return out;
+  std::vector<int> cand;
+  if (b->npeers < 0 || (b->npeers == 0 && b->state == kInMpi)) {
+    for (int q = 0; q < world_size(); ++q) cand.push_back(q);
+  } else {
+    cand.assign(b->peers, b->peers + b->npeers);
+  }
+  for (int q : cand) {
+    if (q == r || q < 0 || q >= world_size()) continue;
+    const BoardSlot* o = board_of(q);
+    if (o != nullptr && b->key[0] != '\0' && o->state == b->state && std::strcmp(o->key, b->key) == 0) continue;
+    out.push_back(q);
+  }
+  return out;
+}
+
+std::string board_line(int r) {
+  const BoardSlot* b = board_of(r);
+  std::string text = b != nullptr && b->text[0] != '\0' ? std::string(b->text, strnlen(b->text, kStatusBytes)) : std::string("(no operation recorded)");
+  std::string line = "rank " + std::to_string(r) + " " + state_text(b != nullptr ? b->state : kRunning) + ": " + text;
+  const std::vector<int> w = waits_for(r);
+  if (!w.empty()) {
+    line += "  -> needs rank";
+    line += w.size() > 1 ? "s " : " ";
+    for (size_t i = 0; i < w.size(); ++i) line += (i ? ", " : "") + std::to_string(w[i]);
+  }
+  return line;
+}
+
+// A cycle of the wait-for graph (ranks in order), or empty.
+std::vector<int> find_cycle() {
+  const int n = world_size();
+  std::vector<int> color(static_cast<size_t>(n), 0), parent(static_cast<size_t>(n), -1);
+  std::vector<int> cycle;
+  std::function<bool(int)> dfs = [&](int u) {
+    color[static_cast<size_t>(u)] = 1;
+    for (int v : waits_for(u)) {
+      if (color[static_cast<size_t>(v)] == 1) {
+        for (int x = u; x != v; x = parent[static_cast<size_t>(x)]) cycle.push_back(x);
+        cycle.push_back(v);
+        std::reverse(cycle.begin(), cycle.end());
+        return true;
+      }
+      if (color[static_cast<size_t>(v)] == 0) {
+        parent[static_cast<size_t>(v)] = u;
+        if (dfs(v)) return true;
+      }
+    }
+    color[static_cast<size_t>(u)] = 2;
+    return false;
+  };
+  for (int r = 0; r < n && cycle.empty(); ++r) {
+    if (color[static_cast<size_t>(r)] == 0) dfs(r);
+  }
+  return cycle;
+}
+
+// The first rank to see the job stuck prints the report; the others let it (abort follows).
+bool claim_report() {
+  const char* d = emu_dir_env();
+  if (d == nullptr) return true;
+  const std::string lock = std::string(d) + "/watchdog";
+  const int fd = ::open(lock.c_str(), O_CREAT | O_EXCL | O_WRONLY, 0600);
+  if (fd >= 0) {
+    ::close(fd);
+    return true;
+  }
+  const timespec grace{5, 0};
+  nanosleep(&grace, nullptr);
+  return false;
+}
+
+struct Detector {
+  bool armed = false;
+  double since = 0;
+  std::vector<Seen> first;
+};
+
+// Called by a waiting rank now and then: reports a deadlock once it is certain.
+void check_deadlock(Detector& det, const std::string& pending) {
+  if (deadlock_s() <= 0 || world_size() < 1 || emu_dir_env() == nullptr || g_board.mine == nullptr) return;
+  std::vector<Seen> now;
+  if (!all_blocked(&now)) {
+    det.armed = false;
+    return;
+  }
+  bool same = det.armed;
+  for (size_t r = 0; same && r < now.size(); ++r) {
+    same = now[r].serial == det.first[r].serial && now[r].state == det.first[r].state;
+  }
+  if (!same) {
+    det.armed = true;
+    det.since = now_s();
+    det.first = now;
+    return;
+  }
+  if (now_s() - det.since < deadlock_s()) return;
+  for (size_t r = 0; r < now.size(); ++r) {
+    if (now[r].state == kWaiting && now[r].polls < det.first[r].polls + kDeadlockPolls) return;
+  }
+  std::vector<std::string> detail;
+  const bool first = claim_report();
+  if (first) {
+    const std::vector<int> cycle = find_cycle();
+    if (!cycle.empty()) {
+      detail.push_back("wait-for cycle:");
+      for (int r : cycle) detail.push_back("  " + board_line(r));
+      detail.push_back("  (back to rank " + std::to_string(cycle.front()) + ")");
+    }
+    detail.push_back("every rank:");
+    for (int r = 0; r < world_size(); ++r) detail.push_back("  " + board_line(r));
+    detail.push_back("no rank can make progress: each waits for an operation that no other rank will post (a "
+                     "send/recv peer or count mismatch, or collectives issued in different orders); found after " +
+                     std::to_string(deadlock_s()) + " s of every rank blocked (COCOVIZ_EMU_DEADLOCK_S; 0 leaves it to the "
+                     "COCOVIZ_EMU_TIMEOUT watchdog)");
+    if (deferring()) {
+      detail.push_back(std::string("order: COCOVIZ_EMU_ORDER=adversarial, COCOVIZ_EMU_SEED=") + std::to_string(order_seed_value()) +
+                       ", NCCL_LAUNCH_ORDER_IMPLICIT " + (implicit_launch_order() ? "on" : "off"));
+    }
+  }
+  fail("deadlock", "every rank is blocked while waiting: " + pending, detail);
+}
+
 }  // namespace
 
 void set_pending(const std::string& what) {
   g_pending = what;
-  board_open();
-  if (g_board.mine != nullptr) {
-    const size_t n = std::min(what.size(), kStatusBytes - 1);
-    std::memcpy(g_board.mine, what.data(), n);
-    g_board.mine[n] = '\0';
-  }
+  board_text(what);
 }
 
 void wait_until(const std::function<bool()>& ready, const std::string& pending,
-                const std::function<void()>& progress) {
+                const std::function<void()>& progress, const std::vector<int>& peers, const std::string& key) {
   drain_pending();  // a host that blocks lets the device run what it has queued
   if (ready()) return;
   set_pending(pending + " (" + site_text(g_site) + ")");
+  board_enter(kWaiting, peers, key);
   const double start = now_s();
   long spins = 0;
+  Detector det;
   while (!ready()) {
+    if (g_board.mine != nullptr) __atomic_add_fetch(&g_board.mine->polls, 1, __ATOMIC_RELEASE);
     if (progress) progress();
     ++spins;
     if (spins < 200) {
@@ -1364,21 +1783,10 @@ void wait_until(const std::function<bool()>& ready, const std::string& pending,
       const timespec ts{0, 200000};  // 0.2 ms
       nanosleep(&ts, nullptr);
     }
+    if ((spins & 15) == 0) check_deadlock(det, pending);
     if ((spins & 63) == 0 && now_s() - start > timeout_s()) {
       std::vector<std::string> detail;
-      const char* d = std::getenv("COCOVIZ_EMU_DIR");
-      bool first = true;
-      if (d != nullptr && d[0] != '\0') {
-        const std::string lock = std::string(d) + "/watchdog";
-        const int fd = ::open(lock.c_str(), O_CREAT | O_EXCL | O_WRONLY, 0600);
-        first = fd >= 0;
-        if (fd >= 0) ::close(fd);
-      }
-      if (!first) {
-        // another rank is printing every rank's pending operation and will end the job
-        const timespec grace{5, 0};
-        nanosleep(&grace, nullptr);
-      }
+      const bool first = claim_report();
       if (first) {
         detail.push_back("pending operations:");
         for (const std::string& s : everyone_pending()) detail.push_back("  " + s);
@@ -1392,7 +1800,22 @@ void wait_until(const std::function<bool()>& ready, const std::string& pending,
       fail("watchdog", "no progress for " + std::to_string(static_cast<int>(timeout_s())) + " s (COCOVIZ_EMU_TIMEOUT) while waiting: " + pending, detail);
     }
   }
+  board_leave();
   set_pending("");
+}
+
+void mpi_blocking_enter(const char* call) {
+  if (g_board.mine == nullptr && !g_board.tried) board_open();
+  if (g_board.mine == nullptr) return;
+  board_text(std::string(call) + " (a blocking MPI call of the program" +
+             (g_site.file.empty() ? std::string(")") : ", after " + site_text(g_site) + ")"));
+  board_enter(kInMpi, {}, std::string("mpi:") + call);
+}
+
+void mpi_blocking_leave() {
+  if (g_board.mine == nullptr) return;
+  board_leave();
+  g_board.mine->text[0] = '\0';
 }
 
 // ==================================================================== fibers
@@ -1409,13 +1832,13 @@ struct Fiber {
   void* stack = nullptr;
   FState state = FState::idle;
   Dim3 tid;
+  uint32_t index = 0;  // linear thread index in the block
 };
 
 std::vector<Fiber*> g_fibers;
 jmp_buf g_sched;
 Fiber* g_cur = nullptr;
 const std::function<void()>* g_body = nullptr;
-bool g_in_kernel = false;
 unsigned g_nthreads = 0;
 unsigned g_arrived = 0;
 
@@ -1472,6 +1895,7 @@ Fiber* fiber(size_t i) {
 __attribute__((noinline)) void switch_to(Fiber* f) {
   g_cur = f;
   g_pos.thread = f->tid;
+  g_race_tid = f->index;
   if (!_setjmp(g_sched)) _longjmp(f->jb, 1);
 }
 
@@ -1485,7 +1909,9 @@ void run_block(unsigned n, Dim3 bd) {
     Fiber* f = fiber(t);
     f->state = FState::ready;
     f->tid = Dim3{t % bd.x, (t / bd.x) % bd.y, t / (bd.x * bd.y)};
+    f->index = t;
   }
+  ++g_race_epoch;  // a block's accesses never race with an earlier block's here (racecheck)
   g_nthreads = n;
   g_arrived = 0;
   for (;;) {
@@ -1521,7 +1947,9 @@ void block_barrier(const std::function<void()>& at_release) {
   ++g_arrived;
   if (g_arrived == g_nthreads) {
     g_arrived = 0;
+    ++g_race_epoch;  // the barrier orders every access before it with every access after it
     if (at_release) at_release();
+    ++g_race_epoch;
     for (unsigned t = 0; t < g_nthreads; ++t) {
       if (g_fibers[t]->state == FState::barrier) g_fibers[t]->state = FState::ready;
     }

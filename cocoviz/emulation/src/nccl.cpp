@@ -68,6 +68,7 @@ struct ncclComm {
   int64_t windows = 0, devs = 0;  // windows / device communicators made so far
   std::string name;  // "comm 0x.. (rank r of n)"
   std::string destroyed_at;
+  std::string uid;   // the same on every member: its world ranks and which such comm it is
 };
 
 struct ncclWindow_vidmem {
@@ -379,21 +380,31 @@ int mpi_count(size_t bytes, const std::string& what) {
 
 void progress_all();  // pending sends and posted receives
 
-void mpi_wait(MPI_Request* reqs, int n, const std::string& pending) {
+// The world ranks of a comm's members (the emulation's world dup: every rank).
+std::vector<int> members(const ncclComm* c) {
+  if (c != nullptr) return c->world;
+  std::vector<int> all(static_cast<size_t>(emu::world_size()));
+  for (int r = 0; r < emu::world_size(); ++r) all[static_cast<size_t>(r)] = r;
+  return all;
+}
+
+// Waits for MPI requests of an operation over every member of `c` (nullptr: the world dup):
+// the deadlock detector's key makes members in the same wait on `c` not wait for each other.
+void mpi_wait(MPI_Request* reqs, int n, const std::string& pending, const ncclComm* c) {
   emu::wait_until(
       [&] {
         int done = 0;
         MPI_Testall(n, reqs, &done, MPI_STATUSES_IGNORE);
         return done != 0;
       },
-      pending, progress_all);
+      pending, progress_all, members(c), "comm " + (c != nullptr ? c->uid : std::string("world")));
 }
 
 MPI_Comm emu_world() {
   if (g_world == MPI_COMM_NULL) {
     MPI_Request r;
     MPI_Comm_idup(MPI_COMM_WORLD, &g_world, &r);
-    mpi_wait(&r, 1, "ncclCommInitRank: every MPI_COMM_WORLD rank must call it (emulation)");
+    mpi_wait(&r, 1, "ncclCommInitRank: every MPI_COMM_WORLD rank must call it (emulation)", nullptr);
   }
   return g_world;
 }
@@ -469,7 +480,7 @@ std::vector<Call> agree(const ncclComm& comm, const Call& mine, const std::strin
   std::vector<Call> all(static_cast<size_t>(comm.size));
   MPI_Request r;
   MPI_Iallgather(&mine, sizeof(Call), MPI_BYTE, all.data(), sizeof(Call), MPI_BYTE, comm.mpi, &r);
-  mpi_wait(&r, 1, pending + ": waiting for every rank of the communicator to make the same call");
+  mpi_wait(&r, 1, pending + ": waiting for every rank of the communicator to make the same call", &comm);
   for (const Call& c : all) {
     const char* what = c.kind != mine.kind ? "the call"
                        : c.count != mine.count ? (mine.kind == kDevCommCreate ? "lsaBarrierCount" : "the count")
@@ -509,6 +520,7 @@ struct P2PDesc {
 
 struct PendingSend {
   ncclComm* comm;
+  int peer_world = -1;  // the receiver's world rank
   std::string text;
   std::vector<char> msg;
   MPI_Request req;
@@ -638,6 +650,7 @@ PendingSend* post_send(const void* buff, size_t count, int type, int peer, ncclC
   const size_t bytes = count * elem_size(type), vb = vc_bytes();
   auto s = std::make_unique<PendingSend>();
   s->comm = comm;
+  s->peer_world = comm->world[static_cast<size_t>(peer)];
   s->text = p2p_text("ncclSend", "to", peer, count, type, *comm, site);
   emu::Op op(stream, "ncclSend to rank " + std::to_string(peer) + " on " + comm->name);
   P2PDesc d{};
@@ -676,7 +689,7 @@ void wait_sends_received(const std::vector<PendingSend*>& sends) {
       progress_all();
       return !pending();
     };
-    emu::wait_until(posted, p->text + ": waiting for the receiver to post its ncclRecv", progress_all);
+    emu::wait_until(posted, p->text + ": waiting for the receiver to post its ncclRecv", progress_all, {p->peer_world});
   }
 }
 
@@ -693,7 +706,8 @@ void post_recv(PendingRecv* r) {
 // Waits for posted receives, then writes each (one operation per receive, in order).
 void finish_recvs(const std::vector<PendingRecv*>& rs) {
   for (PendingRecv* r : rs) {
-    emu::wait_until([r] { progress_all(); return recv_done(r); }, r->text, progress_all);
+    emu::wait_until([r] { progress_all(); return recv_done(r); }, r->text, progress_all,
+                    {r->comm->world[static_cast<size_t>(r->peer)]});
   }
   for (PendingRecv* r : rs) {
     g_recvs.erase(std::find(g_recvs.begin(), g_recvs.end(), r));
@@ -801,7 +815,7 @@ void run_collective(const Task& t) {
     if (sb > 0) std::memcpy(in.data() + vb, t.send, cb);
     MPI_Iallgather(in.data(), mpi_count(pk, text), MPI_BYTE, out.data(), static_cast<int>(pk), MPI_BYTE, c.mpi, &req);
   }
-  mpi_wait(&req, 1, text + ": exchanging data");
+  mpi_wait(&req, 1, text + ": exchanging data", &c);
   std::vector<const char*> src(P);
   for (size_t r = 0; r < P; ++r) {
     op.acquire(get_vc(out.data() + r * pk));
@@ -936,6 +950,13 @@ ncclComm* new_comm(MPI_Comm mpi) {
   c->world.resize(static_cast<size_t>(c->size));
   MPI_Allgather(&w, 1, MPI_INT, c->world.data(), 1, MPI_INT, mpi);  // every member is here
   c->name = "comm " + hex(c.get()) + " (rank " + std::to_string(c->rank) + " of " + std::to_string(c->size) + ")";
+  // members create their comms over one member set in one order (each creation waits for
+  // all of them), so "world ranks #k" names one communicator on every member
+  std::string ranks;
+  for (int w2 : c->world) ranks += (ranks.empty() ? "" : ",") + std::to_string(w2);
+  int same = 0;
+  for (const auto& o : g_comms) same += o->world == c->world ? 1 : 0;
+  c->uid = "{" + ranks + "}#" + std::to_string(same);
   g_comms.push_back(std::move(c));
   return g_comms.back().get();
 }
@@ -954,7 +975,7 @@ void drain_sends(const ncclComm* c, const char* fn) {
           progress_sends();
           return first_pending() != p;
         },
-        std::string(fn) + ": waiting for the receiver of " + p->text, progress_all);
+        std::string(fn) + ": waiting for the receiver of " + p->text, progress_all, {p->peer_world});
   }
 }
 
@@ -985,7 +1006,7 @@ std::vector<char*> map_team(const ncclComm& c, const Share& mine, char* own, int
   std::vector<Share> all(static_cast<size_t>(c.size));
   MPI_Request r;
   MPI_Iallgather(&mine, sizeof(Share), MPI_BYTE, all.data(), sizeof(Share), MPI_BYTE, c.mpi, &r);
-  mpi_wait(&r, 1, what + ": exchanging window files");
+  mpi_wait(&r, 1, what + ": exchanging window files", &c);
   std::vector<char*> base(static_cast<size_t>(lsa_size));
   for (int p = 0; p < lsa_size; ++p) {
     const int cr = first + p;
@@ -1010,7 +1031,7 @@ std::vector<char*> map_team(const ncclComm& c, const Share& mine, char* own, int
   }
   MPI_Request b;
   MPI_Ibarrier(c.mpi, &b);
-  mpi_wait(&b, 1, what + ": waiting for every rank to map the window files");
+  mpi_wait(&b, 1, what + ": waiting for every rank to map the window files", &c);
   if (mine.path[0] != '\0' && g_unlinked.insert(mine.path).second) emu::shared_unlink(mine.path);
   if (all_out != nullptr) *all_out = std::move(all);
   return base;
@@ -1043,7 +1064,7 @@ bool device_api_supported() {
 void collective_barrier(const ncclComm& c, const std::string& what) {
   MPI_Request b;
   MPI_Ibarrier(c.mpi, &b);
-  mpi_wait(&b, 1, what + ": waiting for every rank of " + c.name);
+  mpi_wait(&b, 1, what + ": waiting for every rank of " + c.name, &c);
 }
 
 ncclWindow_vidmem* live_window(ncclWindow_t w, const char* fn) {
@@ -1125,7 +1146,7 @@ ncclResult_t ncclCommInitRank(ncclComm_t* comm, int nranks, ncclUniqueId commId,
   std::vector<Entry> all(static_cast<size_t>(W));
   MPI_Request r;
   MPI_Iallgather(&mine, sizeof(Entry), MPI_BYTE, all.data(), sizeof(Entry), MPI_BYTE, emu_world(), &r);
-  mpi_wait(&r, 1, "ncclCommInitRank: every MPI_COMM_WORLD rank must call it at the same point (emulation)");
+  mpi_wait(&r, 1, "ncclCommInitRank: every MPI_COMM_WORLD rank must call it at the same point (emulation)", nullptr);
   int color = -1;
   std::vector<int> members;
   for (int w = 0; w < W; ++w) {
@@ -1756,16 +1777,18 @@ void nccl_lsa_barrier_wait(NcclDevState* d, uint32_t index, bool acquire) {
     return true;
   };
   std::string missing;
+  std::vector<int> missing_world;  // for the deadlock detector
   for (size_t q = 0; q < d->peer.size(); ++q) {
     if (__atomic_load_n(counter(d->peer[q], d->stride, index), __ATOMIC_ACQUIRE) < round) {
       missing += (missing.empty() ? "" : ", ") + std::to_string(q);
+      missing_world.push_back(d->comm->world[static_cast<size_t>(d->comm->rank - d->lsa_rank) + q]);
     }
   }
   wait_until(all_here,
              "LSA barrier " + std::to_string(index) + " (round " + std::to_string(round) + ") of the device "
              "communicator on " + d->comm->name + ": waiting for LSA ranks " + missing +
              " (each must run the same kernels and barriers)",
-             progress_all);
+             progress_all, missing_world);
   for (size_t q = 0; q < d->peer.size(); ++q) {
     const uint32_t theirs = __atomic_load_n(grid_slot(d->peer[q], d->stride, index, round), __ATOMIC_RELAXED);
     if (theirs != blocks()) {

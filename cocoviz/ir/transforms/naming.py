@@ -19,7 +19,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterator
 
-from cocoviz.errors import CocovizError
+from cocoviz.errors import CocovizError, InternalError
 from cocoviz.ir.nodes import Op, Program
 from cocoviz.ir.transforms.base import Index, Transformation, index
 
@@ -91,7 +91,7 @@ def made_by(program: Program, name: str) -> tuple[Transformation, ...] | None:
         try:
             for s in steps:
                 p = s.run_unverified(p)
-        except CocovizError:
+        except (CocovizError, InternalError):  # a hint never turns the user's error into another
             continue
         if index(p).is_stage(name):
             return steps

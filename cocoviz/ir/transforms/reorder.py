@@ -126,6 +126,13 @@ class Reorder(Transformation):
             raise self.error(
                 f"{describe_stage(ag)} is not an allgather or alltoall", stage=ag, hint=hint
             )
+        if ag.expr.tag == "dp" and ag.expr.op is Op.ALLGATHER:
+            raise self.error(
+                f"reorder across an allgather over dp ('{ag.name}') is not supported yet "
+                "(schedule layer: it moves computation over tp only)",
+                stage=ag,
+                hint="split, fuse and overlap apply to collectives over dp",
+            )
         if idx.group_of(ag.name) is not None:
             raise self.error(
                 f"'{ag.name}' is in a {idx.group_of(ag.name).kind.value} group; "  # type: ignore[union-attr]

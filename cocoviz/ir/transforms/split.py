@@ -17,6 +17,7 @@ from cocoviz.ir.transforms.base import (
     splice,
 )
 from cocoviz.ir.transforms.retype import _Env, typed_stage
+from cocoviz.ir.types import dp_view
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -56,6 +57,8 @@ class Split(Transformation):
             )
         G = program.grid.group
         n = s.ty.numel
+        if e.tag == "dp":  # over dp: a tp rank's part, over the D ranks of its dp group
+            G, n = program.grid.dp, dp_view(e.args[0].type, G).numel
         if n % G:
             raise self.error(
                 f"{describe_stage(s)} has {n} elements, which do not divide by the {G} ranks "
@@ -69,8 +72,12 @@ class Split(Transformation):
                 stage=s,
             )
         rs_name = idx.fresh(f"{s.name}_rs")
-        rs = Stage(rs_name, Expr(Op.REDUCESCATTER, e.args, rop=e.rop, span=e.span), s.span)
-        ag = dataclasses.replace(s, expr=Expr(Op.ALLGATHER, (ref(rs_name, e.span),), span=e.span))
+        rs = Stage(
+            rs_name, Expr(Op.REDUCESCATTER, e.args, rop=e.rop, tag=e.tag, span=e.span), s.span
+        )
+        ag = dataclasses.replace(
+            s, expr=Expr(Op.ALLGATHER, (ref(rs_name, e.span),), tag=e.tag, span=e.span)
+        )
         # typed here, so that the step makes one program: both read only values that
         # come before `s`, and the allgather the reducescatter
         env = _Env(idx)

@@ -30,6 +30,17 @@
 //   the byte range) and the run ends. So a missing cudaStreamWaitEvent, event record or
 //   LSA barrier is found whatever order the operations happened to run in.
 //
+//   Initcheck. A read of a granule that no operation ever wrote (no kernel store, copy,
+//   memset, NCCL or cuBLAS write since the allocation) ends the run ("uninitialized read",
+//   as compute-sanitizer's initcheck): the reading call or kernel line, the buffer and the
+//   unwritten byte range. COCOVIZ_EMU_INITCHECK=0 turns it off.
+//
+//   Racecheck. Inside a kernel, the threads of one block between two of its barriers are
+//   concurrent: two of them touching one granule of device memory or of the block's
+//   __shared__ (static) data, at least one writing, with no __syncthreads() between them,
+//   end the run ("intra-block race") naming both threads and both source lines. Atomics are
+//   exempt. COCOVIZ_EMU_RACECHECK=0 turns it off.
+//
 // Windows (ncclMemAlloc + ncclCommWindowRegister) live in files mapped by every rank of
 // the communicator; their shadow cells live in the same mapping, under a lock, so peer
 // accesses through ncclGetLsaPointer are checked like local ones.
@@ -51,7 +62,10 @@
 //
 // Every blocking wait (collective, send/recv, barrier) polls with a watchdog: after
 // COCOVIZ_EMU_TIMEOUT seconds (default 60) it prints every rank's pending operation (from
-// the status files in $COCOVIZ_EMU_DIR, which run.sh --emulate creates) and aborts.
+// the status files in $COCOVIZ_EMU_DIR, which run.sh --emulate creates) and aborts. Before
+// that, a deadlock detector reads the same status boards: once every rank has been blocked
+// (in such a wait, in a blocking MPI call, or exited) for COCOVIZ_EMU_DEADLOCK_S seconds
+// (default 0.5) with no rank able to progress, it reports who waits for whom and aborts.
 #ifndef COCOVIZ_EMU_CORE_H_
 #define COCOVIZ_EMU_CORE_H_
 
@@ -133,6 +147,10 @@ struct SpinLock {
 
 enum class MemKind { device, symmetric, peer };
 
+// Racecheck (intra-block) state of one 2-byte granule: who of the running block touched it
+// since the block's last barrier (src/core.cpp, "racecheck").
+struct RaceCell;
+
 struct Alloc {
   uintptr_t base = 0;
   size_t size = 0;
@@ -144,6 +162,7 @@ struct Alloc {
   Cell* cells = nullptr;    // size / kGranule (+1) cells
   SpinLock* lock = nullptr; // non-null for shared (window) memory
   std::string path;         // backing file of shared memory
+  RaceCell* race = nullptr; // per granule, this process's racecheck state (made on first use)
 };
 
 // Device memory (cudaMalloc): 256-byte aligned, filled with a garbage pattern (0xA5), never
@@ -179,6 +198,11 @@ const Alloc& check_range(const void* p, size_t n, const std::string& what);
 // block remembers until its next fence.proxy.alias (Op::unfenced).
 void access(const void* p, size_t n, bool write, const char* what_file = nullptr,
             int what_line = 0, bool multicast = false);
+
+// An atomic read-modify-write of [p, p + n) by a kernel thread: checked and recorded as a
+// read by the happens-before check, and exempt from racecheck (atomics of one block's
+// threads do not race with each other).
+void access_atomic(const void* p, size_t n, const char* file = nullptr, int line = 0);
 
 // Host-side check that `p` is not device memory (for cudaMemcpy directions).
 bool is_device_pointer(const void* p);
@@ -279,8 +303,18 @@ void set_pending(const std::string& what);
 
 // Polls `ready()` until it returns true; every poll also runs `progress()` if given. After
 // COCOVIZ_EMU_TIMEOUT seconds, prints every rank's pending operation and aborts.
+// `peers`: the world ranks the wait needs something from (empty: any); `key`: ranks waiting
+// with one key wait for each other (one communicator's collective), not for one another.
+// When every rank is blocked (waiting, in a blocking MPI call, or exited) and stays so, the
+// deadlock detector reports the wait-for cycle after COCOVIZ_EMU_DEADLOCK_S (0.5) seconds.
 void wait_until(const std::function<bool()>& ready, const std::string& pending,
-                const std::function<void()>& progress = {});
+                const std::function<void()>& progress = {}, const std::vector<int>& peers = {},
+                const std::string& key = "");
+
+// Around a blocking MPI call of the program (src/mpi_wrap.cpp): the status board shows the
+// rank blocked in `call` (a static string) until it returns.
+void mpi_blocking_enter(const char* call);
+void mpi_blocking_leave();
 
 // ----------------------------------------------------------- kernel launch
 

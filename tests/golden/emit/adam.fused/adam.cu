@@ -15,18 +15,20 @@ constexpr int kThreads = 256;
 
 bool on_stage(const Ctx& ctx, int pstage) { return pstage < 0 || ctx.pp == pstage; }
 
+// the shared-memory accesses go through COCOVIZ_LD/ST so the emulation's racecheck sees them
 template <class T>
 __device__ T block_reduce(T v, T* sh, bool is_max) {
-  sh[threadIdx.x] = v;
+  COCOVIZ_ST(sh, threadIdx.x) = v;
   __syncthreads();
   for (unsigned s = blockDim.x / 2; s > 0; s >>= 1) {
     if (threadIdx.x < s) {
-      const T o = sh[threadIdx.x + s];
-      sh[threadIdx.x] = is_max ? (o > sh[threadIdx.x] ? o : sh[threadIdx.x]) : sh[threadIdx.x] + o;
+      const T o = COCOVIZ_LD(sh, threadIdx.x + s);
+      const T m = COCOVIZ_LD(sh, threadIdx.x);
+      COCOVIZ_ST(sh, threadIdx.x) = is_max ? (o > m ? o : m) : m + o;
     }
     __syncthreads();
   }
-  const T r = sh[0];
+  const T r = COCOVIZ_LD(sh, 0);
   __syncthreads();
   return r;
 }

@@ -1,0 +1,269 @@
+"""Rank grids with named axes (docs/language.md, rank grids): `ranks dp=D, tp=T, pp=P`,
+layouts over dp, collectives `over=dp`; parsing, diagnostics, inference, the printer,
+`--ranks`, the numpy reference (against numpy written here) and `verify`."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from cocoviz.cli import main
+from cocoviz.errors import InputError, UsageError
+from cocoviz.exec.reference import run_reference
+from cocoviz.ir.lower import RanksOverride, load_file, load_program
+from cocoviz.ir.printer import format_program
+
+ROOT = Path(__file__).resolve().parent.parent
+GRID_PROGRAM = ROOT / "tests" / "programs" / "grid_dp_tp.coco"
+
+
+def run(*argv: str) -> tuple[int, str, str]:
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        rc = main(list(argv))
+    return rc, out.getvalue(), err.getvalue()
+
+
+def check_text(tmp_path: Path, text: str) -> tuple[int, str]:
+    f = tmp_path / "t.coco"
+    f.write_text(text)
+    rc, _, err = run("check", str(f))
+    return rc, err
+
+
+# --- the grid --------------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("line", "dp", "tp", "pp", "printed"),
+    [
+        ("ranks dp=2, tp=4", 2, 4, 1, "dp=2, tp=4"),
+        ("ranks tp=4, dp=2", 2, 4, 1, "tp=4, dp=2"),
+        ("ranks dp=2, tp=2, pp=2", 2, 2, 2, "dp=2, tp=2, pp=2"),
+        ("ranks pp=2, dp=4", 4, 1, 2, "pp=2, dp=4"),
+        ("ranks tp=8, pp=2", 1, 8, 2, "tp=8, pp=2"),  # the two-axis grid of before
+        ("ranks pp=2, tp=8", 1, 8, 2, "tp=8, pp=2"),
+    ],
+)
+def test_any_subset_of_axes_in_any_order(line: str, dp: int, tp: int, pp: int, printed: str) -> None:
+    p = load_program(f"{line}\ndim N = 64\ninput x : f32[N] replicated\ny = x * 2\n", "t.coco")
+    g = p.grid
+    assert (g.dp, g.tp, g.pp, g.world, str(g)) == (dp, tp, pp, dp * tp * pp, printed)
+    # world ranks are tp-fastest: rank = (pp·D + dp)·T + tp
+    for r in range(g.world):
+        pi, di, ti = g.coords(r)
+        assert g.rank_of(pi, di, ti) == r and ti == r % tp
+
+
+def test_ranks_override_keeps_the_other_axes_and_sets_tp() -> None:
+    text = GRID_PROGRAM.read_text()
+    p = load_program(text, "g.coco", ranks=RanksOverride(n=8))
+    assert (p.grid.dp, p.grid.tp) == (2, 4)
+    p = load_program(text, "g.coco", ranks=RanksOverride.parse("dp=4,tp=2"))
+    assert (p.grid.dp, p.grid.tp, str(p.grid)) == (4, 2, "dp=4, tp=2")
+    with pytest.raises(UsageError, match=r"other axes \(dp=2\) hold 2 ranks per tp index"):
+        load_program(text, "g.coco", ranks=RanksOverride(n=5))
+    with pytest.raises(UsageError, match="--ranks expects N or tp=T,pp=P"):
+        RanksOverride.parse("dp=2")  # one axis alone: `--ranks N` says that
+    with pytest.raises(UsageError):
+        RanksOverride.parse("dp=2,ep=2")
+
+
+# --- diagnostics -----------------------------------------------------------------------------
+HEAD = "ranks dp=2, tp=2\ndim N = 8\n"
+
+
+@pytest.mark.parametrize(
+    ("text", "where", "message", "hint"),
+    [
+        (
+            "ranks dp=2, xp=4\n",
+            "t.coco:1:13",
+            "unknown axis 'xp' in the ranks grid",
+            "axes: dp (data), tp (tensor), pp (pipeline)",
+        ),
+        ("ranks dp=2, tp=2, dp=2\n", "t.coco:1:19", "axis 'dp' is given twice", "at most once"),
+        (
+            "ranks 4\ndim N = 8\ninput g : f32[N] local\ny = allreduce(+, g, over=dp)\n",
+            "t.coco:4:26",
+            "over=dp: allreduce over a named axis needs a rank grid, but this program runs on "
+            "`ranks 4`",
+            "ranks dp=2, tp=2",
+        ),
+        (
+            HEAD + "input g : f32[N] local\ny = allreduce(+, g, over=ep)\n",
+            "t.coco:4:26",
+            "unknown axis 'ep': this program's grid has the axes dp, tp",
+            "axes: dp, tp",
+        ),
+        (
+            "ranks tp=2, pp=2\ndim N = 8\ninput g : f32[N] local\ny = allreduce(+, g, over=dp)\n",
+            "t.coco:4:26",
+            "unknown axis 'dp': this program's grid has the axes tp, pp",
+            "ranks dp=N",
+        ),
+        (
+            "ranks dp=2, tp=2, pp=2\ndim N = 8\ninput g : f32[N] local\n"
+            "y = allreduce(+, g, over=pp)\n",
+            "t.coco:4:26",
+            "the pp axis is crossed only by send",
+            "send(x)",
+        ),
+        (
+            "ranks dp=3, tp=2\ndim N = 8\ninput g : f32[N] local\n"
+            "y = reducescatter(+, g, over=dp)\n",
+            "t.coco:4:5",
+            "its 8 elements of a tp rank's part [N] do not divide by dp=3",
+            "--ranks dp=D,tp=T",
+        ),
+        (
+            HEAD.replace("N = 8", "N = 6") + "input g : f32[N] sliced(over=dp) sliced\n",
+            "t.coco:3:18",
+            "its 3 elements of a tp rank's part [N/2] do not divide by dp=2",
+            "-D",
+        ),
+        (
+            HEAD + "input g : f32[N] sliced(over=dp)\ny = allreduce(+, g, over=dp)\n",
+            "t.coco:4:5",
+            "allreduce(…, over=dp) needs a local or replicated operand over dp; 'g' is "
+            "sliced(over=dp)",
+            "allgather(…, over=dp)",
+        ),
+        (
+            HEAD + "input g : f32[N] local(over=dp) sliced(over=dp)\n",
+            "t.coco:3:33",
+            "input 'g' has two layouts over the dp axis",
+            "an axis without one is replicated",
+        ),
+        (
+            HEAD + "input g : f32[N] local(over=dp)\ninput w : f32[N] replicated\n"
+            "y = reducescatter(+, g, over=dp)\nz = y + w\n",
+            "t.coco:6:9",
+            "cannot combine 'y', sliced(over=dp), with 'w', which is replicated over dp",
+            "slice(w, over=dp)",
+        ),
+        (
+            HEAD + "input g : f32[N] local\ny = alltoall(g, to=0, over=dp)\n",
+            "t.coco:4:23",
+            "alltoall(…, over=dp) is not supported yet",
+            "leave over= out",
+        ),
+        (
+            HEAD + "input g : f32[N] sliced(0, foo=dp)\n",
+            "t.coco:3:28",
+            "a layout takes one keyword, over=AXIS; got 'foo='",
+            "sliced(0, over=dp)",
+        ),
+        (
+            HEAD + "input w : f32[N] replicated\ninput g : f32[N] sliced(over=dp)\n"
+            "w1 = update(w, slice(w, over=dp) - g)\n",
+            "t.coco:5:1",
+            "must be followed by an allgather over dp of 'w1'",
+            "allgather(w1, over=dp)",
+        ),
+        (
+            HEAD + "input g : f32[N, N] sliced(over=dp)\ny = reshape(g, N*N)\n",
+            "t.coco:4:5",
+            "reshape of 'g', which is sliced(over=dp), is not supported yet",
+            "allgather(x, over=dp)",
+        ),
+    ],
+)
+def test_misuse_is_a_diagnostic_with_place_caret_and_hint(
+    tmp_path: Path, text: str, where: str, message: str, hint: str
+) -> None:
+    rc, err = check_text(tmp_path, text)
+    assert rc == 1, err
+    first, source, caret, *rest = err.splitlines()
+    assert first.startswith(f"{tmp_path / 't.coco'}:{where.split(':', 1)[1]}: error: "), err
+    assert message in first, err
+    assert "^" in caret and "|" in source
+    assert any(line.startswith("hint: ") and hint in line for line in rest), err
+
+
+def test_bad_ranks_override_is_a_usage_error() -> None:
+    rc, out, err = run("check", str(GRID_PROGRAM), "--ranks", "5")
+    assert (rc, out) == (2, "")
+    assert "hold 2 ranks per tp index, which does not divide 5" in err
+
+
+# --- inference and the printer ---------------------------------------------------------------
+def test_layouts_over_dp_are_inferred_and_printed_back() -> None:
+    p = load_file(GRID_PROGRAM)
+    assert str(p.type_of("gw")) == "f32[H, F] sliced(1) local(over=dp)"
+    assert str(p.type_of("gs")) == "f32[H, F] sliced(1) sliced(over=dp)"
+    assert str(p.type_of("w1")) == "f32[H, F] sliced(1) sliced(over=dp)"
+    assert str(p.type_of("wf")) == "f32[H, F] sliced(1)"
+    text = format_program(p)
+    assert "input m : f32[H, F] sliced(1) sliced(over=dp)" in text
+    assert "gs = reducescatter(+, gw, over=dp)" in text
+    assert "w1 = update(w, slice(w, over=dp) - lr * m1)" in text
+    again = load_program(text, "grid_dp_tp.coco")
+    assert again == p and format_program(again) == text
+
+
+def test_default_axis_is_tp_and_writing_it_changes_nothing() -> None:
+    base = HEAD + "input g : f32[N] local\n"
+    a = load_program(base + "y = allreduce(+, g)\n", "t.coco")
+    b = load_program(base + "y = allreduce(+, g, over=tp)\n", "t.coco")
+    assert a.stages == b.stages
+
+
+# --- the reference ---------------------------------------------------------------------------
+@pytest.mark.parametrize("ranks", ["dp=2,tp=1", "dp=2,tp=2", "dp=4,tp=2", "dp=2,tp=4"])
+def test_reference_matches_numpy(ranks: str) -> None:
+    p = load_file(GRID_PROGRAM, ranks=RanksOverride.parse(ranks))
+    D = p.grid.dp
+    r = run_reference(p, seed=5)
+    xt, dh = r.initial_value("xt"), r.initial_value("dh")
+    w, m = r.initial_value("w"), r.initial_value("m")
+    assert xt.shape == (D, 16, 8) and dh.shape == (D, 8, 32)  # local over dp: a replica each
+    gw = np.stack([xt[d] @ dh[d] for d in range(D)])
+    np.testing.assert_allclose(r.global_value("gw"), gw, rtol=1e-5)
+    gs = gw.sum(0)
+    np.testing.assert_allclose(r.global_value("gs"), gs, rtol=1e-5)
+    m1 = np.float32(0.9) * m + gs
+    np.testing.assert_allclose(r.global_value("m"), m1, rtol=1e-5)
+    np.testing.assert_allclose(r.global_value("wf"), w - np.float32(0.01) * m1, rtol=1e-5)
+    np.testing.assert_allclose(r.global_value("gsum"), gs / D, rtol=1e-5)
+    # what a rank stores: sliced(1) over tp, then a flat 1/D of that block over dp
+    T = p.grid.tp
+    for rank in range(p.grid.world):
+        _, d, t = p.grid.coords(rank)
+        block = gs[:, t * (32 // T) : (t + 1) * (32 // T)].reshape(-1)
+        n = block.size // D
+        got = r.storage("gs", rank).reshape(-1)
+        np.testing.assert_allclose(got, block[d * n : (d + 1) * n], rtol=1e-5)
+
+
+def test_given_inputs_use_the_global_forms() -> None:
+    p = load_file(GRID_PROGRAM)
+    rng = np.random.default_rng(0)
+    xt = rng.standard_normal((2, 16, 8)).astype(np.float32)
+    dh = rng.standard_normal((2, 8, 32)).astype(np.float32)
+    r = run_reference(p, inputs={"xt": xt, "dh": dh})
+    np.testing.assert_allclose(r.global_value("gsum"), (xt[0] @ dh[0] + xt[1] @ dh[1]) / 2, rtol=1e-5)
+    with pytest.raises(InputError, match=r"expected an array of shape \[2, 16, 8\]"):
+        run_reference(p, inputs={"xt": xt[0]})
+
+
+@pytest.mark.parametrize("ranks", ["dp=2,tp=1", "dp=2,tp=2", "dp=4,tp=2"])
+def test_verify_on_2_4_8_ranks(ranks: str) -> None:
+    rc, out, err = run("verify", str(GRID_PROGRAM), "--ranks", ranks)
+    assert rc == 0, err
+    assert "ok: 4 value(s) agree" in out
+
+
+def test_split_over_dp_keeps_the_axis() -> None:
+    rc, out, err = run("show", str(GRID_PROGRAM), "--schedule", "split_dp")
+    assert rc == 0, err
+    assert "gsum_rs = reducescatter(avg, gw, over=dp)" in out
+    assert "gsum = allgather(gsum_rs, over=dp)" in out
+
+
+def test_reorder_across_a_dp_allgather_is_refused() -> None:
+    rc, _, err = run("apply", str(GRID_PROGRAM), "reorder(wf)")
+    assert rc == 3
+    assert "reorder across an allgather over dp ('wf') is not supported yet" in err
