@@ -12,9 +12,11 @@ importing and the imported module, and the rule.
 from __future__ import annotations
 
 import ast
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+
+import pytest
 
 import cocoviz
 
@@ -197,13 +199,15 @@ def _violation(imp: Import, rank: dict[str, int]) -> str | None:
     )
 
 
-def _cycles(imports: list[Import]) -> list[list[str]]:
-    """Strongly connected groups of two or more units (Tarjan's algorithm)."""
+def _cycles(imports: list[Import], unit: Callable[[str], str] | None = None) -> list[list[str]]:
+    """Strongly connected groups of two or more units (Tarjan's algorithm); `unit` maps
+    a module to the node it counts as (default: its unit, `_unit`)."""
+    unit = unit or _unit
     graph: dict[str, set[str]] = {}
     for imp in imports:
         if imp.imported.split(".")[0] != "cocoviz":
             continue
-        a, b = _unit(imp.importer), _unit(imp.imported)
+        a, b = unit(imp.importer), unit(imp.imported)
         graph.setdefault(a, set())
         graph.setdefault(b, set())
         if a != b:
@@ -278,6 +282,39 @@ def test_no_import_cycles_between_units() -> None:
     assert not cycles, "import cycles between units:\n" + "\n".join(text)
 
 
+MODULES_WITHOUT_CYCLES = ("cocoviz.tui", "cocoviz.workbench")
+"""Units inside which no two modules import each other (directly or round a longer
+loop): a shared piece lives in a module below both (`cocoviz.tui.host`)."""
+
+
+def _module_cycles(imports: list[Import], package: str) -> list[list[str]]:
+    """Import cycles between the modules of `package` (a package imports its modules
+    through its `__init__`, which is no module of a cycle here)."""
+    inside = [
+        imp
+        for imp in imports
+        if imp.importer.startswith(package + ".") and imp.imported.startswith(package + ".")
+    ]
+    return _cycles(inside, unit=lambda module: module)
+
+
+@pytest.mark.parametrize("package", MODULES_WITHOUT_CYCLES)
+def test_no_import_cycles_between_modules_of(package: str) -> None:
+    imports = _all_imports()
+    cycles = _module_cycles(imports, package)
+    text = [
+        " ⇄ ".join(group)
+        + ":\n    "
+        + "\n    ".join(
+            f"{imp.where()}: {imp.importer} → {imp.imported}"
+            for imp in imports
+            if imp.importer in group and imp.imported in group
+        )
+        for group in cycles
+    ]
+    assert not cycles, f"import cycles inside {package}:\n" + "\n".join(text)
+
+
 def test_the_checker_catches_what_it_should() -> None:
     rank = _layer_index()
     here = PACKAGE_DIR / "sim" / "x.py"
@@ -304,3 +341,12 @@ def test_the_checker_catches_what_it_should() -> None:
         Import(here, 2, "cocoviz.exec.y", "cocoviz.sim.z"),
     ]
     assert _cycles(imports) == [["cocoviz.exec", "cocoviz.sim"]]
+    # A TYPE_CHECKING import back counts (cocoviz.tui.commands once imported the app so).
+    tui = PACKAGE_DIR / "tui" / "x.py"
+    loop = [
+        Import(tui, 1, "cocoviz.tui.app", "cocoviz.tui.commands"),
+        Import(tui, 2, "cocoviz.tui.commands", "cocoviz.tui.app"),
+        Import(tui, 3, "cocoviz.tui.app", "cocoviz.tui.host"),
+    ]
+    assert _module_cycles(loop, "cocoviz.tui") == [["cocoviz.tui.app", "cocoviz.tui.commands"]]
+    assert _module_cycles(loop[::2], "cocoviz.tui") == []

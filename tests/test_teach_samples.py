@@ -18,7 +18,7 @@ WORDS = {"faster": "falls", "slower": "rises", "same": "stays"}
 
 @pytest.mark.parametrize("name", samples.names())
 def test_teach_text_agrees_with_the_prediction(name: str) -> None:
-    wb = _opened(open_source(name), teach=True)
+    wb = _opened(open_source(name), teach=True, teach_best=False)  # the last block
     taught = wb.teach_steps
     assert taught, f"{name} has a schedule to teach"
     for i in range(1, len(taught) + 1):
@@ -45,7 +45,7 @@ SP_MLP = Path(__file__).resolve().parent / "programs" / "sp_mlp.coco"
 def test_teach_describes_a_decomposed_group_by_shard() -> None:
     """A decomposed group runs one step per shard over the G ranks, not in K row chunks:
     teach mode says so, and why decompose can win or lose."""
-    wb = _opened(open_source(SP_MLP), teach=True)
+    wb = _opened(open_source(SP_MLP), teach=True, teach_best=False)
     assert wb.teach_steps == ["decompose(xg, h)", "decompose(y, ys)"]
     for i, (a, b) in enumerate((("xg", "h"), ("y", "ys")), start=1):
         assert not isinstance(wb.teach_next(), StepFailure)
@@ -79,7 +79,7 @@ def test_teach_mode_reaches_the_tuners_best_schedule(name: str, capsys) -> None:
     from cocoviz.schedule.tune import tune
     from cocoviz.timefmt import format_time
 
-    wb = _opened(open_source(name), teach=True, teach_best=True)
+    wb = _opened(open_source(name), teach=True)  # the tuner's best is the default target
     assert wb.hw.name == HW_NAME and wb.teach_waiting and not wb.teaching
     assert wb.best_job() is wb.base  # the UI tunes in a worker; headless, set_teaching does
     wb.set_teaching(True)
@@ -98,10 +98,57 @@ def test_teach_mode_reaches_the_tuners_best_schedule(name: str, capsys) -> None:
     assert row is not None and row.group(1) == format_time(final.makespan_s), row
 
 
+def test_the_default_target_is_the_tuners_best_not_the_last_block() -> None:
+    """A workbench made without saying what to teach teaches the tuner's best schedule;
+    `teach_best=False` the last schedule block (on megatron_mlp the two differ)."""
+    from cocoviz.schedule import block_steps
+
+    default = _opened(open_source("megatron_mlp"))
+    block = _opened(open_source("megatron_mlp"), teach_best=False)
+    assert default.base is not None and block.base is not None
+    last = [str(s) for s in block_steps(block.base, None)]
+    assert default.best_job() is default.base and block.best_job() is None
+    assert block.teach_steps == last
+    assert default.teach_steps == []  # until the tuner has run
+    default.set_teaching(True)
+    assert default.best is not None and default.teach_steps == list(default.best.steps)
+    assert default.teach_steps != last
+
+
+def test_a_stopped_tuner_is_not_taken_for_the_best() -> None:
+    """The tuner stopped before its end (cancelled, or out of time) gives no best: the
+    fastest schedule it found so far is not `cocoviz tune`'s first row. Nothing is
+    stored, the request waiting for it is dropped, and the next request tunes again."""
+    from cocoviz.workbench import NoBest
+
+    wb = _opened(open_source("megatron_mlp"), teach=True)
+    base = wb.best_job()
+    assert base is not None and wb.teach_waiting
+    calls = 0
+
+    def stop() -> bool:
+        nonlocal calls
+        calls += 1
+        return calls > 3  # after a few candidates, as Escape in the TUI does
+
+    stopped = wb.run_best(base, stop=stop)
+    assert isinstance(stopped, NoBest) and stopped.stopped, stopped
+    assert "cancelled" in stopped.message and "before it had tried every" in stopped.message
+    wb.store_best(base, stopped)
+    assert wb.best is None and wb.teach_steps == [] and not wb.teach_waiting
+    assert wb.best_job() is base  # asked again, it is tuned again
+    late = wb.run_best(base, budget_s=0.0)
+    assert isinstance(late, NoBest) and late.stopped and "time ran out" in late.message
+    best = wb.run_best(base)
+    assert not isinstance(best, NoBest)
+    wb.store_best(base, best)
+    assert wb.best == best and wb.teach_steps == list(best.steps) and wb.best_job() is None
+
+
 def test_teach_mode_walks_beside_the_users_steps(tmp_path: Path) -> None:
     from cocoviz.workbench import state
 
-    wb = _opened(open_source("megatron_mlp"), teach_best=True, state_root=tmp_path)
+    wb = _opened(open_source("megatron_mlp"), state_root=tmp_path)
     mine = ["split(sum)", "reorder(sum)"]
     for step in mine:
         assert not isinstance(wb.apply(step), StepFailure)

@@ -144,7 +144,7 @@ def test_compare_mode_picks_the_step_compared_with() -> None:
 
 
 def test_teach_mode_walks_the_schedule_with_the_models_numbers() -> None:
-    wb = _opened(open_source("megatron_mlp"), teach=True)
+    wb = _opened(open_source("megatron_mlp"), teach=True, teach_best=False)  # the block
     taught = wb.teach_steps
     assert taught == [str(s) for s in wb.base.schedules[-1].steps]  # type: ignore[union-attr]
     assert wb.teaching and wb.compare_mode == "previous"
@@ -181,7 +181,7 @@ def test_teach_mode_walks_the_schedule_with_the_models_numbers() -> None:
 
 def test_a_program_without_a_schedule_has_nothing_to_teach() -> None:
     text = re.sub(r"\nschedule \w+ \{.*?\n\}", "", samples.text("megatron_mlp"), flags=re.S)
-    wb = _opened(open_source("megatron_mlp", text=text), teach=True)
+    wb = _opened(open_source("megatron_mlp", text=text), teach=True, teach_best=False)
     assert wb.teach_steps == [] and wb.teach_note().total == 0
 
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 import gc
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from textual import on, work
@@ -498,7 +498,7 @@ class CocovizApp(TeachMode):
             return False
         return self._stepped(self.wb.apply(step))
 
-    def apply_schedule(self, steps: tuple[str, ...] | list[str]) -> bool:
+    def apply_schedule(self, steps: Sequence[str]) -> bool:
         """Apply a schedule's steps from the unscheduled program (the command palette)."""
         self._pause_gc()
         return self._stepped(self.wb.apply_from_start(steps))
@@ -769,7 +769,6 @@ def create_app(
         hw=hardware,
         view=TimelineRows.from_timeline,
         teach=teach_mode,
-        teach_best=True,
         state_root=state_root,
     )
     return CocovizApp(workbench, target=target)

@@ -9,21 +9,20 @@ app's actions (`cocoviz.tui.keys.KeyModel.get_system_commands`).
 - samples: every sample by name and first comment line, opened in place of the program.
 
 What they list is computed in a thread by `cocoviz.workbench.finder` (no Textual there).
+They see the app as a `cocoviz.tui.host.ProgramHost`: the app imports them, they do not
+import the app.
 """
 
 from __future__ import annotations
 
 import asyncio
 from functools import partial
-from typing import TYPE_CHECKING
 
 from textual.command import DiscoveryHit, Hit, Hits, Provider
 
 from cocoviz.timefmt import format_time
+from cocoviz.tui.host import host_of
 from cocoviz.workbench import finder
-
-if TYPE_CHECKING:
-    from cocoviz.tui.app import CocovizApp
 
 
 def _vs(after: float | None, now: float | None) -> str:
@@ -45,7 +44,7 @@ class StepCommands(Provider):
     """The steps legal on the current program, with their predicted times."""
 
     async def startup(self) -> None:
-        app: CocovizApp = self.app  # type: ignore[assignment]
+        app = host_of(self.app)
         self.choices: list[finder.StepChoice] = []
         self.now: float | None = None
         program, hw = app.wb.program, app.wb.hw
@@ -59,13 +58,13 @@ class StepCommands(Provider):
         return f"step {c.step}", f"{_vs(c.makespan_s, self.now)} · for {c.stage}{note}"
 
     async def discover(self) -> Hits:
-        app: CocovizApp = self.app  # type: ignore[assignment]
+        app = host_of(self.app)
         for c in self.choices:
             text, help = self._hit_parts(c)
             yield DiscoveryHit(text, partial(app.apply_step, c.step), help=help)
 
     async def search(self, query: str) -> Hits:
-        app: CocovizApp = self.app  # type: ignore[assignment]
+        app = host_of(self.app)
         matcher = self.matcher(query)
         for c in self.choices:
             text, help = self._hit_parts(c)
@@ -80,7 +79,7 @@ class ScheduleCommands(Provider):
     """The program's schedule blocks, applied from the unscheduled program."""
 
     async def startup(self) -> None:
-        app: CocovizApp = self.app  # type: ignore[assignment]
+        app = host_of(self.app)
         self.choices: list[finder.ScheduleChoice] = []
         self.now: float | None = None
         base, hw = app.wb.base, app.wb.hw
@@ -97,13 +96,13 @@ class ScheduleCommands(Provider):
         return f"schedule {c.name}", f"{len(c.steps)} steps, {time}"
 
     async def discover(self) -> Hits:
-        app: CocovizApp = self.app  # type: ignore[assignment]
+        app = host_of(self.app)
         for c in self.choices:
             text, help = self._hit_parts(c)
             yield DiscoveryHit(text, partial(app.apply_schedule, c.steps), help=help)
 
     async def search(self, query: str) -> Hits:
-        app: CocovizApp = self.app  # type: ignore[assignment]
+        app = host_of(self.app)
         matcher = self.matcher(query)
         for c in self.choices:
             text, help = self._hit_parts(c)
@@ -120,7 +119,7 @@ class SampleCommands(Provider):
         self.choices = await asyncio.to_thread(finder.sample_choices)
 
     async def search(self, query: str) -> Hits:
-        app: CocovizApp = self.app  # type: ignore[assignment]
+        app = host_of(self.app)
         matcher = self.matcher(query)
         for name, about in self.choices:
             text = f"open sample {name}"

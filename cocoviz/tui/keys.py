@@ -38,6 +38,7 @@ APP_BINDINGS: list[Binding] = [
     Binding("e", "emit", "Emit"),
     Binding("t", "teach", "Teach"),
     Binding("n", "teach_next", "Next lesson", show=False),
+    Binding("escape", "cancel_tune", "Stop the tuner (teach mode waits for it)", key_display="esc"),
     Binding("p", "teach_prev", "Previous lesson", show=False),
     Binding("c", "copy_command", "Copy as command", show=False),
     Binding("ctrl+s", "save_sched", "Save .sched", show=False),

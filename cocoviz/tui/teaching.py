@@ -2,13 +2,17 @@
 panel under the panes explains each with the model's numbers.
 
 With no schedule named (`cocoviz tui FILE --teach` without `--schedule`) it walks to the
-tuner's best schedule, found first in a worker (`cocoviz.schedule.tune.tune`, as
-`cocoviz tune` ranks it); it runs in a session of its own beside the user's steps, which
-come back when it is left (`cocoviz.workbench.Workbench.set_teaching`). The words are
+tuner's best schedule, found first in a worker thread (`cocoviz.schedule.tune.tune`, as
+`cocoviz tune` ranks it) while the panel shows how far the search is and the app answers
+keys; `escape` (or `t` again) stops the search, and a stopped search is never taken for
+the best. Teach mode runs in a session of its own beside the user's steps, which come
+back when it is left (`cocoviz.workbench.Workbench.set_teaching`). The words are
 `cocoviz.workbench.teach`'s.
 """
 
 from __future__ import annotations
+
+import time
 
 from rich.markup import escape
 from textual import work
@@ -16,9 +20,15 @@ from textual.widgets import Static
 from textual.worker import get_current_worker
 
 from cocoviz.ir.nodes import Program
-from cocoviz.schedule.tune import Candidate
+from cocoviz.schedule.tune import Candidate, TuneProgress
+from cocoviz.timefmt import format_time
 from cocoviz.tui.keys import KeyModel
-from cocoviz.workbench import NO_PROGRAM
+from cocoviz.workbench import NO_PROGRAM, NoBest
+
+PROGRESS_EVERY_S = 0.1
+"""The tuner's progress is shown at most this often (each update waits for the UI)."""
+
+BAR_CELLS = 24
 
 
 class TeachPanel(Static):
@@ -32,9 +42,36 @@ class TeachPanel(Static):
     TeachPanel.-shown { display: block; }
     """
 
-    def show_waiting(self) -> None:
-        self.update("[b]Teach mode[/b] — finding the tuner's best schedule (cocoviz tune)…")
+    def show_waiting(self, progress: TuneProgress | None = None) -> None:
+        """The tuner is running: how far it is (once it has reported), and how to stop."""
+        self.update(
+            "[b]Teach mode[/b] — finding the tuner's best schedule (cocoviz tune)…"
+            f"\n{escape(progress_line(progress))} · [b]esc[/b] stops the search"
+        )
         self.add_class("-shown")
+
+
+def progress_line(p: TuneProgress | None) -> str:
+    """`[██████░░░░] 57 candidates simulated · region 2 of 5 · 1.2 s, about 3 s left`."""
+    if p is None:
+        return "starting"
+    if p.regions > 1:
+        done = p.regions_done / p.regions
+    elif p.remaining_s is not None and p.elapsed_s + p.remaining_s > 0:
+        done = p.elapsed_s / (p.elapsed_s + p.remaining_s)
+    else:
+        done = 0.0
+    if p.phase == "check":
+        done = 1.0
+    full = round(max(0.0, min(1.0, done)) * BAR_CELLS)
+    parts = [f"[{'█' * full}{'░' * (BAR_CELLS - full)}] {p.evaluated} candidates simulated"]
+    if p.regions > 1:
+        parts.append(f"region {min(p.regions_done + 1, p.regions)} of {p.regions}")
+    if p.phase == "check":
+        parts.append("checking the best on the whole program")
+    left = f", about {format_time(p.remaining_s)} left" if p.remaining_s is not None else ""
+    parts.append(f"{format_time(p.elapsed_s)}{left}")
+    return " · ".join(parts)
 
 
 class TeachMode(KeyModel):
@@ -42,13 +79,22 @@ class TeachMode(KeyModel):
     step and redraw methods these call, and a `TeachPanel`)."""
 
     def action_teach(self) -> None:
+        if self.wb.teach_waiting:
+            self.action_cancel_tune()
+            return
         self._set_teaching(not self.wb.teaching)
+
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        if action == "cancel_tune":  # shown in the footer only while the tuner runs
+            return self.wb.teach_waiting
+        return True
 
     def _set_teaching(self, on: bool) -> None:
         job = self.wb.best_job() if on else None
         if job is not None:  # the tuner's best is taught: found first, in a worker
             self.wb.teach_waiting = True
             self.query_one(TeachPanel).show_waiting()
+            self.refresh_bindings()
             self._relayout()
             self._tune_best(job)
             return
@@ -62,15 +108,50 @@ class TeachMode(KeyModel):
     @work(thread=True, exclusive=True, group="tune", exit_on_error=False, description="tune")
     def _tune_best(self, program: Program) -> None:
         worker = get_current_worker()
-        best = self.wb.run_best(program, stop=lambda: worker.is_cancelled)
-        self.call_from_thread(self._tuned, program, best)
+        shown_at = -PROGRESS_EVERY_S
 
-    def _tuned(self, program: Program, best: Candidate | str) -> None:
+        def progress(p: TuneProgress) -> None:
+            nonlocal shown_at
+            now = time.monotonic()
+            if now - shown_at >= PROGRESS_EVERY_S and not worker.is_cancelled:
+                shown_at = now
+                self.call_from_thread(self._tune_progress, program, p)
+
+        best = self.wb.run_best(program, progress=progress, stop=lambda: worker.is_cancelled)
+        if not worker.is_cancelled:  # cancelled: `action_cancel_tune` has said so
+            self.call_from_thread(self._tuned, program, best)
+
+    def _tune_progress(self, program: Program, p: TuneProgress) -> None:
+        if self.wb.teach_waiting and program is self.wb.base:
+            self.query_one(TeachPanel).show_waiting(p)
+
+    def _tuned(self, program: Program, best: Candidate | NoBest) -> None:
         self.wb.store_best(program, best)
-        if isinstance(best, str):
-            self.notify(best, title="teach mode", severity="warning")
+        if isinstance(best, NoBest):
+            self.notify(escape(best.message), title="teach mode", severity="warning")
         if self.wb.teach_waiting and program is self.wb.base:
             self._set_teaching(True)
+        elif not self.wb.teach_waiting:  # a stopped search: the panel goes
+            self._refresh_teach()
+            self._relayout()
+        self.refresh_bindings()
+
+    def action_cancel_tune(self) -> None:
+        """Stop the search for the tuner's best (`escape` while teach mode waits for it):
+        teach mode does not start, and asking again searches again."""
+        if not self.wb.teach_waiting:
+            return
+        self.workers.cancel_group(self, "tune")
+        self.wb.teach_waiting = False
+        self.notify(
+            "the tuner was stopped before it had tried every schedule: teach mode did not "
+            "start (t searches again)",
+            title="teach mode",
+            severity="warning",
+        )
+        self._refresh_teach()
+        self.refresh_bindings()
+        self._relayout()
 
     def action_teach_next(self) -> None:
         if self.wb.teach_waiting:

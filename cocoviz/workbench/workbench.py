@@ -57,6 +57,7 @@ __all__ = [
     "COMPARE_MODES",
     "NO_PROGRAM",
     "Accepted",
+    "NoBest",
     "CodeJob",
     "CodeOptions",
     "CodePair",
@@ -251,6 +252,16 @@ class SweepJob:
 
 
 @dataclass(frozen=True)
+class NoBest:
+    """Why the tuner gave no best schedule to teach (`Workbench.run_best`)."""
+
+    message: str
+    stopped: bool = False
+    """The search ended before it had tried every candidate (cancelled, or out of
+    time): its fastest so far is not the tuner's best, so nothing is taught from it."""
+
+
+@dataclass(frozen=True)
 class TeachNote:
     """Teach mode's explanation of the current step.
 
@@ -316,7 +327,9 @@ class Workbench(Generic[V]):
 
     `view` turns a simulated timeline into what the UI draws of it (made in the
     simulation worker, cached with the timeline). With `teach`, teach mode is on once
-    the source has parsed.
+    the source has parsed. Teach mode walks to the tuner's best schedule (the first row
+    of `cocoviz tune`; README.md, The terminal UI) unless a schedule was named at open;
+    with `teach_best` False it walks to the program's last schedule block instead.
     """
 
     def __init__(
@@ -326,7 +339,7 @@ class Workbench(Generic[V]):
         hw: Hardware,
         view: Callable[[Timeline], V],
         teach: bool = False,
-        teach_best: bool = False,
+        teach_best: bool = True,
         state_root: Path | None = None,
     ) -> None:
         self.source = source
@@ -818,25 +831,40 @@ class Workbench(Generic[V]):
         program: Program,
         progress: Callable[[TuneProgress], None] | None = None,
         stop: Callable[[], bool] | None = None,
-    ) -> Candidate | str:
+        budget_s: float | None = None,
+    ) -> Candidate | NoBest:
         """The tuner's best schedule of `program` (worker-safe: `tune`, as `cocoviz tune`
-        runs it), or why there is none."""
+        runs it), or why there is none. A search that ended before it tried every
+        candidate (`stop()` said so, or `budget_s` ran out) gives no best: the fastest
+        schedule found so far is not the one `cocoviz tune` ranks first."""
         try:
-            result = tune(program, self.hw, progress=progress, stop=stop)
+            result = tune(program, self.hw, progress=progress, stop=stop, budget_s=budget_s)
         except CocovizError as err:
-            return err.message
+            return NoBest(err.message)
+        if not result.complete:
+            why = "it was cancelled" if result.stopped == "stopped" else "its time ran out"
+            return NoBest(
+                f"the tuner stopped after {result.evaluated} candidate(s) ({why}), before it "
+                "had tried every schedule: teach mode did not start",
+                stopped=True,
+            )
         if not result.candidates:
-            return "the tuner found no schedule"
+            return NoBest("the tuner found no schedule")
         return result.best
 
-    def store_best(self, program: Program, best: Candidate | str) -> None:
+    def store_best(self, program: Program, best: Candidate | NoBest) -> None:
         """Hand over `run_best`'s result for `program` (ignored when the program changed
-        since); teach mode's steps become the best schedule's."""
+        since); teach mode's steps become the best schedule's. A search stopped before
+        its end stores nothing: the program is tuned again when teach mode is asked for
+        again, and the request waiting for it is dropped."""
         if program is not self.base:
+            return
+        if isinstance(best, NoBest) and best.stopped:
+            self.teach_waiting = False
             return
         self._tuned = program
         self.best = best if isinstance(best, Candidate) else None
-        self.sim_note = best if isinstance(best, str) else self.sim_note
+        self.sim_note = best.message if isinstance(best, NoBest) else self.sim_note
         self._choose_teach_steps()
 
     def set_teaching(self, on: bool) -> bool:
@@ -853,6 +881,8 @@ class Workbench(Generic[V]):
             base = self.best_job()
             assert base is not None
             self.store_best(base, self.run_best(base))
+            if self.best_job() is not None:  # the tuner stopped early: nothing to teach
+                return False
         moved = False
         if not on and self.teaching and self._user is not None:
             self.session, self._user = self._user, None
