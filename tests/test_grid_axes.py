@@ -267,3 +267,18 @@ def test_reorder_across_a_dp_allgather_is_refused() -> None:
     rc, _, err = run("apply", str(GRID_PROGRAM), "reorder(wf)")
     assert rc == 3
     assert "reorder across an allgather over dp ('wf') is not supported yet" in err
+
+
+def test_the_fast_parser_reads_grid_layouts_as_the_grammar_does() -> None:
+    from cocoviz.errors import Source
+    from cocoviz.ir import fastparse, syntax
+
+    text = (
+        "ranks pp=2, dp=2, tp=2\ndim N = 8\n"
+        "input a : f32[N, N] sliced(1) sliced(0, over=dp) @stage 1\n"
+        "input b : f32[N] local(over=dp)\ninput c : f32[N] replicated(over=dp) sliced\n"
+    )
+    source = Source("<t>", text)
+    fast = fastparse.parse(text, source, "start")
+    slow = syntax._run_lark(text, source, "start")
+    assert fast == slow

@@ -30,6 +30,7 @@ from cocoviz.ir import syntax
 from cocoviz.ir.nodes import MAX_EXPR_DEPTH, Expr, Op, StepCall
 from cocoviz.ir.syntax import (
     Assign,
+    AxisLayout,
     Call,
     Cmp,
     DimStmt,
@@ -438,26 +439,16 @@ class _Parser:
                     break
                 self.i += 1
         self.expect("RSQB")
-        layout = self.name()
-        layout_arg = None
-        layout_span = layout.span
-        if toks[self.i][0] == "LPAR":
-            self.i += 1
-            if toks[self.i][0] == "NAME":
-                raise Fallback  # `sliced(over=dp)`: the grammar's layout_over
-            layout_arg = self.signed()
-            if toks[self.i][0] != "RPAR":
-                raise Fallback  # `sliced(0, over=dp)`
-            rpar = self.expect("RPAR")
-            layout_span = Span(source, layout_span.line, layout_span.col, rpar[2], rpar[4])
+        layout, layout_arg, layout_over, layout_span = self.layout_spec()
+        more = []
+        while toks[self.i][0] == "NAME":  # layouts over further axes: `local(over=dp)`
+            more.append(AxisLayout(*self.layout_spec()))
         stage_kw = stage = None
-        if toks[self.i][0] == "NAME":
-            raise Fallback  # layouts over further axes: `local(over=dp)`
         if toks[self.i][0] == "AT":
             self.i += 1
             stage_kw = self.name()
             stage = self.num()
-        end = stage.span if stage is not None else layout_span
+        end = stage.span if stage is not None else (more[-1].span if more else layout_span)
         return InputStmt(
             name,
             dtype,
@@ -468,7 +459,35 @@ class _Parser:
             stage,
             Span(source, kw[2], kw[3], end.end_line, end.end_col),
             layout_span,
+            layout_over,
+            tuple(more),
         )
+
+    def layout_spec(self) -> Any:
+        """`WORD`, `WORD(d)`, `WORD(over=AXIS)` or `WORD(d, over=AXIS)`."""
+        toks = self.toks
+        word = self.name()
+        arg = over = None
+        span = word.span
+        if toks[self.i][0] == "LPAR":
+            self.i += 1
+            if toks[self.i][0] != "NAME":
+                arg = self.signed()
+                if toks[self.i][0] == "COMMA":
+                    self.i += 1
+                    over = self.over_kw()
+            else:
+                over = self.over_kw()
+            rpar = self.expect("RPAR")
+            span = Span(self.source, span.line, span.col, rpar[2], rpar[4])
+        return word, arg, over, span
+
+    def over_kw(self) -> Any:
+        key = self.name()
+        if key.text != "over":
+            raise Fallback  # the grammar's message
+        self.expect("EQUAL")
+        return self.name()
 
     def size_atom(self) -> Any:
         tok = self.toks[self.i]
