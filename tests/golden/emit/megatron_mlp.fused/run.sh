@@ -45,6 +45,7 @@ if [ "${1:-}" = "--emulate" ]; then
   exec ${MPIEXEC:-<found>} -n 8 ${MPIRUN_ARGS:-} ./megatron_mlp-emu "$@"
 fi
 # one rank per GPU; NCCL's own tuning is left alone unless you set NCCL_* variables.
-# The default launcher is the MPI the Makefile links against; MPIRUN or MPIEXEC override it.
+# The launcher is mpiexec from PATH (else the one found at emit time, of the MPI the
+# Makefile links against); MPIRUN or MPIEXEC override it.
 built megatron_mlp make
 exec ${MPIRUN:-${MPIEXEC:-<found>}} -np 8 ${MPIRUN_ARGS:-} ./megatron_mlp "$@"
