@@ -1285,9 +1285,9 @@ std::string line_text(const char* file, int line) {
   return file != nullptr ? std::string(file) + ":" + std::to_string(line) : std::string("(an API's access, no source line)");
 }
 
-[[noreturn]] __attribute__((noinline)) void intra_block_race(const char* kind, const std::string& memory, size_t off,
-                                                             size_t n, bool write, const char* file, int line,
-                                                             uint32_t other, bool other_write, const char* of, int ol) {
+[[noreturn]] __attribute__((noinline)) void intra_block_race(const char* kind, const std::string& memory, bool write,
+                                                             const char* file, int line, uint32_t other,
+                                                             bool other_write, const char* of, int ol) {
   const Op* op = dev().current;
   const std::string block = "block (" + std::to_string(g_pos.block.x) + "," + std::to_string(g_pos.block.y) + "," +
                             std::to_string(g_pos.block.z) + ")";
@@ -1296,7 +1296,7 @@ std::string line_text(const char* file, int line) {
               line_text(file, line));
   d.push_back(std::string("earlier access: ") + (other_write ? "write" : "read") + " by " + thread_text(other - 1) +
               " at " + line_text(of, ol));
-  d.push_back("memory: " + memory + ", bytes [" + std::to_string(off) + ", " + std::to_string(off + n) + ")");
+  d.push_back("memory: " + memory);
   d.push_back("both threads belong to " + block + " of " + (op != nullptr ? op->what() : std::string("the kernel")) +
               " and no __syncthreads() (or CTA-wide barrier) lies between the two accesses: on a GPU they run in "
               "either order (compute-sanitizer racecheck reports this hazard)");
@@ -1304,8 +1304,7 @@ std::string line_text(const char* file, int line) {
 }
 
 // Checks and records one granule's access by the running thread (the racecheck above).
-inline void race_step(RaceCell& c, bool write, const char* file, int line, const std::string* memory_or_null,
-                      const Alloc* x, uintptr_t a, size_t n) {
+inline void race_step(RaceCell& c, bool write, const char* file, int line, const Alloc* x, uintptr_t a, size_t n) {
   const uint32_t me = g_race_tid + 1;
   if (c.epoch != g_race_epoch) {
     c = RaceCell{g_race_epoch, 0, 0, 0, 0, 0, 0, nullptr, nullptr, nullptr};
@@ -1324,9 +1323,11 @@ inline void race_step(RaceCell& c, bool write, const char* file, int line, const
     kind = "write after read", other = c.r2, of = c.r2f, ol = c.r2l;
   }
   if (kind != nullptr) {
-    const std::string memory = memory_or_null != nullptr ? *memory_or_null : describe_alloc(*x);
-    const uintptr_t base = x != nullptr ? x->base : reinterpret_cast<uintptr_t>(__executable_start);
-    intra_block_race(kind, memory, a - base, n, write, file, line, other, ow, of, ol);
+    const std::string memory =
+        x != nullptr ? describe_alloc(*x) + ", bytes [" + std::to_string(a - x->base) + ", " + std::to_string(a - x->base + n) + ")"
+                     : "__shared__ memory (a static variable in the emulation) at " + hex(reinterpret_cast<void*>(a)) + ", " +
+                           std::to_string(n) + " bytes";
+    intra_block_race(kind, memory, write, file, line, other, ow, of, ol);
   }
   if (write) {
     c.w = me, c.wf = file, c.wl = line;
@@ -1340,11 +1341,8 @@ inline void race_step(RaceCell& c, bool write, const char* file, int line, const
 // An access of the block's __shared__ (static) data: racecheck only (it is the block's own).
 void access_static(uintptr_t a, size_t n, bool write, const char* file, int line) {
   if (!racecheck_on() || g_atomic || n == 0) return;
-  static const std::string memory = "__shared__ memory (the program's static data; offsets from its start)";
   auto& m = static_race_cells();
-  for (uintptr_t g = a / kGranule; g <= (a + n - 1) / kGranule; ++g) {
-    race_step(m[g], write, file, line, &memory, nullptr, a, n);
-  }
+  for (uintptr_t g = a / kGranule; g <= (a + n - 1) / kGranule; ++g) race_step(m[g], write, file, line, nullptr, a, n);
 }
 
 [[noreturn]] __attribute__((noinline)) void uninitialized(const Alloc& x, uintptr_t a, size_t n, size_t g_first,
@@ -1437,7 +1435,7 @@ void access(const void* p, size_t n, bool write, const char* file, int line, boo
       if (m == MAP_FAILED) fail("emulation", "cannot allocate racecheck cells (COCOVIZ_EMU_RACECHECK=0 turns racecheck off)");
       xm->race = static_cast<RaceCell*>(m);
     }
-    for (size_t g = g0; g <= g1; ++g) race_step(xm->race[g], write, file, line, nullptr, x, a, n);
+    for (size_t g = g0; g <= g1; ++g) race_step(xm->race[g], write, file, line, x, a, n);
   }
 }
 
