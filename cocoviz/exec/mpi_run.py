@@ -39,7 +39,7 @@ import numpy as np
 
 from cocoviz import numerics as nx
 from cocoviz.errors import BuildError, InputError, InternalError, UsageError, did_you_mean
-from cocoviz.exec.layout import global_shape
+from cocoviz.exec.layout import grid_global_shape
 from cocoviz.exec.mpi_guard import (
     ALIVE,
     JOB_PREFIX,
@@ -50,7 +50,7 @@ from cocoviz.exec.mpi_guard import (
     remove_job,
     wait_unlocked,
 )
-from cocoviz.ir.nodes import Program
+from cocoviz.ir.nodes import GroupKind, Program
 from cocoviz.ir.printer import format_program
 from cocoviz.ir.types import TensorType, format_shape
 
@@ -110,14 +110,31 @@ def load_inputs_dir(program: Program, inputs_dir: str | Path) -> dict[str, np.nd
                 f"{f}: '{program.name}' has no input named '{name}'",
                 hint=did_you_mean(name, known) or f"its inputs are {', '.join(known)}",
             )
-        out[name] = read_input(f, name, known[name].ty, G)
+        out[name] = read_input(f, name, known[name].ty, G, program.grid.dp)
     return out
 
 
 NPY_HINT = "write it with numpy.save (allow_pickle=False)"
 
 
-def read_input(f: Path, name: str, ty: TensorType, group: int) -> np.ndarray:
+def check_dp_groups(program: Program) -> None:
+    """An overlapped group whose stages are laid out over dp (or run a collective over
+    dp) is refused: the MPI executor's chunk pipelines cut a tp rank's value only."""
+    for g in program.groups:
+        if g.kind is not GroupKind.OVERLAPPED:
+            continue
+        for name in g.stages():
+            s = program.stage(name)
+            if s.expr.tag == "dp" or not s.ty.dp.is_replicated:
+                raise UsageError(
+                    f"run --mpi: the overlapped group with '{name}' ({s.ty}) is not supported "
+                    "yet on a grid with dp (MPI executor: a chunk pipeline cuts a tp rank's "
+                    "value only)",
+                    hint="run the schedule without overlap, or without --mpi (the reference)",
+                )
+
+
+def read_input(f: Path, name: str, ty: TensorType, group: int, dp: int = 1) -> np.ndarray:
     """Input `name` from the `.npy` file `f`, checked against its declaration: a regular
     file (a FIFO or a device would block or never end), a numpy header of the declared
     dtype and global shape, then exactly the bytes that header promises (so a file is
@@ -150,11 +167,13 @@ def read_input(f: Path, name: str, ty: TensorType, group: int) -> np.ndarray:
                 hint=f"save it as np.{want}"
                 + (" (bf16 is stored as float32)" if ty.dtype.value == "bf16" else ""),
             )
-        expect = global_shape(ty, group)
+        expect = grid_global_shape(ty, group, dp)  # global_shape without a dp layout
         if tuple(shape) != expect:
             what = (
                 " ([G, *shape]: one row per rank for a local input)" if ty.layout.is_local else ""
             )
+            if ty.dp.is_local:
+                what = " ([D, …]: one value per dp replica for an input local over dp)"
             raise InputError(
                 f"{f}: input '{name}' is declared {decl}: expected shape {list(expect)}{what}, "
                 f"got {list(shape)}"
@@ -225,7 +244,7 @@ class MpiRun:
             return Kind.P2P if k in ("send", "recv") else Kind.COLLECTIVE
 
         d = deps(program)
-        T = program.grid.tp
+        T = program.grid.tp * program.grid.dp  # a pipeline stage's ranks (rank grids)
         chunks = {g.chunks for g in program.groups if g.chunks}
         lanes: list[Lane] = []
         index: dict[tuple[int, str, int | None], int] = {}
@@ -276,7 +295,7 @@ class MpiRun:
             program=program.name,
             hardware="measured (MPI processes)",
             collectives="mpi",
-            tp=T,
+            tp=program.grid.tp,
             pp=program.grid.pp,
             lanes=tuple(lanes),
             cross=tuple(cross),
@@ -619,6 +638,7 @@ def run_mpi(
     Python); `mpi_args` go to mpiexec as they are, before `-n`. Raises `Terminated` on
     SIGTERM/SIGHUP (KeyboardInterrupt on SIGINT) after cleaning up."""
     check_world(program, oversubscribe)
+    check_dp_groups(program)
     launcher = launcher_args(hostfile, mpi_args)
     if not timeout_s > 0:  # NaN too: a deadline that never passes
         raise UsageError(f"--timeout must be a positive number of seconds, got {timeout_s}")

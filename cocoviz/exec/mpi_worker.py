@@ -62,11 +62,14 @@ from cocoviz.exec.layout import (
     chunk_range,
     chunked_slices,
     global_flat_index,
+    global_shape,
     is_contiguous_chunk,
     join_global,
+    join_grid,
     locate,
     rank_positions,
     rank_shape,
+    split_grid,
     take_rank_part,
 )
 from cocoviz.exec.shard_pipeline import ShardPipeline
@@ -84,7 +87,7 @@ from cocoviz.ir.nodes import (
     Stage,
 )
 from cocoviz.ir.transforms.overlap import leading_chunks
-from cocoviz.ir.types import REPLICATED, DType, Size, TensorType, shape_values
+from cocoviz.ir.types import REPLICATED, DType, Size, TensorType, dp_view, shape_values
 
 Array = npt.NDArray[Any]
 
@@ -127,6 +130,10 @@ class _Ctx:
     comm: Any
     comm_group: int
     extra: dict[str, Array] = field(default_factory=dict)
+    dp: int = 1
+    """Ranks of the grid's dp axis (docs/language.md, rank grids), and this rank's index
+    on it: `ops` reads them for values laid out over dp."""
+    dp_rank: int = 0
 
     @property
     def rank(self) -> int:
@@ -166,10 +173,18 @@ class Worker:
         self.world = world
         self.T = program.grid.tp
         self.P = program.grid.pp
+        self.D = program.grid.dp
         self.wrank = world.Get_rank()
-        self.pp = self.wrank // self.T
-        self.tp = self.wrank % self.T
-        self.comm = world.Split(color=self.pp, key=self.tp)
+        # world rank = (pp·D + dp)·T + tp (docs/language.md, rank grids)
+        self.pp, self.dp, self.tp = program.grid.coords(self.wrank)
+        self.comm = world.Split(color=self.pp * self.D + self.dp, key=self.tp)
+        """The tp group: the T ranks of this rank's pipeline stage and dp replica."""
+        self.dp_comm = (
+            world.Split(color=self.pp * self.T + self.tp, key=self.dp)
+            if program.grid.has_dp
+            else None
+        )
+        """The dp group: the D ranks with this rank's pp and tp index (a grid with dp)."""
         self.seed = int(spec.get("seed", 0))
         self.values: dict[str, Array] = {}
         self.buffers: dict[str, Array] = {}
@@ -197,6 +212,9 @@ class Worker:
         for i in self.program.inputs:
             if not self.on_my_stage(i.ty):
                 continue
+            if self.program.grid.has_dp:
+                self.values[i.name] = self.grid_input(i.name, i.ty, files.get(i.name))
+                continue
             if i.name in files:  # validated by the launcher; checked again as it is opened
                 full = read_input(Path(files[i.name]), i.name, i.ty, self.T)
                 if i.ty.dtype.value == "bf16":
@@ -206,8 +224,35 @@ class Worker:
             else:
                 self.values[i.name] = generate_rank_input(i.name, i.ty, self.T, self.tp, self.seed)
 
+    def grid_input(self, name: str, ty: TensorType, file: str | None) -> Array:
+        """This rank's part of an input on a grid with dp, as the reference makes it
+        (`reference._grid_input`): a file holds the global form (`[D, …]` for a value
+        local over dp)."""
+        T, D = self.T, self.D
+        if file is not None:
+            from cocoviz.exec.mpi_run import read_input
+
+            full = np.asarray(read_input(Path(file), name, ty, T, D))
+            if ty.dtype.value == "bf16":
+                full = nx.round_bf16(full)
+            return split_grid(full, ty, T, D)[self.dp * T + self.tp]
+        if ty.dp.is_local:
+            # replica d's global value is elements [d·N, (d+1)·N) of the [D, …] stack
+            shape = global_shape(ty, T)
+            n = int(np.prod(shape, dtype=np.int64))
+            dt = ty.dtype.value
+            mine = nx.generate_input(name, dt, D * n, self.seed, self.dp * n, n).reshape(shape)
+            return np.array(take_rank_part(mine, ty, T, self.tp)).reshape(rank_shape(ty, T))
+        part = generate_rank_input(name, ty, T, self.tp, self.seed)
+        if ty.dp.is_replicated:
+            return part
+        view = dp_view(ty, T)
+        return np.array(take_rank_part(part, view, D, self.dp)).reshape(rank_shape(view, D))
+
     def ctx(self) -> _Ctx:
-        return _Ctx(self.values, self.tp, self.T, self.seed, self.comm, self.T)
+        return _Ctx(
+            self.values, self.tp, self.T, self.seed, self.comm, self.T, dp=self.D, dp_rank=self.dp
+        )
 
     def now(self) -> float:
         return time.perf_counter() - self.t0
@@ -308,11 +353,19 @@ class Worker:
     def run_collective(self, s: Stage) -> tuple[Array, int]:
         e = s.expr
         (x,) = e.args
-        xt = x.type
+        xt, sty = x.type, s.ty
         dtype = xt.dtype
-        G = self.T
+        G, comm, me = self.T, self.comm, self.tp
         data = self.operand(x)
-        comm = self.comm
+        if e.tag == "dp":
+            # over the dp group, on this rank's tp part (docs/language.md, rank grids)
+            G, comm, me = self.D, self.dp_comm, self.dp
+            xt, sty = dp_view(xt, self.T), dp_view(sty, self.T)
+        elif sty.dp.is_sliced:
+            # over tp of a value sliced over dp: allreduce, broadcast and reduce keep
+            # the part's shape (inference refuses the others)
+            shape = tuple(Size(str(n), n) for n in ops.stored_shape(s.ty, self.ctx()))
+            sty = TensorType(sty.dtype, shape, REPLICATED, sty.pstage)
         if e.op is Op.ALLGATHER:
             send = np.ascontiguousarray(data).reshape(-1)
             recv = self.buffer(s.name, send, send.size * G)
@@ -330,7 +383,7 @@ class Worker:
             send = alltoall_pack(data.reshape(rank_shape(xt, G)), int(e.value or 0), G)
             recv = self.buffer(s.name, send)
             comm.Alltoall(send, recv)
-            out = alltoall_unpack(recv, rank_shape(s.ty, G), int(e.tag or 0), G)
+            out = alltoall_unpack(recv, rank_shape(sty, G), int(e.tag or 0), G)
             return out, send.nbytes * (G - 1) // G
         if e.op is Op.BROADCAST:
             buf = np.array(data, copy=True)
@@ -343,33 +396,35 @@ class Worker:
             acc = self.buffer(s.name, c).reshape(c.shape)
             comm.Allreduce(c, acc, op=op)
             out = self.finish(acc, e.rop, dtype, G, s.name)
-            return out.reshape(rank_shape(s.ty, G)), 2 * c.nbytes * (G - 1) // G
+            return out.reshape(rank_shape(sty, G)), 2 * c.nbytes * (G - 1) // G
         if e.op is Op.REDUCESCATTER:
             flat = c.reshape(-1)
             acc = self.buffer(s.name, flat, flat.size // G)
             comm.Reduce_scatter_block(flat, acc, op=op)
             out = self.finish(acc, e.rop, dtype, G, s.name)
-            return out.reshape(rank_shape(s.ty, G)), c.nbytes * (G - 1) // G
+            return out.reshape(rank_shape(sty, G)), c.nbytes * (G - 1) // G
         assert e.op is Op.REDUCE
         root = int(e.value or 0)
         acc = self.buffer(s.name, c).reshape(c.shape)
-        comm.Reduce(c, acc if self.tp == root else None, op=op, root=root)
-        if self.tp == root:
+        comm.Reduce(c, acc if me == root else None, op=op, root=root)
+        if me == root:
             out = self.finish(acc, e.rop, dtype, G, s.name)
-            return out.reshape(rank_shape(s.ty, G)), c.nbytes
-        return np.zeros(rank_shape(s.ty, G), dtype=ops.storage_dtype(dtype)), c.nbytes
+            return out.reshape(rank_shape(sty, G)), c.nbytes
+        return np.zeros(rank_shape(sty, G), dtype=ops.storage_dtype(dtype)), c.nbytes
 
     def run_send(self, s: Stage) -> None:
         (x,) = s.expr.args
         src_stage = x.type.pstage if x.type.pstage is not None else 0
         start = self.now()
+        stride = self.T * self.D  # the same dp and tp index on the next pipeline stage
         if self.pp == src_stage:
             data = np.ascontiguousarray(self.operand(x))
-            self.world.Send(data, dest=self.wrank + self.T, tag=1)
+            self.world.Send(data, dest=self.wrank + stride, tag=1)
             self.record(s.name, "comm", "send", start, data.nbytes)
         elif self.pp == src_stage + 1:
-            buf = np.empty(rank_shape(s.ty, self.T), dtype=ops.storage_dtype(s.ty.dtype))
-            self.world.Recv(buf, source=self.wrank - self.T, tag=1)
+            shape = ops.stored_shape(s.ty, self.ctx())
+            buf = np.empty(shape, dtype=ops.storage_dtype(s.ty.dtype))
+            self.world.Recv(buf, source=self.wrank - stride, tag=1)
             self.values[s.name] = buf
             self.record(s.name, "comm", "recv", start, buf.nbytes)
 
@@ -427,8 +482,12 @@ class Worker:
             mine = self.values.get(name) if self.pp == owner_stage else None
             parts = self.world.gather(mine if mine is not None else None, root=0)
             if self.wrank == 0:
-                stage_parts = parts[owner_stage * self.T : (owner_stage + 1) * self.T]
-                out[name] = np.asarray(join_global(stage_parts, ty, self.T))
+                n = self.T * self.D  # a pipeline stage's ranks, dp·T + tp
+                stage_parts = parts[owner_stage * n : (owner_stage + 1) * n]
+                if self.program.grid.has_dp:
+                    out[name] = np.asarray(join_grid(stage_parts, ty, self.T, self.D))
+                else:
+                    out[name] = np.asarray(join_global(stage_parts, ty, self.T))
         return out
 
     def type_of(self, name: str) -> TensorType:

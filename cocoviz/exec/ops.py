@@ -539,10 +539,10 @@ def stage_value(e: Expr, ctx: RankContext) -> Array:
     rank's storage shape."""
     v = evaluate(e, ctx)
     ty = e.type
-    return np.asarray(round_to(v, ty.dtype)).reshape(_stored_shape(ty, ctx))
+    return np.asarray(round_to(v, ty.dtype)).reshape(stored_shape(ty, ctx))
 
 
-def _stored_shape(ty: TensorType, ctx: RankContext) -> tuple[int, ...]:
+def stored_shape(ty: TensorType, ctx: RankContext) -> tuple[int, ...]:
     """The rank's array shape of `ty`: its dp part on a grid with a dp axis, where the
     context says how many dp ranks there are (`dp`; docs/language.md, rank grids)."""
     if ty.dp.is_sliced:
@@ -872,4 +872,4 @@ def stage_value_pooled(e: Expr, ctx: RankContext, pool: BufferPool) -> tuple[Arr
     else:
         v = np.asarray(round_to(v, ty.dtype))
     base = v if ev._is_owned(v) else None
-    return v.reshape(_stored_shape(ty, ctx)), base
+    return v.reshape(stored_shape(ty, ctx)), base

@@ -492,12 +492,19 @@ class _Lowerer:
                     hint="add `ranks N` (or `ranks tp=T, pp=P`) after `program`, or pass --ranks",
                 )
             return grid
-        if r.axes:
-            for name, v in r.axes:
+        named = r.axes or tuple(
+            (a, v) for a, v in (("tp", r.tp), ("pp", r.pp)) if v is not None
+        )
+        if named:
+            for name, v in named:
                 if v <= 0:
-                    raise UsageError(f"--ranks: {name} must be positive")
+                    raise UsageError(
+                        "--ranks: tp and pp must be positive"
+                        if {a for a, _ in named} == {"tp", "pp"}
+                        else f"--ranks: {name} must be positive"
+                    )
             # the named axes are the whole grid (an axis left out has size 1)
-            return _checked_grid(_make_grid(r.axes), None)
+            return _checked_grid(_make_grid(named), None)
         assert r.n is not None
         if r.n <= 0:
             raise UsageError("--ranks must be positive")
