@@ -21,12 +21,15 @@ import pytest
 from emit_support import need_mpicxx
 from mpi_support import mpi  # noqa: F401 - the fixture
 
+from cocoviz import samples
 from cocoviz.cli import main
 from cocoviz.emit.emitter import compiler_messages
 from cocoviz.emit.stamp import STALE_EXIT, built_from, cksum, sources_sum, write_stamp
 from cocoviz.errors import ExitCode, ScheduleError, UsageError
 from cocoviz.exec import mpi_run
-from cocoviz.ir.lower import load_program
+from cocoviz.ir.lower import load_file, load_program
+from cocoviz.ir.nodes import unscheduled
+from cocoviz.ir.transforms.naming import made_by
 from cocoviz.schedule import Session
 from cocoviz.schedule.files import SCHED_HEADER, load_sched
 
@@ -575,3 +578,25 @@ def test_a_program_named_force_gets_a_stem_of_its_own(tmp_path: Path) -> None:
     assert main(argv) == 0
     assert (out / "FORCE_prog.cpp").exists()
     assert "-o FORCE_prog main.o FORCE_prog.o" in _make_n(out)
+
+
+@pytest.mark.parametrize("sample", samples.names())
+def test_every_name_a_schedule_step_makes_is_traced_to_that_step(sample: str) -> None:
+    """The rule of cocoviz/ir/transforms/naming.py holds for every stage any step of the
+    samples' schedule blocks makes: asked before the step, it names steps that make it,
+    ending with that very step (or a step of the same kind on the same stage)."""
+    program = load_file(samples.path(sample))
+    traced: set[str] = set()
+    for block in program.schedules:
+        p = unscheduled(program)
+        for step in block.steps:
+            before = {s.name for s in p.stages}
+            after = Session.from_steps(p, [step]).program
+            for name in [s.name for s in after.stages if s.name not in before]:
+                made = made_by(p, name)
+                assert made is not None, (sample, block.name, str(step), name)
+                assert str(made[-1]).split("(")[0] == step.name, (made, step)
+                traced.add(name)
+            p = after
+    if sample == "megatron_mlp":
+        assert {"sum_rs", "out_s"} <= traced

@@ -3,14 +3,16 @@
 
 Two steps add stages, and `Index.fresh` names them from a stage of the program: `split(s)`
 names the reducescatter half of allreduce `s` `s_rs` (the allgather half keeps `s`), and
-`reorder(ag)` names each sliced live-out `m` it moves across the allgather `m_s` (the
-gather right after it keeps `m`); either adds `_2`, `_3`, … when the name is taken.
-Fused and overlapped groups and `decompose` name no stage.
+`reorder(ag)` names each sliced live-out `m` it moves across the allgather (or alltoall)
+`ag` `m_s` (the gather right after it keeps `m`); either adds `_2`, `_3`, … when the name
+is taken. Fused and overlapped groups and `decompose` name no stage.
 
 A step that names a stage the program lacks is asked here which steps would make it: the
 names are read back to the stage each suffix grows from, the steps that could make it
 from there are applied to the program, and the first (one step, or a split and the
-reorder across its allgather) whose result holds the name is the answer. What is
+reorder across its allgather) whose result holds the name is the answer. The test over
+every sample's schedule blocks (tests/test_headless_edges.py) keeps this in step with
+the steps. What is
 reported is therefore what applying those steps gives, never a guess from the spelling.
 """
 
@@ -31,8 +33,9 @@ MAX_TRIES = 8
 """Candidate step sequences applied at most, so a large program's error stays quick."""
 
 
-def _ancestors(idx: Index, name: str, op: Op) -> list[str]:
-    """Stages with operation `op` that `name` depends on, nearest (latest) first."""
+def _ancestors(idx: Index, name: str, *ops: Op) -> list[str]:
+    """Stages with one of the operations `ops` that `name` depends on, nearest (latest)
+    first."""
     seen: set[str] = set()
     todo = [name]
     found: list[str] = []
@@ -43,7 +46,7 @@ def _ancestors(idx: Index, name: str, op: Op) -> list[str]:
                 continue
             seen.add(p)
             todo.append(p)
-            if idx.stage(p).expr.op is op:
+            if idx.stage(p).expr.op in ops:
                 found.append(p)
     found.sort(key=idx.position, reverse=True)
     return found
@@ -61,7 +64,7 @@ def _candidates(idx: Index, name: str) -> Iterator[tuple[Transformation, ...]]:
             if idx.stage(base).expr.op is Op.ALLREDUCE:
                 yield (Split(stage=base),)
             continue
-        for ag in _ancestors(idx, base, Op.ALLGATHER):
+        for ag in _ancestors(idx, base, Op.ALLGATHER, Op.ALLTOALL):
             yield (Reorder(gather=ag),)
         for ar in _ancestors(idx, base, Op.ALLREDUCE):
             yield (Split(stage=ar), Reorder(gather=ar))
