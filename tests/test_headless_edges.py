@@ -28,7 +28,7 @@ from cocoviz.emit.stamp import STALE_EXIT, built_from, cksum, sources_sum, write
 from cocoviz.errors import ExitCode, ScheduleError, UsageError
 from cocoviz.exec import mpi_run
 from cocoviz.ir.lower import load_file, load_program
-from cocoviz.ir.nodes import unscheduled
+from cocoviz.ir.nodes import Op, Program, unscheduled
 from cocoviz.ir.transforms.naming import made_by
 from cocoviz.schedule import Session
 from cocoviz.schedule.files import SCHED_HEADER, load_sched
@@ -582,21 +582,39 @@ def test_a_program_named_force_gets_a_stem_of_its_own(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("sample", samples.names())
 def test_every_name_a_schedule_step_makes_is_traced_to_that_step(sample: str) -> None:
-    """The rule of cocoviz/ir/transforms/naming.py holds for every stage any step of the
-    samples' schedule blocks makes: asked before the step, it names steps that make it,
-    ending with that very step (or a step of the same kind on the same stage)."""
+    """The rule of cocoviz/ir/transforms/naming.py holds for every stage a step makes —
+    each step of the samples' schedule blocks, and every split of an allreduce and reorder
+    across a gather of the program as written and after splitting all its allreduces:
+    asked before the step, it names steps that make it, the last of the step's kind."""
     program = load_file(samples.path(sample))
     traced: set[str] = set()
-    for block in program.schedules:
-        p = unscheduled(program)
-        for step in block.steps:
-            before = {s.name for s in p.stages}
+
+    def check(p: Program, step: str) -> Program | None:
+        try:
             after = Session.from_steps(p, [step]).program
-            for name in [s.name for s in after.stages if s.name not in before]:
-                made = made_by(p, name)
-                assert made is not None, (sample, block.name, str(step), name)
-                assert str(made[-1]).split("(")[0] == step.name, (made, step)
-                traced.add(name)
-            p = after
+        except ScheduleError:
+            return None
+        before = {s.name for s in p.stages}
+        for name in [s.name for s in after.stages if s.name not in before]:
+            made = made_by(p, name)
+            assert made is not None, (sample, step, name)
+            assert str(made[-1]).split("(")[0] == step.split("(")[0], (made, step)
+            traced.add(name)
+        return after
+
+    for block in program.schedules:
+        p: Program | None = unscheduled(program)
+        for step in block.steps:
+            assert p is not None
+            p = check(p, str(step))
+    written = unscheduled(program)
+    split = written
+    for s in written.stages:
+        if s.expr.op is Op.ALLREDUCE:
+            split = check(split, f"split({s.name})") or split
+    for p in (written, split):
+        for s in p.stages:
+            if s.expr.op in (Op.ALLGATHER, Op.ALLTOALL):
+                check(p, f"reorder({s.name})")
     if sample == "megatron_mlp":
         assert {"sum_rs", "out_s"} <= traced
