@@ -13,6 +13,7 @@ from cocoviz.emit import plan as pl
 from cocoviz.emit.names import c_double
 from cocoviz.emit.plan import EmitError
 from cocoviz.ir.nodes import (
+    AXIS_REDUCTIONS,
     BINARY_CALLS,
     BINARY_INFIX,
     COMPARISONS,
@@ -234,6 +235,8 @@ class BodyBuilder:
             return self.reshaped(e.args[0]), e.args[0].type.dtype
         if op in PERMUTES:
             return self.permuted(e), e.args[0].type.dtype
+        if op in AXIS_REDUCTIONS:
+            return self.axis_reduced(e)
         if op is Op.CAST:
             v, dt = self.expr(e.args[0])
             assert e.dtype_arg is not None
@@ -332,6 +335,54 @@ class BodyBuilder:
             ("load", x.name, idx), kind="load", buffer=buf.cname, a=idx, dtype=buf.dtype
         )
 
+    def axis_reduced(self, e: Expr) -> tuple[str, DType]:
+        """`sum/mean/amax/amin(x, dim=d)` of a named value, at the top of its unit: the
+        result element's line along d of the rank's operand array, accumulated in x's
+        compute type in one loop (`reduce_axis`); `mean` divides by the whole extent of d
+        (docs/language.md, reductions along a dimension)."""
+        x = e.args[0]
+        assert x.op is Op.REF and x.name is not None and isinstance(e.value, int)
+        G = self.lw.G
+        buf = self._stored_operand(e, x.name)
+        src = _rank_shape(x.type, G)
+        out = _rank_shape(e.type, G)
+        d = e.value
+        keep = e.tag == "keepdim"
+        dims = list(range(len(src))) if keep else [k for k in range(len(src)) if k != d]
+        src_strides = _row_major(src)
+        out_strides = _row_major(out)
+        terms = tuple(
+            (out_strides[k], out[k], src_strides[dims[k]])
+            for k in range(len(out) - 1, -1, -1)
+            if out[k] != 1
+        )
+        self.lw.note_read(x.name, self.kernel, register=False)
+        base = self.emit(("axis", x.name, d, keep), kind="index_bcast", a=self.L, terms=terms)
+        acc = x.type.dtype.compute
+        var = self.emit(
+            None, kind="reduce_axis", a=base, buffer=buf.cname, n1=src[d], n2=src_strides[d],
+            n3=x.type.shape[d].value, op=_AXIS_STMT[e.op], dtype=acc, src_dtype=buf.dtype,
+        )  # fmt: skip
+        return var, acc
+
+    def _stored_operand(self, e: Expr, name: str) -> pl.Buffer:
+        """The buffer of the named operand of a node that reads other elements than its
+        own, refused where it is not the rank's array as it is stored."""
+        buf = self.lw.buffer_of(name)
+        if (
+            buf.addressing == "global"
+            or self.lw.view(name).kind == "chunked"
+            or self.space.view.kind == "chunked"
+            or self.space.view.shape != shape_values(e.type.shape)
+        ):
+            raise EmitError(
+                f"{e.op.value} of '{name}': the emitter reads a rank's array as it is "
+                "stored, and this one is stored chunk by chunk or at global positions",
+                e.span,
+                hint="use it outside overlapped groups and in-place updates",
+            )
+        return buf
+
     def operand(self, e: Expr, dt: DType) -> str:
         if e.op is Op.CONST and e.value is not None:
             # a literal takes the operand dtype straight from its source value
@@ -385,6 +436,10 @@ class BodyBuilder:
         idx = self.storage_index(name, ty)
         v = self.operand_conv(var, dt, buf.dtype)
         self.stmts.append(pl.Stmt(kind="store", buffer=buf.cname, a=idx, b=v, dtype=buf.dtype))
+
+
+_AXIS_STMT = {Op.SUM_DIM: "sum", Op.MEAN: "mean", Op.AMAX_DIM: "max", Op.AMIN: "min"}
+"""The `reduce_axis` statement's operator for each reduction along a dimension."""
 
 
 def _rank_shape(ty: TensorType, group: int) -> list[int]:

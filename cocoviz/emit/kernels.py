@@ -12,8 +12,21 @@ from cocoviz.emit import plan as pl
 from cocoviz.emit.body import BodyBuilder, Unit, _with_chunks, view_of
 from cocoviz.emit.collectives import CollectiveLowering
 from cocoviz.emit.plan import EmitError
-from cocoviz.ir.nodes import COLLECTIVES, PERMUTES, REDUCTIONS, ROWWISE, Expr, Op, Stage
+from cocoviz.ir.nodes import (
+    AXIS_REDUCTIONS,
+    COLLECTIVES,
+    PERMUTES,
+    REDUCTIONS,
+    ROWWISE,
+    Expr,
+    Op,
+    Stage,
+)
 from cocoviz.ir.types import TensorType, block_dim, shape_values
+
+READS_OTHER_ELEMENTS = PERMUTES | AXIS_REDUCTIONS
+"""Nodes that read their operand at other elements than their own: lifted to the top of a
+unit of their own over a named operand, never in the kernel that makes the operand."""
 
 REDUCE_BLOCKS = 1024
 """Per-block partials of a two-phase reduction (CUDA grid size of reduction kernels)."""
@@ -82,13 +95,14 @@ class KernelLowering(CollectiveLowering):
         def lift(x: Expr, top: bool) -> Expr:
             args = tuple(lift(a, False) for a in x.args)
             x2 = dataclasses.replace(x, args=args) if args != x.args else x
-            if x2.op in PERMUTES:
-                # a permute reads its operand's stored array at permuted positions, so
-                # the operand is a named value and the permute is the top of its unit
+            if x2.op in READS_OTHER_ELEMENTS:
+                # a permute or a reduction along a dimension reads its operand's stored
+                # array at other positions than its own element, so the operand is a
+                # named value and the node is the top of its unit
                 if chunks:
                     raise EmitError(
-                        f"stage '{s.name}' permutes a value inside an overlapped group; the "
-                        "emitter cannot chunk a transpose",
+                        f"stage '{s.name}' has a {x2.op.value} inside an overlapped group; "
+                        "the emitter cannot chunk it",
                         s.span,
                     )
                 (a,) = x2.args
@@ -176,7 +190,7 @@ class KernelLowering(CollectiveLowering):
 
     def joins(self, u: Unit, cur: list[Unit], space: pl.Space) -> bool:
         members = {c.value: c for c in cur}
-        if u.expr.op in PERMUTES and any(n in members for n in u.expr.refs()):
+        if u.expr.op in READS_OTHER_ELEMENTS and any(n in members for n in u.expr.refs()):
             return False  # it reads its operand at other elements than its own
         for name in u.expr.refs():
             m = members.get(name)

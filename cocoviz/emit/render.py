@@ -98,6 +98,16 @@ _CUDA_MATH = {
 }
 
 
+_AXIS_COMBINE = {
+    "sum": "{acc} += {t};",
+    "mean": "{acc} += {t};",
+    "max": "{acc} = ({t} > {acc} || {t} != {t}) ? {t} : {acc};",
+    "min": "{acc} = ({t} < {acc} || {t} != {t}) ? {t} : {acc};",
+}
+"""How a `reduce_axis` statement folds the next element t into its accumulator (max and
+min propagate a NaN, as numpy's do)."""
+
+
 def unknown(what: str, tag: object) -> NoReturn:
     """A tag no template branch spells (the `unknown` of the templates' if/elif chains)."""
     raise EmitError(f"the templates cannot render {what} {tag!r}; this is a cocoviz bug")
@@ -191,6 +201,10 @@ class Renderer:
             d["terms"] = list(s.terms)
         elif s.kind == "index_block_g":
             d["blk"] = s.terms[0][0]
+        elif s.kind == "reduce_axis":
+            assert s.src_dtype is not None
+            d["src_st"] = self.st(s.src_dtype)
+            d["combine"] = spelled(_AXIS_COMBINE, s.op, "the reduction along a dimension")
         if s.dtype is not None:
             dt = s.dtype
             ctype = self.compute_ctype(dt)

@@ -75,6 +75,7 @@ from cocoviz.exec.layout import (
 from cocoviz.exec.shard_pipeline import ShardPipeline
 from cocoviz.ir.graph import ordered_items
 from cocoviz.ir.nodes import (
+    AXIS_REDUCTIONS,
     COLLECTIVES,
     PERMUTES,
     REDUCTIONS,
@@ -613,7 +614,9 @@ class _CollPlan:
     order: slice | npt.NDArray[np.int64] | None = None
 
 
-_NOT_IN_CHUNKS = frozenset({Op.MATMUL, Op.RESHAPE, *PERMUTES, *REDUCTIONS, *COLLECTIVES})
+_NOT_IN_CHUNKS = frozenset(
+    {Op.MATMUL, Op.RESHAPE, *PERMUTES, *AXIS_REDUCTIONS, *REDUCTIONS, *COLLECTIVES}
+)
 """Operations a chunk expression cannot hold: a matmul is a stage of its own, the rest
 the `overlap` step refuses (docs/schedules.md)."""
 

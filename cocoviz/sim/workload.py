@@ -44,6 +44,7 @@ from cocoviz.errors import UsageError
 from cocoviz.ir.collectives import Blocks, alltoall_copies
 from cocoviz.ir.graph import dataflow, reduce_name, stage_reductions
 from cocoviz.ir.nodes import (
+    AXIS_REDUCTIONS,
     COLLECTIVES,
     REDUCTIONS,
     ROWWISE,
@@ -484,7 +485,7 @@ def _expr_work(ctx: Context, e: Expr) -> tuple[dict[str, int], float]:
         if op not in _UNPRICED:
             per = _FLOPS.get(op, 1)
             if per:
-                ty = node.args[0].type if op in REDUCTIONS else node.type
+                ty = node.args[0].type if op in REDUCTIONS or op in AXIS_REDUCTIONS else node.type
                 flops += per * per_rank_numel(ty, group)
         if op is Op.UPDATE:
             todo.extend(node.args[1:])  # the target (a reference) costs no FLOPs either

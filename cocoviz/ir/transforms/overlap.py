@@ -9,6 +9,7 @@ from typing import ClassVar
 
 from cocoviz.ir.collectives import COLLECTIVE_TABLE
 from cocoviz.ir.nodes import (
+    AXIS_REDUCTIONS,
     COLLECTIVES,
     PERMUTES,
     REDUCTIONS,
@@ -211,6 +212,11 @@ class Overlap(Transformation):
         if op is Op.RESHAPE:
             refuse("reshape regroups the elements, so its chunks are not the rows being chunked")
         nodes = list(s.expr.walk())
+        if any(e.op in AXIS_REDUCTIONS for e in nodes):
+            refuse(
+                "it reduces along a dimension, and chunks of rows are not whole lines of "
+                "every dimension"
+            )
         if any(e.op in PERMUTES for e in nodes):
             refuse("a transpose or permute moves elements between rows, so chunk k of its "
                    "value is not made from chunk k of its operand")
@@ -298,6 +304,8 @@ class Overlap(Transformation):
             for e in s.expr.walk():
                 if e.op in PERMUTES:
                     refuse(s, f"{e.op.value} moves elements between the chunks of dimension 0")
+                if e.op in AXIS_REDUCTIONS:
+                    refuse(s, "a reduction along a dimension is not split by chunks of dimension 0")
                 if e.op in REDUCTIONS:
                     refuse(s, "it reduces a whole tensor to a scalar, which needs every chunk")
                 if e.op in (Op.DROPOUT, Op.SLICE):
