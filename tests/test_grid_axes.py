@@ -282,3 +282,46 @@ def test_the_fast_parser_reads_grid_layouts_as_the_grammar_does() -> None:
     fast = fastparse.parse(text, source, "start")
     slow = syntax._run_lark(text, source, "start")
     assert fast == slow
+
+
+# --- the cost model --------------------------------------------------------------------------
+AR_BOTH = """program ar_both
+ranks dp=8, tp=8
+dim N = 16777216
+input g : f32[N] local local(over=dp)
+a = allreduce(+, g)
+b = allreduce(+, a, over=dp)
+output b
+"""
+
+
+def _sim_rows(text: str, ranks: str | None = None) -> dict[str, tuple[float, str]]:
+    from cocoviz.sim.hardware import load_profile
+    from cocoviz.sim.predict import simulate
+
+    over = RanksOverride.parse(ranks) if ranks else None
+    p = load_program(text, "t.coco", ranks=over)
+    tl = simulate(p, load_profile("h100-dgx"), warnings=False)
+    return {e.stage: (e.end - e.start, e.detail or "") for e in tl.lanes[0].events}
+
+
+def test_a_collective_over_dp_spans_nodes_when_tp_fills_one() -> None:
+    # h100-dgx: 8 GPUs a node; ranks are tp-fastest, so tp=8 is a node and dp=8 spans 8
+    rows = _sim_rows(AR_BOTH)
+    (t_tp, d_tp), (t_dp, d_dp) = rows["a"], rows["b"]
+    assert d_tp.endswith("1 node") and d_dp.endswith("8 nodes")
+    assert t_dp > 2 * t_tp  # the same 64 MiB over the network instead of NVLink
+    # dp=8 with tp=1: the dp group is one node, and costs as the tp allreduce did
+    rows = _sim_rows(AR_BOTH, "dp=8,tp=1")
+    assert rows["b"][1].endswith("1 node")
+    assert rows["b"][0] == pytest.approx(t_tp, rel=1e-9)
+
+
+def test_the_summary_counts_a_tp_rank_part_over_dp() -> None:
+    from cocoviz.ir.summary import comm_ops
+
+    p = load_file(GRID_PROGRAM)  # dp=2, tp=2; gw is f32[16, 32] sliced(1): 16·16 a tp rank
+    ops = {c.name: c for c in comm_ops(p)}
+    assert (ops["gs"].nbytes, ops["gs"].sent_per_rank) == (1024, 512)
+    assert (ops["wf"].nbytes, ops["wf"].sent_per_rank) == (1024, 512)
+    assert (ops["gsum"].nbytes, ops["gsum"].sent_per_rank) == (1024, 1024)

@@ -8,12 +8,14 @@ from dataclasses import dataclass
 from cocoviz.ir.collectives import collective
 from cocoviz.ir.graph import implicit_reductions, reduce_name
 from cocoviz.ir.nodes import COLLECTIVES, Op, Program
-from cocoviz.ir.types import TensorType
+from cocoviz.ir.types import TensorType, dp_view
 
 
-def per_rank_numel(ty: TensorType, group: int) -> int:
-    """Elements one rank stores for a value of this type."""
-    return ty.numel // group if ty.layout.is_sliced else ty.numel
+def per_rank_numel(ty: TensorType, group: int, dp: int = 1) -> int:
+    """Elements one rank stores for a value of this type (`dp`: the grid's dp size, for
+    a value sliced over dp; docs/language.md, rank grids)."""
+    n = ty.numel // group if ty.layout.is_sliced else ty.numel
+    return n // dp if ty.dp.is_sliced else n
 
 
 @dataclass(frozen=True)
@@ -56,6 +58,12 @@ def comm_ops(program: Program) -> list[CommOp]:
             continue
         x = e.args[0].type
         itemsize = x.dtype.itemsize
+        if e.tag == "dp":  # over dp: a tp rank's part, over D ranks (rank grids)
+            view, D = dp_view(x, G), program.grid.dp
+            full = view.numel * itemsize
+            sent = collective(e.op).sent(full, per_rank_numel(view, D) * itemsize, D)
+            out.append(CommOp(s.name, e.op.value, x.dtype.value, full, sent))
+            continue
         full = x.numel * itemsize
         sent = collective(e.op).sent(full, per_rank_numel(x, G) * itemsize, G)
         out.append(CommOp(s.name, e.op.value, x.dtype.value, full, sent))

@@ -82,6 +82,7 @@ def simulate(
         collectives=collectives,
         tp=program.grid.tp,
         pp=program.grid.pp,
+        dp=program.grid.dp,
         lanes=lanes,
         cross=tuple(run.engine.cross),
         summary=summary,

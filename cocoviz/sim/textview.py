@@ -166,6 +166,11 @@ def render_summary(timeline: Timeline) -> RenderableType:
     t.append(
         f" on {timeline.hardware}, {timeline.world} ranks"
         + (f" (tp={timeline.tp}, pp={timeline.pp})" if timeline.pp > 1 else "")
+        + (
+            f" of dp replica 0 (dp={timeline.dp}: {timeline.world * timeline.dp} in all)"
+            if timeline.dp > 1
+            else ""
+        )
         + f", collectives {timeline.collectives}\n"
     )
     t.append("  predicted time      ")

@@ -214,9 +214,13 @@ class Timeline:
     cross: tuple[CrossFlow, ...]
     summary: Summary
     warnings: tuple[SimWarning, ...] = ()
+    dp: int = 1
+    """The grid's dp size: the lanes are dp replica 0's ranks (every replica does the
+    same work; docs/language.md, rank grids), numbered pp·T + tp as without dp."""
 
     @property
     def world(self) -> int:
+        """The ranks the timeline shows (one dp replica's)."""
         return self.tp * self.pp
 
     @property
@@ -364,11 +368,14 @@ class _Engine:
         grid = ctx.program.grid
         self.tp, self.pp = grid.tp, grid.pp
         gpn = ctx.hw.gpus_per_node
+        # On a grid with dp the lanes are dp replica 0's (every replica does the same
+        # work); its world ranks are p·D·T + t (docs/language.md, rank grids).
+        stride = grid.tp * grid.dp
         # Column classes: tp indices whose pipeline hops cross nodes in the same pattern.
         classes: dict[tuple[bool, ...], list[int]] = {}
         for t in range(self.tp):
             sig = tuple(
-                (p * self.tp + t) // gpn != ((p + 1) * self.tp + t) // gpn
+                (p * stride + t) // gpn != ((p + 1) * stride + t) // gpn
                 for p in range(self.pp - 1)
             )
             classes.setdefault(sig, []).append(t)

@@ -27,6 +27,7 @@ from typing import TypeVar
 from cocoviz.errors import ScheduleError
 from cocoviz.ir.nodes import COLLECTIVES, Group, GroupKind, Op
 from cocoviz.ir.transforms.decompose import Decompose
+from cocoviz.ir.types import dp_view
 from cocoviz.sim.collectives import Coll
 from cocoviz.sim.compute import NO_CONTENTION
 from cocoviz.sim.timeline import (
@@ -229,9 +230,8 @@ def _overlap_warnings(ctx: Context, g: Group) -> list[SimWarning]:
     return []
 
 
-def _full_size_compute(ctx: Context, ops: Sequence[Operation], fused: bool) -> float:
+def _full_size_compute(ctx: Context, ops: Sequence[Operation], fused: bool, g: int) -> float:
     """The compute of ``ops`` on the whole tensor instead of 1/G (as in AR-C)."""
-    g = ctx.group
     kernels = [op.spec for op in ops if isinstance(op.spec, KernelSpec)]
     if not kernels:
         return 0.0
@@ -244,14 +244,20 @@ def _full_size_compute(ctx: Context, ops: Sequence[Operation], fused: bool) -> f
     )
 
 
+def _group_of(ctx: Context, rs: str) -> int:
+    """The ranks the reducescatter `rs` runs over: tp's, or dp's (docs/language.md, rank
+    grids)."""
+    return ctx.program.grid.dp if ctx.stage(rs).expr.tag == "dp" else ctx.group
+
+
 def _allreduce_time(ctx: Context, rs: str) -> float:
-    x = ctx.stage(rs).expr.args[0].type
-    spec = CollSpec(
-        Coll.ALLREDUCE,
-        x.numel * x.dtype.itemsize,
-        ctx.group,
-        ctx.ranks_per_node(ctx.pstage_of(rs)),
-    )
+    e = ctx.stage(rs).expr
+    x = e.args[0].type
+    if e.tag == "dp":  # over dp: a tp rank's part over the dp group
+        n, rpn = dp_view(x, ctx.group).numel, ctx.ranks_per_node(ctx.pstage_of(rs), "dp")
+    else:
+        n, rpn = x.numel, ctx.ranks_per_node(ctx.pstage_of(rs))
+    spec = CollSpec(Coll.ALLREDUCE, n * x.dtype.itemsize, _group_of(ctx, rs), rpn)
     return spec.cost(ctx.hw).time_s
 
 
@@ -286,7 +292,7 @@ def _rs_warning(ctx: Context, group: Group | None, rs: str) -> list[SimWarning]:
     if group is not None:
         ops = lower_item(ctx, group)
         compute_ops = [op for op in ops if isinstance(op.spec, KernelSpec)]
-        full = _full_size_compute(ctx, compute_ops, fused=True)
+        full = _full_size_compute(ctx, compute_ops, True, _group_of(ctx, rs))
         stages = tuple(group.stages())
         step = f"fuse({', '.join(stages)})"
         what = "the fused reducescatter → compute → allgather"
@@ -300,7 +306,7 @@ def _rs_warning(ctx: Context, group: Group | None, rs: str) -> list[SimWarning]:
         for n in [rs, *region, *ags]:
             ops_seq += lower_item(ctx, n)
         compute_ops = [op for op in ops_seq if isinstance(op.spec, KernelSpec)]
-        full = _full_size_compute(ctx, compute_ops, fused=False)
+        full = _full_size_compute(ctx, compute_ops, False, _group_of(ctx, rs))
         stages = (rs, *region, *ags)
         step = f"split({ags[0] if not region else rs})"
         what = "reducescatter → compute on 1/G → allgather"
@@ -331,7 +337,7 @@ def _rs_warning(ctx: Context, group: Group | None, rs: str) -> list[SimWarning]:
             "rs-c-ag-slower",
             f"{step}: {what} is predicted slower than allreduce → compute (AR-C): "
             f"{format_time(mine)} vs {format_time(alternative)}; the collectives cost {format_time(comm - ar)} "
-            f"more than one allreduce, computing on 1/{ctx.group} of the data saves only "
+            f"more than one allreduce, computing on 1/{_group_of(ctx, rs)} of the data saves only "
             f"{format_time(max(0.0, full - shard))}",
             stages,
             mine,

@@ -59,7 +59,15 @@ from cocoviz.ir.nodes import (
 from cocoviz.ir.shards import ShardPlan, shard_plan
 from cocoviz.ir.summary import per_rank_numel
 from cocoviz.ir.transforms.overlap import leading_chunks
-from cocoviz.ir.types import DType, LayoutKind, TensorType, block_dim, numel, shape_values
+from cocoviz.ir.types import (
+    DType,
+    LayoutKind,
+    TensorType,
+    block_dim,
+    dp_view,
+    numel,
+    shape_values,
+)
 from cocoviz.sim.collectives import (
     Coll,
     CollCost,
@@ -417,15 +425,21 @@ class Context:
     def node(self, rank: int) -> int:
         return rank // self.hw.gpus_per_node
 
-    def ranks_per_node(self, pstage: int) -> int:
-        """How many ranks of the tp group of ``pstage`` share the fullest node."""
-        found = self._ranks_per_node.get(pstage)
+    def ranks_per_node(self, pstage: int, axis: str = "tp") -> int:
+        """How many ranks of the tp group (or the dp group, `axis` "dp") of ``pstage``'s
+        dp replica 0 share the fullest node. World ranks are (pp·D + dp)·T + tp
+        (docs/language.md, rank grids): a tp group is T consecutive ranks, a dp group
+        strides by T, so it spans nodes once T fills one."""
+        key = pstage if axis == "tp" else -1 - pstage
+        found = self._ranks_per_node.get(key)
         if found is None:
-            t = self.program.grid.tp
+            grid = self.program.grid
+            t, base = grid.tp, pstage * grid.tp * grid.dp
+            ranks = range(base, base + t) if axis == "tp" else range(base, base + t * grid.dp, t)
             counts: dict[int, int] = {}
-            for r in range(pstage * t, pstage * t + t):
+            for r in ranks:
                 counts[self.node(r)] = counts.get(self.node(r), 0) + 1
-            found = self._ranks_per_node[pstage] = max(counts.values())
+            found = self._ranks_per_node[key] = max(counts.values())
         return found
 
     def pstage_of(self, name: str) -> int:
@@ -436,6 +450,8 @@ class Context:
         n = ty.numel
         if ty.layout.kind is LayoutKind.SLICED:  # as `per_rank_numel`
             n //= self.group
+        if ty.dp.is_sliced:
+            n //= self.program.grid.dp
         return n * _ITEMSIZE[ty.dtype]
 
     def stored_type(self, name: str) -> TensorType | None:
@@ -460,6 +476,7 @@ def _expr_work(ctx: Context, e: Expr) -> tuple[dict[str, int], float]:
     reads a slice; an update's target is written, not read) and its FLOPs (collectives
     and GEMMs are priced on their own), in one walk."""
     params, group, types = ctx.params, ctx.group, ctx.types
+    dp = ctx.program.grid.dp
     per_rank_bytes = ctx.per_rank_bytes
     reads: dict[str, int] = {}
     flops = 0.0
@@ -486,7 +503,7 @@ def _expr_work(ctx: Context, e: Expr) -> tuple[dict[str, int], float]:
             per = _FLOPS.get(op, 1)
             if per:
                 ty = node.args[0].type if op in REDUCTIONS or op in AXIS_REDUCTIONS else node.type
-                flops += per * per_rank_numel(ty, group)
+                flops += per * per_rank_numel(ty, group, dp)
         if op is Op.UPDATE:
             todo.extend(node.args[1:])  # the target (a reference) costs no FLOPs either
         else:
@@ -616,9 +633,14 @@ def _coll_op(ctx: Context, name: str, chunks: int, needs: Iterable[str]) -> list
         ]
     coll = Coll.of(s.expr.op)
     full = x.numel * x.dtype.itemsize
+    group, rpn = ctx.group, ctx.ranks_per_node(pstage)
+    if s.expr.tag == "dp":
+        # over dp: a tp rank's part, over the D ranks of its dp group, placed T apart
+        full = dp_view(x, ctx.group).numel * x.dtype.itemsize
+        group, rpn = ctx.program.grid.dp, ctx.ranks_per_node(pstage, "dp")
     # nccl-tests' size of an alltoall is one rank's send buffer, not the global value.
     nbytes = _chunk_bytes(full // ctx.group if coll is Coll.ALLTOALL else full, chunks)
-    spec = CollSpec(coll, nbytes, ctx.group, ctx.ranks_per_node(pstage), _registered(ctx, coll))
+    spec = CollSpec(coll, nbytes, group, rpn, _registered(ctx, coll))
     cost = spec.cost(ctx.hw)
     permuted = _needs_permute(ctx, s)
     ops = [
@@ -691,7 +713,8 @@ def _needs_permute(ctx: Context, s: Stage) -> bool:
         return _alltoall_copies(ctx, s)[1] is not None
     if s.expr.op is not Op.ALLGATHER:
         return False
-    lay = s.expr.args[0].type.layout
+    x = s.expr.args[0].type
+    lay = x.dp if s.expr.tag == "dp" else x.layout
     return lay.is_sliced and lay.dim is not None
 
 
@@ -1068,6 +1091,14 @@ def _device_lower(
     """A fused RS→C→AG as one nccl-device kernel; ``reduce=False``: the reducescatter
     already ran (a decomposed group made it), so the kernel computes and gathers."""
     hw = ctx.hw
+    over_dp = [m for m in (*rs, *ags) if ctx.by_name[m].expr.tag == "dp"]
+    if over_dp:
+        raise UsageError(
+            f"--collectives nccl-device: the fused group with '{over_dp[0]}', a collective "
+            "over dp, is not supported yet (cost model: a device kernel runs within one "
+            "NVLink domain, and a dp group spans nodes)",
+            hint="use --collectives nccl",
+        )
     if ctx.group > hw.gpus_per_node:
         raise UsageError(
             f"--collectives nccl-device needs every rank of a group in one NVLink domain: "
