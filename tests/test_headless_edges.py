@@ -408,8 +408,13 @@ def test_compiler_messages_are_the_error_lines_with_their_caret() -> None:
             b"sgd.cpp:3:1: error: stray '\\377' in program \xff\xfe\n",
             ["sgd.cpp:3:1: error: stray '\\377' in program \ufffd\ufffd"],
         ),
+        # words that read as no error at all: what the compiler said, not the commands
+        (
+            b"cc1plus: out of memory allocating 65536 bytes\n",
+            ["cc1plus: out of memory allocating 65536 bytes"],
+        ),
     ],
-    ids=["nvcc-fatal", "linker", "encoding"],
+    ids=["nvcc-fatal", "linker", "encoding", "other"],
 )
 def test_a_failed_build_shows_the_compiler_s_own_lines(
     tmp_path: Path, monkeypatch, capsys, said: bytes, shown: list[str]

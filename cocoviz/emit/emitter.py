@@ -160,10 +160,11 @@ def _is_error(line: str) -> bool:
     return not _MAKE_LINE.match(line) and _COMPILER_ERROR.search(line) is not None
 
 
-def compiler_messages(output: str) -> list[str]:
+def compiler_messages(output: str, fallback: str | None = None) -> list[str]:
     """The compiler's (or linker's) first error lines in make's output, each with the
     source line and caret gcc/clang print under it, then make's line naming the rule that
-    failed. Where no line reads as an error, the last lines before make gave up."""
+    failed. Where no line reads as an error, the last lines of `fallback` (make's standard
+    error, not the commands it echoed; default: `output`) that make did not write."""
     lines = output.splitlines()
     shown: list[str] = []
     k = 0
@@ -177,8 +178,8 @@ def compiler_messages(output: str) -> list[str]:
             shown.append(lines[k])
             k += 1
     if not shown:
-        own = [ln for ln in lines if ln.strip() and not _MAKE_LINE.match(ln)]
-        shown = own[-MAX_SHOWN:]
+        said = lines if fallback is None else fallback.splitlines()
+        shown = [ln for ln in said if ln.strip() and not _MAKE_LINE.match(ln)][-MAX_SHOWN:]
     more = sum(1 for ln in lines[k:] if _is_error(ln) and ln not in shown)
     if more:
         shown.append(f"... and {more} more error line(s)")
@@ -207,7 +208,7 @@ def build(directory: Path, jobs: int = 2, extra: Sequence[str] = ()) -> str:
     if res.returncode != 0:
         output = f"{stderr}\n{stdout}"
         missing = missing_tools(output)
-        shown = "\n".join(compiler_messages(output))
+        shown = "\n".join(compiler_messages(output, fallback=stderr if stderr.strip() else None))
         full = f"run `make -C {directory}{''.join(' ' + shlex.quote(x) for x in extra)}` to see the full output"
         hint = "; ".join([*(_missing_tool_hint(t) for t in missing), full])
         raise BuildError(
