@@ -1,8 +1,10 @@
 """`.sched` files: the steps of a schedule as text, one step a line (docs/schedules.md,
 saved schedules).
 
-A file cocoviz writes starts with a versioned header and ``# steps: N``, so a truncated
-file is detected instead of applying fewer steps; a hand-written file may omit both.
+A file cocoviz writes starts with two header lines, a versioned header and ``# steps: N``,
+so a truncated file is detected instead of applying fewer steps; a hand-written file may
+omit both. `apply -o` and `tune -o` add one comment line after them saying where the steps
+come from (`format_sched`'s comment); comments are not checked.
 """
 
 from __future__ import annotations
