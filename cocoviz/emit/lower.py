@@ -321,6 +321,14 @@ def lower_emit(
         raise UsageError(f"unknown --collectives {collectives!r} (expected nccl or nccl-device)")
     if reference is not None and reference == scheduled:
         reference = None
+    if scheduled.grid.has_dp:
+        raise EmitError(
+            f"'{scheduled.name}' runs on a grid with a dp axis (ranks {scheduled.grid}): "
+            "emitting it is not supported yet (code generation: the CPU and CUDA targets "
+            "have one communicator per tp group only)",
+            hint="check it with `cocoviz verify`, run it with `cocoviz run --mpi`, and "
+            "predict it with `cocoviz simulate`",
+        )
     for p in (scheduled, reference):
         if p is not None:
             _check_collective_operands(p)
