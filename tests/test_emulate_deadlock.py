@@ -174,7 +174,9 @@ def test_ranks_that_only_wait_for_a_late_peer_are_not_a_deadlock(
 
 
 def test_without_the_detector_the_watchdog_still_ends_it(program: Path, tmp_path: Path) -> None:
-    res, _ = run(program, "recv-ring", tmp_path, COCOVIZ_EMU_DEADLOCK_S="0", COCOVIZ_EMU_TIMEOUT="3")
+    res, _ = run(
+        program, "recv-ring", tmp_path, COCOVIZ_EMU_DEADLOCK_S="0", COCOVIZ_EMU_TIMEOUT="3"
+    )
     assert res.returncode != 0, res.stdout + res.stderr
     assert "watchdog: no progress for 3 s" in res.stderr, res.stderr
     assert "deadlock: every rank is blocked" not in res.stderr, res.stderr

@@ -137,7 +137,9 @@ def test_kernel_read_of_unwritten_bytes_is_reported(program: Path) -> None:
     assert f"initcheck.cu:{line_of('@load')}" in err, err  # the kernel's load
     # the first unwritten element the kernel reads: element 248 of 256 floats
     assert "unwritten: bytes [992, 996)" in err, err
-    assert "device allocation of 1024 bytes" in err and f"initcheck.cu:{line_of('@malloc-a')}" in err, err
+    assert (
+        "device allocation of 1024 bytes" in err and f"initcheck.cu:{line_of('@malloc-a')}" in err
+    ), err
     assert "ok kernel" not in res.stdout
 
 
@@ -146,7 +148,7 @@ def test_copy_of_a_buffer_nothing_wrote_names_the_call_and_the_range(program: Pa
     assert res.returncode == 3, res.stdout + res.stderr
     err = res.stderr
     assert "uninitialized read" in err, err
-    assert f"cudaMemcpy(h.data(), b, kN * sizeof(float), cudaMemcpyDeviceToHost) at " in err, err
+    assert "cudaMemcpy(h.data(), b, kN * sizeof(float), cudaMemcpyDeviceToHost) at " in err, err
     assert f"initcheck.cu:{line_of('@d2h')}" in err, err
     assert "unwritten: bytes [0, 1024)" in err, err
 

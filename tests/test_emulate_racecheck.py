@@ -218,7 +218,9 @@ def test_emitted_tree_without_the_reduction_barrier_fails_its_check(
     run_ = run_emulated(tree, "--check", "--iters", "1", "--warmup", "0")
     assert run_.returncode != 0, run_.stdout + run_.stderr
     assert "intra-block race" in run_.stderr, run_.stderr
-    lines = re.findall(r"access: (?:read|write) by thread \(\d+,0,0\) at \S*lamb\.cu:(\d+)", run_.stderr)
+    lines = re.findall(
+        r"access: (?:read|write) by thread \(\d+,0,0\) at \S*lamb\.cu:(\d+)", run_.stderr
+    )
     assert len(lines) >= 2, run_.stderr
     # both lines lie in block_reduce's loop
     src = mutated.splitlines()
