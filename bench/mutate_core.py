@@ -84,6 +84,7 @@ SELECTIONS: dict[str, list[str]] = {
         "tests/test_sim_compute.py",
         "tests/test_sim_algorithms.py",
         "tests/test_sim_decompose.py",
+        "tests/test_sim_chunk_rows.py",
     ],
 }
 
@@ -91,8 +92,8 @@ T = "cocoviz/ir/transforms/"
 
 MUTANTS: list[Mutant] = [
     # ------------------------------------------------------------------ split
-    Mutant("split-op-plus", T + "split.py", "Expr(Op.REDUCESCATTER, e.args, rop=e.rop, span=e.span)",
-           "Expr(Op.REDUCESCATTER, e.args, rop=type(e.rop).SUM, span=e.span)",
+    Mutant("split-op-plus", T + "split.py", "Expr(Op.REDUCESCATTER, e.args, rop=e.rop,",
+           "Expr(Op.REDUCESCATTER, e.args, rop=type(e.rop).SUM,",
            "the reducescatter always reduces with +", STEPS),
     Mutant("split-no-divisibility", T + "split.py", "        if n % G:\n", "        if False:\n",
            "an allreduce whose size does not divide by G is split", STEPS),
@@ -121,6 +122,22 @@ MUTANTS: list[Mutant] = [
            "                if not (t.layout.is_replicated or t.is_scalar):\n",
            "                if False:\n",
            "a region member not depending on the gather reads a sliced value", STEPS),
+    Mutant("reorder-slices-broadcast", T + "reorder.py",
+           "            if t.layout.is_replicated and not t.is_scalar and shape_values(t.shape) == shape:",
+           "            if t.layout.is_replicated and not t.is_scalar:",
+           "a broadcast operand (a bias) is sliced like a full one (CoCoNet's mistake)", STEPS),
+    # ------------------------------------------------------------------ asslice
+    Mutant("asslice-whole-read", T + "asslice.py", "                if lay is None:\n",
+           "                if False:\n", "an input read whole is stored sliced", STEPS),
+    Mutant("asslice-two-ways", T + "asslice.py", "                elif lay != layout:\n",
+           "                elif False:\n", "an input sliced two ways is stored with the first", STEPS),
+    # ------------------------------------------------------------------ groups
+    Mutant("grouping-hull", T + "grouping.py", "    return members | (down & up)",
+           "    return members | down", "the hull takes every stage below the members", STEPS),
+    Mutant("grouping-overlap-cycle", T + "grouping.py",
+           "    cyc = cycle_through_groups(idx, members)\n    if cyc is not None:\n",
+           "    cyc = cycle_through_groups(idx, members)\n    if False:\n",
+           "an overlapped group closing a cycle through a fused group", STEPS),
     # ------------------------------------------------------------------ fuse
     Mutant("fuse-rs-reads-inside", T + "fuse.py", "        if inside:\n", "        if False:\n",
            "a reducescatter reading a value computed inside the group is fused", STEPS),
@@ -142,6 +159,9 @@ MUTANTS: list[Mutant] = [
            "a group closing a cycle through another group", STEPS),
     Mutant("fuse-send-both-sides", T + "fuse.py", "        if operand_inside and readers:\n",
            "        if False:\n", "computation both before and after a send", STEPS),
+    Mutant("fuse-send-pipeline-stage", T + "fuse.py",
+           "            if s is send or s.ty.pstage is None or s.ty.pstage == side:\n",
+           "            if True:\n", "a group computing on both pipeline stages of a send", STEPS),
     Mutant("fuse-one-stage", T + "fuse.py", "        if len(self.stages) < 2:\n",
            "        if len(self.stages) < 1:\n", "fuse of a single stage", STEPS),
     # ------------------------------------------------------------------ overlap
@@ -170,6 +190,12 @@ MUTANTS: list[Mutant] = [
     Mutant("decompose-result-read", T + "decompose.py",
            "        if others or mm.name in idx.outputs:\n", "        if False:\n",
            "the partial matmul result is read elsewhere", STEPS),
+    Mutant("decompose-both-operands", T + "decompose.py", "        if all(reads):\n",
+           "        if False:\n", "a matmul reading the gather as both operands", STEPS),
+    Mutant("shards-send-to", "cocoviz/ir/shards.py",
+           "        return (rank - 1) % G if self.kind == \"gather\" else (rank + 1) % G",
+           "        return (rank + 1) % G if self.kind == \"gather\" else (rank + 1) % G",
+           "the gather ring sends to the rank it receives from", STEPS),
     Mutant("shards-gather-order", "cocoviz/ir/shards.py", "            return (rank + step) % G\n",
            "            return (rank - step) % G\n", "the gather ring walks the wrong way", STEPS),
     Mutant("shards-scatter-order", "cocoviz/ir/shards.py", "        return (rank - step - 1) % G\n",
@@ -192,6 +218,10 @@ MUTANTS: list[Mutant] = [
     Mutant("exec-first-rank-dropped", "cocoviz/exec/ops.py", "    acc = np.array(arrays[0], dtype=compute, copy=True)",
            "    acc = np.array(arrays[-1], dtype=compute, copy=True)",
            "the combination starts from the last rank (counted twice, rank 0 never)", EXEC),
+    Mutant("exec-chunk-layout", "cocoviz/exec/layout.py", "        lo = k * (n // chunks) + rank * c\n",
+           "        lo = rank * (n // group) + k * c\n",
+           "inside an overlapped group, chunk k of a rank's slice is block k of its ordinary slice",
+           EXEC),
     # ------------------------------------------------------------------ emitter offsets
     Mutant("emit-rs-send-offset", "cocoviz/emit/collectives.py",
            "                send_offset=pl.Offset(per_chunk=sv.count // K) if chunks else pl.ZERO,\n                recv_offset=pl.Offset(per_chunk=n) if chunks else pl.ZERO,",
@@ -201,6 +231,10 @@ MUTANTS: list[Mutant] = [
            "                    recv_offset=pl.Offset(per_chunk=dv.count // K) if chunks else pl.ZERO,",
            "                    recv_offset=pl.Offset(per_chunk=n) if chunks else pl.ZERO,",
            "a chunk's all-gather lands at the slice-sized offset", EMIT),
+    Mutant("emit-ag-send-offset", "cocoviz/emit/collectives.py",
+           "                    send_offset=pl.Offset(per_chunk=n) if chunks else pl.ZERO,\n                    recv_offset=pl.Offset(per_chunk=dv.count // K)",
+           "                    send_offset=pl.ZERO,\n                    recv_offset=pl.Offset(per_chunk=dv.count // K)",
+           "every chunk's all-gather sends chunk 0", EMIT),
     Mutant("emit-ar-count", "cocoviz/emit/collectives.py",
            "        if op is Op.ALLREDUCE:\n            n = dv.count // K\n",
            "        if op is Op.ALLREDUCE:\n            n = dv.count // K // K if chunks else dv.count\n",
@@ -212,6 +246,9 @@ MUTANTS: list[Mutant] = [
            "        return 1.0 * (nranks - 1) / nranks", "allreduce moves the bytes of one half", SIM),
     Mutant("sim-bus-factor-ag", "cocoviz/sim/collectives.py", "        return (nranks - 1) / nranks\n",
            "        return nranks / (nranks + 1)\n", "allgather's bus factor", SIM),
+    Mutant("sim-bus-factor-a2a", "cocoviz/sim/collectives.py",
+           "    if c in (Coll.REDUCESCATTER, Coll.ALLGATHER, Coll.ALLTOALL):",
+           "    if c in (Coll.REDUCESCATTER, Coll.ALLGATHER):", "alltoall's bus factor is 1", SIM),
     Mutant("sim-nsteps", "cocoviz/sim/collectives.py", "        return 2 * (nranks - 1)\n",
            "        return nranks - 1\n", "allreduce's ring has G−1 steps", SIM),
     Mutant("sim-latency-dropped", "cocoviz/sim/collectives.py", "        time_s=latency_us * 1e-6 + transfer_s,",
@@ -260,6 +297,8 @@ def _pytest(tree: Path, tests: list[str], timeout: float) -> tuple[int, float, s
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--only", help="run the mutants whose id starts with this")
+    ap.add_argument("--ids", nargs="+", help="run these mutants")
+    ap.add_argument("--tests", nargs="+", help="run these tests for every mutant instead")
     ap.add_argument("--full", action="store_true", help="run the whole fast subset per mutant")
     ap.add_argument("--list", action="store_true", help="list the mutants and exit")
     ap.add_argument("--json", type=Path, help="write the results here")
@@ -268,6 +307,11 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
 
     mutants = [m for m in MUTANTS if not args.only or m.id.startswith(args.only)]
+    if args.ids:
+        unknown = set(args.ids) - {m.id for m in MUTANTS}
+        if unknown:
+            ap.error(f"no mutants {', '.join(sorted(unknown))}")
+        mutants = [m for m in mutants if m.id in args.ids]
     bad = [e for m in mutants if (e := _check(m, None)) is not None]
     if args.list or bad:
         for m in mutants:
@@ -289,8 +333,13 @@ def main(argv: list[str] | None = None) -> int:
         if not probe.stdout.strip().startswith(str(tree)):
             print(f"the copy does not import its own cocoviz: {probe.stdout}{probe.stderr}")
             return 2
-        selections = {"full": ["tests"]} if args.full else SELECTIONS
-        needed = {"full"} if args.full else {m.selection for m in mutants}
+        if args.tests:
+            selections = {"given": args.tests}
+        elif args.full:
+            selections = {"given": ["tests"]}
+        else:
+            selections = SELECTIONS
+        needed = set(selections) if args.tests or args.full else {m.selection for m in mutants}
         for key in sorted(needed):
             rc, secs, tail = _pytest(tree, selections[key], args.timeout)
             print(f"baseline {key}: rc={rc} ({secs:.0f}s) {tail}", flush=True)
@@ -307,7 +356,7 @@ def main(argv: list[str] | None = None) -> int:
                 continue
             path.write_text(original.replace(m.old, m.new), encoding="utf-8")
             try:
-                tests = selections["full" if args.full else m.selection]
+                tests = selections["given" if args.tests or args.full else m.selection]
                 rc, secs, tail = _pytest(tree, tests, args.timeout)
             finally:
                 path.write_text(original, encoding="utf-8")

@@ -18,7 +18,7 @@ emitted code.
 
 Missing tools: every test that needs nvcc, MPI or a C++ toolchain calls `need_tool`,
 which skips — or fails, when COCOVIZ_REQUIRE_NVCC=1 / COCOVIZ_REQUIRE_MPI=1 says the
-tools must be there (.ci/run sets both). tests/test_step_refusals.py checks that no other
+tools must be there (.ci/run sets both). tests/test_suite_checks.py checks that no other
 skip path exists.
 """
 

@@ -108,6 +108,11 @@ CASES: list[Refusal] = [
     # ------------------------------------------------------------------ split
     R("split-not-allreduce", MM, ("split(p)",), "'p' (matmul, f32[M, N] local) is not an allreduce",
       "Requires: `s` is an `allreduce`"),
+    R("split-reduce", """dim N = 64
+input g : f32[N] local
+r = reduce(+, g, root=1)
+output r
+""", ("split(r)",), "'r' (reduce, f32[N] local) is not an allreduce", "Requires: `s` is an `allreduce`"),
     R("split-not-divisible", SGD.replace("N = 64", "N = 6"), ("split(g1)",),
       "has 6 elements, which do not divide by the 4 ranks", "whose element count divides by the group size G"),
     R("split-overlapped", MM, ("overlap(p, s, chunks=2)", "split(s)"),
