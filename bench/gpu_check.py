@@ -74,11 +74,27 @@ SIZES: dict[str, dict[str, int]] = {
 """-D overrides: every elementwise kernel moves tens to hundreds of MB (tens of µs at
 HBM speed), and every program with its unscheduled twin fits one H200 with room."""
 
-SKIPPED = {"pipeline_stage": "needs 2 pipeline stages = 2 GPUs (NCCL refuses two ranks on one GPU)"}
-EXTRA_PROGRAMS = {"avg_int": ROOT / "tests" / "programs" / "avg_int.coco"}
-"""Small programs run for correctness (avg's widen/divide kernels), not for timing."""
+SKIPPED = {
+    "pipeline_stage": "needs 2 pipeline stages = 2 GPUs (NCCL refuses two ranks on one GPU)",
+    "zero1_tp_mlp": "a dp x tp grid: emitting a grid with dp is not supported yet",
+}
+EXTRA_PROGRAMS = {
+    "avg_int": ROOT / "tests" / "programs" / "avg_int.coco",
+    "tail_sizes": ROOT / "tests" / "programs" / "tail_sizes.coco",
+}
+"""Small programs run for correctness (avg's widen/divide kernels; the packed path with an
+element-wise tail), not for timing."""
+EXTRA_SIZES: dict[str, dict[str, int]] = {"tail_sizes": {"N": 16 * 1024 * 1024 + 12}}
+"""-D overrides of EXTRA_PROGRAMS: tail_sizes at a size that is not a multiple of the pack
+width (8 elements), so its kernels run 16-byte packs (st.global.v4) and then a tail of 4."""
 
-SCALAR_CASES = ("megatron_mlp.fused.nccl", "adam.fused.nccl", "transformer_block.fused.nccl")
+SCALAR_CASES = (
+    "megatron_mlp.fused.nccl",
+    "adam.fused.nccl",
+    "transformer_block.fused.nccl",
+    "tail_sizes.ar_c.nccl",
+    "tail_sizes.fused.nccl-device",
+)
 """Also built with -DCOCOVIZ_SCALAR_ONLY: element-wise path vs packed path."""
 
 NCU_SCHEDULES = ("fused",)
@@ -180,7 +196,7 @@ class Check:
                 continue
             self._emit_program(name, samples.path(name), SIZES.get(name, {}), trees, seen)
         for name, path in EXTRA_PROGRAMS.items():
-            self._emit_program(name, path, {}, trees, seen)
+            self._emit_program(name, path, EXTRA_SIZES.get(name, {}), trees, seen)
         for label in SCALAR_CASES:
             base = next((c for c in self.cases if c.label == label), None)
             if base is None or base.same_as is not None:

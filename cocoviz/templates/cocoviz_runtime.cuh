@@ -30,6 +30,7 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
+#include <cstring>
 #include <string>
 
 #include "cocoviz_runtime.h"
@@ -194,19 +195,41 @@ __device__ inline bool pack_aligned(const T* p) {
 #endif
 }
 
-#ifndef COCOVIZ_EMULATION
-// The bits of one element (for assembling 32-bit words of a pack).
+// The bits of one element (for assembling 32-bit words of a pack). Compiled by nvcc and by
+// the emulation alike: the emulation's store_pack stores the words pack_part assembles, so
+// the bit assembly behind the GPU's st.global.v4 is checked without a GPU (docs/codegen.md,
+// "Every path exercised"); only the asm statement itself is nvcc's alone.
 __device__ inline uint32_t elem_bits(__half a) { return __half_as_ushort(a); }
 __device__ inline uint32_t elem_bits(__nv_bfloat16 a) { return __bfloat16_as_ushort(a); }
-__device__ inline uint32_t elem_bits(float a) { return __float_as_uint(a); }
 __device__ inline uint32_t elem_bits(int32_t a) { return static_cast<uint32_t>(a); }
-__device__ inline uint64_t elem_bits(double a) { return static_cast<uint64_t>(__double_as_longlong(a)); }
 __device__ inline uint64_t elem_bits(int64_t a) { return static_cast<uint64_t>(a); }
+#ifdef COCOVIZ_EMULATION
+__device__ inline uint32_t elem_bits(float a) {
+  uint32_t u;
+  std::memcpy(&u, &a, sizeof u);
+  return u;
+}
+__device__ inline uint64_t elem_bits(double a) {
+  uint64_t u;
+  std::memcpy(&u, &a, sizeof u);
+  return u;
+}
+#else
+__device__ inline uint32_t elem_bits(float a) { return __float_as_uint(a); }
+__device__ inline uint64_t elem_bits(double a) { return static_cast<uint64_t>(__double_as_longlong(a)); }
+#endif
+
+// Four 32-bit words: one 16-byte part of a pack, the operands of one st.global.v4.b32.
+struct PackWords {
+  uint32_t x, y, z, w;
+};
 
 // Part c (16 bytes) of a pack as four 32-bit words built from the elements' bits: stored
-// as one uint4, it is one st.v4 (a copy of the struct would be split per element).
+// as one st.v4 (a copy of the struct would be split per element). Elements are 2, 4 or 8
+// bytes (packs of 1-byte elements are at most 8 bytes, never split into parts).
 template <int N, class T>
-__device__ inline uint4 pack_part(const Pack<T, N>& x, int c) {
+__device__ inline PackWords pack_part(const Pack<T, N>& x, int c) {
+  static_assert(sizeof(T) == 2 || sizeof(T) == 4 || sizeof(T) == 8, "16-byte parts of 2-, 4- or 8-byte elements");
   constexpr int E = 16 / static_cast<int>(sizeof(T));
   uint32_t w[4];
 #pragma unroll
@@ -220,9 +243,8 @@ __device__ inline uint4 pack_part(const Pack<T, N>& x, int c) {
       w[q] = static_cast<uint32_t>(q % 2 == 0 ? b : b >> 32);
     }
   }
-  return make_uint4(w[0], w[1], w[2], w[3]);
+  return PackWords{w[0], w[1], w[2], w[3]};
 }
-#endif
 
 // Whole 16-byte parts move as uint4 / st.global.v4, so every part is one 128-bit load or
 // store whatever the element type (a copy of the struct would be split per element, and
@@ -250,13 +272,21 @@ template <int N, class T>
 __device__ inline void store_pack(T* p, const Pack<T, N>& x) {
 #ifdef COCOVIZ_EMULATION
   ::cocoviz_emu::access(p, sizeof(Pack<T, N>), true);
-  *reinterpret_cast<Pack<T, N>*>(p) = x;
+  if constexpr (sizeof(Pack<T, N>) % 16 == 0) {
+    // the words the GPU's st.global.v4 below stores, as the GPU path assembles them
+    for (int c = 0; c < static_cast<int>(sizeof x / 16); ++c) {
+      const PackWords w = pack_part<N>(x, c);
+      std::memcpy(static_cast<void*>(p + c * (16 / sizeof(T))), &w, sizeof w);  // the bytes, whatever T is
+    }
+  } else {
+    *reinterpret_cast<Pack<T, N>*>(p) = x;
+  }
 #else
   if constexpr (sizeof(Pack<T, N>) % 16 == 0) {
     // one st.global.v4 per part: device memory, local or a peer's (LSA) window
 #pragma unroll
     for (int c = 0; c < static_cast<int>(sizeof x / 16); ++c) {
-      const uint4 w = pack_part<N>(x, c);
+      const PackWords w = pack_part<N>(x, c);
       asm volatile("st.global.v4.b32 [%0], {%1, %2, %3, %4};"
                    :
                    : "l"(__cvta_generic_to_global(p + c * (16 / sizeof(T)))), "r"(w.x), "r"(w.y), "r"(w.z), "r"(w.w)
