@@ -18,8 +18,9 @@ from cocoviz.errors import InputError, InternalError
 from cocoviz.ir.lower import load_program
 from cocoviz.ir.nodes import Group, GroupKind, Program, StepCall
 from cocoviz.ir.transforms import as_transformation
-from cocoviz.ir.transforms.base import Edit, Transformation
+from cocoviz.ir.transforms.base import Edit
 from cocoviz.ir.transforms.retype import TypeFailure, verify_program
+from cocoviz.ir.transforms.step import Transformation
 from cocoviz.samples.gpt import gpt_stack
 
 

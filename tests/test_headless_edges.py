@@ -29,7 +29,7 @@ from cocoviz.errors import ExitCode, ScheduleError, UsageError
 from cocoviz.exec import mpi_run
 from cocoviz.ir.lower import load_file, load_program
 from cocoviz.ir.nodes import Op, Program, unscheduled
-from cocoviz.ir.transforms.naming import made_by
+from cocoviz.ir.transforms.step import made_by
 from cocoviz.schedule import Session
 from cocoviz.schedule.files import SCHED_HEADER, load_sched
 
@@ -587,7 +587,7 @@ def test_a_program_named_force_gets_a_stem_of_its_own(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("sample", samples.names())
 def test_every_name_a_schedule_step_makes_is_traced_to_that_step(sample: str) -> None:
-    """The rule of cocoviz/ir/transforms/naming.py holds for every stage a step makes —
+    """The rule of cocoviz/ir/transforms/step.py (names steps make) holds for every stage a step makes —
     each step of the samples' schedule blocks, and every split of an allreduce and reorder
     across a gather of the program as written and after splitting all its allreduces:
     asked before the step, it names steps that make it, the last of the step's kind."""

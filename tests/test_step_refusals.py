@@ -21,10 +21,10 @@ from cocoviz.errors import ScheduleError
 from cocoviz.ir.lower import load_program
 from cocoviz.ir.nodes import Program
 from cocoviz.ir.transforms.asslice import AsSlice
-from cocoviz.ir.transforms.base import Transformation
 from cocoviz.ir.transforms.decompose import Decompose
 from cocoviz.ir.transforms.fuse import Fuse
 from cocoviz.ir.transforms.overlap import Overlap
+from cocoviz.ir.transforms.step import Transformation
 from cocoviz.schedule import apply_block
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -120,6 +120,14 @@ output r
     # ------------------------------------------------------------------ reorder
     R("reorder-not-allgather", SGD, ("split(g1)", "reorder(g1_rs)"),
       "(reducescatter, f32[N] sliced) is not an allgather or alltoall", "Requires: `ag` is an allgather"),
+    R("reorder-over-dp", """ranks dp=2, tp=2
+dim N = 64
+input x : f32[N] sliced(over=dp)
+xg = allgather(x, over=dp)
+y = xg * 2
+output y
+""", ("reorder(xg)",), "reorder across an allgather over dp ('xg') is not supported yet",
+      "`reorder` across an allgather over dp is not supported yet"),
     R("reorder-grouped-gather", MM, ("split(s)", "overlap(s_rs, s, chunks=2)", "reorder(s)"),
       "'s' is in a overlapped group; reorder before fusing or overlapping",
       "holds no other collective than `send` and no grouped stage"),

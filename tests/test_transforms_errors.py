@@ -272,7 +272,8 @@ def test_a_broken_invariant_is_an_internal_error_naming_the_step(
 
     from cocoviz.errors import InternalError
     from cocoviz.ir.nodes import Program as P
-    from cocoviz.ir.transforms.base import Edit, Transformation
+    from cocoviz.ir.transforms.base import Edit
+    from cocoviz.ir.transforms.step import Transformation
 
     @dataclasses.dataclass(frozen=True, kw_only=True)
     class Swap(Transformation):

@@ -1422,7 +1422,7 @@ def _check_groups(program: Program, blocks: list[syn.FusedStmt | syn.OverlappedS
     """Printed groups hold exactly what the `fuse` and `overlap` steps would make of
     them (same rules, members and order), so that a program read from text meets every
     invariant of a scheduled one. `blocks` are the source blocks of `program.groups`."""
-    from cocoviz.ir.transforms.grouping import group_error
+    from cocoviz.ir.transforms.step import group_error
 
     for gi, block in enumerate(blocks):
         err = group_error(program, gi)

@@ -15,14 +15,14 @@ from dataclasses import dataclass
 from cocoviz.errors import CocovizError, ScheduleError, did_you_mean
 from cocoviz.ir.nodes import COLLECTIVES, Op, Program, StepCall
 from cocoviz.ir.transforms.asslice import AsSlice
-from cocoviz.ir.transforms.base import Index, Transformation, index
+from cocoviz.ir.transforms.base import Index, index
 from cocoviz.ir.transforms.dce import DCE
 from cocoviz.ir.transforms.decompose import Decompose
 from cocoviz.ir.transforms.fuse import Fuse
-from cocoviz.ir.transforms.naming import made_by
 from cocoviz.ir.transforms.overlap import DEFAULT_CHUNKS, Overlap
 from cocoviz.ir.transforms.reorder import Reorder
 from cocoviz.ir.transforms.split import Split
+from cocoviz.ir.transforms.step import Transformation, made_by
 
 REGISTRY: dict[str, type[Transformation]] = {
     t.name: t for t in (Split, Reorder, AsSlice, DCE, Fuse, Overlap, Decompose)
@@ -177,7 +177,7 @@ def candidate_steps(program: Program, name: str) -> list[Transformation]:
         return [AsSlice(tensors=(name,))]
     if not idx.is_stage(name):
         steps = made_by(program, name)
-        if steps is not None:  # a name split or reorder makes (transforms/naming.py)
+        if steps is not None:  # a name split or reorder makes (transforms/step.py, "names steps make")
             shown = "; ".join(str(s) for s in steps)
             raise ScheduleError(
                 f"no stage named '{name}' yet: {shown} "

@@ -11,12 +11,12 @@ from cocoviz.ir.nodes import Expr, GroupKind, Input, Op, Program, Stage, StepCal
 from cocoviz.ir.transforms.base import (
     Edit,
     Index,
-    Transformation,
     drop_from_groups,
     index,
     map_group,
     rename_refs,
 )
+from cocoviz.ir.transforms.step import Transformation
 from cocoviz.ir.types import Layout, same_slicing
 
 
@@ -72,6 +72,12 @@ class AsSlice(Transformation):
     def _one(self, program: Program, t: str, k: int) -> tuple[Program, set[str], set[str]]:
         idx = index(program)
         inp = self._lookup_input(idx, t, k)
+        if program.grid.has_dp:
+            raise self.error(
+                f"asslice on a grid with dp ('{t}') is not supported yet (schedule layer: it "
+                "changes layouts over tp only)",
+                arg=k,
+            )
         if not inp.ty.layout.is_replicated:
             raise self.error(f"input '{t}' is {inp.ty.layout}, not replicated", arg=k)
         layout: Layout | None = None

@@ -16,7 +16,6 @@ on a large program costs what it changes, not the program's size (see `_Tables`)
 
 from __future__ import annotations
 
-import abc
 import dataclasses
 import operator
 import threading
@@ -24,9 +23,8 @@ import weakref
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from itertools import count
-from typing import Any, ClassVar
+from typing import Any
 
-from cocoviz.errors import ScheduleError, Span, did_you_mean
 from cocoviz.ir.graph import stage_reads
 from cocoviz.ir.nodes import (
     COLLECTIVES,
@@ -38,7 +36,6 @@ from cocoviz.ir.nodes import (
     Param,
     Program,
     Stage,
-    StepCall,
     expr_reads,
 )
 from cocoviz.ir.types import REPLICATED, TensorType
@@ -783,182 +780,6 @@ def describe_stage(stage: Stage) -> str:
 ChunkChooser = Callable[[Program, tuple[str, ...]], int]
 """Picks overlap's chunk count K for `program` and the overlapped items (the cost model,
 from the schedule layer above the IR)."""
-
-
-@dataclass(frozen=True, kw_only=True)
-class Transformation(abc.ABC):
-    """Base of every schedule step. Subclasses are frozen dataclasses whose fields are
-    the step's arguments and define `name`, `rewrite` and `step`."""
-
-    name: ClassVar[str]
-    signature: ClassVar[str]
-    makes_groups: ClassVar[bool] = False
-    """Whether the step builds the group it changes (fuse, overlap) and checks it; after
-    any other step, the groups whose stages changed are checked again."""
-    call: StepCall | None = field(default=None, compare=False, repr=False)
-
-    # --- the interface ----------------------------------------------------------------
-    def check(self, program: Program) -> None:
-        """Raise `ScheduleError` when the step does not apply to `program`."""
-        self._run(program, verify=False)
-
-    def apply(self, program: Program) -> Program:
-        """The program after this step (checked first, IR invariants verified after)."""
-        return self._run(program, verify=True)
-
-    def resolve(
-        self, program: Program, choose_chunks: ChunkChooser | None = None
-    ) -> Transformation:
-        """This step with its defaults chosen for `program` (overlap's chunk count by
-        `choose_chunks`, which the schedule layer hands in: the cost model); the resolved
-        step is what history and `.sched` record."""
-        return self
-
-    @abc.abstractmethod
-    def rewrite(self, program: Program) -> Edit:
-        """The rewritten program (not yet re-typed or verified); raises ScheduleError."""
-
-    @abc.abstractmethod
-    def step(self) -> StepCall:
-        """The step as written, with defaults resolved (e.g. the chunk count)."""
-
-    def __str__(self) -> str:
-        return str(self.step())
-
-    # --- shared plumbing --------------------------------------------------------------
-    def run_unverified(self, program: Program) -> Program:
-        """The program after this step, checked but without the IR invariant checks
-        (for replaying a step whose result is compared with a known program)."""
-        return self._run(program, verify=False)
-
-    def _run(self, program: Program, verify: bool) -> Program:
-        from cocoviz.ir.transforms.retype import TypeFailure, finish_edit
-
-        try:
-            # a rewrite that types the stages it builds (`Edit.typed`) fails as re-typing does
-            edit = self.rewrite(program)
-            out, window = finish_edit(program, edit, self, verify=verify)
-        except TypeFailure as tf:
-            user = self.type_error(tf, program)
-            if user is not None:
-                raise user from None
-            from cocoviz.errors import InternalError
-
-            raise InternalError(
-                f"step `{self}`: re-typing '{tf.stage}' failed after the step: {tf.error.message}"
-            ) from None
-        if out.groups and not self.makes_groups:
-            self._check_changed_groups(program, out, window)
-        return out
-
-    def _check_changed_groups(self, before: Program, after: Program, window: Window) -> None:
-        """Groups whose stages the step changed (re-typed, rewrote, removed) still obey
-        the rules of the step that made them (e.g. slicing an input read inside an
-        overlapped group can make it illegal there). `window` is where the stage tuples
-        differ: outside it they hold the same objects."""
-        from cocoviz.ir.transforms.grouping import group_error
-
-        new = index(after)
-        lo, hi_new, hi_old = window
-        old_stages = {s.name: s for s in before.stages[lo:hi_old]}
-        changed = {s.name for s in after.stages[lo:hi_new] if old_stages.get(s.name) is not s}
-        touched: dict[int, Group] = {}
-        for n in changed:
-            g = new.group_of(n)
-            if g is not None:
-                touched[id(g)] = g
-        exact = new.groups_exact
-        if after.groups is not before.groups or not exact:
-            # groups rebuilt (a stage removed from one) or overlapping: look at them all
-            before_ids = {id(g) for g in before.groups}
-            unchanged: set[Group] | None = None
-            for g in after.groups:
-                if id(g) not in before_ids:
-                    if unchanged is None:
-                        unchanged = set(before.groups)
-                    if g not in unchanged:
-                        touched[id(g)] = g  # a new group
-                        continue
-                if exact:
-                    continue  # touched already holds it if one of its stages changed
-                if any(n in changed or not new.is_stage(n) for n in g.stages()):
-                    touched[id(g)] = g
-        if not touched:
-            return
-        for gi, g in enumerate(after.groups):
-            if id(g) not in touched:
-                continue
-            err = group_error(after, gi)
-            if err is None:
-                continue
-            reason = err.message.split(": ", 1)[-1]
-            members = ", ".join(g.stages())
-            raise self.error(
-                f"it would break the {g.kind.value} group {{{members}}}: {reason}",
-                hint=f"apply {self.name} before fusing or overlapping these stages",
-                notes=[("the stage that would break it", err.span)] if err.span else [],
-            )
-
-    def type_error(self, failure: object, program: Program) -> ScheduleError | None:
-        """Turn a re-typing failure into a user error (steps whose legality is defined
-        by the layout rules, e.g. reorder); None makes it an internal error."""
-        return None
-
-    @property
-    def span(self) -> Span | None:
-        return self.call.span if self.call is not None else None
-
-    def arg_span(self, i: int) -> Span | None:
-        if self.call is None or i >= len(self.call.arg_spans):
-            return self.span
-        return self.call.arg_spans[i] or self.span
-
-    def error(
-        self,
-        message: str,
-        stage: Stage | None = None,
-        hint: str | None = None,
-        notes: Sequence[tuple[str, Span | None]] = (),
-        note: str | None = None,
-        arg: int | None = None,
-    ) -> ScheduleError:
-        """A schedule error at the step (or at the stage when the step has no source
-        location), with a note at the offending stage."""
-        span = self.arg_span(arg) if arg is not None else self.span
-        all_notes: list[tuple[str, Span | None]] = []
-        if span is None and stage is not None:
-            span = stage.span
-        elif stage is not None and stage.span is not None:
-            all_notes.append((note or f"'{stage.name}' is defined here", stage.span))
-        all_notes.extend((n, s) for n, s in notes if s is not None)
-        return ScheduleError(f"{self.name}: {message}", span, hint, all_notes)
-
-    def lookup_stage(self, program: Program, name: str, arg: int) -> Stage:
-        """The stage `name` (argument `arg` of the step), or a did-you-mean error."""
-        idx = index(program)
-        if idx.is_stage(name):
-            return idx.stage(name)
-        if name in idx.inputs:
-            raise self.error(
-                f"'{name}' is an input, not a stage", arg=arg, hint=self.signature_hint()
-            )
-        if name in idx.params:
-            raise self.error(f"'{name}' is a param, not a stage", arg=arg)
-        from cocoviz.ir.transforms.naming import not_made_yet
-
-        made = not_made_yet(program, name, str(self.call or self))
-        if made is not None:  # a name split or reorder makes (transforms/naming.py)
-            raise self.error(made[0], arg=arg, hint=made[1])
-        hint = did_you_mean(name, [s.name for s in idx.stages])  # in program order
-        raise self.error(f"no stage named '{name}'", arg=arg, hint=hint or self.stages_hint(idx))
-
-    def stages_hint(self, idx: Index) -> str:
-        names = [s.name for s in idx.stages[:13]]  # in program order
-        shown = ", ".join(names[:12]) + (", …" if len(names) > 12 else "")
-        return f"the stages are {shown}"
-
-    def signature_hint(self) -> str:
-        return f"usage: {self.signature}"
 
 
 def flat_items(groups: Sequence[Group]) -> Iterator[str]:

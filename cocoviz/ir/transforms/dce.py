@@ -8,7 +8,8 @@ from typing import ClassVar
 
 from cocoviz.ir.graph import stage_reads
 from cocoviz.ir.nodes import Op, Program, StepCall
-from cocoviz.ir.transforms.base import Edit, Transformation, drop_from_groups, index
+from cocoviz.ir.transforms.base import Edit, drop_from_groups, index
+from cocoviz.ir.transforms.step import Transformation
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -47,7 +48,9 @@ class DCE(Transformation):
             e = s.expr
             if e.op is Op.ALLGATHER and e.args[0].op is Op.REF:
                 tgt = idx.update_target.get(e.args[0].name or "")
-                if tgt is not None and idx.inputs[tgt].ty.layout.is_replicated:
+                # over dp, the input's dp layout is the one the gather completes
+                ty = idx.inputs[tgt].ty if tgt is not None else None
+                if ty is not None and (ty.dp if e.tag == "dp" else ty.layout).is_replicated:
                     keep.add(s.name)
         dead: set[str] = set()
         for s in reversed(program.stages):

@@ -10,8 +10,9 @@ from typing import ClassVar
 from cocoviz.errors import ScheduleError
 from cocoviz.ir.nodes import PERMUTES, Group, GroupKind, Op, Program, Stage, StepCall
 from cocoviz.ir.shards import gather_split
-from cocoviz.ir.transforms.base import Edit, Index, Transformation, describe_stage, index
+from cocoviz.ir.transforms.base import Edit, Index, describe_stage, index
 from cocoviz.ir.transforms.grouping import add_overlapped
+from cocoviz.ir.transforms.step import Transformation
 from cocoviz.ir.types import format_shape
 
 PATTERNS = "allgather → matmul, or matmul → reducescatter"

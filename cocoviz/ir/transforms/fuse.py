@@ -7,9 +7,10 @@ from typing import ClassVar
 
 from cocoviz.ir.collectives import collective
 from cocoviz.ir.nodes import COLLECTIVES, Group, GroupKind, Op, Program, Stage, StepCall
-from cocoviz.ir.transforms.base import Edit, Index, Transformation, describe_stage, index
+from cocoviz.ir.transforms.base import Edit, Index, describe_stage, index
 from cocoviz.ir.transforms.grouping import cycle_through_groups, hull, regroup, render_cycle
 from cocoviz.ir.transforms.reorder import group_reorder_hint
+from cocoviz.ir.transforms.step import Transformation
 
 PATTERNS = (
     "computation only; reducescatter → computation → allgathers; computation → send; "

@@ -11,21 +11,18 @@ stays between the set's first and last position: all searches here are bounded b
 from __future__ import annotations
 
 import bisect
-import dataclasses
 from collections import deque
 from collections.abc import Iterable, Mapping
 
-from cocoviz.errors import ScheduleError
-from cocoviz.ir.nodes import Group, GroupKind, Program
+from cocoviz.ir.nodes import Group, Program
 from cocoviz.ir.transforms.base import (
     Edit,
     Index,
-    Transformation,
     describe_stage,
     edit_program,
-    index,
     splice,
 )
+from cocoviz.ir.transforms.step import Transformation
 
 
 def hull(idx: Index, names: Iterable[str]) -> set[str]:
@@ -186,51 +183,6 @@ def regroup(
         return Edit(same, window=(lo, lo, lo), groups_sorted=True)
     new, window = splice(program, lo, hi + 1, [idx.stage(n) for n in ordered], groups=groups)
     return Edit(new, moved=set(span), window=window, groups_sorted=True)
-
-
-def group_error(program: Program, gi: int) -> ScheduleError | None:
-    """Why group `gi` of `program` is not what the `fuse` and `overlap` steps would make
-    of its stages in `program` without it (same rules, members and stage order); None
-    when it is. Groups from source text, and groups whose stages a later step re-typed,
-    are checked so: every group obeys the rules its step checked."""
-    from cocoviz.ir.transforms.decompose import Decompose
-    from cocoviz.ir.transforms.fuse import Fuse
-    from cocoviz.ir.transforms.overlap import Overlap
-
-    g = program.groups[gi]
-    steps: list[Transformation]
-    if g.kind is GroupKind.FUSED:
-        steps = [Fuse(stages=tuple(map(str, g.items)))]
-    else:
-        inner = [it for it in g.items if isinstance(it, Group)]
-        steps = [Fuse(stages=tuple(map(str, f.items))) for f in inner]
-        items = tuple(next(it.stages()) if isinstance(it, Group) else it for it in g.items)
-        if g.by_shard:
-            steps.append(Decompose(items=items))
-        else:
-            steps.append(Overlap(items=items, chunks=g.chunks))
-    p = dataclasses.replace(program, groups=program.groups[:gi] + program.groups[gi + 1 :])
-    index(program)
-    index(p, parent=program, window=(0, 0, 0))  # derived from the program's: the same stages
-    for t in steps:
-        try:
-            p = t.run_unverified(p)
-        except ScheduleError as err:
-            return err
-    first = next(g.stages())
-    made = next((h for h in p.groups if first in set(h.stages())), None)
-    if made != g:
-        extra = sorted(set(made.stages()) - set(g.stages())) if made is not None else []
-        why = (
-            f"it must also hold {', '.join(extra)} (every stage on a path between two of its "
-            "stages)"
-            if extra
-            else f"{steps[-1]} would group its stages differently"
-        )
-        return ScheduleError(f"{steps[-1].name}: {why}")
-    if p.stages != program.stages:  # identical stages compare by identity, in C
-        return ScheduleError(f"{steps[-1].name}: the stages of the group do not run consecutively")
-    return None
 
 
 def add_overlapped(

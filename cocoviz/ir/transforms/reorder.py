@@ -17,13 +17,13 @@ from cocoviz.ir.transforms.asslice import AsSlice
 from cocoviz.ir.transforms.base import (
     Edit,
     Index,
-    Transformation,
     describe_stage,
     index,
     splice,
     substitute,
 )
 from cocoviz.ir.transforms.retype import _Env, finish, typed_stage
+from cocoviz.ir.transforms.step import Transformation
 from cocoviz.ir.types import shape_values
 
 MOVABLE = "elementwise, row-wise and reduction stages, update, send, and a listed matmul"
@@ -521,7 +521,10 @@ def _completes_update(idx: Index, ag: Stage) -> bool:
     """Whether allgather `ag` gathers the sliced update of a replicated input."""
     x = ag.expr.args[0]
     tgt = idx.update_target.get(x.name or "") if x.op is Op.REF else None
-    return tgt is not None and tgt in idx.inputs and idx.inputs[tgt].ty.layout.is_replicated
+    if tgt is None or tgt not in idx.inputs:
+        return False
+    ty = idx.inputs[tgt].ty
+    return (ty.dp if ag.expr.tag == "dp" else ty.layout).is_replicated
 
 
 def group_reorder_hint(idx: Index, members: set[str], rs: Stage) -> str | None:

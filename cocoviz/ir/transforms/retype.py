@@ -39,7 +39,7 @@ FULL_VERIFY_LIMIT = 400
 
 class TypeFailure(ScheduleError):
     """Re-typing stage `stage` raised `error` (an InputError from the layout rules); the
-    step that caused it turns it into its own refusal (`base.Transformation.apply`)."""
+    step that caused it turns it into its own refusal (`step.Transformation.apply`)."""
 
     def __init__(self, stage: str, error: InputError) -> None:
         super().__init__(error.message, error.span, error.hint)

@@ -11,12 +11,12 @@ from cocoviz.ir.nodes import Expr, Op, Program, Stage, StepCall, ref
 from cocoviz.ir.transforms.base import (
     Edit,
     Index,
-    Transformation,
     describe_stage,
     index,
     splice,
 )
 from cocoviz.ir.transforms.retype import _Env, typed_stage
+from cocoviz.ir.transforms.step import Transformation
 from cocoviz.ir.types import dp_view
 
 
