@@ -189,6 +189,15 @@ output y
       "each input named once"),
     R("asslice-not-replicated", SGD, ("asslice(g)",), "input 'g' is local, not replicated",
       "Requires: `t` is a replicated input"),
+    R("asslice-over-dp", """ranks dp=2, tp=2
+dim N = 64
+input g : f32[N] local
+input w : f32[N] replicated
+g1 = allreduce(+, g)
+w1 = update(w, w - 0.1 * g1)
+output w1
+""", ("asslice(w)",), "asslice on a grid with dp ('w') is not supported yet",
+      "`asslice` on a grid with dp is not supported yet"),
     R("asslice-whole-read", SGD, ("asslice(w)",), "'w1' reads all of 'w', not a slice of it",
       "every read of `t` is `slice(t)` with one slicing"),
     R("asslice-two-ways", """dim R = 4, N = 16
