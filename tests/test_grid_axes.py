@@ -333,3 +333,54 @@ def test_emitting_a_dp_grid_is_refused_naming_the_layer(tmp_path: Path) -> None:
         assert (rc, out) == (1, ""), err
         assert "emitting it is not supported yet (code generation" in err
         assert not (tmp_path / target).exists() or not any((tmp_path / target).iterdir())
+
+
+# --- the sample ------------------------------------------------------------------------------
+SMALL_SAMPLE = {"B": 8, "H": 16, "F": 32}
+
+
+@pytest.mark.parametrize("ranks", ["dp=2,tp=1", "dp=2,tp=2", "dp=4,tp=2", "dp=2,tp=4"])
+def test_zero1_sample_is_the_backward_and_adam_step_numpy_computes(ranks: str) -> None:
+    from cocoviz import samples
+
+    p = load_file(samples.path("zero1_tp_mlp"), SMALL_SAMPLE, RanksOverride.parse(ranks))
+    D = p.grid.dp
+    r = run_reference(p, seed=2)
+    iv = r.initial_value
+    x, h, dy = iv("x"), iv("h"), iv("dy")  # [D, …]: a micro-batch each
+    w1, w2 = iv("w1"), iv("w2")
+    f = np.float32
+    a = np.maximum(h, 0)
+    g2 = np.stack([a[d].T @ dy[d] for d in range(D)]).mean(0)
+    dh = np.where(h > 0, dy @ w2.T, 0)
+    g1 = np.stack([x[d].T @ dh[d] for d in range(D)]).mean(0)
+    dx = dh @ w1.T
+    np.testing.assert_allclose(r.global_value("dx"), dx, rtol=1e-4, atol=1e-4)
+    for w, g, m, v in ((w1, g1, "m1", "v1"), (w2, g2, "m2", "v2")):
+        m_new = f(0.9) * iv(m) + (1 - f(0.9)) * g
+        v_new = f(0.999) * iv(v) + (1 - f(0.999)) * g * g
+        np.testing.assert_allclose(r.global_value(m), m_new, rtol=1e-4, atol=1e-5)
+        np.testing.assert_allclose(r.global_value(v), v_new, rtol=1e-4, atol=1e-6)
+        step = f(0.001) * (m_new * 10) / (np.sqrt(v_new * 1000) + f(1e-8))
+        w_name = "w1" if w is w1 else "w2"
+        np.testing.assert_allclose(r.global_value(w_name), w - step, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("ranks", ["dp=2,tp=1", "dp=2,tp=2", "dp=4,tp=2"])
+def test_zero1_sample_schedules_verify_on_2_4_8_ranks(ranks: str) -> None:
+    args = ["-D", "B=8", "-D", "H=16", "-D", "F=32", "--ranks", ranks]
+    rc, out, err = run("verify", "zero1_tp_mlp", *args)
+    assert rc == 0, err
+    assert out.count("ok: 7 value(s) agree") == 3  # as_written, fused_adam, fused_w1
+
+
+def test_zero1_sample_tune_ranks_its_schedules_by_the_model() -> None:
+    import json
+
+    rc, out, err = run("tune", "zero1_tp_mlp", "--json")
+    assert rc == 0, err
+    rows = json.loads(out)["schedules"]
+    times = {row["block"]: row["time_s"] for row in rows if row.get("block")}
+    assert set(times) >= {"as_written", "fused_adam", "fused_w1"}
+    assert rows[0]["block"] == "fused_adam"
+    assert times["fused_adam"] < times["fused_w1"] < times["as_written"]

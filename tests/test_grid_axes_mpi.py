@@ -87,3 +87,21 @@ def test_mpi_run_reads_inputs_in_their_global_forms(tmp_path: Path) -> None:
     rc, _, err = run("run", str(src), "--mpi", "--inputs", str(inputs))
     assert rc == 1
     assert "expected shape [2, 16, 8] ([D, …]: one value per dp replica" in err
+
+
+@pytest.mark.parametrize("schedule", ["as_written", "fused_adam"])
+def test_zero1_sample_runs_on_mpi(tmp_path: Path, schedule: str) -> None:
+    from cocoviz import samples
+
+    defines = {"B": 8, "H": 16, "F": 32}
+    dump = tmp_path / "dump"
+    argv = ["run", "zero1_tp_mlp", "--mpi", "--ranks", "dp=2,tp=2", "--schedule", schedule]
+    argv += [a for k, v in defines.items() for a in ("-D", f"{k}={v}")]
+    rc, out, err = run(*argv, "--dump", str(dump), "--json")
+    assert rc == 0, err
+    assert json.loads(out)["ok"]
+    p = load_file(samples.path("zero1_tp_mlp"), defines, RanksOverride.parse("dp=2,tp=2"))
+    ref = run_reference(p)
+    for name in ("dx", "w1", "w2", "m1", "v1", "m2", "v2"):
+        got = nx.load_npy(dump / f"{name}.npy", "f32")
+        np.testing.assert_array_equal(got, ref.global_value(name))

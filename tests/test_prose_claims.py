@@ -245,6 +245,20 @@ CLAIMS: list[Claim] = [
             "bound": _bound("zero3_layer", "shard_overlap"),
         },
     ),
+    Claim(
+        "cocoviz/samples/zero1_tp_mlp.coco",
+        "h100-dgx {t100}, {h100} over as written, h200-hgx {h200}; cocoviz tune ranks "
+        "fused_adam first.{v}",
+        lambda: {
+            "t100": t(simulate("zero1_tp_mlp", "fused_adam")["summary"]["makespan_s"]),
+            "h100": x(speedup("zero1_tp_mlp", "fused_adam", "h100-dgx"), "x"),
+            "h200": x(speedup("zero1_tp_mlp", "fused_adam", "h200-hgx"), "x"),
+            "v": holds(
+                first("zero1_tp_mlp")["block"] == "fused_adam",
+                "zero1_tp_mlp: tune ranks fused_adam first on h100-dgx",
+            ),
+        },
+    ),
     # docs/cost-model.md, "Decomposed groups": the samples
     Claim(
         "docs/cost-model.md",
