@@ -32,11 +32,11 @@ from cocoviz.emit.emitter import Emitted
 from cocoviz.errors import CocovizError
 from cocoviz.ir.nodes import Program
 from cocoviz.ir.summary import Summary, summarize
-from cocoviz.schedule import StepFailure
+from cocoviz.schedule import PaletteEntry, StepFailure
 from cocoviz.schedule.tune import SweepResult
 from cocoviz.sim.hardware import DEFAULT_PROFILE, Hardware, load_profile
 from cocoviz.timefmt import format_time
-from cocoviz.tui import commands, keys, pane_layout
+from cocoviz.tui import commands, keys, offload, pane_layout
 from cocoviz.tui.pane_layout import Needs, PaneLayout
 from cocoviz.tui.teaching import TeachMode, TeachPanel
 from cocoviz.tui.timeline_rows import TimelineRows
@@ -121,6 +121,10 @@ class CocovizApp(TeachMode):
         """The garbage collector is paused for a step (`_pause_gc`)."""
         self._summaries: dict[int, tuple[Program, Summary]] = {}
         """`summarize` of the programs shown last, by identity."""
+        self._palettes: offload.LatestJob[tuple[Program, str], list[PaletteEntry] | str] = (
+            offload.LatestJob(self, "palette", self._find_palette, self._palette_found)
+        )
+        """The palette of the selected stage of a large program, found in a worker."""
 
     @property
     def target(self) -> str:
@@ -305,16 +309,32 @@ class CocovizApp(TeachMode):
 
     def _refresh_palette(self) -> None:
         palette = self.query_one(StepPalette)
-        if self.wb.session is None:
+        program = self.wb.program
+        if program is None:
             palette.show([], NO_PROGRAM)
-        elif self.selected is None:
+            return
+        if self.selected is None:
             palette.show([], "select a stage in the graph")
-        else:
+            return
+        entries = self.wb.cached_palette(self.selected)
+        if entries is None and offload.inline(len(program.stages)):
             entries = self.wb.palette(self.selected)
-            if isinstance(entries, str):
-                palette.show([], entries)
-            else:
-                palette.show(entries, f"for {self.selected}:")
+        if entries is None:  # a large program: found in a worker (`cocoviz.tui.offload`)
+            palette.show([], f"finding the steps for {self.selected}…")
+            self._palettes.request((program, self.selected))
+        elif isinstance(entries, str):
+            palette.show([], entries)
+        else:
+            palette.show(entries, f"for {self.selected}:")
+
+    def _find_palette(self, job: tuple[Program, str]) -> list[PaletteEntry] | str:
+        return self.wb.find_palette(*job)
+
+    def _palette_found(self, job: tuple[Program, str], entries: list[PaletteEntry] | str) -> None:
+        program, stage = job
+        self.wb.store_palette(program, stage, entries)
+        if program is self.wb.program and stage == self.selected:
+            self._refresh_palette()
 
     def _refresh_cost(self) -> None:
         program = self.wb.program
@@ -477,6 +497,10 @@ class CocovizApp(TeachMode):
     def _select(self, event: GraphView.StageSelected | TimelineView.StagePicked) -> None:
         if self.wb.has_stage(event.name):
             self.selected = event.name
+
+    @on(GraphView.LaidOut)
+    def _laid_out(self) -> None:
+        self._relayout()  # the graph's width is one of the panes' needs
 
     @on(SourceEditor.CursorOnLine)
     def _cursor_line(self, event: SourceEditor.CursorOnLine) -> None:

@@ -9,6 +9,9 @@ Times are in seconds.
 
 from __future__ import annotations
 
+import bisect
+import functools
+import itertools
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -41,7 +44,14 @@ class Row:
     rank: int
     stream: str
     bars: tuple[Bar, ...]
+    """In order of start (then end), as `TimelineRows.from_timeline` sorts them."""
     ranks: tuple[int, ...] = ()  # when identical rows of several ranks are shown as one
+
+    @functools.cached_property
+    def ends(self) -> list[float]:
+        """The latest end of the bars up to each one (ascending): the bars before the
+        first whose value passes a time all end before it (`render_bars` skips them)."""
+        return list(itertools.accumulate((b.end for b in self.bars), max))
 
     @property
     def label(self) -> str:
@@ -198,7 +208,16 @@ def render_bars(row: Row, t0: float, per_cell: float, width: int) -> list[tuple[
     cells: list[tuple[str, str, str]] = [(" ", "", "")] * width
     if width <= 0:
         return cells
-    for b in row.bars:
+    # Only the bars that can reach the window: a row of a huge program has thousands,
+    # and a window shows a few. Those skipped end a cell before it or start a cell after
+    # it (the test below would skip them as well).
+    bars = row.bars
+    first = bisect.bisect_right(row.ends, t0 - per_cell)
+    last = t0 + (width + 1) * per_cell
+    for i in range(first, len(bars)):
+        b = bars[i]
+        if b.start > last:
+            break
         c0 = int((b.start - t0) / per_cell)
         c1 = max(c0 + 1, int(round((b.end - t0) / per_cell)))
         if c1 <= 0 or c0 >= width:

@@ -9,10 +9,11 @@ autosave. The terminal UI displays it; nothing here imports Textual or rich.
 
 Threads. Simulating, emitting and parsing are slow, so a UI runs them in workers in
 three phases: on the UI's thread it asks for the work (`begin_parse`,
-`timelines_to_simulate`, `code_jobs`, `emit_job`), in a worker it runs the *worker-safe*
-methods (`parse`, `simulate`, `emit_code`, `write`: they read only their arguments and
-the immutable `hw`, `source` and `view`, and change nothing), and back on the UI's
-thread it hands the result over (`accept`, `store_timelines`, `store_code`). Every other
+`timelines_to_simulate`, `code_jobs`, `emit_job`, `cached_palette`), in a worker it runs
+the *worker-safe* methods (`parse`, `simulate`, `emit_code`, `write`, `find_palette`,
+`run_best`: they read only their arguments and the immutable `hw`, `source` and `view`,
+and change nothing), and back on the UI's thread it hands the result over (`accept`,
+`store_timelines`, `store_code`, `store_palette`, `store_best`). Every other
 method reads or changes the workbench and belongs to one thread, the UI's.
 """
 
@@ -539,19 +540,44 @@ class Workbench(Generic[V]):
 
     def palette(self, stage: str) -> list[PaletteEntry] | str:
         """The steps offered for `stage` at the current step (docs/schedules.md), or why
-        there are none; cached per program."""
+        there are none; cached per program. On a large program this takes long (a UI
+        finds it in a worker: `cached_palette`, `find_palette`, `store_palette`)."""
+        program = self.program
+        if program is None:
+            return NO_PROGRAM
+        hit = self.cached_palette(stage)
+        if hit is None:
+            hit = self.find_palette(program, stage)
+            self.store_palette(program, stage, hit)
+        return hit
+
+    def cached_palette(self, stage: str) -> list[PaletteEntry] | str | None:
+        """`palette(stage)` when it is known for the current program, else None."""
         program = self.program
         if program is None:
             return NO_PROGRAM
         if self._palette is None or self._palette[0] is not program:
+            return None
+        return self._palette[1].get(stage)
+
+    def find_palette(self, program: Program, stage: str) -> list[PaletteEntry] | str:
+        """The steps offered for `stage` of `program`, or why there are none
+        (worker-safe)."""
+        try:
+            return palette(program, stage, self.hw)
+        except CocovizError as err:
+            return err.message
+
+    def store_palette(
+        self, program: Program, stage: str, entries: list[PaletteEntry] | str
+    ) -> None:
+        """Keep `find_palette`'s result while `program` is the current step's (the
+        palettes of one program at a time are kept)."""
+        if program is not self.program:
+            return
+        if self._palette is None or self._palette[0] is not program:
             self._palette = (program, {})
-        cache = self._palette[1]
-        if stage not in cache:
-            try:
-                cache[stage] = palette(program, stage, self.hw)
-            except CocovizError as err:
-                cache[stage] = err.message
-        return cache[stage]
+        self._palette[1][stage] = entries
 
     def command_line(self) -> str:
         """The `cocoviz apply` command that gives the current step."""

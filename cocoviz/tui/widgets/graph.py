@@ -1,4 +1,10 @@
-"""The dataflow graph pane: a layered drawing that scrolls, with a selected stage."""
+"""The dataflow graph pane: a layered drawing that scrolls, with a selected stage.
+
+A program of more than `cocoviz.tui.offload.INLINE_STAGES` stages is laid out in a worker
+thread: the pane keeps the drawing it shows (a previous step's, its header starting with
+the news that a new one is being laid out) or says what it waits for, and the new drawing replaces it
+once it is handed back (`LaidOut` tells the app, whose layout reads the drawing's
+width)."""
 
 from __future__ import annotations
 
@@ -12,10 +18,15 @@ from textual.reactive import reactive
 from textual.strip import Strip
 
 from cocoviz.ir.nodes import Program
+from cocoviz.tui import offload
 from cocoviz.tui.graph_layout import NODE_H, GraphDrawing, layout_graph
 from cocoviz.tui.widgets.steady import SteadyScrollbars
 
 DRAWINGS_KEPT = 16
+"""The drawings kept for undo and redo: at most this many programs' ..."""
+STAGES_KEPT = 40_000
+"""... and at most this many stages in all (the last drawing is always kept): a
+drawing holds a box per stage, and a huge program's history would hold hundreds of MB."""
 
 MOVE = Binding.Group("Select stage", compact=True)
 """The arrows, shown in the footer as one key group."""
@@ -46,6 +57,9 @@ class GraphView(SteadyScrollbars, can_focus=True):
             self.name = name
             super().__init__()
 
+    class LaidOut(Message):
+        """A drawing laid out in a worker is shown now (its width may differ)."""
+
     def __init__(self, *, id: str | None = None) -> None:
         super().__init__(id=id)
         self.drawing: GraphDrawing | None = None
@@ -56,29 +70,69 @@ class GraphView(SteadyScrollbars, can_focus=True):
         """The widget's `rich_style` (until its styles change)."""
         self._drawings: dict[int, tuple[Program, GraphDrawing]] = {}
         """The drawings of the programs shown last, by identity (undo and redo)."""
+        self._layouts: offload.LatestJob[Program, GraphDrawing] = offload.LatestJob(
+            self, "layout", layout_graph, self._laid_out
+        )
+        self.pending = False
+        """The program shown is being laid out in a worker (the drawing is an older one,
+        or None)."""
 
     def show(self, program: Program | None, message: str = "") -> None:
         """Draw `program` (None: show `message` instead)."""
         if program is not None and program is self._program:
             return
         self._program = program
-        self.drawing = self._drawing(program) if program is not None else None
         self.message_text = message
+        drawing = self._kept(program) if program is not None else None
+        if program is not None and drawing is None and offload.inline(len(program.stages)):
+            drawing = self._keep(program, layout_graph(program))
+        self.pending = program is not None and drawing is None
+        if self.pending:
+            assert program is not None
+            self._layouts.request(program)
+            if self.drawing is None:
+                self.message_text = f"laying out the graph of {len(program.stages):,} stages…"
+            self._set_virtual_size()
+            self.refresh()
+            return
+        self._layouts.forget()
+        self._set_drawing(drawing)
+
+    def _set_drawing(self, drawing: GraphDrawing | None) -> None:
+        self.drawing = drawing
         self._cache.clear()
+        self._set_virtual_size()
+        self.refresh()
+
+    def _set_virtual_size(self) -> None:
         if self.drawing is not None:
             self.virtual_size = Size(self.drawing.width, self.drawing.height)
         else:
-            self.virtual_size = Size(len(message) + 2, 2)
-        self.refresh()
+            self.virtual_size = Size(len(self.message_text) + 2, 2)
 
-    def _drawing(self, program: Program) -> GraphDrawing:
+    def _laid_out(self, program: Program, drawing: GraphDrawing) -> None:
+        self._keep(program, drawing)
+        if program is not self._program:
+            return
+        self.pending = False
+        self._set_drawing(drawing)
+        if self.selected is not None:
+            self.scroll_to_stage(self.selected)
+        self.post_message(self.LaidOut())
+
+    def _kept(self, program: Program) -> GraphDrawing | None:
         hit = self._drawings.get(id(program))
-        if hit is not None and hit[0] is program:
-            return hit[1]
-        drawing = layout_graph(program)
-        if len(self._drawings) >= DRAWINGS_KEPT:
-            del self._drawings[next(iter(self._drawings))]
-        self._drawings[id(program)] = (program, drawing)
+        return hit[1] if hit is not None and hit[0] is program else None
+
+    def _keep(self, program: Program, drawing: GraphDrawing) -> GraphDrawing:
+        """Keep `drawing` for undo and redo, within `DRAWINGS_KEPT` and `STAGES_KEPT`."""
+        kept = self._drawings
+        kept.pop(id(program), None)
+        stages = len(program.stages) + sum(len(p.stages) for p, _ in kept.values())
+        while kept and (len(kept) >= DRAWINGS_KEPT or stages > STAGES_KEPT):
+            old, _ = kept.pop(next(iter(kept)))
+            stages -= len(old.stages)
+        kept[id(program)] = (program, drawing)
         return drawing
 
     def watch_selected(self, name: str | None) -> None:
@@ -109,7 +163,10 @@ class GraphView(SteadyScrollbars, can_focus=True):
             return Strip([Segment(text.ljust(width), base + Style(italic=True))]).crop(0, width)
         row = y + scroll_y
         if row == 0:
-            segs = [Segment(self.drawing.header, base + Style(bold=True))]
+            header = self.drawing.header
+            if self.pending:  # first: a narrow pane crops the header's end
+                header = f"laying out this step's graph… · {header}"
+            segs = [Segment(header, base + Style(bold=True))]
             return Strip(segs).crop(scroll_x, scroll_x + width).extend_cell_length(width, base)
         if row >= self.drawing.height:
             return Strip.blank(width, base)

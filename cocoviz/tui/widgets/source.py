@@ -13,7 +13,7 @@ from textual.message import Message
 from textual.reactive import reactive, var
 from textual.timer import Timer
 from textual.widgets import Static, TextArea
-from textual.widgets.text_area import TextAreaTheme
+from textual.widgets.text_area import TextAreaTheme, WrappedDocument
 
 from cocoviz.errors import Diagnostic
 from cocoviz.tui.highlight import lex_line
@@ -37,6 +37,17 @@ COCO_THEME = TextAreaTheme(
         "selected": Style(bgcolor="#2c3e50"),
     },
 )
+
+
+class CountedRows(WrappedDocument):
+    """A `WrappedDocument` whose height is the length of its row table (one entry per
+    row, kept by `wrap` and `wrap_range`) instead of a sum over every line: TextArea
+    reads the height for each line it renders, so on a 10,000-line source a repaint
+    summed 10,000 lines for each of its rows."""
+
+    @property
+    def height(self) -> int:
+        return len(self._offset_to_line_info)
 
 
 class CocoTextArea(TextArea, SteadyScrollbars):
@@ -81,6 +92,17 @@ class CocoTextArea(TextArea, SteadyScrollbars):
         super().__init__(text, read_only=True, tab_behavior="focus", **kwargs)  # type: ignore[arg-type]
         self.register_theme(COCO_THEME)
         self.theme = "cocoviz"
+
+    @property  # type: ignore[override]
+    def wrapped_document(self) -> WrappedDocument:
+        return self._counted_rows
+
+    @wrapped_document.setter
+    def wrapped_document(self, document: WrappedDocument) -> None:
+        # TextArea makes a WrappedDocument at start and for each new document.
+        if type(document) is WrappedDocument:
+            document.__class__ = CountedRows
+        self._counted_rows = document
 
     @property
     def FOOTER_NAME(self) -> str:  # noqa: N802 - read as the class attribute of the other panes
