@@ -384,3 +384,18 @@ def test_zero1_sample_tune_ranks_its_schedules_by_the_model() -> None:
     assert set(times) >= {"as_written", "fused_adam", "fused_w1"}
     assert rows[0]["block"] == "fused_adam"
     assert times["fused_adam"] < times["fused_w1"] < times["as_written"]
+
+
+def test_show_graph_json_and_dot_name_the_dp_layouts_and_axis() -> None:
+    import json
+
+    rc, out, err = run("show", str(GRID_PROGRAM), "--format", "json")
+    assert rc == 0, err
+    d = json.loads(out)
+    assert d["ranks"] == {"tp": 2, "pp": 1, "grid": True, "dp": 2, "world": 4}
+    gs = next(s for s in d["stages"] if s["name"] == "gs")
+    assert (gs["over"], gs["layout"], gs["dp_layout"]) == ("dp", "sliced(1)", "sliced(over=dp)")
+    rc, out, _ = run("show", str(GRID_PROGRAM), "--format", "dot")
+    assert "gs = reducescatter over dp\\nf32[H, F]\\nsliced(1) sliced(over=dp)" in out
+    rc, out, _ = run("show", str(GRID_PROGRAM), "--graph")
+    assert "reducescatter over dp" in out and "sliced(1) sliced(over=dp) (1/4 per rank)" in out

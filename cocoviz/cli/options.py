@@ -111,7 +111,11 @@ def add_program_options(p: argparse.ArgumentParser, schedule: bool = True) -> No
         metavar="NAME=VALUE",
         help="override a dimension, e.g. -D H=1024",
     )
-    p.add_argument("--ranks", metavar="N|tp=T,pp=P", help="override the rank count or grid")
+    p.add_argument(
+        "--ranks",
+        metavar="N|tp=T,pp=P",
+        help="override the rank count or grid (named axes: dp=D,tp=T,pp=P, any two or more)",
+    )
     p.add_argument(
         "--seed",
         type=_seed,

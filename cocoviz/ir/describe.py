@@ -16,10 +16,12 @@ from cocoviz.ir.graph import (
     stage_reads,
 )
 from cocoviz.ir.nodes import (
+    COLLECTIVES,
     Group,
     Program,
 )
 from cocoviz.ir.printer import format_expr
+from cocoviz.ir.types import axis_layout_text
 
 
 def to_json(program: Program) -> dict[str, Any]:
@@ -31,6 +33,8 @@ def to_json(program: Program) -> dict[str, Any]:
             "sizes": [s.value for s in t.shape],
             "layout": str(t.layout),
             "pipeline_stage": t.pstage,
+            # on a grid with dp: the layout over dp (docs/language.md, rank grids)
+            **({"dp_layout": axis_layout_text(t.dp, "dp")} if program.grid.has_dp else {}),
         }
 
     def group(g: Group) -> dict[str, Any]:
@@ -46,7 +50,12 @@ def to_json(program: Program) -> dict[str, Any]:
     dd = data_deps(program)
     return {
         "program": program.name,
-        "ranks": {"tp": program.grid.tp, "pp": program.grid.pp, "grid": program.grid.is_grid},
+        "ranks": {
+            "tp": program.grid.tp,
+            "pp": program.grid.pp,
+            "grid": program.grid.is_grid,
+            **({"dp": program.grid.dp, "world": program.grid.world} if program.grid.has_dp else {}),
+        },
         "dims": {x.name: x.value for x in program.dims},
         "params": [
             {"name": q.name, "dtype": q.dtype.value, "default": q.default} for q in program.params
@@ -56,6 +65,7 @@ def to_json(program: Program) -> dict[str, Any]:
             {
                 "name": s.name,
                 "op": s.expr.op.value,
+                **({"over": "dp"} if s.expr.tag == "dp" and s.expr.op in COLLECTIVES else {}),
                 "expr": format_expr(s.expr, s.name),
                 "kind": node_kind(program, s.name),
                 "reads": sorted(stage_reads(s)),

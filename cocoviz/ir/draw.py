@@ -14,8 +14,8 @@ from rich.panel import Panel
 from rich.text import Text
 
 from cocoviz.ir.graph import deps, node_kind, stage_reads
-from cocoviz.ir.nodes import Program
-from cocoviz.ir.types import format_shape
+from cocoviz.ir.nodes import COLLECTIVES, Program
+from cocoviz.ir.types import format_shape, layouts_text
 from cocoviz.style import kind_colour
 
 
@@ -33,14 +33,16 @@ def layers(program: Program, d: dict[str, set[str]] | None = None) -> list[list[
 
 
 def render_graph(program: Program) -> RichGroup:
-    G = program.grid.group
+    G, D = program.grid.group, program.grid.dp
     parts: list[RenderableType] = []
     ins = Text("inputs: ", style="bold")
     for i, inp in enumerate(program.inputs):
         if i:
             ins.append("  ")
         ins.append(f"{inp.name} ", style="bold")
-        ins.append(f"{inp.ty.dtype.value}{format_shape(inp.ty.shape)} {inp.ty.layout}", style="dim")
+        ins.append(
+            f"{inp.ty.dtype.value}{format_shape(inp.ty.shape)} {layouts_text(inp.ty)}", style="dim"
+        )
     parts.append(ins)
     for li, names in enumerate(layers(program)):
         boxes = []
@@ -49,10 +51,13 @@ def render_graph(program: Program) -> RichGroup:
             t = s.ty
             kind = node_kind(program, n)
             body = Text()
-            body.append(f"{s.expr.op.value}\n", style="bold")
+            over = " over dp" if s.expr.tag == "dp" and s.expr.op in COLLECTIVES else ""
+            body.append(f"{s.expr.op.value}{over}\n", style="bold")
             body.append(f"{t.dtype.value}{format_shape(t.shape)}\n")
-            per_rank = "1/" + str(G) if t.layout.is_sliced else "full"
-            body.append(f"{t.layout} ({per_rank} per rank)\n", style=kind_colour(kind))
+            # a rank's share: 1/G over tp, times 1/D over dp (docs/language.md, rank grids)
+            share = (G if t.layout.is_sliced else 1) * (D if t.dp.is_sliced else 1)
+            per_rank = f"1/{share}" if share > 1 else "full"
+            body.append(f"{layouts_text(t)} ({per_rank} per rank)\n", style=kind_colour(kind))
             reads = sorted(stage_reads(s))
             body.append("← " + ", ".join(reads) if reads else "← (constants)", style="dim")
             group = program.group_of(n)

@@ -17,7 +17,7 @@ from cocoviz.ir.nodes import (
     Stage,
     expr_reads,
 )
-from cocoviz.ir.types import format_shape
+from cocoviz.ir.types import format_shape, layouts_text
 from cocoviz.style import kind_fill
 
 
@@ -239,13 +239,17 @@ def to_dot(program: Program) -> str:
     ]
     for i in program.inputs:
         t = i.ty
-        label = f"{i.name}\\n{t.dtype.value}{format_shape(t.shape)}\\n{t.layout}"
+        label = f"{i.name}\\n{t.dtype.value}{format_shape(t.shape)}\\n{layouts_text(t)}"
         lines.append(f'  {_dot_id(i.name)} [shape=ellipse, label="{label}"];')
 
     def node(name: str, indent: str) -> None:
         s = program.stage(name)
         t = s.ty
-        label = f"{name} = {s.expr.op.value}\\n{t.dtype.value}{format_shape(t.shape)}\\n{t.layout}"
+        over = " over dp" if s.expr.tag == "dp" and s.expr.op in COLLECTIVES else ""
+        label = (
+            f"{name} = {s.expr.op.value}{over}\\n{t.dtype.value}{format_shape(t.shape)}"
+            f"\\n{layouts_text(t)}"
+        )
         color = kind_fill(op_kind(s))
         lines.append(
             f'{indent}{_dot_id(name)} [shape=box, style=filled, fillcolor="{color}", label="{label}"];'

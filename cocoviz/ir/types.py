@@ -313,6 +313,13 @@ class TensorType:
         return f"{self.dtype.value}{format_shape(self.shape)} {self.layout}{over}"
 
 
+def layouts_text(ty: TensorType) -> str:
+    """The layout over tp, and over dp where it is not replicated: `sliced(1) local(over=dp)`."""
+    if ty.dp.is_replicated:
+        return str(ty.layout)
+    return f"{ty.layout} {axis_layout_text(ty.dp, 'dp')}"
+
+
 def axis_layout_text(layout: Layout, axis: str) -> str:
     """A layout over a named axis as the source writes it: `sliced(1, over=dp)`."""
     if layout.is_sliced and layout.dim is not None:
