@@ -5,8 +5,8 @@ in `split`, `reorder`, `fuse`, `overlap` or `decompose`; an operator, offset or 
 changed in their semantics or in the numpy reference's collectives (cocoviz/exec); a chunk
 offset of the emitter's plan (cocoviz/emit); a term of a cost formula (cocoviz/sim). The
 script applies one mutant at a time to a temporary copy of the repository (a git worktree
-of HEAD under /tmp: the checkout itself is never touched), runs the tests that concern the
-mutated module (`-m "not build" -x`, the selections in SELECTIONS below: fast-subset test
+of HEAD, or of --rev, under /tmp: the checkout itself is never touched), runs the tests
+that concern the mutated module (`-m "not build" -x`, the selections in SELECTIONS below: fast-subset test
 files only, so a run is affordable on a laptop) and reports each mutant killed (a test
 failed) or survived, and the kill rate.
 
@@ -267,11 +267,11 @@ MUTANTS: list[Mutant] = [
 ]  # fmt: skip
 
 
-def _check(m: Mutant, root: Path | None) -> str | None:
-    """Why the mutant cannot be applied to the file in `root` (None: HEAD's file, which is
-    what the worktree holds; the checkout may hold other uncommitted edits)."""
+def _check(m: Mutant, root: Path | None, rev: str = "HEAD") -> str | None:
+    """Why the mutant cannot be applied to the file in `root` (None: the file at `rev`,
+    which is what the worktree holds; the checkout may hold other uncommitted edits)."""
     if root is None:
-        show = ["git", "-C", str(ROOT), "show", f"HEAD:{m.file}"]
+        show = ["git", "-C", str(ROOT), "show", f"{rev}:{m.file}"]
         text = subprocess.run(show, capture_output=True, text=True, check=True).stdout
     else:
         text = (root / m.file).read_text(encoding="utf-8")
@@ -303,6 +303,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--list", action="store_true", help="list the mutants and exit")
     ap.add_argument("--json", type=Path, help="write the results here")
     ap.add_argument("--timeout", type=float, default=900.0, help="seconds per test run")
+    ap.add_argument("--rev", default="HEAD", help="the commit to mutate (default HEAD)")
     ap.add_argument("--keep", action="store_true", help="keep the worktree (debugging)")
     args = ap.parse_args(argv)
 
@@ -312,7 +313,7 @@ def main(argv: list[str] | None = None) -> int:
         if unknown:
             ap.error(f"no mutants {', '.join(sorted(unknown))}")
         mutants = [m for m in mutants if m.id in args.ids]
-    bad = [e for m in mutants if (e := _check(m, None)) is not None]
+    bad = [e for m in mutants if (e := _check(m, None, args.rev)) is not None]
     if args.list or bad:
         for m in mutants:
             print(f"{m.id:32} {m.file:40} {m.why}")
@@ -322,8 +323,8 @@ def main(argv: list[str] | None = None) -> int:
 
     tmp = Path(tempfile.mkdtemp(prefix="cocoviz-mutate-"))
     tree = tmp / "tree"
-    subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", "-q", str(tree), "HEAD"],
-                   check=True)  # fmt: skip
+    add = ["git", "-C", str(ROOT), "worktree", "add", "--detach", "-q", str(tree), args.rev]
+    subprocess.run(add, check=True)
     results: list[dict[str, object]] = []
     try:
         probe = subprocess.run(
