@@ -399,3 +399,9 @@ def test_show_graph_json_and_dot_name_the_dp_layouts_and_axis() -> None:
     assert "gs = reducescatter over dp\\nf32[H, F]\\nsliced(1) sliced(over=dp)" in out
     rc, out, _ = run("show", str(GRID_PROGRAM), "--graph")
     assert "reducescatter over dp" in out and "sliced(1) sliced(over=dp) (1/4 per rank)" in out
+
+
+def test_an_input_replicated_over_dp_throughout_is_sliced_over_tp_by_asslice() -> None:
+    rc, out, err = run("verify", "adam", "-D", "N=256", "--ranks", "dp=2,tp=2")
+    assert rc == 0, err  # adam's schedules asslice m and v on every dp replica alike
+    assert out.count("ok: 4 value(s) agree") == 3

@@ -105,3 +105,23 @@ def test_zero1_sample_runs_on_mpi(tmp_path: Path, schedule: str) -> None:
     for name in ("dx", "w1", "w2", "m1", "v1", "m2", "v2"):
         got = nx.load_npy(dump / f"{name}.npy", "f32")
         np.testing.assert_array_equal(got, ref.global_value(name))
+
+
+@pytest.mark.parametrize(
+    ("sample", "defines", "schedule"),
+    [
+        ("megatron_mlp", {"B": 2, "S": 8, "H": 16}, "ol_mm_ar_c"),  # a chunk pipeline
+        ("zero3_layer", {"T": 16, "H": 16, "F": 16}, "shard_overlap"),  # decomposed rings
+    ],
+)
+def test_a_tp_program_on_a_dp_grid_runs_each_replica_alike(
+    tmp_path: Path, sample: str, defines: dict[str, int], schedule: str
+) -> None:
+    """Every value replicated over dp: the tp program, run by each of D replicas on its
+    own tp communicator (the overlapped groups included)."""
+    argv = ["run", sample, "--mpi", "--ranks", "dp=2,tp=2", "--schedule", schedule, "--json"]
+    argv += [a for k, v in defines.items() for a in ("-D", f"{k}={v}")]
+    rc, out, err = run(*argv)
+    assert rc == 0, err
+    report = json.loads(out)
+    assert report["ok"] and report["check"], report

@@ -191,13 +191,14 @@ output y
       "Requires: `t` is a replicated input"),
     R("asslice-over-dp", """ranks dp=2, tp=2
 dim N = 64
-input g : f32[N] local
+input g : f32[N] local(over=dp)
 input w : f32[N] replicated
-g1 = allreduce(+, g)
-w1 = update(w, w - 0.1 * g1)
-output w1
-""", ("asslice(w)",), "asslice on a grid with dp ('w') is not supported yet",
-      "`asslice` on a grid with dp is not supported yet"),
+gs = reducescatter(+, g, over=dp)
+w1 = update(w, slice(w, over=dp) - 0.1 * gs)
+wf = allgather(w1, over=dp)
+output wf
+""", ("asslice(w)",), "asslice of 'w', laid out or gathered over dp, is not supported yet",
+      "`asslice` of an input that it, a reader or its update lays out over dp"),
     R("asslice-whole-read", SGD, ("asslice(w)",), "'w1' reads all of 'w', not a slice of it",
       "every read of `t` is `slice(t)` with one slicing"),
     R("asslice-two-ways", """dim R = 4, N = 16

@@ -72,10 +72,10 @@ class AsSlice(Transformation):
     def _one(self, program: Program, t: str, k: int) -> tuple[Program, set[str], set[str]]:
         idx = index(program)
         inp = self._lookup_input(idx, t, k)
-        if program.grid.has_dp:
+        if program.grid.has_dp and _laid_out_over_dp(program, idx, t):
             raise self.error(
-                f"asslice on a grid with dp ('{t}') is not supported yet (schedule layer: it "
-                "changes layouts over tp only)",
+                f"asslice of '{t}', laid out or gathered over dp, is not supported yet "
+                "(schedule layer: it changes layouts over tp only)",
                 arg=k,
             )
         if not inp.ty.layout.is_replicated:
@@ -229,3 +229,19 @@ def _unslice(e: Expr, t: str) -> Expr:
     if all(a is b for a, b in zip(args, e.args, strict=True)):
         return e
     return dataclasses.replace(e, args=args)
+
+
+def _laid_out_over_dp(program: Program, idx: Index, t: str) -> bool:
+    """Whether input `t`, a reader of it or its update has a layout over dp other than
+    replicated, or a collective over dp reads one of them (docs/language.md, rank grids)."""
+    names = {t, *idx.users(t)}
+    upd = idx.updates.get(t)
+    if upd is not None:
+        names |= {upd, *idx.users(upd)}
+    for n in names:
+        ty = idx.inputs[n].ty if n in idx.inputs else idx.stage(n).ty
+        if not ty.dp.is_replicated:
+            return True
+        if n not in idx.inputs and idx.stage(n).expr.tag == "dp":
+            return True
+    return False
