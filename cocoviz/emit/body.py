@@ -17,10 +17,12 @@ from cocoviz.ir.nodes import (
     BINARY_CALLS,
     BINARY_INFIX,
     COMPARISONS,
+    CONSTANTS,
     PERMUTES,
     UNARY_CALLS,
     Expr,
     Op,
+    fill_value,
     permutation,
 )
 from cocoviz.ir.types import DType, Layout, TensorType, block_dim, shape_values
@@ -237,6 +239,13 @@ class BodyBuilder:
             return self.permuted(e), e.args[0].type.dtype
         if op in AXIS_REDUCTIONS:
             return self.axis_reduced(e)
+        if op is Op.IOTA:
+            return self.iota(e), e.type.dtype
+        if op in CONSTANTS:  # folded: a literal, never stored
+            fill = fill_value(e)
+            return self.emit(
+                ("const", fill, ty.dtype), kind="const", literal=c_double(fill), dtype=ty.dtype
+            ), ty.dtype
         if op is Op.CAST:
             v, dt = self.expr(e.args[0])
             assert e.dtype_arg is not None
@@ -334,6 +343,19 @@ class BodyBuilder:
         return self.emit(
             ("load", x.name, idx), kind="load", buffer=buf.cname, a=idx, dtype=buf.dtype
         )
+
+    def iota(self, e: Expr) -> str:
+        """`iota(T[DIMS], dim=d)`: the coordinate along d of the element's global index in
+        the constant's shape, converted to T (docs/language.md, constants)."""
+        shape = shape_values(e.type.shape)
+        d = int(e.value or 0)
+        g = self.generator_index(e.type)  # local values: the index within the rank's tensor
+        stride = 1
+        for s in shape[d + 1 :]:
+            stride *= s
+        coord = self.emit(("iota", g, stride, shape[d]), kind="index_bcast", a=g,
+                          terms=((stride, shape[d], 1),))  # fmt: skip
+        return self.operand_conv(coord, DType.I64, e.type.dtype)
 
     def axis_reduced(self, e: Expr) -> tuple[str, DType]:
         """`sum/mean/amax/amin(x, dim=d)` of a named value, at the top of its unit: the

@@ -86,6 +86,7 @@ from cocoviz.ir.nodes import (
     Program,
     ReduceOp,
     Stage,
+    fill_value,
 )
 from cocoviz.ir.transforms.overlap import leading_chunks
 from cocoviz.ir.types import REPLICATED, DType, Size, TensorType, dp_view, shape_values
@@ -615,7 +616,7 @@ class _CollPlan:
 
 
 _NOT_IN_CHUNKS = frozenset(
-    {Op.MATMUL, Op.RESHAPE, *PERMUTES, *AXIS_REDUCTIONS, *REDUCTIONS, *COLLECTIVES}
+    {Op.MATMUL, Op.RESHAPE, Op.IOTA, *PERMUTES, *AXIS_REDUCTIONS, *REDUCTIONS, *COLLECTIVES}
 )
 """Operations a chunk expression cannot hold: a matmul is a stage of its own, the rest
 the `overlap` step refuses (docs/schedules.md)."""
@@ -866,6 +867,8 @@ class _ChunkExprBuilder:
             return Expr(Op.REF, name=key, ty=self.piece(ty))
         if op is Op.SLICE:  # the same shape: each element at its own position
             return self.conv(e.args[0], pos)
+        if op in (Op.ZEROS, Op.ONES, Op.FULL):  # the same value at every position
+            return Expr(Op.CONST, value=fill_value(e), ty=TensorType(ty.dtype, (), REPLICATED, None))
         if op is Op.DROPOUT:
             (x,) = e.args
             assert e.tag is not None and e.value is not None

@@ -32,6 +32,7 @@ from cocoviz import numerics as nx
 from cocoviz.exec.layout import (
     block_flat_index,
     chunk_range,
+    global_flat_index,
     is_contiguous_chunk,
     join_global,
     rank_shape,
@@ -42,12 +43,14 @@ from cocoviz.exec.layout import (
 from cocoviz.ir.nodes import (
     AXIS_REDUCTIONS,
     COMPARISONS,
+    CONSTANTS,
     PERMUTES,
     REDUCTIONS,
     ROWWISE,
     Expr,
     Op,
     ReduceOp,
+    fill_value,
     permutation,
 )
 from cocoviz.ir.types import DType, TensorType, block_dim, dp_view, shape_values
@@ -644,6 +647,8 @@ class _Eval:
             return self.eval(e.args[0]).reshape(rank_shape(ty, ctx.group))
         if op in AXIS_REDUCTIONS:
             return self._axis_reduction(e)
+        if op in CONSTANTS:
+            return self._constant(e)
         if op in PERMUTES:
             # a sliced dimension moves with its data: each rank permutes its own block
             # (docs/language.md, transpose and permute)
@@ -654,6 +659,23 @@ class _Eval:
             f"{op.value} cannot be evaluated inside an expression on one rank: "
             "communication is evaluated by the driver over all ranks"
         )
+
+    def _constant(self, e: Expr) -> Array:
+        """`zeros/ones/full/iota(T[DIMS], …)` on the rank: the rank's part of the constant in
+        the layout its use gave it; `iota` holds each element's coordinate along its
+        dimension (docs/language.md, constants)."""
+        ty = e.type
+        ctx = self.ctx
+        shape = rank_shape(ty, ctx.group)
+        if e.op is Op.IOTA:
+            dims = shape_values(ty.shape)
+            d = int(e.value or 0)
+            idx = global_flat_index(ty, ctx.group, ctx.rank) % np.int64(max(ty.numel, 1))
+            stride = np.int64(math.prod(dims[d + 1 :]))
+            v: Array = (idx // stride) % np.int64(dims[d])
+        else:
+            v = np.full(shape, fill_value(e))
+        return _as(np.asarray(v).reshape(shape), ty.dtype)
 
     def _axis_reduction(self, e: Expr) -> Array:
         """`sum/mean/amax/amin(x, dim=d)` on the rank's own array, accumulated in x's

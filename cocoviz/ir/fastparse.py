@@ -47,6 +47,7 @@ from cocoviz.ir.syntax import (
     RedTok,
     ScheduleStmt,
     SizeExpr,
+    TypeArg,
     _check_depth,
 )
 
@@ -489,6 +490,29 @@ class _Parser:
         self.expect("EQUAL")
         return self.name()
 
+    def type_arg(self) -> TypeArg:
+        """`DTYPE[SIZE, …]` as a call argument (the grammar's `type_arg`)."""
+        toks, source = self.toks, self.source
+        name = self.name()
+        self.expect("LSQB")
+        sizes = []
+        if toks[self.i][0] != "RSQB":
+            while True:
+                factors = [self.size_atom()]
+                while toks[self.i][0] == "STAR":
+                    self.i += 1
+                    factors.append(self.size_atom())
+                span = factors[0].span
+                if len(factors) > 1:
+                    b = factors[-1].span
+                    span = Span(source, span.line, span.col, b.end_line, b.end_col)
+                sizes.append(SizeExpr(tuple(factors), span))
+                if toks[self.i][0] != "COMMA":
+                    break
+                self.i += 1
+        self.expect("RSQB")
+        return TypeArg(name, tuple(sizes), self.join(name.span, sizes[-1].span) if sizes else name.span)
+
     def size_atom(self) -> Any:
         tok = self.toks[self.i]
         cls = Num if tok[0] == "NUMBER" else Name
@@ -661,6 +685,8 @@ class _Parser:
                     line = tok[2]
                     span = Span(self.source, line, tok[3], line, tok[4])
                     args.append(Expr(Op.REF, name=tok[1], span=span))
+                elif kind == "NAME" and after == "LSQB":
+                    args.append(self.type_arg())
                 elif kind == "NAME" and after == "EQUAL":
                     self.i += 2
                     value = self.expr(depth + 1)

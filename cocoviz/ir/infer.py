@@ -27,6 +27,7 @@ from cocoviz.ir.nodes import (
     BINARY_INFIX,
     COLLECTIVES,
     COMPARISONS,
+    CONSTANTS,
     PERMUTES,
     REDUCTIONS,
     ROWWISE,
@@ -307,6 +308,8 @@ class Inferencer:
             ty.shape is not shape and shape_values(ty.shape) != shape_values(shape)
         ):
             return e
+        if e.op in CONSTANTS:  # `slice(zeros(…))` would read a slice of nothing stored
+            return _replace(e, ty=_replace(ty, layout=layout))
         if e.op in BINARY_INFIX | BINARY_CALLS | UNARY_CALLS | {
             Op.NEG,
             Op.CAST,
@@ -737,6 +740,13 @@ class Inferencer:
         pstage = self._pstage((x,), e.span)
         return _replace(e, ty=TensorType(ty.dtype, shape, layout, pstage))
 
+    def _constant(self, e: Expr) -> Expr:
+        """`zeros/ones/full/iota(T[DIMS], …)`: replicated, on every pipeline stage; combined
+        with a sliced value it is read as `slice(…)`, as any replicated operand
+        (docs/language.md, constants)."""
+        assert e.dtype_arg is not None and e.shape_arg is not None
+        return _replace(e, ty=TensorType(e.dtype_arg, e.shape_arg, REPLICATED, None))
+
     def _axis_reduction(self, e: Expr) -> Expr:
         """`sum/mean/amax/amin(x, dim=d, keepdim=…)` (docs/language.md, reductions along
         a dimension): each rank reduces its own array along d. Along a dimension x is
@@ -1124,6 +1134,7 @@ _RULES: dict[Op, Callable[[Inferencer, Expr], Expr]] = {
     Op.RESHAPE: Inferencer._reshape,
     **{op: Inferencer._permute for op in PERMUTES},
     **{op: Inferencer._axis_reduction for op in AXIS_REDUCTIONS},
+    **{op: Inferencer._constant for op in CONSTANTS},
     Op.UPDATE: Inferencer._update,
     **{op: Inferencer._rowwise for op in ROWWISE},
     **{op: Inferencer._reduction for op in REDUCTIONS},

@@ -28,6 +28,7 @@ from cocoviz.ir.nodes import (
     BINARY_CALLS,
     CALL_NAMES,
     COLLECTIVES,
+    CONSTANTS,
     PERMUTES,
     REDUCTIONS,
     ROWWISE,
@@ -760,6 +761,13 @@ class _Lowerer:
             )
         if isinstance(node, syn.Kw):
             raise InputError(f"unexpected keyword argument '{node.name.text}'", node.span)
+        if isinstance(node, syn.TypeArg):
+            raise InputError(
+                f"a type ('{node.dtype.text}[…]') is only an argument of zeros, ones, full "
+                "and iota",
+                node.span,
+                hint="for example zeros(f32[B, H])",
+            )
         raise InputError("unexpected expression", getattr(node, "span", None))
 
     def _name_error(
@@ -852,6 +860,8 @@ class _Lowerer:
             return _permute_call(a)
         if op in (Op.MEAN, Op.AMIN) or (op in (Op.SUM, Op.AMAX) and "dim" in a.kws):
             return _axis_reduction_call(a)
+        if op in CONSTANTS:
+            return self._constant_call(a)
         if op is Op.CAST:
             return _cast_call(a)
         if op is Op.DROPOUT:
@@ -962,6 +972,68 @@ class _Lowerer:
             )
         sizes = tuple(self._size_arg(node) for node in a.pos[1:])
         return Expr(a.op, (a.sub(a.pos[0]),), shape_arg=sizes, span=a.call.span)
+
+    def _constant_call(self, a: _CallArgs) -> Expr:
+        """`zeros(T[DIMS])`, `ones(T[DIMS])`, `full(T[DIMS], value)`, `iota(T[DIMS],
+        dim=d)` (docs/language.md, constants)."""
+        op, fname = a.op, a.fname
+        sig = {Op.FULL: "T[DIMS], value", Op.IOTA: "T[DIMS], dim=d"}.get(op, "T[DIMS]")
+        a.no_kw(("dim",) if op is Op.IOTA else ())
+        a.arity(2 if op is Op.FULL else 1, sig)
+        t = a.pos[0]
+        if not isinstance(t, syn.TypeArg):
+            raise InputError(
+                f"{fname}: the first argument must be a type such as f32[B, H]",
+                getattr(t, "span", a.call.span),
+                hint=f"for example {fname}({sig.replace('T[DIMS]', 'f32[B, H]')})",
+            )
+        dt = DType.parse(t.dtype.text)
+        if dt is None:
+            raise InputError(
+                f"unknown dtype '{t.dtype.text}'",
+                t.dtype.span,
+                hint=did_you_mean(t.dtype.text, DTYPE_NAMES) or "dtypes: " + " ".join(DTYPE_NAMES),
+            )
+        shape = tuple(self._size(se) for se in t.sizes)
+        value: float | int | None = None
+        if op is Op.FULL:
+            node = a.pos[1]
+            value = a.literal(node, "the value")
+            span = getattr(node, "span", a.call.span)
+            if not dt.is_float and value != int(value):
+                raise InputError(
+                    f"full: {value!r} is not an integer, and the constant is {dt.value}",
+                    span,
+                    hint=f"use a float dtype, e.g. full(f32[…], {value!r})",
+                )
+            if not dt.is_float:
+                value = int(value)
+            if abs(value) > _FLOAT_MAX.get(dt.value, math.inf):
+                raise InputError(f"full: {value!r} is out of range for {dt.value}", span)
+        if op is Op.IOTA:
+            if "dim" in a.kws:
+                d = a.literal(a.kws["dim"].value, "dim")
+                if not isinstance(d, int):
+                    raise InputError("iota: dim must be an integer dimension", a.kws["dim"].span)
+            elif len(shape) == 1:
+                d = 0
+            else:
+                raise InputError(
+                    f"iota needs the dimension it counts along (dim=) for a shape of rank "
+                    f"{len(shape)}",
+                    a.call.span,
+                    hint="for example iota(i32[B, H], dim=1): every row holds 0, 1, …, H-1",
+                )
+            if not -len(shape) <= d < len(shape):
+                raise InputError(
+                    f"iota: dim={d} is out of range for a shape of rank {len(shape)}",
+                    a.kws["dim"].span,
+                    hint=f"dimensions are 0…{len(shape) - 1} (or -1…-{len(shape)})"
+                    if shape
+                    else "a scalar has no dimension to count along",
+                )
+            value = d + len(shape) if d < 0 else d
+        return Expr(op, (), value=value, dtype_arg=dt, shape_arg=shape, span=a.call.span)
 
     def _size_arg(self, node: Any) -> Size:
         """A size written as a call argument: `H`, `8`, `E*C` (a product of names and

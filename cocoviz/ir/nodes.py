@@ -76,6 +76,12 @@ class Op(enum.Enum):
     MEAN = "mean"
     AMAX_DIM = "amax(dim)"
     AMIN = "amin"
+    # constants of a given type (`dtype_arg`, `shape_arg`): FULL `value` = the value,
+    # IOTA `value` = the dimension it counts along
+    ZEROS = "zeros"
+    ONES = "ones"
+    FULL = "full"
+    IOTA = "iota"
     # collectives: one row each in cocoviz.ir.collectives.COLLECTIVE_TABLE
     ALLREDUCE = "allreduce"
     REDUCESCATTER = "reducescatter"
@@ -113,6 +119,18 @@ AXIS_REDUCTIONS = frozenset({Op.SUM_DIM, Op.MEAN, Op.AMAX_DIM, Op.AMIN})
 """`sum/mean/amax/amin(x, dim=d, keepdim=…)`: a reduction along one dimension."""
 AXIS_NAMES = {Op.SUM_DIM: "sum", Op.MEAN: "mean", Op.AMAX_DIM: "amax", Op.AMIN: "amin"}
 """How each reduction along a dimension is written."""
+CONSTANTS = frozenset({Op.ZEROS, Op.ONES, Op.FULL, Op.IOTA})
+"""`zeros/ones/full/iota(DTYPE[DIMS], …)`: values of a given type that read nothing."""
+
+
+def fill_value(e: Expr) -> float | int:
+    """The value every element of a ZEROS, ONES or FULL node holds."""
+    if e.op is Op.ZEROS:
+        return 0
+    if e.op is Op.ONES:
+        return 1
+    assert e.op is Op.FULL and e.value is not None
+    return e.value
 COLLECTIVES = frozenset(Op(c.name) for c in COLLECTIVE_TABLE)
 """The collective operators: the rows of the collectives table (each needs its member)."""
 WHOLE_RHS = COLLECTIVES | {Op.MATMUL, Op.RESHAPE}
@@ -552,6 +570,7 @@ __all__ = [
     "Input",
     "AXIS_NAMES",
     "AXIS_REDUCTIONS",
+    "CONSTANTS",
     "Op",
     "PERMUTES",
     "Param",
@@ -562,6 +581,7 @@ __all__ = [
     "Stage",
     "StepCall",
     "TensorType",
+    "fill_value",
     "permutation",
     "unscheduled",
 ]

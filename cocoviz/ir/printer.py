@@ -10,6 +10,7 @@ from cocoviz.ir.nodes import (
     BINARY_INFIX,
     COLLECTIVES,
     COMPARISONS,
+    CONSTANTS,
     PERMUTES,
     Expr,
     Group,
@@ -83,6 +84,16 @@ class _ExprPrinter:
         if op in PERMUTES:
             assert e.tag is not None
             args += e.tag.split(",")
+        if op in CONSTANTS:
+            assert e.dtype_arg is not None and e.shape_arg is not None
+            sizes = ", ".join(size.text for size in e.shape_arg)
+            parts = [f"{e.dtype_arg.value}[{sizes}]"]
+            if op is Op.FULL:
+                assert e.value is not None
+                parts.append(format_number(e.value))
+            if op is Op.IOTA:
+                parts.append(f"dim={e.value}")
+            return f"{op.value}({', '.join(parts)})"
         if op in AXIS_REDUCTIONS:
             args.append(f"dim={e.value}")
             if e.tag == "keepdim":

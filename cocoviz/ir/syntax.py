@@ -111,6 +111,15 @@ class Kw:
 
 
 @dataclass(frozen=True)
+class TypeArg:
+    """`DTYPE[SIZE, …]` as a call argument: the type of a constant (`zeros(f32[B, H])`)."""
+
+    dtype: Name
+    sizes: tuple[SizeExpr, ...]
+    span: Span
+
+
+@dataclass(frozen=True)
 class RedTok:
     """`+` or `*` as the operator argument of a collective."""
 
@@ -527,6 +536,11 @@ class _Build:
 
     def kw_arg(self, c: list[Any]) -> Kw:
         return Kw(self._name(c[0]), c[1], self._join(c[0], c[1]))
+
+    def type_arg(self, c: list[Any]) -> TypeArg:
+        sizes = tuple(x for x in c[1:] if isinstance(x, SizeExpr))
+        name = self._name(c[0])
+        return TypeArg(name, sizes, self._join(c[0], sizes[-1]) if sizes else name.span)
 
     def op_plus(self, c: list[Any]) -> RedTok:
         return RedTok("+", self._tok(c[0]))

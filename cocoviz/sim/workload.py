@@ -123,6 +123,7 @@ _FLOPS = {
     Op.POW: 8, Op.DROPOUT: 10, Op.LAYERNORM: 8, Op.RMSNORM: 6, Op.SOFTMAX: 6, Op.NORM: 2,
     Op.REF: 0, Op.CONST: 0, Op.SLICE: 0, Op.UPDATE: 0,
     Op.TRANSPOSE: 0, Op.PERMUTE: 0,  # data movement: priced by the bytes it reads and writes
+    Op.ZEROS: 0, Op.ONES: 0, Op.FULL: 0, Op.IOTA: 0,  # constants: folded, nothing read
 }  # fmt: skip
 
 

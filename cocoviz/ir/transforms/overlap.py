@@ -212,6 +212,8 @@ class Overlap(Transformation):
         if op is Op.RESHAPE:
             refuse("reshape regroups the elements, so its chunks are not the rows being chunked")
         nodes = list(s.expr.walk())
+        if any(e.op is Op.IOTA for e in nodes):
+            refuse("iota counts along its whole shape, not along a chunk")
         if any(e.op in AXIS_REDUCTIONS for e in nodes):
             refuse(
                 "it reduces along a dimension, and chunks of rows are not whole lines of "
@@ -306,6 +308,8 @@ class Overlap(Transformation):
                     refuse(s, f"{e.op.value} moves elements between the chunks of dimension 0")
                 if e.op in AXIS_REDUCTIONS:
                     refuse(s, "a reduction along a dimension is not split by chunks of dimension 0")
+                if e.op is Op.IOTA:
+                    refuse(s, "iota counts along its whole shape, not along a chunk")
                 if e.op in REDUCTIONS:
                     refuse(s, "it reduces a whole tensor to a scalar, which needs every chunk")
                 if e.op in (Op.DROPOUT, Op.SLICE):
