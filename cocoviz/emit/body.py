@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
 from cocoviz.emit import plan as pl
+from cocoviz.emit import routing as emit_routing
 from cocoviz.emit.names import c_double
 from cocoviz.emit.plan import EmitError
 from cocoviz.ir.nodes import (
@@ -19,6 +20,7 @@ from cocoviz.ir.nodes import (
     COMPARISONS,
     CONSTANTS,
     PERMUTES,
+    ROUTING,
     UNARY_CALLS,
     Expr,
     Op,
@@ -239,6 +241,8 @@ class BodyBuilder:
             return self.permuted(e), e.args[0].type.dtype
         if op in AXIS_REDUCTIONS:
             return self.axis_reduced(e)
+        if op in ROUTING:
+            return emit_routing.routed(self, e)
         if op is Op.IOTA:
             return self.iota(e), e.type.dtype
         if op in CONSTANTS:  # folded: a literal, never stored

@@ -17,6 +17,7 @@ from cocoviz.ir.nodes import (
     COLLECTIVES,
     PERMUTES,
     REDUCTIONS,
+    ROUTING,
     ROWWISE,
     Expr,
     Op,
@@ -24,7 +25,7 @@ from cocoviz.ir.nodes import (
 )
 from cocoviz.ir.types import TensorType, block_dim, shape_values
 
-READS_OTHER_ELEMENTS = PERMUTES | AXIS_REDUCTIONS
+READS_OTHER_ELEMENTS = PERMUTES | AXIS_REDUCTIONS | ROUTING
 """Nodes that read their operand at other elements than their own: lifted to the top of a
 unit of their own over a named operand, never in the kernel that makes the operand."""
 
@@ -95,7 +96,22 @@ class KernelLowering(CollectiveLowering):
         def lift(x: Expr, top: bool) -> Expr:
             args = tuple(lift(a, False) for a in x.args)
             x2 = dataclasses.replace(x, args=args) if args != x.args else x
-            if x2.op in READS_OTHER_ELEMENTS:
+            if x2.op in ROUTING:
+                # a stage of its own (docs/language.md, routing): its operands are read
+                # at data-dependent positions of their stored arrays, so each is named
+                if chunks:
+                    raise EmitError(
+                        f"stage '{s.name}' routes by index ({x2.op.value}) inside an "
+                        "overlapped group; chunking it is not supported yet",
+                        s.span,
+                    )
+                x2 = dataclasses.replace(x2, args=tuple(
+                    temp(a, _compute(a.type))
+                    if a.op is not Op.REF or a.name in self.param_names
+                    else a
+                    for a in x2.args
+                ))  # fmt: skip
+            elif x2.op in READS_OTHER_ELEMENTS:
                 # a permute or a reduction along a dimension reads its operand's stored
                 # array at other positions than its own element, so the operand is a
                 # named value and the node is the top of its unit

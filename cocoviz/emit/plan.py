@@ -174,7 +174,7 @@ class Stmt:
     (dst = src − tp·a), index_block (global → local of a block view: a = extent·inner,
     b = inner, c = blk), index_local (dst = tp·a + src), index_chunk (dst = k·a + src),
     load, load_scalar, param, const, convert, unary, binary, compare, where, dropout,
-    round, store, acc.
+    round, store, acc, route (a routing node's element: cocoviz/emit/routing.py).
     """
 
     kind: str
@@ -191,6 +191,12 @@ class Stmt:
     n2: int = 0
     n3: int = 0
     terms: tuple[tuple[int, int, int], ...] = ()
+    buffer2: str = ""
+    """A second buffer a `route` statement reads (its indices; cocoviz/emit/routing.py)."""
+    dtype2: DType | None = None
+    """The dtype of `buffer2`."""
+    ints: tuple[int, ...] = ()
+    """The extents and strides of a `route` statement."""
 
 
 HOISTABLE = frozenset(

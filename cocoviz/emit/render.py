@@ -20,6 +20,7 @@ from typing import Any, ClassVar, NoReturn
 import jinja2
 
 from cocoviz.emit import plan as pl
+from cocoviz.emit import routing as emit_routing
 from cocoviz.emit.kernels import REDUCE_BLOCKS
 from cocoviz.emit.names import c_double, c_string
 from cocoviz.emit.plan import EmitError
@@ -201,6 +202,8 @@ class Renderer:
             d["terms"] = list(s.terms)
         elif s.kind == "index_block_g":
             d["blk"] = s.terms[0][0]
+        elif s.kind == "route":
+            d["code"] = emit_routing.route_code(self, s)
         elif s.kind == "reduce_axis":
             assert s.src_dtype is not None
             d["src_st"] = self.st(s.src_dtype)

@@ -79,6 +79,7 @@ from cocoviz.ir.nodes import (
     COLLECTIVES,
     PERMUTES,
     REDUCTIONS,
+    ROUTING,
     Expr,
     Group,
     GroupKind,
@@ -616,7 +617,7 @@ class _CollPlan:
 
 
 _NOT_IN_CHUNKS = frozenset(
-    {Op.MATMUL, Op.RESHAPE, Op.IOTA, *PERMUTES, *AXIS_REDUCTIONS, *REDUCTIONS, *COLLECTIVES}
+    {Op.MATMUL, Op.RESHAPE, Op.IOTA, *PERMUTES, *ROUTING, *AXIS_REDUCTIONS, *REDUCTIONS, *COLLECTIVES}
 )
 """Operations a chunk expression cannot hold: a matmul is a stage of its own, the rest
 the `overlap` step refuses (docs/schedules.md)."""

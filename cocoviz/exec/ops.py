@@ -29,6 +29,7 @@ import numpy as np
 import numpy.typing as npt
 
 from cocoviz import numerics as nx
+from cocoviz.exec import routing as rt
 from cocoviz.exec.layout import (
     block_flat_index,
     chunk_range,
@@ -46,6 +47,7 @@ from cocoviz.ir.nodes import (
     CONSTANTS,
     PERMUTES,
     REDUCTIONS,
+    ROUTING,
     ROWWISE,
     Expr,
     Op,
@@ -649,6 +651,8 @@ class _Eval:
             return self._axis_reduction(e)
         if op in CONSTANTS:
             return self._constant(e)
+        if op in ROUTING:
+            return self._routing(e)
         if op in PERMUTES:
             # a sliced dimension moves with its data: each rank permutes its own block
             # (docs/language.md, transpose and permute)
@@ -676,6 +680,28 @@ class _Eval:
         else:
             v = np.full(shape, fill_value(e))
         return _as(np.asarray(v).reshape(shape), ty.dtype)
+
+    def _routing(self, e: Expr) -> Array:
+        """gather, scatter_add, topk, topk_indices, capacity_slots on the rank's own
+        arrays (docs/language.md, routing: the indexed dimension is whole on the rank)."""
+        g = self.ctx.group
+        ty = e.type
+        vals = [self.eval(a).reshape(rank_shape(a.type, g)) for a in e.args]
+        d = int(e.value or 0)
+        if e.op is Op.GATHER:
+            out = rt.gather(vals[0], vals[1], d)
+        elif e.op is Op.SCATTER_ADD:
+            ct = nx.dtype_info(ty.dtype).compute
+            out = rt.scatter_add(rank_shape(ty, g), ct, vals[0], vals[1], d)
+        elif e.op is Op.CAPACITY_SLOTS:
+            assert e.shape_arg is not None
+            E, C = (s.value for s in e.shape_arg)
+            out = rt.capacity_slots(vals[0], E, C)
+        else:
+            assert e.shape_arg is not None
+            k = e.shape_arg[0].value
+            out = rt.topk(vals[0], k, d) if e.op is Op.TOPK else rt.topk_order(vals[0], k, d)
+        return to_compute(out, ty.dtype).reshape(rank_shape(ty, g))
 
     def _axis_reduction(self, e: Expr) -> Array:
         """`sum/mean/amax/amin(x, dim=d)` on the rank's own array, accumulated in x's

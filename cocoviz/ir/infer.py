@@ -18,7 +18,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
 from cocoviz.errors import InputError, Span
-from cocoviz.ir import axes
+from cocoviz.ir import axes, routing
 from cocoviz.ir.collectives import collective
 from cocoviz.ir.nodes import (
     AXIS_NAMES,
@@ -30,6 +30,7 @@ from cocoviz.ir.nodes import (
     CONSTANTS,
     PERMUTES,
     REDUCTIONS,
+    ROUTING,
     ROWWISE,
     UNARY_CALLS,
     Expr,
@@ -747,6 +748,11 @@ class Inferencer:
         assert e.dtype_arg is not None and e.shape_arg is not None
         return _replace(e, ty=TensorType(e.dtype_arg, e.shape_arg, REPLICATED, None))
 
+    def _routing(self, e: Expr) -> Expr:
+        """gather, scatter_add, topk, topk_indices, capacity_slots (docs/language.md,
+        routing; the rules are in cocoviz/ir/routing.py)."""
+        return routing.infer(self, e)
+
     def _axis_reduction(self, e: Expr) -> Expr:
         """`sum/mean/amax/amin(x, dim=d, keepdim=…)` (docs/language.md, reductions along
         a dimension): each rank reduces its own array along d. Along a dimension x is
@@ -1133,6 +1139,7 @@ _RULES: dict[Op, Callable[[Inferencer, Expr], Expr]] = {
     Op.MATMUL: Inferencer._matmul,
     Op.RESHAPE: Inferencer._reshape,
     **{op: Inferencer._permute for op in PERMUTES},
+    **{op: Inferencer._routing for op in ROUTING},
     **{op: Inferencer._axis_reduction for op in AXIS_REDUCTIONS},
     **{op: Inferencer._constant for op in CONSTANTS},
     Op.UPDATE: Inferencer._update,

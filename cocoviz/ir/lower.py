@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from cocoviz.errors import DiagnosticBag, InputError, Span, UsageError, did_you_mean
-from cocoviz.ir import axes
+from cocoviz.ir import axes, routing
 from cocoviz.ir import syntax as syn
 from cocoviz.ir.collectives import collective
 from cocoviz.ir.infer import Inferencer, check_divisible, check_updates, program_env
@@ -31,6 +31,7 @@ from cocoviz.ir.nodes import (
     CONSTANTS,
     PERMUTES,
     REDUCTIONS,
+    ROUTING,
     ROWWISE,
     UNARY_CALLS,
     WHOLE_RHS,
@@ -858,6 +859,8 @@ class _Lowerer:
             return self._reshape_call(a)
         if op in PERMUTES:
             return _permute_call(a)
+        if op in ROUTING:
+            return routing.lower_call(self, a)
         if op in (Op.MEAN, Op.AMIN) or (op in (Op.SUM, Op.AMAX) and "dim" in a.kws):
             return _axis_reduction_call(a)
         if op in CONSTANTS:

@@ -70,6 +70,15 @@ class Op(enum.Enum):
     # data movement: a permutation of the dimensions (`tag` holds the written dimensions)
     TRANSPOSE = "transpose"
     PERMUTE = "permute"
+    # routing (docs/language.md, routing): GATHER/SCATTER_ADD `value` = the indexed
+    # dimension, SCATTER_ADD `dtype_arg`/`shape_arg` = the result's type; TOPK and
+    # TOPK_INDICES `value` = the dimension, `shape_arg` = (k,); CAPACITY_SLOTS
+    # `shape_arg` = (E, C)
+    GATHER = "gather"
+    SCATTER_ADD = "scatter_add"
+    TOPK = "topk"
+    TOPK_INDICES = "topk_indices"
+    CAPACITY_SLOTS = "capacity_slots"
     # reductions along one dimension (`value` = the dimension, `tag` = "keepdim" or None):
     # `sum(x, dim=d)` and `amax(x, dim=d)` are these, not the whole-tensor SUM and AMAX
     SUM_DIM = "sum(dim)"
@@ -115,6 +124,9 @@ ROWWISE = {Op.LAYERNORM, Op.RMSNORM, Op.SOFTMAX}
 REDUCTIONS = {Op.SUM, Op.NORM, Op.AMAX}
 PERMUTES = frozenset({Op.TRANSPOSE, Op.PERMUTE})
 """`transpose(x, d0, d1)` and `permute(x, p0, …)`: each rank permutes its own array."""
+ROUTING = frozenset({Op.GATHER, Op.SCATTER_ADD, Op.TOPK, Op.TOPK_INDICES, Op.CAPACITY_SLOTS})
+"""Routing by index (docs/language.md, routing): each a stage of its own that reads its
+operands at data-dependent positions of the rank's arrays."""
 AXIS_REDUCTIONS = frozenset({Op.SUM_DIM, Op.MEAN, Op.AMAX_DIM, Op.AMIN})
 """`sum/mean/amax/amin(x, dim=d, keepdim=…)`: a reduction along one dimension."""
 AXIS_NAMES = {Op.SUM_DIM: "sum", Op.MEAN: "mean", Op.AMAX_DIM: "amax", Op.AMIN: "amin"}
@@ -133,7 +145,7 @@ def fill_value(e: Expr) -> float | int:
     return e.value
 COLLECTIVES = frozenset(Op(c.name) for c in COLLECTIVE_TABLE)
 """The collective operators: the rows of the collectives table (each needs its member)."""
-WHOLE_RHS = COLLECTIVES | {Op.MATMUL, Op.RESHAPE}
+WHOLE_RHS = COLLECTIVES | ROUTING | {Op.MATMUL, Op.RESHAPE}
 ELEMENTWISE = (
     BINARY_INFIX
     | BINARY_CALLS
@@ -573,6 +585,7 @@ __all__ = [
     "CONSTANTS",
     "Op",
     "PERMUTES",
+    "ROUTING",
     "Param",
     "Program",
     "ReduceOp",

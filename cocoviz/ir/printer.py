@@ -84,6 +84,15 @@ class _ExprPrinter:
         if op in PERMUTES:
             assert e.tag is not None
             args += e.tag.split(",")
+        if op is Op.SCATTER_ADD:
+            assert e.dtype_arg is not None and e.shape_arg is not None
+            sizes = ", ".join(size.text for size in e.shape_arg)
+            args.insert(0, f"{e.dtype_arg.value}[{sizes}]")
+        if op in (Op.TOPK, Op.TOPK_INDICES, Op.CAPACITY_SLOTS):
+            assert e.shape_arg is not None
+            args += [size.text for size in e.shape_arg]
+        if op in (Op.GATHER, Op.SCATTER_ADD, Op.TOPK, Op.TOPK_INDICES):
+            args.append(f"dim={e.value}")
         if op in CONSTANTS:
             assert e.dtype_arg is not None and e.shape_arg is not None
             sizes = ", ".join(size.text for size in e.shape_arg)

@@ -123,6 +123,9 @@ _FLOPS = {
     Op.POW: 8, Op.DROPOUT: 10, Op.LAYERNORM: 8, Op.RMSNORM: 6, Op.SOFTMAX: 6, Op.NORM: 2,
     Op.REF: 0, Op.CONST: 0, Op.SLICE: 0, Op.UPDATE: 0,
     Op.TRANSPOSE: 0, Op.PERMUTE: 0,  # data movement: priced by the bytes it reads and writes
+    # routing (docs/language.md): data movement too, no GEMM; topk compares each entry
+    # once per kept one, capacity_slots counts one token at a time
+    Op.GATHER: 0, Op.SCATTER_ADD: 1, Op.TOPK: 2, Op.TOPK_INDICES: 2, Op.CAPACITY_SLOTS: 2,
     Op.ZEROS: 0, Op.ONES: 0, Op.FULL: 0, Op.IOTA: 0,  # constants: folded, nothing read
 }  # fmt: skip
 
@@ -500,6 +503,15 @@ def _expr_work(ctx: Context, e: Expr) -> tuple[dict[str, int], float]:
             if nb > reads.get(name, 0):
                 reads[name] = nb
             continue  # a slice and a reference: no FLOPs
+        if op is Op.GATHER and node.args[0].op is Op.REF:
+            # a gather reads the rows it selects, not its whole operand (bytes moved)
+            name = node.args[0].name
+            assert name is not None
+            nb = min(per_rank_bytes(node.args[0].type), per_rank_bytes(node.type))
+            if nb > reads.get(name, 0):
+                reads[name] = nb
+            todo.append(node.args[1])
+            continue
         if op not in _UNPRICED:
             per = _FLOPS.get(op, 1)
             if per:

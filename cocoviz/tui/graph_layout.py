@@ -20,9 +20,10 @@ from dataclasses import dataclass, field
 from rich.segment import Segment
 from rich.style import Style
 
+from cocoviz.ir import routing
 from cocoviz.ir.draw import layers
 from cocoviz.ir.graph import deps, op_kind, stage_reads, stage_reductions
-from cocoviz.ir.nodes import Group, GroupKind, Op, Program, Stage
+from cocoviz.ir.nodes import ROUTING, Group, GroupKind, Op, Program, Stage
 from cocoviz.ir.types import format_shape
 from cocoviz.style import kind_colour
 
@@ -269,6 +270,8 @@ def _node_lines(
         op = f"{e.op.value}({e.rop.value})"
     elif e.op is Op.MATMUL or e.op in (Op.UPDATE,):
         op = e.op.value
+    elif e.op in ROUTING:
+        op = routing.label(e)
     else:
         ops = sorted({x.op.value for x in e.walk() if x.op not in (Op.REF, Op.CONST)})
         op = " ".join(ops) if ops else "copy"

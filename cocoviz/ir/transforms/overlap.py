@@ -13,6 +13,7 @@ from cocoviz.ir.nodes import (
     COLLECTIVES,
     PERMUTES,
     REDUCTIONS,
+    ROUTING,
     ROWWISE,
     Group,
     GroupKind,
@@ -211,6 +212,9 @@ class Overlap(Transformation):
             )
         if op is Op.RESHAPE:
             refuse("reshape regroups the elements, so its chunks are not the rows being chunked")
+        if op in ROUTING:
+            refuse(f"{op.value} routes by index; chunking it is not supported yet "
+                   "(docs/schedules.md, routing)")
         nodes = list(s.expr.walk())
         if any(e.op is Op.IOTA for e in nodes):
             refuse("iota counts along its whole shape, not along a chunk")
@@ -297,6 +301,9 @@ class Overlap(Transformation):
                 refuse(s, "it re-slices dimension 0, the one being chunked")
             if op is Op.RESHAPE:
                 refuse(s, "reshape regroups the elements")
+            if op in ROUTING:
+                refuse(s, f"{op.value} routes by index; chunking it is not supported yet "
+                       "(docs/schedules.md, routing)")
             if op is Op.MATMUL:
                 a, b = s.expr.args
                 if not chunked(a.type):
