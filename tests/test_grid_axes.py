@@ -405,3 +405,11 @@ def test_an_input_replicated_over_dp_throughout_is_sliced_over_tp_by_asslice() -
     rc, out, err = run("verify", "adam", "-D", "N=256", "--ranks", "dp=2,tp=2")
     assert rc == 0, err  # adam's schedules asslice m and v on every dp replica alike
     assert out.count("ok: 4 value(s) agree") == 3
+
+
+def test_the_tui_graph_box_names_the_axis_and_the_dp_layout() -> None:
+    from cocoviz.tui.graph_layout import layout_graph
+
+    nodes = layout_graph(load_file(GRID_PROGRAM)).nodes
+    box = next(n for n in (nodes.values() if isinstance(nodes, dict) else nodes) if n.name == "gs")
+    assert box.lines == ("reducescatter(+) over dp", "f32[H, F]", "sliced(1) sliced(over=dp) 1/4")

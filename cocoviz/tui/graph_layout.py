@@ -23,8 +23,8 @@ from rich.style import Style
 from cocoviz.ir import routing
 from cocoviz.ir.draw import layers
 from cocoviz.ir.graph import deps, op_kind, stage_reads, stage_reductions
-from cocoviz.ir.nodes import ROUTING, Group, GroupKind, Op, Program, Stage
-from cocoviz.ir.types import format_shape
+from cocoviz.ir.nodes import COLLECTIVES, ROUTING, Group, GroupKind, Op, Program, Stage
+from cocoviz.ir.types import format_shape, layouts_text
 from cocoviz.style import kind_colour
 
 NODE_H = 5  # border, op, type, layout/reads, border
@@ -258,7 +258,7 @@ _LINES: dict[int, tuple[Stage, int, tuple[str, ...], int]] = {}
 
 
 def _node_lines(
-    s: Stage, group: int, stage_names: set[str] | frozenset[str]
+    s: Stage, group: int, stage_names: set[str] | frozenset[str], dp_size: int = 1
 ) -> tuple[tuple[str, ...], int]:
     """A stage's box: its three lines of text and its width."""
     hit = _LINES.get(id(s))
@@ -275,10 +275,14 @@ def _node_lines(
     else:
         ops = sorted({x.op.value for x in e.walk() if x.op not in (Op.REF, Op.CONST)})
         op = " ".join(ops) if ops else "copy"
-    per_rank = f" 1/{group}" if t.layout.is_sliced else ""
+    if e.tag == "dp" and e.op in COLLECTIVES:
+        op += " over dp"  # the axis of a collective (docs/language.md, rank grids)
+    # a rank's share: 1/G over tp, times 1/D over dp
+    share = (group if t.layout.is_sliced else 1) * (dp_size if t.dp.is_sliced else 1)
+    per_rank = f" 1/{share}" if share > 1 else ""
     ty = f"{t.dtype.value}{format_shape(t.shape)}"
     inputs = sorted(r for r in stage_reads(s) if r not in stage_names)
-    detail = f"{t.layout}{per_rank}"
+    detail = f"{layouts_text(t)}{per_rank}"
     if inputs:
         detail += " ← " + ",".join(inputs)
     lines = (op, ty, detail)
@@ -368,7 +372,7 @@ def layout_graph(program: Program) -> GraphDrawing:
     widths: dict[str, int] = {}
     for row in by_layer:
         for n in row:
-            contents[n], widths[n] = _node_lines(by_name[n], G, stage_names)
+            contents[n], widths[n] = _node_lines(by_name[n], G, stage_names, program.grid.dp)
 
     # The edges in the order they are routed; the cut layers; each edge's block (its
     # source's).
