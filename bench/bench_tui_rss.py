@@ -1,17 +1,13 @@
-"""The TUI's memory over a long session, and its answer to keys on a huge program
-(issue 31, item 7).
+"""The TUI's memory over a long session (issue 31, item 7).
 
-    python bench/bench_tui_rss.py [--keys 2000] [--sample megatron_mlp] [--stages 10000]
+    python bench/bench_tui_rss.py [--keys 2000] [--sample megatron_mlp]
 
 Part 1 drives the app (Pilot, 160x50) on a sample with a cycle of keys a user presses
 in a long session (palette steps, undo, redo, before/after, pane focus, view switches,
 zoom, scrolling), waiting for the simulation workers after each, and prints the
 resident set size (RSS, from /proc/self/statm) every 100 keys: the goal is less than
-5 MB of growth from key 200 to the last.
-
-Part 2 opens a program of `--stages` chained stages and reports how long the first
-screen takes and how long `q` takes to end the app once the screen is up (goal: keys
-answered within 100 ms).
+5 MB of growth from key 200 to the last. The answer to keys on a huge program is
+`bench/bench_tui_huge.py`'s.
 """
 
 from __future__ import annotations
@@ -20,7 +16,6 @@ import argparse
 import asyncio
 import os
 import tempfile
-import time
 from pathlib import Path
 
 KEYS = [
@@ -81,34 +76,10 @@ async def session(sample: str, keys: int, state: Path) -> list[tuple[int, float]
     return points
 
 
-def chain(n: int) -> str:
-    body = [f"s{i} = s{i - 1} * 2" for i in range(1, n)]
-    head = ["ranks 4", "dim N = 64", "input x : f32[N] replicated", "s0 = x * 2"]
-    return "\n".join([*head, *body, f"output s{n - 1}", ""])
-
-
-async def huge(stages: int, state: Path) -> tuple[float, float]:
-    from cocoviz.tui.app import create_app
-
-    path = state / "huge.coco"
-    path.write_text(chain(stages))
-    start = time.monotonic()
-    app = create_app(str(path), state_root=state)
-    async with app.run_test(size=(160, 50)) as pilot:
-        await pilot.pause()
-        first = time.monotonic() - start
-        t = time.monotonic()
-        await pilot.press("q")
-        await pilot.pause()
-    return first, time.monotonic() - t
-
-
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--keys", type=int, default=2000)
     ap.add_argument("--sample", default="megatron_mlp")
-    ap.add_argument("--stages", type=int, default=10_000)
-    ap.add_argument("--skip-huge", action="store_true")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         print(f"{args.sample}: {args.keys} keys")
@@ -119,12 +90,6 @@ def main() -> int:
             f"RSS growth from key 200 to key {points[-1][0]}: {growth:+.1f} MB "
             f"({'ok' if growth < 5 else 'over the 5 MB goal'})"
         )
-        if not args.skip_huge:
-            first, quit_s = asyncio.run(huge(args.stages, Path(tmp)))
-            print(
-                f"{args.stages} stages: first screen {first:.1f} s, 'q' answered in "
-                f"{1000 * quit_s:.0f} ms"
-            )
     return 0
 
 

@@ -39,15 +39,65 @@ COCO_THEME = TextAreaTheme(
 )
 
 
+Highlight = tuple[int, int | None, str]
+"""(start byte, end byte or None for the line's end, name in the theme)."""
+
+
 class CountedRows(WrappedDocument):
     """A `WrappedDocument` whose height is the length of its row table (one entry per
     row, kept by `wrap` and `wrap_range`) instead of a sum over every line: TextArea
     reads the height for each line it renders, so on a 10,000-line source a repaint
-    summed 10,000 lines for each of its rows."""
+    summed 10,000 lines for each of its rows. A `wrap` at the width and tab width of the
+    last one, over the same lines, is skipped: TextArea wraps the whole text again at
+    every resize, even unwrapped (width 0), which on such a source took a second."""
+
+    _last: tuple[int, int, list[str]] | None = None
+    """(width, tab width, a copy of the lines) of the last `wrap`."""
 
     @property
     def height(self) -> int:
         return len(self._offset_to_line_info)
+
+    def wrap(self, width: int, tab_width: int | None = None) -> None:
+        lines = self.document.lines
+        last = self._last
+        tabs = tab_width or self._tab_width
+        # The list compares its strings by identity first: an unchanged text costs a
+        # pass over pointers. An edit since (`wrap_range`) changed a line, so it wraps.
+        if last is not None and last[:2] == (width, tabs) and last[2] == lines:
+            return
+        super().wrap(width, tab_width)
+        self._last = (width, self._tab_width, list(lines))
+
+
+class LazyHighlights(dict[int, list[Highlight]]):
+    """The editor's highlights of each line, lexed when the line is first drawn (a
+    10,000-line source was lexed whole at each edit and each new error mark): the marks
+    of the selected line first, then the tokens, then the error marks."""
+
+    def __init__(
+        self,
+        lines: list[str],
+        before: dict[int, list[Highlight]],
+        after: dict[int, list[Highlight]],
+    ) -> None:
+        super().__init__()
+        self._lines = lines
+        self._before = before
+        self._after = after
+
+    def __missing__(self, index: int) -> list[Highlight]:
+        line = self._lines[index] if 0 <= index < len(self._lines) else ""
+        found: list[Highlight] = [
+            *self._before.get(index, ()),
+            *lex_line(line),
+            *self._after.get(index, ()),
+        ]
+        self[index] = found
+        return found
+
+    def __bool__(self) -> bool:
+        return True  # TextArea draws no highlight at all when its map is empty
 
 
 class CocoTextArea(TextArea, SteadyScrollbars):
@@ -88,7 +138,6 @@ class CocoTextArea(TextArea, SteadyScrollbars):
             super().__init__()
 
     def __init__(self, text: str = "", **kwargs: object) -> None:
-        self._lexed: dict[str, list[tuple[int, int, str]]] = {}
         super().__init__(text, read_only=True, tab_behavior="focus", **kwargs)  # type: ignore[arg-type]
         self.register_theme(COCO_THEME)
         self.theme = "cocoviz"
@@ -160,21 +209,11 @@ class CocoTextArea(TextArea, SteadyScrollbars):
 
     def _build_highlight_map(self) -> None:
         self._line_cache.clear()
-        highlights = self._highlights
-        highlights.clear()
         lines = self.document.lines
+        before: dict[int, list[Highlight]] = {}
+        after: dict[int, list[Highlight]] = {}
         if self.selected_line is not None and 0 < self.selected_line <= len(lines):
-            highlights[self.selected_line - 1].append((0, None, "selected"))
-        cache = self._lexed
-        fresh: dict[str, list[tuple[int, int, str]]] = {}
-        for i, line in enumerate(lines):
-            hl = cache.get(line)
-            if hl is None:
-                hl = list(lex_line(line))
-            fresh[line] = hl
-            if hl:
-                highlights[i].extend(hl)
-        self._lexed = fresh
+            before[self.selected_line - 1] = [(0, None, "selected")]
         for line, col, end_line, end_col in self.error_spans:
             if not 0 < line <= len(lines):
                 continue
@@ -186,7 +225,8 @@ class CocoTextArea(TextArea, SteadyScrollbars):
                 end = None if end_line != line else start + 1
             if not text:  # an error at an empty line (end of file): mark nothing, the panel says it
                 continue
-            highlights[line - 1].append((start, end, "error"))
+            after.setdefault(line - 1, []).append((start, end, "error"))
+        self._highlights = LazyHighlights(lines, before, after)
 
     def action_edit(self) -> None:
         self.editing = True
