@@ -303,6 +303,16 @@ output y
     R("overlap-a2a-dim0", A2A, ("overlap(y, z, chunks=8)",), "chunks=8 does not divide dimension 0 of 'y'",
       "K must divide that extent"),
     # ------------------------------------------------------------------ decompose
+    R("decompose-over-dp", """ranks dp=2, tp=2
+dim N = 64, K = 16
+input x : f32[N, K] replicated local(over=dp)
+input w : f32[K, N] replicated
+y = matmul(x, w)
+g = reducescatter(+, y, over=dp)
+z = g * 2
+output z
+""", ("decompose(y, g)",), "a collective over dp, is not supported yet",
+      "A collective over dp (docs/language.md, rank grids) is not decomposed yet"),
     R("decompose-neither", SGD, ("split(g1)", "decompose(g1_rs, g1)"), "is neither an allgather nor a matmul",
       "an allgather and a matmul reading it"),
     R("decompose-not-matmul", GATHER_MM.replace("h = matmul(xg, w)", "h = xg * 2").replace(

@@ -72,6 +72,15 @@ class Decompose(Transformation):
         first = self.lookup_stage(program, self.items[0], 0)
         second = self.lookup_stage(program, self.items[1], 1)
         G = program.grid.group  # on one rank: one step, its whole GEMM, no exchange
+        for k, s in enumerate((first, second)):
+            if s.expr.tag == "dp" and s.expr.op in (Op.ALLGATHER, Op.REDUCESCATTER):
+                raise self.error(
+                    f"decompose of {describe_stage(s)}, a collective over dp, is not "
+                    "supported yet (schedule layer: its ring runs over the tp group)",
+                    stage=s,
+                    arg=k,
+                    hint="overlap it with chunks instead: overlap(…, chunks=K)",
+                )
         if first.expr.op is Op.ALLGATHER:
             members = self._gather(idx, first, second, G)
             items: tuple[str | Group, ...] = (first.name, second.name)
