@@ -381,7 +381,7 @@ MUTANTS = [
         r'(?s)(#if NCCL_VERSION_CODE[^\n]*\n\s*CHECK_NCCL\("back", ncclAlltoAll.*?#endif\n)'
         r"(\s*COCOVIZ_LAUNCH\(c_sch_back_unpack, 4, kThreads, 0, S->comm\)\(B, k\);\n)",
         r"\2\1",
-        "MISMATCH|never written",
+        "MISMATCH|uninitialized read",
         kind="kernel before its producer",
     ),
     # ---- lamb, fused (host API: a cross-rank norm stays on ncclAllReduce), nccl
@@ -412,7 +412,7 @@ MUTANTS = [
         "nccl",
         r"COCOVIZ_LAUNCH\(f_sch_rn_wn_finish_partials, 2, kThreads, 0, S->main\)\(B\);",
         "",
-        "MISMATCH|never written",
+        "MISMATCH|uninitialized read",
         kind="skipped kernel",
     ),
     # ---- zero3_layer, shard_overlap (decomposed rings of grouped send/recv), nccl
@@ -433,7 +433,7 @@ MUTANTS = [
         "nccl",
         r"COCOVIZ_LAUNCH\(k_sch_y_zero, 1, kThreads, 0, S->main\)\(B, C, P, tp, 0\);",
         "",
-        "MISMATCH|never written",
+        "MISMATCH|uninitialized read",
         kind="missing memset",
     ),
     Mutant(
@@ -453,7 +453,7 @@ MUTANTS = [
         "nccl",
         r"if \(step \+ 1 < 4\)",
         "if (step + 1 < 3)",
-        "MISMATCH|never written",
+        "MISMATCH|uninitialized read",
         kind="off-by-one loop bound",
     ),
     Mutant(
@@ -560,7 +560,7 @@ MUTANTS = [
         "nccl-device",
         r"for \(int s = 0; s < kPeers; \+\+s\) ::cocoviz::store_pack<8>\(out0_peer\[s\]",
         "for (int s = 0; s < kPeers - 1; ++s) ::cocoviz::store_pack<8>(out0_peer[s]",
-        "MISMATCH|never written",
+        "MISMATCH|uninitialized read",
         kind="send/recv peers",
     ),
     Mutant(
@@ -582,7 +582,7 @@ MUTANTS = [
         "nccl-device",
         r"for \(int64_t i = scalar_from; i < 45; i \+= stride\)",
         "for (int64_t i = scalar_from; i < 44; i += stride)",
-        "MISMATCH|never written",
+        "MISMATCH|uninitialized read",
         kind="element-wise tails",
     ),
     Mutant(
@@ -592,7 +592,7 @@ MUTANTS = [
         "nccl-device",
         r"scalar_from = 40 \+ first;",
         "scalar_from = 41 + first;",
-        "MISMATCH|never written",
+        "MISMATCH|uninitialized read",
         kind="element-wise tails",
         nth=2,
     ),
@@ -613,7 +613,7 @@ MUTANTS = [
         "nccl",
         r"for \(int64_t i = scalar_from; i < 180; i \+= stride\)",
         "for (int64_t i = scalar_from; i < 179; i += stride)",
-        "MISMATCH|never written",
+        "MISMATCH|uninitialized read",
         kind="element-wise tails",
     ),
     # ---- code both programs share (scope "file"): a block reduction without its barrier
