@@ -28,6 +28,7 @@ SMALL: dict[str, dict[str, int]] = {
     "transformer_block": {"B": 2, "S": 8, "H": 16},
     "ulysses_attention": {"S": 64, "NH": 8, "D": 8},
     "moe_layer": {"R": 8, "T": 16, "E": 8, "C": 4, "H": 16, "F": 32},
+    "moe_routed": {"R": 8, "T": 16, "E": 8, "C": 4, "H": 16, "F": 32},
     "megatron_sp_block": {"S": 16, "B": 2, "H": 16},
     "zero3_layer": {"T": 16, "H": 16, "F": 16},
     "zero1_tp_mlp": {"B": 8, "H": 16, "F": 32},
@@ -165,19 +166,48 @@ def emit_text(
 
 
 def compare_dumps(program: Program, dump: Path) -> None:
-    """Every output dumped by `--dump` equals the numpy reference within its dtype's
-    tolerance."""
+    """Every value dumped by `--dump` (every output, and every updated input by the
+    input's name: cocoviz.exec.dumps) equals the numpy reference within its dtype's
+    tolerance, and the tree dumped nothing else."""
     from cocoviz import numerics as nm
+    from cocoviz.exec.dumps import dumped_values
     from cocoviz.exec.reference import run_reference
 
     ref = run_reference(program, 0)
-    for out in program.outputs:
-        dtype = program.type_of(out).dtype.value
-        got = nm.load_npy(dump / f"{out}.npy", dtype)
-        want = ref.global_value(out)
+    values = dumped_values(program)
+    assert sorted(f.name for f in dump.glob("*.npy")) == sorted(f"{d.name}.npy" for d in values)
+    for d in values:
+        dtype = program.type_of(d.stage).dtype.value
+        got = nm.load_npy(dump / f"{d.name}.npy", dtype)
+        want = ref.global_value(d.stage)
         assert got.shape == want.shape
         cmp = nm.compare(got, want, dtype)
-        assert cmp.ok, f"{out}: {cmp.describe()}"
+        assert cmp.ok, f"{d.name}: {cmp.describe()}"
+
+
+def check_tree_report(directory: Path, seed: int = 0) -> dict[str, object]:
+    """`cocoviz check-tree DIR --no-build --json` on a built tree: it must pass (exit 0:
+    its --check, and every dumped value against the reference, bit for bit where exact);
+    returns the report."""
+    import contextlib
+    import io
+    import json
+
+    import pytest
+
+    from cocoviz.cli.check_tree import check_tree
+    from cocoviz.errors import CocovizError
+
+    out = io.StringIO()
+    try:
+        with contextlib.redirect_stdout(out):
+            rc = check_tree(directory, seed=seed, no_build=True, as_json=True)
+    except CocovizError as err:
+        pytest.fail(f"check-tree {directory}: {err}\n{out.getvalue()[-6000:]}")
+    assert rc == 0
+    report: dict[str, object] = json.loads(out.getvalue())
+    assert report["ok"] is True
+    return report
 
 
 EMU_SOURCES = Path(__file__).resolve().parent.parent / "cocoviz" / "emulation"

@@ -32,6 +32,7 @@ COMMAND_MODULES = (
     "cocoviz.cli.sim",
     "cocoviz.cli.calibrate",
     "cocoviz.cli.emit",
+    "cocoviz.cli.check_tree",
     "cocoviz.cli.run",
     "cocoviz.cli.tui",
 )

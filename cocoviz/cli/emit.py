@@ -44,6 +44,13 @@ def register(sub: Any) -> None:
         "needed), to run with DIR/run.sh --emulate --check",
     )
     p.add_argument(
+        "--check",
+        action="store_true",
+        help="with --build: run 'cocoviz check-tree DIR' on the built tree (the CPU target, "
+        "or the CUDA target with --emulate): its --check, and every dumped value against "
+        "the numpy reference on the same drawn inputs",
+    )
+    p.add_argument(
         "--force",
         action="store_true",
         help="write into a non-empty directory cocoviz did not write",
@@ -69,6 +76,13 @@ def cmd_emit(args: argparse.Namespace) -> int:
         )
     if args.emulate and not args.build:
         raise UsageError("--emulate needs --build", hint="add --build")
+    if args.check and not args.build:
+        raise UsageError("--check runs the built tree: add --build", hint="add --build")
+    if args.check and gpu and not args.emulate:
+        raise UsageError(
+            "--check of the CUDA target runs its CPU emulation: add --emulate",
+            hint="on a GPU machine, run DIR/run.sh --check instead",
+        )
     program = load_args_program(args)
     hw = args_hardware(args)
     steps = schedule_arg_steps(program, args.schedule) if args.schedule else ()
@@ -115,4 +129,8 @@ def cmd_emit(args: argparse.Namespace) -> int:
     elif args.build:
         build(res.directory)
         print(f"{res.directory}/{out.binary}: built", file=sys.stderr)
+    if args.check:
+        from cocoviz.cli.check_tree import check_tree
+
+        return check_tree(res.directory, seed=args.seed)
     return ExitCode.OK

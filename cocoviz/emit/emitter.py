@@ -89,9 +89,31 @@ def emit(
     )
     files = renderer_for(plan, options).files()
     predicted, note = _predicted(scheduled, collectives if spec.gpu else "nccl", hw)
+    files[PROGRAM_FILE] = program_source(reference or scheduled, schedule_steps)
     names = [*files, "manifest.json"]
     files["manifest.json"] = manifest(plan, spec, arch, names, predicted, note)
     return Emitted(files, plan.file_stem)
+
+
+PROGRAM_FILE = "program.coco"
+"""The program a tree was lowered from (`program_source`), for `cocoviz check-tree`."""
+
+
+def program_source(program: Program, steps: Sequence[str]) -> str:
+    """The unscheduled program with its sizes and ranks as written, and the resolved steps
+    of the schedule as the block `emitted`: what `cocoviz check-tree` runs the reference
+    of (docs/codegen.md, "Inputs, dumps and check-tree")."""
+    from cocoviz.ir.printer import format_program
+
+    head = (
+        "# Written by cocoviz emit: the program this tree was lowered from, at the sizes and\n"
+        "# ranks it was emitted for; `cocoviz check-tree DIR` runs its numpy reference, and\n"
+        "# `cocoviz run program.coco --schedule emitted` runs the schedule the tree runs.\n"
+    )
+    text = head + format_program(program, schedules=False)
+    if steps:
+        text += "\nschedule emitted {\n" + "".join(f"  {s}\n" for s in steps) + "}\n"
+    return text
 
 
 def _make_vars(items: tuple[tuple[str, str], ...], spec: TargetSpec) -> tuple[tuple[str, str], ...]:

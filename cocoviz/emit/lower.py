@@ -31,6 +31,7 @@ from cocoviz.emit.names import NameTable, file_stem
 from cocoviz.emit.overlap import GroupLowering
 from cocoviz.emit.plan import Collectives, EmitError
 from cocoviz.errors import UsageError
+from cocoviz.exec.dumps import inexact_reason
 from cocoviz.ir.graph import contracted_order
 from cocoviz.ir.nodes import COLLECTIVES, Expr, Group, Op, Program
 
@@ -39,24 +40,31 @@ __all__ = ["Collectives", "EmitError", "lower_emit", "lower_program"]
 
 UNSIGNED_ARGS = frozenset({Op.SQRT, Op.RSQRT, Op.LOG, Op.POW})
 """Operations whose first argument must not be negative (a real result)."""
+SIGN_ERASING = frozenset({Op.ABS, Op.RELU, Op.EXP, Op.SIGMOID})
+"""Operations whose result is not negative whatever the sign of their argument."""
 
 
 def unsigned_inputs(p: Program) -> frozenset[str]:
     """Inputs that reach the first argument of sqrt, rsqrt, log or pow through any chain
-    of stages: `--check` draws them without a sign, so that Adam's `sqrt(v)` stays a
-    number (docs/codegen.md, inputs and dumps)."""
+    of stages (but not through abs, relu, exp or sigmoid): `--check` and check-tree draw
+    them without a sign, so that Adam's `sqrt(v)` stays a number (docs/codegen.md,
+    inputs and dumps)."""
     deps: dict[str, set[str]] = {}
     roots: set[str] = set()
 
-    def refs(e: Expr, into: set[str]) -> None:
+    def refs(e: Expr, into: set[str], signless: bool = False) -> None:
+        # `signless`: the names an argument's sign reaches (not through abs, relu, exp or
+        # sigmoid, whose results have no sign left)
+        if signless and e.op in SIGN_ERASING:
+            return
         if e.op is Op.REF and e.name is not None:
             into.add(e.name)
         for a in e.args:
-            refs(a, into)
+            refs(a, into, signless)
 
     def walk(e: Expr) -> None:
         if e.op in UNSIGNED_ARGS and e.args:
-            refs(e.args[0], roots)
+            refs(e.args[0], roots, signless=True)
         for a in e.args:
             walk(a)
 
@@ -115,8 +123,9 @@ class _ProgramLowerer(GroupLowering):
             gshape = (self.G, *v.shape) if ty.layout.is_local else v.shape
             b = self.buffer_of(stage)
             return pl.OutputSpec(
-                name, b.cname, ty.dtype, v, ty.pstage, gshape, b.addressing == "global"
-            )
+                name, b.cname, ty.dtype, v, ty.pstage, gshape, b.addressing == "global",
+                normwise=inexact_reason(p, stage) is not None,
+            )  # fmt: skip
 
         outputs = [spec(o, o) for o in p.outputs]
         updated = [spec(i.name, updates[i.name]) for i in p.inputs if i.name in updates]

@@ -145,6 +145,9 @@ class OutputSpec:
     global_addressing: bool = False
     """The buffer aliases a replicated input and holds this rank's part at its global
     positions (a sliced update of a replicated input)."""
+    normwise: bool = False
+    """It depends on a sum whose order may differ between executors (a collective's, a
+    matmul's: `cocoviz.exec.dumps.inexact_reason`): `--check` compares it normwise."""
 
 
 @dataclass(frozen=True)

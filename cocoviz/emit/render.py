@@ -453,6 +453,7 @@ class Renderer:
             # a sliced update of a replicated input, stored at its global positions: rank
             # r's part of chunk k starts at k·numel/K + r·count/K (docs/schedules.md)
             "global_addressing": o.global_addressing,
+            "normwise": o.normwise,
             "chunks": v.chunks if v.kind == "chunked" else 1,
         }  # fmt: skip
 

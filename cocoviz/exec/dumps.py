@@ -14,9 +14,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from cocoviz.ir.nodes import Program
+from cocoviz.ir.nodes import Expr, Op, Program, ReduceOp
 
-__all__ = ["Dumped", "dumped_values"]
+__all__ = ["Dumped", "dumped_values", "inexact_reason"]
 
 
 @dataclass(frozen=True)
@@ -39,3 +39,84 @@ def dumped_values(program: Program) -> tuple[Dumped, ...]:
         if stage is not None:
             out.append(Dumped(i.name, stage, "updated input"))
     return tuple(out)
+
+
+# ------------------------------------------------------------------ exactness
+
+_EXACT = frozenset(
+    {
+        Op.REF, Op.CONST, Op.ADD, Op.SUB, Op.MUL, Op.DIV, Op.NEG, Op.MAX, Op.MIN,
+        Op.SQRT, Op.RSQRT, Op.RELU, Op.ABS, Op.LT, Op.LE, Op.GT, Op.GE, Op.EQ, Op.NE,
+        Op.WHERE, Op.CAST, Op.DROPOUT, Op.SLICE, Op.UPDATE, Op.RESHAPE, Op.TRANSPOSE,
+        Op.PERMUTE, Op.ALLGATHER, Op.BROADCAST, Op.SEND, Op.ALLTOALL, Op.AMAX,
+    }
+)  # fmt: skip
+"""Operations every executor computes with the same correctly rounded steps in the same
+order (IEEE +, −, ×, ÷ and sqrt, comparisons, data movement, a maximum): bit-identical
+wherever they run (docs/codegen.md, "Inputs, dumps and check-tree")."""
+
+_LIBM = frozenset({Op.EXP, Op.LOG, Op.TANH, Op.SIGMOID, Op.GELU, Op.POW})
+_SUMS = frozenset({Op.SUM, Op.NORM, Op.LAYERNORM, Op.RMSNORM, Op.SOFTMAX})
+_RANK_SUMS = frozenset({Op.ALLREDUCE, Op.REDUCESCATTER, Op.REDUCE})
+
+
+def _op_reason(e: Expr, stage: str, integer: bool) -> str | None:
+    """Why `e` (one node of stage `stage`'s expression) may round differently in emitted
+    code than in the reference, or None when it cannot."""
+    op = e.op
+    if op in _EXACT:
+        return None
+    if op in _RANK_SUMS:
+        if integer or e.rop in (ReduceOp.MAX, ReduceOp.MIN):
+            return None
+        return (
+            f"'{stage}' sums across ranks in the order of the collective's algorithm "
+            "(MPI's, NCCL's ring or tree), the reference in rank order"
+        )
+    if op is Op.MATMUL:
+        if integer:
+            return None
+        return (
+            f"'{stage}' is a matmul: the emitted loop (or cuBLAS) and numpy's BLAS "
+            "accumulate the dot products in different orders"
+        )
+    if op in _SUMS:
+        if integer and op is Op.SUM:
+            return None
+        return (
+            f"'{stage}' sums over elements ({op.value}): the kernel's order, numpy's "
+            "pairwise summation"
+        )
+    if op in _LIBM:
+        return (
+            f"'{stage}' calls {op.value}: the C math library's and numpy's results may "
+            "differ in the last place"
+        )
+    return f"'{stage}' uses {op.value}, which is not known to round the same everywhere"
+
+
+def inexact_reason(program: Program, stage: str) -> str | None:
+    """Why the global value of `stage` may differ from the reference's in the last bits
+    when an emitted tree computes it — the first operation on the way to it (in
+    dependency order, nearest first) whose rounding depends on where it runs — or None
+    when every operation it depends on is exact, so the value must be bit-identical."""
+    stages = {s.name: s for s in program.stages}
+    seen: set[str] = set()
+    todo = [stage]
+    while todo:
+        name = todo.pop(0)
+        if name in seen or name not in stages:
+            continue
+        seen.add(name)
+        s = stages[name]
+        integer = not s.ty.dtype.is_float
+        nodes = [s.expr]
+        while nodes:
+            e = nodes.pop()
+            why = _op_reason(e, name, integer)
+            if why is not None:
+                return why
+            if e.op is Op.REF and e.name is not None:
+                todo.append(e.name)
+            nodes.extend(e.args)
+    return None

@@ -568,6 +568,32 @@ inline CompareResult compare(const typename Dt<D>::storage* actual,
   return r;
 }
 
+// Compares like compare<D>, with the tolerance of a value that depends on a sum whose order
+// may differ (docs/codegen.md, "Inputs, dumps and check-tree"): an element agrees when
+// |a - b| <= atol + rtol * M, M the largest finite |expected| of the whole array — a sum's
+// rounding error is as large as its largest terms, not as its (perhaps cancelled) result.
+// Integers compare exactly as in compare<D>.
+template <DType D>
+inline CompareResult compare_normwise(const typename Dt<D>::storage* actual,
+                                      const typename Dt<D>::storage* expected, uint64_t n) {
+  if constexpr (!Dt<D>::is_float) {
+    return compare<D>(actual, expected, n);
+  } else {
+    double m = 0.0;
+    for (uint64_t i = 0; i < n; ++i) {
+      const double b = std::fabs(static_cast<double>(Dt<D>::load(expected[i])));
+      if (std::isfinite(b) && b > m) m = b;
+    }
+    const Tolerance tol{0.0, Dt<D>::tolerance.atol + Dt<D>::tolerance.rtol * m};  // {rtol, atol}
+    CompareResult r;
+    for (uint64_t i = 0; i < n; ++i) {
+      compare_step(r, i, static_cast<double>(Dt<D>::load(actual[i])),
+                   static_cast<double>(Dt<D>::load(expected[i])), tol);
+    }
+    return r;
+  }
+}
+
 // -------------------------------------------------------------------- npy
 
 struct NpyArray {
