@@ -246,6 +246,20 @@ CLAIMS: list[Claim] = [
         },
     ),
     Claim(
+        "cocoviz/samples/moe_routed.coco",
+        "Predicted (cocoviz simulate --hw h100-dgx): as written {base}, overlapped {ol} "
+        "({ol_x}); cocoviz tune ranks overlapped first.{v}",
+        lambda: {
+            "base": t(simulate("moe_routed", "as_written")["summary"]["makespan_s"]),
+            "ol": t(simulate("moe_routed", "overlapped")["summary"]["makespan_s"]),
+            "ol_x": x(speedup("moe_routed", "overlapped"), "x"),
+            "v": holds(
+                first("moe_routed")["block"] == "overlapped",
+                "moe_routed: tune ranks overlapped first on h100-dgx",
+            ),
+        },
+    ),
+    Claim(
         "cocoviz/samples/zero1_tp_mlp.coco",
         "h100-dgx {t100}, {h100} over as written, h200-hgx {h200}; cocoviz tune ranks "
         "fused_adam first.{v}",

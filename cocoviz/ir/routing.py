@@ -81,8 +81,7 @@ def lower_call(lw: Any, a: Any) -> Expr:
         return Expr(op, (a.sub(a.pos[0]), a.sub(a.pos[1])), value=d, span=a.call.span)
     if op is Op.SCATTER_ADD:
         t = a.pos[0]
-        # a type argument `T[DIMS]` (syntax.TypeArg, the argument of zeros/ones/full/iota)
-        if not isinstance(t, getattr(syn, "TypeArg", ())):
+        if not isinstance(t, syn.TypeArg):
             raise InputError(
                 "scatter_add: the first argument must be the result's type, such as f32[B, N, H]",
                 getattr(t, "span", a.call.span),
@@ -203,14 +202,19 @@ def infer(inf: Any, e: Expr) -> Expr:
     def whole(x: Expr, b: int | None, d: int, what: str) -> None:
         if b == d:
             size = x.type.shape[d]
+            other = next((k for k in range(len(x.type.shape)) if k != d), None)
             raise InputError(
                 f"{fname} {what} dimension {d} ({size.text} = {size.value}), which "
                 f"{describe(x)} is sliced along: an index may point into another rank's "
                 "block, and the language does not insert the communication that would fetch "
                 "it",
                 e.span,
-                hint=f"re-slice it first, e.g. alltoall({source_text(x)}, from={d}, to=…), "
-                "or gather it (allgather)",
+                hint=(
+                    f"re-slice it first, `t = alltoall({source_text(x)}, from={d}, "
+                    f"to={other})`, or gather it (allgather)"
+                )
+                if other is not None
+                else "gather it first (allgather)",
             )
 
     pstage = inf._pstage(args, e.span)
