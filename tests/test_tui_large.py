@@ -185,3 +185,29 @@ def test_the_drawings_kept_are_bounded_by_stages(tmp_path) -> None:  # type: ign
     assert len(view._drawings) == min(kept_at_most, graph_module.DRAWINGS_KEPT)
     assert sum(len(p.stages) for p, _ in view._drawings.values()) <= graph_module.STAGES_KEPT
     assert view._kept(programs[-1]) is not None and view._kept(programs[0]) is None
+
+
+@run_async
+async def test_a_large_programs_objects_are_left_out_of_collections(tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """Once a large program's step is drawn its objects are frozen (`gc.freeze`): a full
+    collection no longer walks them. A small program's are not. The thread switch
+    interval is short while the app runs, and restored after."""
+    import gc
+    import sys
+
+    switch = sys.getswitchinterval()
+    gc.unfreeze()
+    try:
+        app = make_app(tmp_path, "megatron_mlp")
+        async with app.run_test(size=(120, 40)) as pilot:
+            await settle(pilot)
+            assert gc.get_freeze_count() == 0 and gc.isenabled()
+            assert sys.getswitchinterval() == min(switch, offload.SWITCH_INTERVAL_S)
+            monkeypatch.setattr(offload, "INLINE_STAGES", 2)
+            assert app.apply_step("split(sum)")
+            assert not gc.isenabled()  # paused until the step's timeline is drawn
+            await settle(pilot)
+            assert gc.isenabled() and gc.get_freeze_count() > 0
+        assert sys.getswitchinterval() == switch
+    finally:
+        gc.unfreeze()

@@ -16,6 +16,7 @@ terminal's size and their content (docs/architecture.md, layer 9).
 from __future__ import annotations
 
 import gc
+import sys
 import time
 import traceback
 from collections.abc import Callable, Sequence
@@ -119,6 +120,8 @@ class CocovizApp(TeachMode):
         """The names of the methods waiting for the next redraw (`_after_redraw`)."""
         self._gc_paused = False
         """The garbage collector is paused for a step (`_pause_gc`)."""
+        self._switch_interval = sys.getswitchinterval()
+        """The interpreter's thread switch interval before the app ran (restored)."""
         self._summaries: dict[int, tuple[Program, Summary]] = {}
         """`summarize` of the programs shown last, by identity."""
         self._palettes: offload.LatestJob[tuple[Program, str], list[PaletteEntry] | str] = (
@@ -161,6 +164,8 @@ class CocovizApp(TeachMode):
         # The tabs' row is not a stop of Tab: ctrl+o and ctrl+l switch the views.
         self.query_one(TabbedContent).query_one(Tabs).can_focus = False
         self.query_one(GraphView).focus()
+        self._switch_interval = sys.getswitchinterval()
+        sys.setswitchinterval(min(self._switch_interval, offload.SWITCH_INTERVAL_S))
         self._start_parse(self.wb.source.text, list(self.wb.source.steps))
 
     def on_resize(self, event: object) -> None:
@@ -580,9 +585,18 @@ class CocovizApp(TeachMode):
             w.group == "sim" and not w.is_finished for w in self.workers
         ):
             self._gc_paused = False
+            program = self.wb.program
+            if program is not None and not offload.inline(len(program.stages)):
+                # A large program's objects (the steps' programs, timelines, drawings:
+                # half a million on 10,000 stages) are left out of later collections: a
+                # full collection walked them all, a second or more with the event loop
+                # stopped. They are freed by their reference counts as ever; only cycles
+                # among them would wait (`gc.freeze`, docs/architecture.md, layer 9).
+                gc.freeze()
             gc.enable()
 
     def on_unmount(self) -> None:
+        sys.setswitchinterval(self._switch_interval)
         if self._gc_paused:
             self._gc_paused = False
             gc.enable()

@@ -26,6 +26,12 @@ INLINE_STAGES = 600
 event loop (the 24-layer GPT stack of `bench/bench_tui.py` has 504 stages); larger ones
 in a worker thread."""
 
+SWITCH_INTERVAL_S = 0.001
+"""How long a worker thread may hold the GIL while the event loop waits for it, as long
+as the app runs (`sys.setswitchinterval`; CPython's default is 5 ms). While a worker
+computes, each turn of the event loop waits for the GIL once after polling for input, and
+a key is answered in tens of turns: at 5 ms a turn a key took hundreds of ms."""
+
 Req = TypeVar("Req")
 Res = TypeVar("Res")
 
