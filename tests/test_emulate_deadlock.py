@@ -111,10 +111,10 @@ def program(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def run(
-    program: Path, mode: str, tmp_path: Path, **env: str
+    program: Path, mode: str, tmp_path: Path, emu_dir: Path | None = None, **env: str
 ) -> tuple[subprocess.CompletedProcess[str], float]:
-    d = tmp_path / f"run-{mode}-{len(list(tmp_path.iterdir()))}"
-    d.mkdir()
+    d = emu_dir or tmp_path / f"run-{mode}-{len(list(tmp_path.iterdir()))}"
+    d.mkdir(exist_ok=True)
     e = dict(os.environ)
     for k in ("COCOVIZ_EMU_DEADLOCK_S", "COCOVIZ_EMU_ORDER"):
         e.pop(k, None)
@@ -170,6 +170,20 @@ def test_ranks_that_only_wait_for_a_late_peer_are_not_a_deadlock(
     res, _ = run(program, "ring-ok", tmp_path, COCOVIZ_EMU_DEADLOCK_S="0.05")
     assert res.returncode == 0, res.stdout + res.stderr
     assert "cocoviz emulation" not in res.stderr, res.stderr
+    assert res.stdout.count("ok ring-ok") == 3
+
+
+def test_boards_left_by_an_earlier_run_are_not_read_as_this_one(
+    program: Path, tmp_path: Path
+) -> None:
+    # a deadlocked run leaves its boards (blocked ranks) in the directory; the next run
+    # there must not take them for its own ranks before they have started
+    shared = tmp_path / "shared"
+    res, _ = run(program, "recv-ring", tmp_path, emu_dir=shared)
+    assert "deadlock: every rank is blocked" in res.stderr, res.stderr
+    (shared / "watchdog").unlink()  # the report's claim, which the next run must make anew
+    res, _ = run(program, "ring-ok", tmp_path, emu_dir=shared, COCOVIZ_EMU_DEADLOCK_S="0.05")
+    assert res.returncode == 0, res.stdout + res.stderr
     assert res.stdout.count("ok ring-ok") == 3
 
 

@@ -1476,6 +1476,7 @@ struct BoardSlot {
   int32_t npeers;              // entries of peers (-1: every other rank)
   int32_t peers[kBoardPeers];  // world ranks this wait needs something from
   char key[128];               // ranks with one key wait together (one communicator's collective)
+  int64_t job;                 // the launcher's process (getppid): a board left by another run differs
 };
 constexpr size_t kBoardBytes = 4096;
 static_assert(sizeof(BoardSlot) <= kBoardBytes, "board slot");
@@ -1508,6 +1509,8 @@ void board_open() {
     void* m = ::mmap(nullptr, kBoardBytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
     if (m != MAP_FAILED) {
       g_board.mine = static_cast<BoardSlot*>(m);
+      std::memset(m, 0, sizeof(BoardSlot));  // a board left by an earlier run in this directory
+      __atomic_store_n(&g_board.mine->job, static_cast<int64_t>(::getppid()), __ATOMIC_RELEASE);
       std::atexit(board_exit);
     }
   }
@@ -1613,7 +1616,7 @@ bool all_blocked(std::vector<Seen>* out) {
   out->assign(static_cast<size_t>(world_size()), Seen{});
   for (int r = 0; r < world_size(); ++r) {
     const BoardSlot* b = board_of(r);
-    if (b == nullptr) return false;
+    if (b == nullptr || __atomic_load_n(&b->job, __ATOMIC_ACQUIRE) != static_cast<int64_t>(::getppid())) return false;
     Seen& s = (*out)[static_cast<size_t>(r)];
     s.state = __atomic_load_n(&b->state, __ATOMIC_ACQUIRE);
     s.serial = __atomic_load_n(&b->serial, __ATOMIC_ACQUIRE);
