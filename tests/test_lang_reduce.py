@@ -259,3 +259,45 @@ def test_emitted_check_and_dumps_equal_reference(
     target: str, collectives: str, tmp_path: Path, emu_cache: Path
 ) -> None:
     emitted_check(RED, "reduce_slices", target, collectives, tmp_path, emu_cache)
+
+
+# --- fused groups: both collectives modes emit different code ---------------------------
+FUSED = PROGRAMS / "lang_fused.coco"
+
+
+def test_fused_groups_verify() -> None:
+    rc, out, err = run_cli("verify", str(FUSED))
+    assert rc == 0, out + err
+
+
+def test_a_device_kernel_falls_back_for_a_member_reading_other_elements() -> None:
+    from emit_support import text_programs
+
+    from cocoviz.emit.emitter import emit
+
+    def device_kernel(schedule: str) -> bool:
+        p, ref = text_programs(FUSED.read_text(), schedule)
+        files = emit(p, ref, target="cuda", collectives="nccl-device", schedule_name=schedule)
+        return "d_sch_out_rs_device" in files.files["lang_fused.cu"]
+
+    assert device_kernel("fused_const")  # the control: a constant is a literal in it
+    assert not device_kernel("fused_mean")
+    assert not device_kernel("fused_transpose")
+
+
+@pytest.mark.build
+@pytest.mark.parametrize(
+    ("target", "collectives", "schedule"),
+    [
+        ("cpu", "nccl", "fused_transpose"),
+        ("cuda", "nccl", "fused_members"),
+        ("cuda", "nccl-device", "fused_members"),
+        ("cuda", "nccl-device", "fused_mean"),
+        ("cuda", "nccl-device", "fused_transpose"),
+        ("cuda", "nccl-device", "fused_const"),
+    ],
+)
+def test_fused_emitted_check_and_dumps_equal_reference(
+    target: str, collectives: str, schedule: str, tmp_path: Path, emu_cache: Path
+) -> None:
+    emitted_check(FUSED, schedule, target, collectives, tmp_path, emu_cache)

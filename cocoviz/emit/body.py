@@ -319,19 +319,7 @@ class BodyBuilder:
         x = e.args[0]
         assert x.op is Op.REF and x.name is not None
         G = self.lw.G
-        buf = self.lw.buffer_of(x.name)
-        if (
-            buf.addressing == "global"
-            or self.lw.view(x.name).kind == "chunked"
-            or self.space.view.kind == "chunked"
-            or self.space.view.shape != shape_values(e.type.shape)
-        ):
-            raise EmitError(
-                f"{e.op.value} of '{x.name}': the emitter permutes a rank's array as it is "
-                "stored, and this one is stored chunk by chunk or at global positions",
-                e.span,
-                hint="permute a value outside overlapped groups and in-place updates",
-            )
+        buf = self._stored_operand(e, x.name)
         perm = permutation(e)
         src = _rank_shape(x.type, G)
         out = [src[p] for p in perm]
@@ -399,13 +387,24 @@ class BodyBuilder:
             buf.addressing == "global"
             or self.lw.view(name).kind == "chunked"
             or self.space.view.kind == "chunked"
-            or self.space.view.shape != shape_values(e.type.shape)
         ):
             raise EmitError(
                 f"{e.op.value} of '{name}': the emitter reads a rank's array as it is "
-                "stored, and this one is stored chunk by chunk or at global positions",
+                "stored, and inside this group it is stored chunk by chunk or at global "
+                "positions (an overlapped group, an in-place update, a fused collective kernel)",
                 e.span,
-                hint="use it outside overlapped groups and in-place updates",
+                hint="make it a stage of its own outside the group, or emit with "
+                "--collectives nccl",
+            )
+        shape = shape_values(e.type.shape)
+        if self.space.view.shape != shape:
+            raise EmitError(
+                f"{e.op.value} of '{name}' would run in a kernel over {list(self.space.view.shape)}"
+                f", not over its own shape {list(shape)}: a fused collective kernel computes "
+                "its members element by element",
+                e.span,
+                hint="make it a stage of its own outside the fused group, or emit with "
+                "--collectives nccl",
             )
         return buf
 

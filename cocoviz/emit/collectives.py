@@ -292,7 +292,16 @@ class CollectiveLowering(Storage):
         gathers = [m for m, o in zip(members, ops, strict=True) if o is Op.ALLGATHER]
         if any(o in COLLECTIVES and o not in (Op.REDUCESCATTER, Op.ALLGATHER) for o in ops):
             return None
-        if any(u.kind != "ew" for m in compute for u in self.units[m]):
+        # a node that reads its operand at other elements than its own (a transpose, a
+        # reduction along a dimension) needs a kernel of its own: not this one, which
+        # computes its members element by element (docs/codegen.md)
+        from cocoviz.emit.kernels import READS_OTHER_ELEMENTS  # (kernels imports this module)
+
+        if any(
+            u.kind != "ew" or u.expr.op in READS_OTHER_ELEMENTS
+            for m in compute
+            for u in self.units[m]
+        ):
             return None
         rs_e = self.p.stage(rs).expr
         src = rs_e.args[0].name
