@@ -138,11 +138,12 @@ HEAD = "ranks dp=2, tp=2\ndim N = 8\n"
             "an axis without one is replicated",
         ),
         (
-            HEAD + "input g : f32[N] local(over=dp)\ninput w : f32[N] replicated\n"
-            "y = reducescatter(+, g, over=dp)\nz = y + w\n",
+            HEAD + "input g : f32[N, N] local(over=dp)\ninput b : f32[N] replicated\n"
+            "y = reducescatter(+, g, over=dp)\nz = y + b\n",
             "t.coco:6:9",
-            "cannot combine 'y', sliced(over=dp), with 'w', which is replicated over dp",
-            "slice(w, over=dp)",
+            "cannot combine 'y', sliced(over=dp), with 'b', which is replicated over dp and "
+            "replicated [N] on a tp rank: broadcasting",
+            "allgather(x, over=dp)",
         ),
         (
             HEAD + "input g : f32[N] local\ny = alltoall(g, to=0, over=dp)\n",
@@ -204,6 +205,16 @@ def test_layouts_over_dp_are_inferred_and_printed_back() -> None:
     assert again == p and format_program(again) == text
 
 
+def test_a_dp_replicated_operand_of_the_same_part_reads_its_dp_part() -> None:
+    # as over tp, where a replicated operand of a sliced value's shape becomes slice(x)
+    base = HEAD + "input g : f32[N] local(over=dp)\ninput w : f32[N] replicated\n"
+    base += "y = reducescatter(+, g, over=dp)\n"
+    implicit = load_program(base + "z = y + w\n", "t.coco")
+    explicit = load_program(base + "z = y + slice(w, over=dp)\n", "t.coco")
+    assert implicit.stages == explicit.stages
+    assert "z = y + slice(w, over=dp)" in format_program(implicit)
+
+
 def test_default_axis_is_tp_and_writing_it_changes_nothing() -> None:
     base = HEAD + "input g : f32[N] local\n"
     a = load_program(base + "y = allreduce(+, g)\n", "t.coco")
@@ -263,10 +274,27 @@ def test_split_over_dp_keeps_the_axis() -> None:
     assert "gsum = allgather(gsum_rs, over=dp)" in out
 
 
-def test_reorder_across_a_dp_allgather_is_refused() -> None:
-    rc, _, err = run("apply", str(GRID_PROGRAM), "reorder(wf)")
-    assert rc == 3
-    assert "reorder across an allgather over dp ('wf') is not supported yet" in err
+ZERO_PROGRAM = ROOT / "tests" / "programs" / "grid_dp_zero.coco"
+
+
+def test_split_and_reorder_over_dp_move_the_update_onto_dp_shards() -> None:
+    rc, out, err = run("show", str(ZERO_PROGRAM), "--schedule", "zero")
+    assert rc == 0, err
+    assert "ga_rs = reducescatter(avg, g, over=dp)" in out
+    assert "m1_s = update(m, slice(0.9 * m, over=dp) + ga_rs)" in out
+    assert "m1 = allgather(m1_s, over=dp)" in out
+    assert "w1_s = update(w, slice(w, over=dp) - lr * m1_s)" in out
+    assert "w1 = allgather(w1_s, over=dp)" in out
+    for ranks in ("dp=2,tp=1", "dp=2,tp=2", "dp=4,tp=2"):
+        rc, out, err = run("verify", str(ZERO_PROGRAM), "--ranks", ranks)
+        assert rc == 0, err
+        assert "ok: 3 value(s) agree" in out
+
+
+def test_reorder_across_a_dp_allgather_needs_a_reader() -> None:
+    rc, _, err = run("apply", str(GRID_PROGRAM), "split(gsum)", "reorder(gsum)")
+    assert rc == 3  # nothing reads gsum: the region is empty
+    assert "nothing reads 'gsum'" in err
 
 
 def test_the_fast_parser_reads_grid_layouts_as_the_grammar_does() -> None:

@@ -43,6 +43,7 @@ def run(*argv: str) -> tuple[int, str, str]:
         ("grid_dp_tp", "dp=2,tp=2", None),
         ("grid_dp_tp", "dp=4,tp=2", "split_dp"),
         ("grid_dp_pp", "dp=2,tp=2,pp=2", "split_dp"),
+        ("grid_dp_zero", "dp=2,tp=2", "zero"),  # split and reorder over dp
     ],
 )
 def test_mpi_run_dumps_equal_the_reference(

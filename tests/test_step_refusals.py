@@ -120,14 +120,15 @@ output r
     # ------------------------------------------------------------------ reorder
     R("reorder-not-allgather", SGD, ("split(g1)", "reorder(g1_rs)"),
       "(reducescatter, f32[N] sliced) is not an allgather or alltoall", "Requires: `ag` is an allgather"),
-    R("reorder-over-dp", """ranks dp=2, tp=2
+    R("reorder-over-dp-local", """ranks dp=2, tp=2
 dim N = 64
 input x : f32[N] sliced(over=dp)
+input l : f32[N] local(over=dp)
 xg = allgather(x, over=dp)
-y = xg * 2
+y = xg * l
 output y
-""", ("reorder(xg)",), "reorder across an allgather over dp ('xg') is not supported yet",
-      "`reorder` across an allgather over dp is not supported yet"),
+""", ("reorder(xg)",), "'y' reads 'l', which is local",
+      "a value local over dp stops them, as a local one over tp does"),
     R("reorder-grouped-gather", MM, ("split(s)", "overlap(s_rs, s, chunks=2)", "reorder(s)"),
       "'s' is in a overlapped group; reorder before fusing or overlapping",
       "holds no other collective than `send` and no grouped stage"),

@@ -14,8 +14,9 @@ The dp rules:
 - a dp-local operand (and no dp-sliced one) → dp-local: each dp replica computes with
   its own contents (replicated operands are the same in every replica);
 - a dp-sliced operand: only elementwise operations, whose non-scalar operands are all
-  sliced over dp alike on a tp part of the same shape (`slice(x, over=dp)` takes the
-  part of a dp-replicated operand); anything else is "not supported yet";
+  sliced over dp alike on a tp part of the same shape; a dp-replicated operand with the
+  result's tp layout and part shape reads its part (`slice(x, over=dp)` is inferred, as
+  a replicated operand is sliced over tp); anything else is "not supported yet";
 - a collective over tp keeps its operand's dp layout; one that changes the shape of a
   tp rank's part (reducescatter, allgather, alltoall) needs an operand that is not
   sliced over dp;
@@ -120,17 +121,34 @@ def infer(inf: Inferencer, e: Expr) -> Expr:
             hint="gather it first: allgather(x, over=dp)",
         )
     want = dp_view(typed.type, inf.G)
+    new_args: list[Expr] = []
     for a in args:
+        new_args.append(a)
         if a.type.is_scalar:
             continue
         inner = a.args[0] if a.op is Op.SLICE and a.tag != "dp" else a
         view = dp_view(a.type, inf.G)
+        if (
+            a.type.dp.is_replicated
+            and a.type.layout == typed.type.layout
+            and shape_values(view.shape) == shape_values(want.shape)
+        ):
+            # as over tp: a dp-replicated operand of the same part reads its dp part
+            ty = a.type
+            part = TensorType(ty.dtype, ty.shape, ty.layout, ty.pstage, first.type.dp)
+            new_args[-1] = Expr(
+                Op.SLICE, (a,), value=first.type.dp.dim, tag="dp", ty=part, span=a.span
+            )
+            continue
         if a.type.dp.is_replicated:
             raise InputError(
                 f"cannot combine {describe(first)}, {_over(first.type.dp)}, with "
-                f"{describe(a)}, which is replicated over dp",
+                f"{describe(a)}, which is replicated over dp and {a.type.layout} "
+                f"{format_view(view)} on a tp rank: broadcasting or another tp layout "
+                "against a value sliced over dp is not supported yet",
                 a.span or e.span,
-                hint=f"take its part first: slice({describe(a).strip(chr(39))}, over=dp)",
+                hint="give it the shape and tp layout of the sliced operand, or gather "
+                "that one first: allgather(x, over=dp)",
             )
         if a.type.dp.is_local:
             raise InputError(
@@ -150,6 +168,10 @@ def infer(inf: Inferencer, e: Expr) -> Expr:
                 a.span or e.span,
                 hint="give both operands the same layouts over tp and over dp",
             )
+    typed = Expr(
+        typed.op, tuple(new_args), typed.name, typed.value, typed.rop, typed.dtype_arg,
+        typed.tag, typed.shape_arg, typed.ty, typed.span,
+    )  # fmt: skip
     return _with_dp(typed, first.type.dp)
 
 

@@ -1066,7 +1066,10 @@ def _group_lower(ctx: Context, g: Group, chunks: int, nccl_device: bool) -> list
     pstage = ctx.pstage_of(compute[0]) if compute else ctx.pstage_of(members[0])
     rs = [m for m in colls if ctx.by_name[m].expr.op is Op.REDUCESCATTER]
     ags = [m for m in colls if ctx.by_name[m].expr.op is Op.ALLGATHER]
-    if rs and nccl_device:
+    # a collective over dp spans nodes: its fused group stays on the host API, as the
+    # emitter keeps groups of other shapes there (docs/cost-model.md, rank grids)
+    over_dp = any(ctx.by_name[m].expr.tag == "dp" for m in colls)
+    if rs and nccl_device and not over_dp:
         return _device_lower(ctx, members, rs, ags, compute, needs, chunks, label)
     ops: list[Operation] = []
     stream = COMM if rs else COMPUTE
@@ -1104,14 +1107,6 @@ def _device_lower(
     """A fused RS→C→AG as one nccl-device kernel; ``reduce=False``: the reducescatter
     already ran (a decomposed group made it), so the kernel computes and gathers."""
     hw = ctx.hw
-    over_dp = [m for m in (*rs, *ags) if ctx.by_name[m].expr.tag == "dp"]
-    if over_dp:
-        raise UsageError(
-            f"--collectives nccl-device: the fused group with '{over_dp[0]}', a collective "
-            "over dp, is not supported yet (cost model: a device kernel runs within one "
-            "NVLink domain, and a dp group spans nodes)",
-            hint="use --collectives nccl",
-        )
     if ctx.group > hw.gpus_per_node:
         raise UsageError(
             f"--collectives nccl-device needs every rank of a group in one NVLink domain: "

@@ -24,7 +24,7 @@ from cocoviz.ir.transforms.base import (
 )
 from cocoviz.ir.transforms.retype import _Env, finish, typed_stage
 from cocoviz.ir.transforms.step import Transformation
-from cocoviz.ir.types import shape_values
+from cocoviz.ir.types import Layout, shape_values
 
 MOVABLE = "elementwise, row-wise and reduction stages, update, send, and a listed matmul"
 
@@ -125,13 +125,6 @@ class Reorder(Transformation):
                 hint = f"split it first: split({ag.name}), then reorder({ag.name})"
             raise self.error(
                 f"{describe_stage(ag)} is not an allgather or alltoall", stage=ag, hint=hint
-            )
-        if ag.expr.tag == "dp" and ag.expr.op is Op.ALLGATHER:
-            raise self.error(
-                f"reorder across an allgather over dp ('{ag.name}') is not supported yet "
-                "(schedule layer: it moves computation over tp only)",
-                stage=ag,
-                hint="split, fuse and overlap apply to collectives over dp",
             )
         if idx.group_of(ag.name) is not None:
             raise self.error(
@@ -274,6 +267,8 @@ class Reorder(Transformation):
         t = idx.update_target.get(m)
         if t is None or t in vetoed or t not in idx.inputs or self._alltoall(idx):
             return False
+        if idx.stage(self.gather).expr.tag == "dp":
+            return False  # asslice does not slice over dp (docs/schedules.md, asslice)
         return idx.inputs[t].ty.layout.is_replicated and all(u in region for u in idx.users(t))
 
     def _asslice_removes(
@@ -397,7 +392,7 @@ class Reorder(Transformation):
                 if r in inside or r == ag.name or r in idx.params:
                     continue
                 t = idx.type_of(r)
-                if t.layout.is_local:
+                if (t.dp if ag.expr.tag == "dp" else t.layout).is_local:
                     rest = [n for n in region if n != m]
                     leave = f"reorder({', '.join([ag.name, *rest])})" if rest else None
                     raise self.error(
@@ -414,7 +409,11 @@ class Reorder(Transformation):
     ) -> Edit:
         operand = ag.expr.args[0]
         ag_shape = shape_values(ag.ty.shape)
-        dim = operand.type.layout.dim
+        # across an allgather over dp the members move onto dp slices of the tp parts
+        # (docs/language.md, rank grids); over tp onto tp slices
+        over_dp = ag.expr.tag == "dp"
+        dim = operand.type.dp.dim if over_dp else operand.type.layout.dim
+        whole = operand.type.layout if over_dp else None
         env = _Env(idx)
         inf = Inferencer(program.grid, env, idx.input_names)
         # typed as re-typing the new stages would type them (`Edit.typed`): the new
@@ -424,7 +423,7 @@ class Reorder(Transformation):
             s = idx.stage(m)
             e = substitute(s.expr, {ag.name: operand})
             if not down(m):
-                e = self._slice_whole(idx, e, set(region), ag_shape, dim)
+                e = self._slice_whole(idx, e, set(region), ag_shape, dim, whole)
             try:
                 typed = inf.infer(e)
             except InputError as err:
@@ -441,7 +440,7 @@ class Reorder(Transformation):
                 or m in idx.update_target
                 or any(u not in inside for u in idx.users(m))
             )
-            if live and t.layout.is_sliced:
+            if live and (t.dp if over_dp else t.layout).is_sliced:
                 renames[m] = idx.fresh(f"{m}_s", taken)
                 taken.add(renames[m])
         # the live-outs' new names, typed as the values they name
@@ -458,7 +457,7 @@ class Reorder(Transformation):
                 back = (
                     dataclasses.replace(ag.expr, args=(moved,), ty=None, span=s.expr.span)
                     if ag.expr.op is Op.ALLTOALL
-                    else Expr(Op.ALLGATHER, (moved,), span=s.expr.span)
+                    else Expr(Op.ALLGATHER, (moved,), tag=ag.expr.tag, span=s.expr.span)
                 )
                 gather = typed_stage(inf, Stage(m, back, s.span))
                 replaced[m] = [c_s, gather]
@@ -488,7 +487,12 @@ class Reorder(Transformation):
 
     @staticmethod
     def _slice_whole(
-        idx: Index, e: Expr, region: set[str], shape: tuple[int, ...], dim: int | None
+        idx: Index,
+        e: Expr,
+        region: set[str],
+        shape: tuple[int, ...],
+        dim: int | None,
+        whole: Layout | None = None,
     ) -> Expr:
         """Replicated operands of the sliced shape read as slices (for members that do not
         depend on the allgather, where inference has no sliced value to align with)."""
@@ -497,6 +501,11 @@ class Reorder(Transformation):
             if n in region or n in idx.params:
                 return e
             t = idx.type_of(n)
+            if whole is not None:  # over dp: a dp-replicated value of the same tp layout
+                if t.dp.is_replicated and t.layout == whole and not t.is_scalar:
+                    if shape_values(t.shape) == shape:
+                        return Expr(Op.SLICE, (e,), value=dim, tag="dp", span=e.span)
+                return e
             if t.layout.is_replicated and not t.is_scalar and shape_values(t.shape) == shape:
                 return Expr(Op.SLICE, (e,), value=dim, span=e.span)
             return e
@@ -504,9 +513,10 @@ class Reorder(Transformation):
             return e
         if e.op is Op.UPDATE:
             return dataclasses.replace(
-                e, args=(e.args[0], Reorder._slice_whole(idx, e.args[1], region, shape, dim))
+                e,
+                args=(e.args[0], Reorder._slice_whole(idx, e.args[1], region, shape, dim, whole)),
             )
-        args = tuple(Reorder._slice_whole(idx, a, region, shape, dim) for a in e.args)
+        args = tuple(Reorder._slice_whole(idx, a, region, shape, dim, whole) for a in e.args)
         return dataclasses.replace(e, args=args)
 
     def _illegal(self, s: Stage, err: InputError) -> ScheduleError:
