@@ -270,3 +270,39 @@ def test_emitted_check_and_dumps_equal_reference(
     target: str, collectives: str, tmp_path: Path, emu_cache: Path
 ) -> None:
     emitted_check(ZERO, "gather_late", target, collectives, tmp_path, emu_cache)
+
+
+# --- a pipeline grid: a transpose, an iota, a send, a mean along a sliced dimension ------
+PIPE = """ranks tp=2, pp=2
+dim B = 8, H = 16
+input x : f32[B, H] sliced(0)
+input r : f32[H, B] replicated @stage 1
+t  = transpose(x, 0, 1) + iota(f32[H, B], dim=0)
+nx = send(t)
+m  = mean(nx, dim=0)
+y  = nx * r + ones(f32[H, B])
+output m, y
+"""
+
+
+def test_on_a_pipeline_grid_the_reference_equals_numpy(tmp_path: Path) -> None:
+    rng = np.random.default_rng(11)
+    src = tmp_path / "pipe.coco"
+    src.write_text(PIPE)
+    x = rng.standard_normal((8, 16)).astype(np.float32)
+    r = rng.standard_normal((16, 8)).astype(np.float32)
+    got = reference_dump(tmp_path, src, {"x": x, "r": r})
+    t = x.T + np.arange(16, dtype=np.float32)[:, None]
+    np.testing.assert_allclose(got["m"], t.mean(axis=0), rtol=1e-6)
+    assert np.array_equal(got["y"], t * r + 1)
+    p = load_program(PIPE, "pipe.coco")
+    assert (p.stage("t").ty.pstage, p.stage("m").ty.pstage) == (0, 1)
+    assert str(p.stage("m").ty.layout) == "sliced"
+
+
+@pytest.mark.build
+@pytest.mark.usefixtures("mpi")
+def test_on_a_pipeline_grid_mpi_matches_reference(tmp_path: Path) -> None:
+    src = tmp_path / "pipe.coco"
+    src.write_text(PIPE)
+    mpi_matches_reference(src, None, 4, tmp_path)
