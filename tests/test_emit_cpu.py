@@ -1,7 +1,8 @@
 """The CPU target for real: every sample × canonical schedule is emitted at small sizes,
 built with the mpich wheel's mpicxx (warning-free under -Wall), run under
 `mpiexec -n 4` (2×2 for the pipeline) with --check, and its --dump outputs are compared
-with the numpy reference within the dtype tolerance."""
+with the numpy reference within the dtype tolerance; `cocoviz check-tree` then runs each
+tree on inputs of its own against the reference (bit for bit where exact)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import pytest
 from emit_support import (
     AVG_PROGRAM,
     cases,
+    check_tree_report,
     compare_dumps,
     diagnostics,
     emit_files,
@@ -67,6 +69,9 @@ def _build_run_and_compare(files: dict[str, str], program: Program, tmp_path: Pa
     assert result["check"] == "pass"
     assert result["program"] == program.name
     compare_dumps(program, dump)
+    # and from outside: signed inputs of varied magnitude, every dumped value against the
+    # reference, bit for bit where exact (cocoviz check-tree, docs/codegen.md)
+    check_tree_report(tmp_path)
 
 
 def _kernel_text(src: str, cname: str) -> str:

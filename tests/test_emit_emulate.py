@@ -19,6 +19,7 @@ from emit_support import (
     AVG_PROGRAM,
     build_emulated,
     cases,
+    check_tree_report,
     compare_dumps,
     emit_files,
     emit_text,
@@ -66,6 +67,8 @@ def check_and_compare(tree: Path, program: Program, dump: Path) -> None:
     assert result["check"] == "pass", res.stderr
     assert "cocoviz emulation" not in res.stderr, res.stderr
     compare_dumps(program, dump)
+    # and from outside: cocoviz check-tree (signed inputs, bit for bit where exact)
+    check_tree_report(tree)
 
 
 def _run_once(files: dict[str, str], program: Program, cache: Path) -> None:
