@@ -1031,12 +1031,13 @@ int take_last_error() {
 // that wrote it and up to two threads that read it, with their source lines. A thread's
 // access conflicts with another thread's write (or, writing, with another thread's read)
 // of the same epoch: nothing orders the two on a GPU (compute-sanitizer's racecheck).
-struct RaceCell {
+struct RaceCell {                  // 32 bytes per 2-byte granule
   uint64_t epoch;                  // race epoch of the accesses below (stale: none)
-  uint32_t w, r1, r2;              // thread index + 1 of the writer and of two readers (0: none)
-  int wl, r1l, r2l;                // their source lines
-  const char *wf, *r1f, *r2f;      // their source files (nullptr: an API's own access)
+  uint16_t w, r1, r2;              // thread index + 1 of the writer and of two readers (0: none)
+  uint16_t wf, r1f, r2f;           // their source files (race_file index; 0: an API's own access)
+  int32_t wl, r1l, r2l;            // their source lines
 };
+static_assert(sizeof(RaceCell) == 32, "RaceCell");
 
 namespace {
 
@@ -1304,15 +1305,38 @@ std::string line_text(const char* file, int line) {
 }
 
 // Checks and records one granule's access by the running thread (the racecheck above).
+// Source files of racecheck records, by index (0: none): a kernel's accesses come from a
+// handful of files (__FILE__ literals), so the last one is remembered.
+std::vector<const char*>& race_files() {
+  static auto* v = new std::vector<const char*>{nullptr};
+  return *v;
+}
+uint16_t race_file(const char* f) {
+  static const char* last = nullptr;
+  static uint16_t last_i = 0;
+  if (f == nullptr) return 0;
+  if (f == last) return last_i;
+  auto& v = race_files();
+  size_t i = 1;
+  while (i < v.size() && v[i] != f && std::strcmp(v[i], f) != 0) ++i;
+  if (i == v.size()) {
+    if (v.size() >= 0xffff) return 0;  // (never in practice) the line stays, the file is lost
+    v.push_back(f);
+  }
+  last = f;
+  last_i = static_cast<uint16_t>(i);
+  return last_i;
+}
+
 inline void race_step(RaceCell& c, bool write, const char* file, int line, const Alloc* x, uintptr_t a, size_t n) {
-  const uint32_t me = g_race_tid + 1;
+  const uint16_t me = static_cast<uint16_t>(g_race_tid + 1);  // blocks have at most 1024 threads
   if (c.epoch != g_race_epoch) {
-    c = RaceCell{g_race_epoch, 0, 0, 0, 0, 0, 0, nullptr, nullptr, nullptr};
+    c = RaceCell{g_race_epoch, 0, 0, 0, 0, 0, 0, 0, 0, 0};
   }
   const char* kind = nullptr;
   uint32_t other = 0;
   bool ow = false;
-  const char* of = nullptr;
+  uint16_t of = 0;
   int ol = 0;
   if (c.w != 0 && c.w != me) {
     kind = write ? "write after write" : "read after write";
@@ -1327,14 +1351,14 @@ inline void race_step(RaceCell& c, bool write, const char* file, int line, const
         x != nullptr ? describe_alloc(*x) + ", bytes [" + std::to_string(a - x->base) + ", " + std::to_string(a - x->base + n) + ")"
                      : "__shared__ memory (a static variable in the emulation) at " + hex(reinterpret_cast<void*>(a)) + ", " +
                            std::to_string(n) + " bytes";
-    intra_block_race(kind, memory, write, file, line, other, ow, of, ol);
+    intra_block_race(kind, memory, write, file, line, other, ow, race_files()[of], ol);
   }
   if (write) {
-    c.w = me, c.wf = file, c.wl = line;
+    c.w = me, c.wf = race_file(file), c.wl = line;
   } else if (c.r1 == 0) {
-    c.r1 = me, c.r1f = file, c.r1l = line;
+    c.r1 = me, c.r1f = race_file(file), c.r1l = line;
   } else if (c.r1 != me && c.r2 == 0) {
-    c.r2 = me, c.r2f = file, c.r2l = line;
+    c.r2 = me, c.r2f = race_file(file), c.r2l = line;
   }
 }
 
