@@ -211,3 +211,38 @@ async def test_a_large_programs_objects_are_left_out_of_collections(tmp_path, mo
         assert sys.getswitchinterval() == switch
     finally:
         gc.unfreeze()
+
+
+@run_async
+async def test_the_timeline_lays_out_a_rows_bars_once_per_window(tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """A cursor move redraws the rows' styles from the bars laid out for the window; a
+    zoom lays them out again. The merged rows of a timeline are made once."""
+    from cocoviz.tui.widgets import timeline as timeline_module
+    from cocoviz.tui.widgets.timeline import TimelineView
+
+    app = make_app(tmp_path, "megatron_mlp")
+    async with app.run_test(size=(160, 50)) as pilot:
+        await settle(pilot)
+        view = app.query_one(TimelineView)
+        assert view.data is not None and view._given[0] is not None
+        assert view._given[0].merged() is view.data  # made once, in the worker
+        calls: list[int] = []
+        real = timeline_module.render_bars
+
+        def counted(row, t0, per_cell, width):  # type: ignore[no-untyped-def]
+            calls.append(width)
+            return real(row, t0, per_cell, width)
+
+        monkeypatch.setattr(timeline_module, "render_bars", counted)
+        view.focus()
+        await pilot.pause()
+        before = [view.render_line(y).text for y in range(view.size.height)]
+        assert not calls  # drawn before: the bars of this window were laid out already
+        await pilot.press("right")
+        await pilot.pause()
+        after = [view.render_line(y).text for y in range(view.size.height)]
+        assert not calls and after != before  # the cursor moved: the details line says so
+        await pilot.press("plus")
+        await pilot.pause()
+        view.render_line(view._header)
+        assert calls  # another window

@@ -81,9 +81,19 @@ class TimelineRows:
     rows: list[Row]
     figures: CostFigures
     by_stage: dict[str, list[tuple[int, Bar]]] = field(default_factory=dict)
+    _views: dict[str, TimelineRows] = field(default_factory=dict, repr=False, compare=False)
+    """`merged()` and `expanded()`, once made (the rows do not change)."""
 
     def merged(self) -> TimelineRows:
-        """Rows of ranks whose events are identical shown once (`r0-15 comm`)."""
+        """Rows of ranks whose events are identical shown once (`r0-15 comm`); made once
+        (indexing a 10,000-stage program's bars by stage took a noticeable time at every
+        redraw of the timeline)."""
+        hit = self._views.get("merged")
+        if hit is None:
+            hit = self._views["merged"] = self._merge()
+        return hit
+
+    def _merge(self) -> TimelineRows:
         groups: dict[tuple[str, tuple[Bar, ...]], list[Row]] = {}
         for r in self.rows:
             key = (r.stream, r.bars)
@@ -114,7 +124,13 @@ class TimelineRows:
         return self.figures.makespan
 
     def expanded(self) -> TimelineRows:
-        """One row per rank and stream."""
+        """One row per rank and stream (made once)."""
+        hit = self._views.get("expanded")
+        if hit is None:
+            hit = self._views["expanded"] = self._expand()
+        return hit
+
+    def _expand(self) -> TimelineRows:
         rows = [Row(k, r.stream, r.bars) for r in self.rows for k in (r.ranks or (r.rank,))]
         rows.sort(key=lambda r: (r.rank, _STREAM_ORDER.get(r.stream, 2), r.stream))
         return TimelineRows._indexed(rows, self.figures)
@@ -150,7 +166,9 @@ class TimelineRows:
             speedup=None if s.speedup is None else float(s.speedup),
             warnings=tuple(str(w.message) for w in tl.warnings),
         )
-        return TimelineRows._indexed(rows, figures)
+        out = TimelineRows._indexed(rows, figures)
+        out.merged()  # in the simulation's worker, not at the first redraw
+        return out
 
     def bar_at(self, row: int, t: float) -> Bar | None:
         if not 0 <= row < len(self.rows):

@@ -90,6 +90,11 @@ class TimelineView(SteadyScrollbars, can_focus=True):
         self._header = HEADER
         self._base: Style | None = None
         """The widget's `rich_style` (until its styles change)."""
+        self._cells: dict[int, tuple[Row, list[tuple[str, str, str]]]] = {}
+        """`render_bars` of the rows drawn, by row identity, for the window `_window`: a
+        cursor move or a new selection redraws a row's styles, not its bars (on a huge
+        program thousands of bars fall in the window at zoom 1)."""
+        self._window: tuple[float, float, int] = (0.0, 0.0, 0)
 
     # --- attributes down --------------------------------------------------------------
     def show(
@@ -109,6 +114,7 @@ class TimelineView(SteadyScrollbars, can_focus=True):
         self.data = data
         self.compare = compare
         self.compare_label = compare_label
+        self._cells.clear()
         self.message_text = message
         self.cursor_row = min(self.cursor_row, max(0, len(self._rows()) - 1))
         self._resize_virtual()
@@ -246,7 +252,7 @@ class TimelineView(SteadyScrollbars, can_focus=True):
         focus = self.has_focus
         gutter_style = base + Style(bold=True, reverse=idx == self.cursor_row and focus)
         segs = [Segment(label[: GUTTER - 1].ljust(GUTTER), gutter_style)]
-        cells = render_bars(row, scroll_x * per_cell, per_cell, max(0, width - GUTTER))
+        cells = self._row_cells(row, scroll_x * per_cell, per_cell, max(0, width - GUTTER))
         cursor_x = self.cursor_col - scroll_x if idx == self.cursor_row and focus else -1
         highlight = self._highlighted_stages()
         # One segment per run of cells drawn alike (kind, highlighted, under the cursor).
@@ -262,6 +268,23 @@ class TimelineView(SteadyScrollbars, can_focus=True):
         if run_key is not None:
             segs.append(Segment("".join(run), _bar_style(base, *run_key)))
         return Strip(segs).simplify().crop(0, width)
+
+    def _row_cells(
+        self, row: Row, t0: float, per_cell: float, width: int
+    ) -> list[tuple[str, str, str]]:
+        """`render_bars(row, …)`, kept while the window is the same (one entry per row
+        shown: the cache is emptied when the window moves)."""
+        window = (t0, per_cell, width)
+        if window != self._window:
+            self._cells.clear()
+            self._window = window
+        hit = self._cells.get(id(row))
+        if hit is None or hit[0] is not row:
+            hit = (row, render_bars(row, t0, per_cell, width))
+            if len(self._cells) > 4 * max(1, self.size.height):
+                self._cells.clear()
+            self._cells[id(row)] = hit
+        return hit[1]
 
     def _axis(self, width: int, scroll_x: int, per_cell: float, base: Style) -> Strip:
         n = max(0, width - GUTTER)
