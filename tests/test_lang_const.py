@@ -109,7 +109,7 @@ BAD = [
         "prog.coco:4:10: error: a type ('f32[…]') is only an argument of zeros, ones, full and "
         "iota",
         "y = relu(f32[B, H])",
-        "         ^^^^^^^^",
+        "         ^^^^^^^^^",
         "hint: for example zeros(f32[B, H])",
     ),
     (

@@ -493,6 +493,7 @@ class _Parser:
     def type_arg(self) -> TypeArg:
         """`DTYPE[SIZE, …]` as a call argument (the grammar's `type_arg`)."""
         toks, source = self.toks, self.source
+        name_tok = toks[self.i]
         name = self.name()
         self.expect("LSQB")
         sizes = []
@@ -510,8 +511,8 @@ class _Parser:
                 if toks[self.i][0] != "COMMA":
                     break
                 self.i += 1
-        self.expect("RSQB")
-        return TypeArg(name, tuple(sizes), self.join(name.span, sizes[-1].span) if sizes else name.span)
+        close = self.expect("RSQB")
+        return TypeArg(name, tuple(sizes), self.span_from(name_tok, self.tspan(close)))
 
     def size_atom(self) -> Any:
         tok = self.toks[self.i]

@@ -539,8 +539,7 @@ class _Build:
 
     def type_arg(self, c: list[Any]) -> TypeArg:
         sizes = tuple(x for x in c[1:] if isinstance(x, SizeExpr))
-        name = self._name(c[0])
-        return TypeArg(name, sizes, self._join(c[0], sizes[-1]) if sizes else name.span)
+        return TypeArg(self._name(c[0]), sizes, self._join(c[0], c[-1]))
 
     def op_plus(self, c: list[Any]) -> RedTok:
         return RedTok("+", self._tok(c[0]))
