@@ -669,7 +669,9 @@ def kill_reason(returncode: int, out: str) -> str | None:
 
 
 def check_emulated(tree: Path) -> subprocess.CompletedProcess[str]:
-    return run_emulated(tree, "--check", "--iters", "1", "--warmup", "0", env={"COCOVIZ_EMU_TIMEOUT": "10"})
+    return run_emulated(
+        tree, "--check", "--iters", "1", "--warmup", "0", env={"COCOVIZ_EMU_TIMEOUT": "10"}
+    )
 
 
 TREES = sorted({(m.sample, m.schedule, m.mode, m.ranks) for m in MUTANTS})
@@ -691,7 +693,12 @@ def build_mutant(base: Path, tree: Path, m: Mutant, lib: Path) -> None:
     built_from = re.search(r"^BUILT_FROM := (.*)$", (tree / "Makefile").read_text(), re.M)
     if built_from is not None:
         s = subprocess.run(
-            f"cat {built_from.group(1)} | cksum", shell=True, cwd=tree, capture_output=True, text=True, check=True
+            f"cat {built_from.group(1)} | cksum",
+            shell=True,
+            cwd=tree,
+            capture_output=True,
+            text=True,
+            check=True,
         )
         stamp = tree / f"{prog.stem}-emu.stamp"
         stamp.write_text(s.stdout)
@@ -709,7 +716,10 @@ def test_emulation_catches_mutant(m: Mutant, emu_cache: Path, tmp_path: Path) ->
     out = run.stdout + run.stderr
     reason = kill_reason(run.returncode, out)
     expected = any(c in out for c in m.caught_by.split("|"))
-    print(f"{m.id}: {reason or 'survived'}" + ("" if expected or not reason else f" (expected {m.caught_by!r})"))
+    print(
+        f"{m.id}: {reason or 'survived'}"
+        + ("" if expected or not reason else f" (expected {m.caught_by!r})")
+    )
     if m.survives:
         assert reason is None, (
             f"mutant {m.id}, listed as a survivor, is now killed ({reason}): move it out of "
@@ -720,14 +730,18 @@ def test_emulation_catches_mutant(m: Mutant, emu_cache: Path, tmp_path: Path) ->
 
 
 @pytest.mark.build
-@pytest.mark.parametrize("tree", TREES, ids=["-".join(x).replace("=", "").replace(",", "") for x in TREES])
+@pytest.mark.parametrize(
+    "tree", TREES, ids=["-".join(x).replace("=", "").replace(",", "") for x in TREES]
+)
 def test_unmutated_tree_passes(tree: tuple[str, str, str, str], emu_cache: Path) -> None:
     """The control: each tree the mutants start from passes the same check, so what kills
     a mutant is its mistake."""
     sample, schedule, mode, ranks = tree
     m = Mutant("control", sample, schedule, mode, "", "", "", ranks=ranks)
     run = check_emulated(build_emulated(tree_files(m), emu_cache))
-    assert run.returncode == 0 and kill_reason(1, run.stdout + run.stderr) is None, run.stdout + run.stderr
+    assert run.returncode == 0 and kill_reason(1, run.stdout + run.stderr) is None, (
+        run.stdout + run.stderr
+    )
 
 
 def test_mutants_cover_the_classes_samples_and_modes() -> None:

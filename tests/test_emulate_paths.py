@@ -53,7 +53,9 @@ def emu_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def check_and_dump(tree: Path, dump: Path, env: dict[str, str] | None = None) -> str:
     """run.sh --emulate --check --dump: passes; returns stderr."""
-    res = run_emulated(tree, "--check", "--iters", "1", "--warmup", "0", "--dump", str(dump), env=env)
+    res = run_emulated(
+        tree, "--check", "--iters", "1", "--warmup", "0", "--dump", str(dump), env=env
+    )
     assert res.returncode == 0, res.stdout + res.stderr
     result = json.loads(res.stdout.strip().splitlines()[-1])
     assert result["check"] == "pass", res.stderr
@@ -105,7 +107,9 @@ def files_and_program(case: str, mode: str) -> tuple[dict[str, str], Program]:
     if case == "tail_sizes":
         return emit_text(TAIL, "ar_c", "cuda", mode, "4"), text_programs(TAIL, "ar_c", "4")[0]
     name, schedule = case.split(".")
-    return emit_files(name, schedule, "cuda", mode, ranks="4"), scheduled(name, schedule, True, "4")[0]
+    return emit_files(name, schedule, "cuda", mode, ranks="4"), scheduled(
+        name, schedule, True, "4"
+    )[0]
 
 
 @pytest.mark.build
@@ -123,7 +127,9 @@ def test_scalar_only_build_dumps_the_packed_builds_bits(
     packed = sorted(p.name for p in (tmp_path / "packed").iterdir())
     assert packed and packed == sorted(p.name for p in (tmp_path / "scalar-dump").iterdir())
     for n in packed:
-        assert (tmp_path / "packed" / n).read_bytes() == (tmp_path / "scalar-dump" / n).read_bytes(), n
+        assert (tmp_path / "packed" / n).read_bytes() == (
+            tmp_path / "scalar-dump" / n
+        ).read_bytes(), n
 
 
 @pytest.mark.build
