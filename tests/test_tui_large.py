@@ -246,3 +246,22 @@ async def test_the_timeline_lays_out_a_rows_bars_once_per_window(tmp_path, monke
         await pilot.pause()
         view.render_line(view._header)
         assert calls  # another window
+
+
+def test_the_layouts_caches_are_bounded_in_stages_not_steps() -> None:
+    """The boxes and blocks kept for the next layout hold their stages alive: however
+    many programs are laid out, they keep the least recently used out beyond their
+    bounds (a long session held every stage it had ever drawn)."""
+    from cocoviz.ir.lower import load_program
+    from cocoviz.samples.gpt import gpt_stack
+    from cocoviz.tui import graph_layout as gl
+
+    text = gpt_stack(2)
+    n = len(load_program(text, "g").stages)
+    programs = [load_program(text, "g") for _ in range(gl.LINES_KEPT // n + 3)]
+    drawn = [layout_graph(p) for p in programs]
+    assert len(gl._LINES) <= gl.LINES_KEPT and len(gl._BLOCKS) <= gl.BLOCKS_KEPT
+    assert all(s is not None for s, *_ in gl._LINES.values())
+    kept = {id(s) for s in programs[-1].stages}
+    assert kept <= set(gl._LINES)  # the last program's boxes, the most recent
+    assert layout_graph(programs[0]).nodes == drawn[0].nodes  # described again, the same

@@ -16,6 +16,7 @@ from __future__ import annotations
 import bisect
 import functools
 from dataclasses import dataclass, field
+from typing import Any
 
 from rich.segment import Segment
 from rich.style import Style
@@ -255,14 +256,30 @@ def _box_styles(base: Style, kind: str, sel: bool) -> tuple[Style, Style, tuple[
 # Node text and width by stage object: most stages are the same objects before and after
 # a step, so a step on a large program re-describes only the stages it touched.
 _LINES: dict[int, tuple[Stage, int, tuple[str, ...], int]] = {}
+LINES_KEPT = 2000
+"""The stages whose boxes are kept: at least this many, and twice the stages of the
+program laid out last (a step on it keeps most of its stages). An entry holds its stage
+alive, so the bound is in stages, whatever the number of steps taken; the least
+recently used go first."""
+BLOCKS_KEPT = 1000
+"""The same for the blocks of layers (`_BLOCKS`): this many, or twice the last layout's."""
+_limits = [LINES_KEPT, BLOCKS_KEPT]
+
+
+def _kept(cache: dict[Any, Any], key: object, value: object, limit: int) -> None:
+    """Keep `value` in `cache` as its most recent entry, within `limit` entries."""
+    while len(cache) >= limit:
+        cache.pop(next(iter(cache)))
+    cache[key] = value
 
 
 def _node_lines(
     s: Stage, group: int, stage_names: set[str] | frozenset[str], dp_size: int = 1
 ) -> tuple[tuple[str, ...], int]:
     """A stage's box: its three lines of text and its width."""
-    hit = _LINES.get(id(s))
+    hit = _LINES.pop(id(s), None)
     if hit is not None and hit[0] is s and hit[1] == group:
+        _LINES[id(s)] = hit  # the most recently used, last
         return hit[2], hit[3]
     t = s.ty
     e = s.expr
@@ -287,9 +304,7 @@ def _node_lines(
         detail += " ← " + ",".join(inputs)
     lines = (op, ty, detail)
     width = min(MAX_NODE_W, max(len(s.name) + 4, *(len(x) + 2 for x in lines)))
-    if len(_LINES) > 20000:
-        _LINES.clear()
-    _LINES[id(s)] = (s, group, lines, width)
+    _kept(_LINES, id(s), (s, group, lines, width), _limits[0])
     return lines, width
 
 
@@ -357,6 +372,7 @@ _BLOCKS: dict[tuple[object, ...], _Block] = {}
 
 def layout_graph(program: Program) -> GraphDrawing:
     """Place every stage and route every stage-to-stage edge."""
+    _limits[0] = max(LINES_KEPT, 2 * len(program.stages))
     d = deps(program)
     by_layer = layers(program, d)
     layer_of = {n: i for i, row in enumerate(by_layer) for n in row}
@@ -384,6 +400,7 @@ def layout_graph(program: Program) -> GraphDrawing:
     starts = [0] + [
         li for li in range(1, len(by_layer)) if len(by_layer[li]) == 1 and not passed[li]
     ]
+    _limits[1] = max(BLOCKS_KEPT, 2 * len(starts))
     block_of_layer: list[int] = []
     for bi, first in enumerate(starts):
         end = starts[bi + 1] if bi + 1 < len(starts) else len(by_layer)
@@ -398,12 +415,10 @@ def layout_graph(program: Program) -> GraphDrawing:
         rows = tuple(tuple(by_layer[li]) for li in range(first, end))
         cut = by_layer[end][0] if end < len(by_layer) else None
         key = _block_key(rows, block_edges[bi], cut, widths, group_rank)
-        block = _BLOCKS.get(key)
+        block = _BLOCKS.pop(key, None)
         if block is None:
             block = _layout_block(rows, block_edges[bi], cut, widths, group_rank)
-            if len(_BLOCKS) > 4000:
-                _BLOCKS.clear()
-            _BLOCKS[key] = block
+        _kept(_BLOCKS, key, block, _limits[1])
         blocks.append(block)
 
     # The header line and a blank row; a group's frame takes the row above its members'
