@@ -78,6 +78,23 @@ def test_layout_rules(inputs, call, dtype, shape, want) -> None:
     assert (ty.dtype.value, _shape(ty), str(ty.layout)) == (dtype, shape, want)
 
 
+def test_replicated_indices_or_data_are_read_as_the_ranks_rows() -> None:
+    p = prog(
+        "input x : f32[B, T, H] sliced(0)\ninput i : i32[B, K] replicated\n"
+        "input r : f32[B, T, H] replicated\ninput j : i32[B, K] sliced(0)\n"
+        "input t : i32[B, T] replicated\n"
+        "y = gather(x, i, dim=1)\nz = gather(r, j, dim=1)\n"
+        "w = scatter_add(f32[B, E, H], t, x, dim=1)\noutput y, z, w\n"
+    )
+    text = format_program(p)
+    assert "y = gather(x, slice(i), dim=1)" in text
+    assert "z = gather(slice(r), j, dim=1)" in text
+    assert "w = scatter_add(f32[B, E, H], slice(t), x, dim=1)" in text
+    for name in "yzw":
+        assert str(p.stage(name).ty.layout) == "sliced"
+    assert load_program(text, "again.coco") == p
+
+
 # --- diagnostics ------------------------------------------------------------------------
 BAD = [
     (
@@ -137,13 +154,14 @@ BAD = [
         "hint: for example gather(x, idx, dim=d)",
     ),
     (
-        "input x : f32[B, H] sliced(0)\ninput i : i32[B, K] replicated\n"
+        "input x : f32[B, T, H] sliced(0)\ninput i : i32[B, E] sliced(1)\n"
         "y = gather(x, i, dim=1)\n",
-        "prog.coco:5:5: error: gather: 'x' is sliced along dimension 0 and the indices 'i' are "
-        "replicated; both must be sliced along dimension 0 (each rank routes its own rows)",
+        "prog.coco:5:5: error: gather: 'x' is sliced along dimension 0 and the indices 'i' "
+        "along dimension 1; both must be sliced along dimension 0 (each rank routes its own "
+        "rows)",
         "y = gather(x, i, dim=1)",
         "    ^^^^^^^^^^^^^^^^^^^",
-        "hint: slice the indices as the data, e.g. slice(i, 0)",
+        "hint: slice the indices as the data, or gather them first (allgather)",
     ),
     (
         "input i : i32[B, T] replicated\ninput x : f32[B, T, H] replicated\n"

@@ -327,16 +327,26 @@ def infer(inf: Any, e: Expr) -> Expr:
         dt = e.dtype_arg
     layout: Layout = REPLICATED
     # each rank computes with its own arrays, so the slicing of the data and of the
-    # indices must describe the same part of the result
+    # indices must describe the same part of the result. A replicated one of the two,
+    # where the other is sliced along a leading (batch) dimension, is read as the rank's
+    # rows — `slice(…, b)`, as any replicated operand of a sliced computation
+    # (docs/language.md, layout inference)
+    if b is not None and b < d and b_idx is None:
+        idx = inf._slice_replicated(idx, sliced(b, ish), ish)
+        b_idx = b
+    elif b is None and b_idx is not None and b_idx < d:
+        dsh = data.type.shape
+        data = inf._slice_replicated(data, sliced(b_idx, dsh), dsh)
+        b = b_idx
+    args = (data, idx) if e.op is Op.GATHER else (idx, data)
     if b is not None and b < d:
         if b_idx != b:
             raise InputError(
                 f"{fname}: {describe(data)} is sliced along dimension {b} and the indices "
-                f"{describe(idx)} are "
-                + ("replicated" if b_idx is None else f"sliced along dimension {b_idx}")
-                + f"; both must be sliced along dimension {b} (each rank routes its own rows)",
+                f"{describe(idx)} along dimension {b_idx}; both must be sliced along "
+                f"dimension {b} (each rank routes its own rows)",
                 e.span,
-                hint=f"slice the indices as the data, e.g. slice({source_text(idx)}, {b})",
+                hint="slice the indices as the data, or gather them first (allgather)",
             )
         layout = sliced(b, shape)
     elif b is not None:
@@ -351,14 +361,6 @@ def infer(inf: Any, e: Expr) -> Expr:
             )
         layout = sliced(b + m - 1 if e.op is Op.GATHER else b - m + 1, shape)
     elif b_idx is not None:
-        if b_idx < d:
-            raise InputError(
-                f"{fname}: the indices {describe(idx)} are sliced along dimension {b_idx} and "
-                f"{describe(data)} is replicated; both must be sliced along it (each rank "
-                "routes its own rows)",
-                e.span,
-                hint=f"slice the data too: slice({source_text(data)}, {b_idx})",
-            )
         if e.op is Op.SCATTER_ADD:
             raise InputError(
                 f"scatter_add: the indices {describe(idx)} are sliced along dimension {b_idx}, "
