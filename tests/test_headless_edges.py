@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 
 import pytest
+from conftest import need_tool
 from emit_support import need_mpicxx
 from mpi_support import mpi  # noqa: F401 - the fixture
 
@@ -308,8 +309,7 @@ def test_make_rebuilds_a_stale_binary_whatever_the_times_say(tmp_path: Path) -> 
     """`make -n` on a CUDA tree whose binaries and objects look newer than every source
     but were built from other sources: both builds compile again (nothing is compiled
     here; make only says what it would run)."""
-    if shutil.which("make") is None:
-        pytest.skip("make not found")
+    need_tool(shutil.which("make"), "make", mpi=True)
     out = tmp_path / "o"
     _emit(out, "cuda")
     (out / "emu").mkdir()
@@ -419,8 +419,7 @@ def test_compiler_messages_are_the_error_lines_with_their_caret() -> None:
 def test_a_failed_build_shows_the_compiler_s_own_lines(
     tmp_path: Path, monkeypatch, capsys, said: bytes, shown: list[str]
 ) -> None:  # type: ignore[no-untyped-def]
-    if shutil.which("make") is None:
-        pytest.skip("make not found")
+    need_tool(shutil.which("make"), "make", mpi=True)
     compiler = tmp_path / "bin" / "fake-mpicxx"
     (tmp_path / "said").write_bytes(said)
     _fake(compiler, f"#!/bin/sh\ncat '{tmp_path / 'said'}' >&2\nexit 1\n")
@@ -572,8 +571,7 @@ def test_explain_on_a_name_a_step_makes(capsys) -> None:  # type: ignore[no-unty
 def test_a_program_named_force_gets_a_stem_of_its_own(tmp_path: Path) -> None:
     """FORCE is the Makefile's target that rebuilds a stale binary: a program of that
     name is built as FORCE_prog, and `make -n` still plans its build."""
-    if shutil.which("make") is None:
-        pytest.skip("make not found")
+    need_tool(shutil.which("make"), "make", mpi=True)
     src = tmp_path / "FORCE.coco"
     src.write_text(
         (ROOT / "samples" / "sgd.coco").read_text().replace("program sgd", "program FORCE")
