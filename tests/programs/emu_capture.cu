@@ -198,6 +198,7 @@ void end_capture_and_launch(World& w) {
 void hazard(World& w) {
   float* y = nullptr;
   expect(cudaMalloc(&y, sizeof(float) * kN) == cudaSuccess, "cudaMalloc");
+  fill(w.x, 1.0f);  // what the copy reads (an unwritten x is the emulation's initcheck report)
   expect(cudaStreamBeginCapture(w.s, cudaStreamCaptureModeGlobal) == cudaSuccess, "begin");
   expect(cudaEventRecord(w.fork, w.s) == cudaSuccess, "record fork");
   expect(cudaStreamWaitEvent(w.s2, w.fork, 0) == cudaSuccess, "fork");
