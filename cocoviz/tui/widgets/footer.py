@@ -94,10 +94,10 @@ class KeyFooter(Footer):
                     disabled=not enabled,
                     tooltip=tooltip or binding.description,
                     classes="-grouped",
-                ).data_bind(compact=Footer.compact)
+                )
                 for binding, enabled, tooltip in pending
             ]
-            yield KeyGroup(*keys, classes="-compact" if group.compact else "")
+            yield KeyGroup(*map(self._sized, keys), classes="-compact" if group.compact else "")
             yield FooterLabel(group.description)
 
         for items in by_action.values():
@@ -110,15 +110,31 @@ class KeyFooter(Footer):
                 continue
             yield from flush()
             pending, group = [], None
-            yield FooterKey(
-                binding.key,
-                self.app.get_key_display(binding),
-                binding.description,
-                binding.action,
-                disabled=not enabled,
-                tooltip=tooltip,
-            ).data_bind(compact=Footer.compact)
+            yield self._sized(
+                FooterKey(
+                    binding.key,
+                    self.app.get_key_display(binding),
+                    binding.description,
+                    binding.action,
+                    disabled=not enabled,
+                    tooltip=tooltip,
+                )
+            )
         yield from flush()
+
+    def _sized(self, key: FooterKey) -> FooterKey:
+        """`key` in the footer's compact style or not. Textual's Footer binds each key's
+        `compact` to its own (`data_bind`), which adds a watcher to the footer that only
+        a change of `compact` would drop: the footer is composed again at every change of
+        focus or bindings, and each time it kept every key it had removed (the TUI's
+        memory grew without bound over a session, bench/bench_tui_rss.py)."""
+        key.set_reactive(FooterKey.compact, self.compact)
+        key.set_class(self.compact, "-compact", update=False)  # what its watcher sets
+        return key
+
+    def watch_compact(self, compact: bool) -> None:
+        for key in self.query(FooterKey):
+            key.compact = compact
 
     def text(self) -> str:
         """The footer as a line of text: the pane's name, then each key and its
