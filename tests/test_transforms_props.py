@@ -18,10 +18,8 @@ from cocoviz.ir.transforms.retype import verify_program
 from cocoviz.schedule import Session
 
 HAS_REFERENCE = importlib.util.find_spec("cocoviz.exec.verify") is not None
-PROGRAMS = {
-    name: sample(name, SMALL[name], "tp=2,pp=2" if name == "pipeline_stage" else "4")
-    for name in SAMPLES
-}
+GRIDS = {"pipeline_stage": "tp=2,pp=2", "zero1_tp_mlp": "dp=2,tp=2"}  # else 4 ranks
+PROGRAMS = {name: sample(name, SMALL[name], GRIDS.get(name, "4")) for name in SAMPLES}
 
 
 @st.composite

@@ -11,6 +11,7 @@ from cocoviz.schedule import apply_block
 
 RANKS = {name: ["2", "4", "8"] for name in SAMPLES}
 RANKS["pipeline_stage"] = ["tp=2,pp=2", "tp=4,pp=2"]
+RANKS["zero1_tp_mlp"] = ["dp=2,tp=2", "dp=2,tp=4"]  # a dp grid (docs/language.md)
 
 CASES = [
     (name, ranks, block.name)

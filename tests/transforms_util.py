@@ -25,6 +25,8 @@ SMALL = {
     "moe_layer": {"R": 8, "T": 16, "E": 8, "C": 4, "H": 16, "F": 32},
     "megatron_sp_block": {"S": 16, "B": 2, "H": 16},
     "zero3_layer": {"T": 16, "H": 16, "F": 16},
+    "zero1_tp_mlp": {"B": 8, "H": 16, "F": 32},  # the sample's "Small:" comment
+    "moe_routed": {"R": 8, "T": 16, "E": 8, "C": 4, "H": 16, "F": 32},  # as moe_layer
 }
 
 
