@@ -9,7 +9,7 @@ COCOVIZ_EMU_TIMEOUT watchdog's 60 s, which stays the backstop.
 
 A hand-written program on 3 ranks: receives in a ring with no sends (a cycle of three
 receives); a send to the wrong peer while the others reach an MPI barrier (a receive
-against two ranks in MPI); and, for the other side, a correct ring with one late rank per
+against two ranks in MPI, the stray send shown with its sender); and, for the other side, a correct ring with one late rank per
 round under a 50 ms detection window, which must pass."""
 
 from __future__ import annotations
@@ -160,8 +160,11 @@ def test_a_send_to_the_wrong_peer_is_reported_against_ranks_in_mpi(
     assert re.search(r"rank 1 waits: ncclRecv from rank 0 .*-> needs rank 0", cycle), cycle
     assert re.search(r"rank 0 is blocked in MPI: MPI_Barrier .*-> needs rank 1", cycle), cycle
     assert f"deadlock.cu:{line_of('@recv-from-0')}" in cycle, cycle
-    # the whole picture: rank 2 sits in the barrier too
+    # the whole picture: rank 2 sits in the barrier too, and rank 0's send went to it
     assert re.search(r"rank 2 is blocked in MPI: MPI_Barrier", err), err
+    assert re.search(
+        r"rank 0 is blocked in MPI: .*its sends not received: ncclSend to rank 2 ", err
+    ), err
 
 
 def test_ranks_that_only_wait_for_a_late_peer_are_not_a_deadlock(

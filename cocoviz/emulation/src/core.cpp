@@ -1501,6 +1501,7 @@ struct BoardSlot {
   int32_t peers[kBoardPeers];  // world ranks this wait needs something from
   char key[128];               // ranks with one key wait together (one communicator's collective)
   int64_t job;                 // the launcher's process (getppid): a board left by another run differs
+  char sends[1536];            // this rank's sends posted and not yet received (set_posted_sends)
 };
 constexpr size_t kBoardBytes = 4096;
 static_assert(sizeof(BoardSlot) <= kBoardBytes, "board slot");
@@ -1685,6 +1686,9 @@ std::string board_line(int r) {
     line += w.size() > 1 ? "s " : " ";
     for (size_t i = 0; i < w.size(); ++i) line += (i ? ", " : "") + std::to_string(w[i]);
   }
+  if (b != nullptr && b->sends[0] != '\0') {
+    line += "; its sends not received: " + std::string(b->sends, strnlen(b->sends, sizeof b->sends));
+  }
   return line;
 }
 
@@ -1827,6 +1831,14 @@ void wait_until(const std::function<bool()>& ready, const std::string& pending,
   }
   board_leave();
   set_pending("");
+}
+
+void set_posted_sends(const std::string& text) {
+  board_open();
+  if (g_board.mine == nullptr) return;
+  const size_t n = std::min(text.size(), sizeof g_board.mine->sends - 1);
+  std::memcpy(g_board.mine->sends, text.data(), n);
+  g_board.mine->sends[n] = '\0';
 }
 
 void mpi_blocking_enter(const char* call) {

@@ -582,16 +582,32 @@ void read_data_file(const std::string& path, void* data, size_t n) {
   ::unlink(path.c_str());
 }
 
+// The status board's list of this rank's sends not yet received (the deadlock report).
+void publish_sends() {
+  std::string text;
+  for (const auto& s : g_sends) {
+    if (text.size() > 1200) {
+      text += "; ...";
+      break;
+    }
+    text += (text.empty() ? "" : "; ") + s->text;
+  }
+  emu::set_posted_sends(text);
+}
+
 void progress_sends() {
+  bool changed = false;
   for (size_t i = 0; i < g_sends.size();) {
     int done = 0;
     MPI_Test(&g_sends[i]->req, &done, MPI_STATUS_IGNORE);
     if (done) {
       g_sends.erase(g_sends.begin() + static_cast<long>(i));
+      changed = true;
     } else {
       ++i;
     }
   }
+  if (changed) publish_sends();
 }
 
 // Matches arrived messages to posted receives, in posting order per (comm, peer).
@@ -671,6 +687,7 @@ PendingSend* post_send(const void* buff, size_t count, int type, int peer, ncclC
   if (inline_data && bytes > 0) std::memcpy(s->msg.data() + sizeof d + vb, buff, bytes);
   MPI_Issend(s->msg.data(), mpi_count(s->msg.size(), s->text), MPI_BYTE, peer, kTagP2P, comm->mpi, &s->req);
   g_sends.push_back(std::move(s));
+  publish_sends();
   return g_sends.back().get();
 }
 

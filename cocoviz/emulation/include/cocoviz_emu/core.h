@@ -311,6 +311,10 @@ void wait_until(const std::function<bool()>& ready, const std::string& pending,
                 const std::function<void()>& progress = {}, const std::vector<int>& peers = {},
                 const std::string& key = "");
 
+// This rank's sends that are posted and not yet received ("" when none): shown by the
+// deadlock report, where a send to the wrong peer explains a receive that never completes.
+void set_posted_sends(const std::string& text);
+
 // Around a blocking MPI call of the program (src/mpi_wrap.cpp): the status board shows the
 // rank blocked in `call` (a static string) until it returns.
 void mpi_blocking_enter(const char* call);
