@@ -107,7 +107,7 @@ MUTANTS: list[Mutant] = [
            "            bad = sorted((idx.preds(m) & between), key=idx.position)\n            if bad:\n",
            "            bad = sorted((idx.preds(m) & between), key=idx.position)\n            if False:\n",
            "a region with a stage outside it between two members", STEPS),
-    Mutant("reorder-local-operand", T + "reorder.py", "                if t.layout.is_local:\n",
+    Mutant("reorder-local-operand", T + "reorder.py", "                if (t.dp if ag.expr.tag == \"dp\" else t.layout).is_local:\n",
            "                if False:\n", "a member reading a local value is moved onto slices", STEPS),
     Mutant("reorder-not-allgather", T + "reorder.py",
            "        if ag.expr.op not in (Op.ALLGATHER, Op.ALLTOALL):\n",
