@@ -616,6 +616,29 @@ MUTANTS = [
         "MISMATCH|uninitialized read",
         kind="element-wise tails",
     ),
+    # ---- ulysses_attention, bf16_wire (alltoalls around attention), nccl
+    Mutant(
+        "alltoall-unpack-permuted",
+        "ulysses_attention",
+        "bf16_wire",
+        "nccl",
+        r"COCOVIZ_ST\(B\.v_sch_vb, \(0\) \+ \(o \* 64 \+ r \* 16\)",
+        "COCOVIZ_ST(B.v_sch_vb, (0) + (o * 64 + (3 - r) * 16)",
+        "MISMATCH",
+        kind="pack offsets",
+    ),
+    # ---- pipeline_stage, fused: a tp-group collective on the world communicator
+    Mutant(
+        "allgather-on-the-world-communicator",
+        "pipeline_stage",
+        "fused",
+        "nccl",
+        r"(ncclAllGather\(B\.v_sch_out_s \+ \(32 \* k\), B\.v_sch_out \+ \(64 \* k\), 32, ncclFloat16, )ctx\.nccl_group",
+        r"\g<1>ctx.nccl_world",
+        "deadlock|out of bounds",
+        kind="NCCL communicator",
+        ranks="tp=2,pp=2",
+    ),
     # ---- code both programs share (scope "file"): a block reduction without its barrier
     Mutant(
         "block-reduce-missing-syncthreads",
