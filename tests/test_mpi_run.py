@@ -79,6 +79,7 @@ SMALL = {
     "pipeline_stage": {"B": 2, "S": 8, "H": 16},
     "ulysses_attention": {"S": 64, "NH": 8, "D": 8},
     "moe_layer": {"R": 8, "T": 16, "E": 8, "C": 4, "H": 16, "F": 32},
+    "moe_routed": {"R": 8, "T": 16, "E": 8, "C": 4, "H": 16, "F": 32},
     "megatron_sp_block": {"S": 16, "B": 2, "H": 16},
     "zero3_layer": {"T": 16, "H": 16, "F": 16},
 }
