@@ -21,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import io
 import json
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -311,6 +312,28 @@ def test_check_tree_reports_a_one_ulp_difference(exact_cpu: Path, tmp_path: Path
 
 
 @pytest.mark.build
+def test_a_value_nothing_wrote_reads_the_poison(exact_cpu: Path, tmp_path: Path) -> None:
+    """The store of `kd` removed from both programs (a mistake their shared code would
+    hide from the tree's --check): the output holds the poison the buffer was allocated
+    with (-1 for integers, NaN bytes for floats, not zeros), and check-tree reports it."""
+    tree = tmp_path / "tree"
+    shutil.copytree(exact_cpu, tree)
+    src = tree / "exact_ops.cpp"
+    lines = src.read_text().split("\n")
+    stores = [i for i, ln in enumerate(lines) if "COCOVIZ_ST(B.v_" in ln and "_kd, i)" in ln]
+    assert len(stores) == 2
+    src.write_text("\n".join(ln for i, ln in enumerate(lines) if i not in stores))
+    assert make(tree).returncode == 0
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        assert main(["check-tree", str(tree), "--no-build"]) == 4
+    text = out.getvalue()
+    kd = next(ln for ln in text.splitlines() if ln.strip().startswith("kd "))
+    assert "MISMATCH" in kd and "tree -1," in kd
+    assert "the tree exited" not in text  # its own --check saw the same -1 twice
+
+
+@pytest.mark.build
 def test_check_tree_user_errors(tmp_path: Path, exact_cpu: Path, capsys) -> None:  # type: ignore[no-untyped-def]
     assert main(["check-tree", str(tmp_path / "nowhere")]) == 1
     assert "no such directory" in capsys.readouterr().err
@@ -405,6 +428,40 @@ def test_check_generator_matches_check_tree_and_changes_every_round(tmp_path: Pa
 
 
 # ------------------------------------------------------------------ pure Python
+
+
+UNCHECKED = re.compile(
+    r"^(?!.*CHECK_(?:CUDA|MPI)\().*\b(cudaStreamDestroy|cudaEventDestroy|MPI_Init|MPI_Finalize)\("
+)
+
+
+@pytest.mark.parametrize("target", ["cuda", "cpu"])
+def test_teardown_calls_are_checked(target: str) -> None:
+    """Issue 33 item 7: cudaStreamDestroy, cudaEventDestroy, MPI_Init and MPI_Finalize are
+    checked like every other call (docs/codegen.md), also in a tree with overlapped groups
+    (their events) and p2p streams."""
+    from emit_support import emit_files
+
+    for name, schedule in (
+        ("megatron_mlp", "fused"),
+        ("pipeline_stage", "fused"),
+        ("moe_layer", "overlapped"),
+    ):
+        files = emit_files(name, schedule, target)
+        calls = 0
+        for fname, text in files.items():
+            if not fname.endswith((".cu", ".cpp")):
+                continue
+            for ln in text.splitlines():
+                if ln.lstrip().startswith("//"):
+                    continue
+                assert not UNCHECKED.search(ln), f"{name}/{fname}: {ln.strip()}"
+                calls += len(
+                    re.findall(
+                        r"\b(?:cudaStreamDestroy|cudaEventDestroy|MPI_Init|MPI_Finalize)\(", ln
+                    )
+                )
+        assert calls >= (6 if target == "cuda" else 3), (name, calls)
 
 
 def test_exactness_rules() -> None:
