@@ -1031,13 +1031,12 @@ int take_last_error() {
 // that wrote it and up to two threads that read it, with their source lines. A thread's
 // access conflicts with another thread's write (or, writing, with another thread's read)
 // of the same epoch: nothing orders the two on a GPU (compute-sanitizer's racecheck).
-struct RaceCell {                  // 32 bytes per 2-byte granule
-  uint64_t epoch;                  // race epoch of the accesses below (stale: none)
+struct RaceCell {                  // 16 bytes per 2-byte granule
+  uint32_t epoch;                  // race epoch of the accesses below, mod 2^32 (stale: none)
   uint16_t w, r1, r2;              // thread index + 1 of the writer and of two readers (0: none)
-  uint16_t wf, r1f, r2f;           // their source files (race_file index; 0: an API's own access)
-  int32_t wl, r1l, r2l;            // their source lines
+  uint16_t ws, r1s, r2s;           // their source lines (race_site index; 0: an API's own access)
 };
-static_assert(sizeof(RaceCell) == 32, "RaceCell");
+static_assert(sizeof(RaceCell) == 16, "RaceCell");
 
 namespace {
 
@@ -1305,60 +1304,72 @@ std::string line_text(const char* file, int line) {
 }
 
 // Checks and records one granule's access by the running thread (the racecheck above).
-// Source files of racecheck records, by index (0: none): a kernel's accesses come from a
-// handful of files (__FILE__ literals), so the last one is remembered.
-std::vector<const char*>& race_files() {
-  static auto* v = new std::vector<const char*>{nullptr};
+// Source lines of racecheck records (file, line), by a 16-bit index (0: none). A kernel's
+// accesses come from a few lines, so a small direct-mapped cache answers almost every call.
+struct RaceSite {
+  const char* file;
+  int line;
+};
+std::vector<RaceSite>& race_sites() {
+  static auto* v = new std::vector<RaceSite>{{nullptr, 0}};
   return *v;
 }
-uint16_t race_file(const char* f) {
-  static const char* last = nullptr;
-  static uint16_t last_i = 0;
+uint16_t race_site(const char* f, int line) {
   if (f == nullptr) return 0;
-  if (f == last) return last_i;
-  auto& v = race_files();
-  size_t i = 1;
-  while (i < v.size() && v[i] != f && std::strcmp(v[i], f) != 0) ++i;
-  if (i == v.size()) {
-    if (v.size() >= 0xffff) return 0;  // (never in practice) the line stays, the file is lost
-    v.push_back(f);
+  struct Slot {
+    const char* f;
+    int line;
+    uint16_t id;
+  };
+  static Slot cache[256] = {};
+  Slot& c = cache[((reinterpret_cast<uintptr_t>(f) >> 4) ^ (static_cast<unsigned>(line) * 2654435761u)) & 255u];
+  if (c.f == f && c.line == line) return c.id;
+  static auto* index = new std::map<std::pair<const char*, int>, uint16_t>();
+  auto it = index->find({f, line});
+  uint16_t id = 0;
+  if (it != index->end()) {
+    id = it->second;
+  } else if (race_sites().size() < 0xffff) {  // (never in practice) past that, lines are lost
+    id = static_cast<uint16_t>(race_sites().size());
+    race_sites().push_back({f, line});
+    index->emplace(std::make_pair(f, line), id);
   }
-  last = f;
-  last_i = static_cast<uint16_t>(i);
-  return last_i;
+  c = Slot{f, line, id};
+  return id;
 }
 
 inline void race_step(RaceCell& c, bool write, const char* file, int line, const Alloc* x, uintptr_t a, size_t n) {
   const uint16_t me = static_cast<uint16_t>(g_race_tid + 1);  // blocks have at most 1024 threads
-  if (c.epoch != g_race_epoch) {
-    c = RaceCell{g_race_epoch, 0, 0, 0, 0, 0, 0, 0, 0, 0};
+  const uint32_t epoch = static_cast<uint32_t>(g_race_epoch);  // a cell 2^32 epochs old: never
+  if (c.epoch != epoch) {
+    c = RaceCell{epoch, 0, 0, 0, 0, 0, 0};
   }
   const char* kind = nullptr;
   uint32_t other = 0;
   bool ow = false;
-  uint16_t of = 0;
-  int ol = 0;
+  uint16_t os = 0;
   if (c.w != 0 && c.w != me) {
     kind = write ? "write after write" : "read after write";
-    other = c.w, ow = true, of = c.wf, ol = c.wl;
+    other = c.w, ow = true, os = c.ws;
   } else if (write && c.r1 != 0 && c.r1 != me) {
-    kind = "write after read", other = c.r1, of = c.r1f, ol = c.r1l;
+    kind = "write after read", other = c.r1, os = c.r1s;
   } else if (write && c.r2 != 0 && c.r2 != me) {
-    kind = "write after read", other = c.r2, of = c.r2f, ol = c.r2l;
+    kind = "write after read", other = c.r2, os = c.r2s;
   }
   if (kind != nullptr) {
     const std::string memory =
         x != nullptr ? describe_alloc(*x) + ", bytes [" + std::to_string(a - x->base) + ", " + std::to_string(a - x->base + n) + ")"
                      : "__shared__ memory (a static variable in the emulation) at " + hex(reinterpret_cast<void*>(a)) + ", " +
                            std::to_string(n) + " bytes";
-    intra_block_race(kind, memory, write, file, line, other, ow, race_files()[of], ol);
+    const RaceSite o = race_sites()[os];
+    intra_block_race(kind, memory, write, file, line, other, ow, o.file, o.line);
   }
   if (write) {
-    c.w = me, c.wf = race_file(file), c.wl = line;
+    c.w = me, c.ws = race_site(file, line);
   } else if (c.r1 == 0) {
-    c.r1 = me, c.r1f = race_file(file), c.r1l = line;
+    c.r1 = me, c.r1s = race_site(file, line);
   } else if (c.r1 != me && c.r2 == 0) {
-    c.r2 = me, c.r2f = race_file(file), c.r2l = line;
+    c.r2 = me, c.r2s = race_site(file, line);
   }
 }
 
