@@ -45,7 +45,8 @@ class Mutant:
     kind: str = ""  # the class of mistake
     ranks: str = "4"
     nth: int = 1  # which match of the pattern is mutated (1: the first)
-    scope: str = "sch"  # "sch": namespace sch only; "file": the whole program source
+    scope: str = "sch"  # a namespace of the program (sch: the scheduled program, nccl_host:
+    # the host-API fallback of an nccl-device tree), or "file": the whole program source
     survives: str = ""  # a known survivor: why the default check cannot see it
 
 
@@ -639,6 +640,20 @@ MUTANTS = [
         kind="NCCL communicator",
         ranks="tp=2,pp=2",
     ),
+    # ---- megatron_mlp, fused, nccl-device: the host-API fallback (nccl_host), which runs
+    # where a rank lacks the device API (run by the default check since it runs every
+    # lowering the tree holds; before, only with COCOVIZ_EMU_DEVICE_API=0)
+    Mutant(
+        "fallback-allgather-chunk-offset",
+        "megatron_mlp",
+        "fused",
+        "nccl-device",
+        r"ncclAllGather\(B\.v_nccl_host_out_s \+ \(16 \* k\), B\.v_nccl_host_out \+ \(64 \* k\),",
+        "ncclAllGather(B.v_nccl_host_out_s + (16 * k), B.v_nccl_host_out + (64 * ((k + 1) % 4)),",
+        "MISMATCH",
+        kind="chunk bounds",
+        scope="nccl_host",
+    ),
     # ---- code both programs share (scope "file"): a block reduction without its barrier
     Mutant(
         "block-reduce-missing-syncthreads",
@@ -664,12 +679,16 @@ deadlock, an uninitialized read, a race), a failed CUDA/cuBLAS/NCCL call, a chec
 
 
 def mutate(cu: str, m: Mutant) -> str:
-    start = cu.index("namespace sch {") if m.scope == "sch" else 0
-    head, sched = cu[:start], cu[start:]
-    found = list(re.finditer(m.pattern, sched))
+    """The program source with the n-th match of the pattern in the mutant's scope (a
+    namespace of the program, or the whole file) replaced."""
+    start, end = 0, len(cu)
+    if m.scope != "file":
+        start = cu.index(f"namespace {m.scope} {{")
+        end = cu.index(f"}}  // namespace {m.scope}", start)
+    found = list(re.finditer(m.pattern, cu[start:end]))
     assert len(found) >= m.nth, f"{m.id}: pattern not found {m.nth} time(s): {m.pattern}"
     at = found[m.nth - 1]
-    return head + sched[: at.start()] + at.expand(m.replacement) + sched[at.end() :]
+    return cu[: start + at.start()] + at.expand(m.replacement) + cu[start + at.end() :]
 
 
 def tree_files(m: Mutant) -> dict[str, str]:

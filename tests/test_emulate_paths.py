@@ -1,8 +1,9 @@
 """Every path of an emitted CUDA tree is exercised by the emulated check (docs/codegen.md,
 "Every path exercised"):
 
-- both device-kernel variants: `run.sh --emulate --check` of a tree with a multimem (NVLS)
-  variant checks the LSA variant first (COCOVIZ_NO_MULTIMEM=1), then the multimem one;
+- every lowering and device-kernel variant: `run.sh --emulate --check` of an nccl-device
+  tree checks its host-API fallback first (COCOVIZ_EMU_DEVICE_API=0), then, where it has
+  a multimem (NVLS) variant, the LSA variant (COCOVIZ_NO_MULTIMEM=1), then the run as asked;
 - the packed and the element-wise tail paths: tests/programs/tail_sizes.coco has sizes
   that are not multiples of the pack width (a tail after the packs, and shards that start
   misaligned, so whole kernels run element-wise on some ranks);
@@ -44,6 +45,7 @@ PROGRAMS = Path(__file__).parent / "programs"
 TAIL = (PROGRAMS / "tail_sizes.coco").read_text()
 TEMPLATES = Path(__file__).resolve().parent.parent / "cocoviz" / "templates"
 LSA_FIRST = "run.sh: --check of the LSA variant (COCOVIZ_NO_MULTIMEM=1)"
+FALLBACK_FIRST = "run.sh: --check of the host-API fallback (COCOVIZ_EMU_DEVICE_API=0)"
 
 
 @pytest.fixture(scope="session")
@@ -77,17 +79,20 @@ def test_tail_sizes_pass_the_check_and_match_the_reference(
     assert "::cocoviz::load_pack<" in cu and "scalar_from = " in cu
     err = check_and_dump(build_emulated(files, emu_cache), tmp_path / "dump")
     compare_dumps(program, tmp_path / "dump")
-    # a tree with a multimem variant checks the LSA variant first, then the multimem one
+    # a tree with a host-API fallback checks it first; with a multimem variant, the LSA
+    # variant next, then the multimem one
+    assert (FALLBACK_FIRST in err) == ("namespace nccl_host {" in files["tail_sizes.cu"]), err
     assert (LSA_FIRST in err) == ("_device_mc(" in cu), err
 
 
 @pytest.mark.build
 def test_lsa_variant_alone_when_the_environment_asks(emu_cache: Path, tmp_path: Path) -> None:
-    """COCOVIZ_NO_MULTIMEM=1 (or an emulation without multimem) keeps one run: the LSA one."""
+    """COCOVIZ_NO_MULTIMEM=1 keeps one run, the LSA one (an emulation without multimem:
+    no LSA run before the run as asked)."""
     files = emit_text(TAIL, "fused", "cuda", "nccl-device", "4")
     tree = build_emulated(files, emu_cache)
     err = check_and_dump(tree, tmp_path / "dump", env={"COCOVIZ_NO_MULTIMEM": "1"})
-    assert LSA_FIRST not in err
+    assert LSA_FIRST not in err and FALLBACK_FIRST not in err
     err = check_and_dump(tree, tmp_path / "dump2", env={"COCOVIZ_EMU_MULTIMEM": "0"})
     assert LSA_FIRST not in err
 
