@@ -64,6 +64,7 @@ SELECTIONS: dict[str, list[str]] = {
         "tests/test_transforms_golden.py",
         "tests/test_alltoall.py",
         "tests/test_shards.py",
+        "tests/test_reorder_operands.py",
     ],
     EXEC: [
         "tests/test_reduce_ops.py",

@@ -158,17 +158,18 @@ def draw_inputs(program: Program, seed: int) -> dict[str, np.ndarray]:
     """The inputs check-tree runs on: the values an emitted program's --check draws in its
     first round (docs/codegen.md): ±k/1024·2^e, k in 1..1024, e in −3..3 (magnitudes
     2^-13..16), unsigned where an input reaches sqrt, rsqrt, log or pow; integers
-    ((u & 15) − 8)·2^s, s in 0..7. Global values (``[G, *shape]`` for local inputs)."""
+    ((u & 15) − 8)·2^s, s in 0..7. Global values (``[G, *shape]`` for local inputs,
+    ``[D, …]`` of that for inputs local over dp: docs/language.md, rank grids)."""
     import numpy as np
 
     from cocoviz import numerics as nx
     from cocoviz.emit.lower import unsigned_inputs
-    from cocoviz.exec.layout import global_shape
+    from cocoviz.exec.layout import grid_global_shape
 
     unsigned = unsigned_inputs(program)
     out: dict[str, np.ndarray] = {}
     for i in program.inputs:
-        shape = global_shape(i.ty, program.grid.group)
+        shape = grid_global_shape(i.ty, program.grid.group, program.grid.dp)
         n = int(np.prod(shape, dtype=np.int64))
         key = nx.mix_scalar(nx.key_for(i.name, seed) ^ nx.mix_scalar(1))
         u = nx.mix(np.arange(n, dtype=np.uint64) ^ np.uint64(key))

@@ -27,7 +27,14 @@ from cocoviz.ir.nodes import (
     fill_value,
     permutation,
 )
-from cocoviz.ir.types import DType, Layout, TensorType, block_dim, shape_values
+from cocoviz.ir.types import (
+    DType,
+    Layout,
+    TensorType,
+    axis_layout_text,
+    block_dim,
+    shape_values,
+)
 
 if TYPE_CHECKING:
     from cocoviz.emit.storage import Storage
@@ -35,9 +42,28 @@ if TYPE_CHECKING:
 # --------------------------------------------------------------------------- views
 
 
-def view_of(ty: TensorType, group: int, chunks: int | None = None) -> pl.View:
+def view_of(ty: TensorType, group: int, chunks: int | None = None, dp: int = 1) -> pl.View:
     """The per-rank storage view of a value of type `ty` (chunked when `chunks` is set
-    and the value is sliced inside an overlapped group)."""
+    and the value is sliced inside an overlapped group); on a grid with D = `dp` > 1, a
+    value's layout over dp is the view's `dp` (docs/language.md, rank grids)."""
+    v = _tp_view_of(ty, group, chunks)
+    if dp == 1 or ty.dp.is_replicated:
+        return v
+    if ty.dp.is_local:
+        return dataclasses.replace(v, dp="local")
+    if ty.dp.dim is not None or chunks:
+        raise EmitError(
+            f"a value laid out {axis_layout_text(ty.dp, 'dp')}"
+            + (" inside an overlapped group" if chunks else "")
+            + " is not supported yet (code generation: the emitter stores a value sliced over "
+            "dp as the flat 1/D of its tp part, `sliced(over=dp)`)",
+            hint="lay it out sliced(over=dp), or check and run it with `cocoviz verify` "
+            "and `cocoviz run --mpi`",
+        )
+    return dataclasses.replace(v, count=v.count // dp, dp="sliced", tp_count=v.count)
+
+
+def _tp_view_of(ty: TensorType, group: int, chunks: int | None = None) -> pl.View:
     shape = shape_values(ty.shape)
     n = 1
     for s in shape:
@@ -141,6 +167,13 @@ class BodyBuilder:
         return "i"
 
     def _E(self, view: pl.View) -> str:
+        if view.dp == "sliced":
+            raise EmitError(
+                f"kernel {self.kernel} reads a value at another element than its own part "
+                "sliced over dp (an index, a broadcast or a generator over the global "
+                "element): not supported yet (code generation)",
+                hint="compute it before the reducescatter over dp, or after the allgather",
+            )
         if view.kind in ("replicated", "local"):
             return self.L
         if view.kind == "flat":
@@ -205,6 +238,31 @@ class BodyBuilder:
             hint="keep values produced inside an overlapped group inside it",
         )
 
+    def dp_part(self, e: Expr) -> tuple[str, DType]:
+        """`slice(x, over=dp)` of a value replicated over dp, in a kernel over a value
+        sliced over dp: x evaluated on this rank's dp part, where `read` takes each
+        dp-replicated operand's part (`dp_read`)."""
+        if self.space.view.dp != "sliced":
+            raise EmitError(
+                "slice(…, over=dp) read in a kernel over a value that is not sliced over dp "
+                "is not supported yet (code generation)",
+                e.span,
+                hint="combine it with the value sliced over dp it is sliced for",
+            )
+        return self.expr(e.args[0])
+
+    def dp_read(self, name: str) -> str | None:
+        """In a kernel over a value sliced over dp, the buffer of this rank's dp part of
+        `name` when it is replicated over dp with the tp part of the kernel's value: the
+        tp part at ``dp·count`` (a buffer alias, `Storage.dp_alias`); None otherwise."""
+        want = self.space.view
+        view = self.lw.view(name)
+        if want.dp != "sliced" or view.dp != "replicated":
+            return None
+        if dataclasses.replace(want, count=want.tp_count, dp="replicated", tp_count=0) != view:
+            return None
+        return self.lw.dp_alias(name, want.count)
+
     def operand_conv(self, var: str, src: DType, dst: DType) -> str:
         """`var` (compute type of `src`) as a value of `dst` in `dst`'s compute type."""
         if src == dst:
@@ -232,6 +290,8 @@ class BodyBuilder:
                 literal=c_double(e.value),
                 dtype=ty.dtype,
             ), ty.dtype
+        if op is Op.SLICE and e.tag == "dp":
+            return self.dp_part(e)
         if op is Op.SLICE:
             v, dt = self.expr(e.args[0])
             return v, dt
@@ -452,6 +512,9 @@ class BodyBuilder:
             return self.emit(
                 ("load", name, "0"), kind="load_scalar", buffer=buf.cname, dtype=buf.dtype
             )
+        part = self.dp_read(name)
+        if part is not None:
+            return self.emit(("load", part, self.L), kind="load", buffer=part, a=self.L, dtype=buf.dtype)
         idx = self.storage_index(name, ty)
         return self.emit(("load", name, idx), kind="load", buffer=buf.cname, a=idx, dtype=buf.dtype)
 

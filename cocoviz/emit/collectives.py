@@ -70,7 +70,11 @@ class CollectiveLowering(Storage):
             steps.append(pl.Kernel(wname, (u.stage,), wb.space, tuple(wb.stmts), (), u.ty.pstage))
             names.append(wname)
             send_off = pl.Offset(per_chunk=per_send) if chunks else pl.ZERO
-            recv_off = pl.Offset(per_rank=c.count, per_chunk=send_off.per_chunk) if rs else send_off
+            recv_off = send_off
+            if rs and c.comm == "dp":
+                recv_off = pl.Offset(per_dp=c.count)
+            elif rs:
+                recv_off = pl.Offset(per_rank=c.count, per_chunk=send_off.per_chunk)
             steps.append(
                 dataclasses.replace(
                     c,
@@ -92,13 +96,24 @@ class CollectiveLowering(Storage):
         db = BodyBuilder(self, self._coll_space(dv, chunks), dname)
         L = db.L
         idx = L
-        if src_buf != c.recv and rs:
+        if src_buf != c.recv and rs and c.comm == "dp":
+            # this rank's reduced block sits at staging + dp·count (kernels have no dp
+            # index: an alias of the staging buffer at it)
+            part = self.names.fresh(f"{self.ns}_{u.value}_sum_dp", "s_")
+            self.buffers[part] = pl.Buffer(
+                part, u.value, acc, c.count, u.ty.pstage, "staging",
+                alias=src_buf, offset=pl.Offset(per_dp=c.count),
+            )  # fmt: skip
+            self.buffer_order.append(part)
+            src_buf = part
+        elif src_buf != c.recv and rs:
             # this rank's reduced block sits at staging + k·(send per chunk) + tp·count
             idx = db.emit(
                 None, kind="index_affine", a="i", n1=c.count, n2=per_send if chunks else 0
             )
         v = db.emit(None, kind="load", buffer=src_buf, a=idx, dtype=acc)
-        g = db.emit(None, kind="const", literal=c_double(self.G), dtype=acc)
+        group = self.D if c.comm == "dp" else self.G
+        g = db.emit(None, kind="const", literal=c_double(group), dtype=acc)
         q = db.emit(None, kind="binary", op="div", a=v, b=g, dtype=acc)
         q = db.operand_conv(q, acc, dt)
         q = db.round_to(q, dt)
@@ -128,6 +143,15 @@ class CollectiveLowering(Storage):
         dt = u.ty.dtype
         K = chunks or 1
         common: dict[str, Any] = dict(cname=cname, stage=u.stage, dtype=dt, pstage=u.ty.pstage)
+        if e.tag == "dp":
+            # over the D ranks with this rank's pp and tp index, on its tp part
+            # (docs/language.md, rank grids)
+            if chunks:
+                raise EmitError(
+                    f"{op.value} over dp '{u.stage}' inside an overlapped group is not "
+                    "supported yet (code generation)"
+                )
+            common["comm"] = "dp"
         desc = op.value
         if op is Op.ALLREDUCE:
             n = dv.count // K
@@ -161,9 +185,9 @@ class CollectiveLowering(Storage):
             inplace = (
                 sbuf.alias is not None
                 and sbuf.alias == (dbuf.alias or dbuf.cname)
-                and sbuf.addressing == "global"
+                and (sbuf.addressing == "global" or e.tag == "dp")
             )
-            if sv.kind == "block":
+            if sv.kind == "block" and e.tag != "dp":  # over dp: the flat parts of a tp part
                 staging = self._staging(u, "gather", dv.count)
                 c = pl.Collective(
                     op="allgather",

@@ -121,6 +121,8 @@ class _ProgramLowerer(GroupLowering):
             ty = self.type_of(stage)
             v = self.view(stage)
             gshape = (self.G, *v.shape) if ty.layout.is_local else v.shape
+            if v.dp == "local":  # the stack of every dp replica's (docs/language.md, rank grids)
+                gshape = (self.D, *gshape)
             b = self.buffer_of(stage)
             return pl.OutputSpec(
                 name, b.cname, ty.dtype, v, ty.pstage, gshape, b.addressing == "global",
@@ -330,14 +332,6 @@ def lower_emit(
         raise UsageError(f"unknown --collectives {collectives!r} (expected nccl or nccl-device)")
     if reference is not None and reference == scheduled:
         reference = None
-    if scheduled.grid.has_dp:
-        raise EmitError(
-            f"'{scheduled.name}' runs on a grid with a dp axis (ranks {scheduled.grid}): "
-            "emitting it is not supported yet (code generation: the CPU and CUDA targets "
-            "have one communicator per tp group only)",
-            hint="check it with `cocoviz verify`, run it with `cocoviz run --mpi`, and "
-            "predict it with `cocoviz simulate`",
-        )
     for p in (scheduled, reference):
         if p is not None:
             _check_collective_operands(p)
@@ -368,6 +362,7 @@ def lower_emit(
         tp=g.tp,
         pp=g.pp,
         is_grid=g.is_grid,
+        dp=g.dp,
         dims=tuple((d.name, d.value) for d in scheduled.dims),
         params=params,
         scheduled=sched,

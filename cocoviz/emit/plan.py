@@ -57,6 +57,12 @@ class View:
     extent: int = 1
     inner: int = 1
     chunks: int = 1
+    dp: Literal["replicated", "local", "sliced"] = "replicated"
+    """The layout over dp on a grid with a dp axis (docs/language.md, rank grids):
+    ``sliced`` is `sliced(over=dp)`, the flat 1/D of the tp part at ``dp·count``; the
+    fields above then describe the tp part, of ``tp_count`` elements."""
+    tp_count: int = 0
+    """The tp part's count of a value sliced over dp (0 elsewhere)."""
 
     @property
     def numel(self) -> int:
@@ -72,20 +78,23 @@ class View:
     @property
     def blk(self) -> int:
         """Block length along the sliced dimension (block views)."""
-        return self.count // (self.outer * self.inner) if self.kind == "block" else 0
+        part = self.tp_count or self.count
+        return part // (self.outer * self.inner) if self.kind == "block" else 0
 
 
 @dataclass(frozen=True)
 class Offset:
-    """An element offset ``const + per_rank·tp + per_chunk·k``."""
+    """An element offset ``const + per_rank·tp + per_chunk·k + per_dp·dp``."""
 
     const: int = 0
     per_rank: int = 0
     per_chunk: int = 0
+    per_dp: int = 0
+    """Times the rank's dp index: a part sliced over dp (docs/language.md, rank grids)."""
 
     @property
     def is_zero(self) -> bool:
-        return self.const == 0 and self.per_rank == 0 and self.per_chunk == 0
+        return self.const == 0 and self.per_rank == 0 and self.per_chunk == 0 and self.per_dp == 0
 
 
 ZERO = Offset()
@@ -398,7 +407,9 @@ class Collective:
     root: int = 0
     peer_pstage: int = 0
     """send/recv: the pipeline stage of the peer (same tp index)."""
-    comm: Literal["group", "world"] = "group"
+    comm: Literal["group", "world", "dp"] = "group"
+    """`group`: the tp group; `dp`: the dp group (a collective written over=dp, on the
+    rank's tp part; docs/language.md, rank grids); `world`: send/recv."""
     permute: View | None = None
     """allgather of a block-sliced value, alltoall whose source blocks are not whole
     rows of the result: receive into ``staging``, then block r of ``staging`` goes to
@@ -650,10 +661,12 @@ class EmitPlan:
     """The scheduled program lowered with ``--collectives nccl``, when `scheduled` runs
     device-API kernels: every rank runs it instead where any rank lacks what the
     device-API lowering needs (docs/codegen.md, the nccl-device kernel on real hardware)."""
+    dp: int = 1
+    """D of a grid with a dp axis (1: none); world rank = (pp·D + dp)·T + tp."""
 
     @property
     def world(self) -> int:
-        return self.tp * self.pp
+        return self.tp * self.pp * self.dp
 
     @property
     def plans(self) -> tuple[ProgramPlan, ...]:

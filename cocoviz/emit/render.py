@@ -244,6 +244,8 @@ class Renderer:
             parts.append(f"{o.per_rank} * tp")
         if o.per_chunk:
             parts.append(f"{o.per_chunk} * k")
+        if o.per_dp:
+            parts.append(f"{o.per_dp} * dp")
         if o.const:
             parts.append(str(o.const))
         return " + ".join(parts) if parts else "0"
@@ -326,7 +328,7 @@ class Renderer:
                 nccl_call=row.nccl, rooted=row.rooted,
                 stage=safe_text(st.stage), op=st.op, rop=st.rop, send=st.send, recv=st.recv, count=st.count,
                 send_off=self.offset(st.send_offset), recv_off=self.offset(st.recv_offset),
-                inplace=st.inplace, root=st.root, peer_pstage=st.peer_pstage,
+                inplace=st.inplace, root=st.root, peer_pstage=st.peer_pstage, comm=st.comm,
                 enum=dt_enum(st.dtype), ctype=self.storage_ctype(st.dtype),
                 mpi_op=spelled(_MPI_OP, st.rop, "the reduction") if st.rop else "",
                 nccl_op=spelled(_NCCL_OP, st.rop, "the reduction") if st.rop else "",
@@ -482,11 +484,17 @@ class Renderer:
         inputs = []
         for i in p.inputs:
             v = i.view
-            start = {"replicated": "0", "local": f"tp * {v.numel}", "flat": f"tp * {v.count}"}.get(
+            part = v.tp_count or v.count  # the tp part (of which a value sliced over dp holds 1/D)
+            start = {"replicated": "0", "local": f"tp * {v.numel}", "flat": f"tp * {part}"}.get(
                 v.kind, "0"
             )
-            # the global value: [G, *shape] for a local input (G: the tp group's size)
+            # the global value: [G, *shape] for a local input (G: the tp group's size),
+            # [D, …] of that for an input local over dp (docs/language.md, rank grids)
             gshape = (self.plan.tp, *v.shape) if i.local else v.shape
+            # generator indices of replica d start at d·N (N: the tp-global numel)
+            dp_base = f"dp * {math.prod(gshape)}" if v.dp == "local" else "0"
+            if v.dp == "local":
+                gshape = (self.plan.dp, *gshape)
             inputs.append(
                 {
                     "buffer": i.buffer, "id": c_string(i.source), "enum": dt_enum(i.dtype),
@@ -496,6 +504,7 @@ class Renderer:
                     "nonnegative": i.nonnegative, "ctype": self.storage_ctype(i.dtype),
                     "shape_text": "{" + ", ".join(str(x) for x in gshape) + "}",
                     "numel": math.prod(gshape), "local": i.local,
+                    "dp": v.dp, "dp_base": dp_base, "part": part,
                 }
             )  # fmt: skip
         outputs = [self.output_spec(o) for o in p.outputs]
@@ -551,6 +560,8 @@ class Renderer:
             "tp": p.tp,
             "pp": p.pp,
         }
+        if p.dp > 1:
+            header["dp"] = p.dp
         json_prefix = json.dumps(header)[:-1]
         sched = self.program(p.scheduled)
         fallback = self.program(p.fallback) if p.fallback else None
@@ -563,6 +574,7 @@ class Renderer:
             "tp": p.tp,
             "pp": p.pp,
             "world": p.world,
+            "dp": p.dp,
             "grid": p.pp > 1,
             "params": params,
             "sched": sched,
@@ -599,7 +611,7 @@ class Renderer:
 def _view(v: pl.View) -> dict[str, Any]:
     return {
         "kind": v.kind, "count": v.count, "numel": v.numel, "outer": v.outer,
-        "extent": v.extent, "inner": v.inner, "blk": v.blk,
+        "extent": v.extent, "inner": v.inner, "blk": v.blk, "dp": v.dp, "tp_count": v.tp_count,
     }  # fmt: skip
 
 

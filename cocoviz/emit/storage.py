@@ -4,6 +4,7 @@ updates and collectives, and the keys and constants of dropout."""
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, Literal
 
 from cocoviz.emit import plan as pl
@@ -34,6 +35,8 @@ class Storage:
         self.collectives = collectives
         self.names = names
         self.G = program.grid.group
+        self.D = program.grid.dp
+        """D: the dp group's size on a grid with a dp axis (docs/language.md, rank grids)."""
         self.param_names = {q.name for q in program.params}
         self.param_cname = param_cname
         self.register_only = register_only
@@ -90,8 +93,9 @@ class Storage:
                 self.type_of(name),
                 self.G,
                 self.chunks_of.get(self._stage_of(name))
-                if self.type_of(name).layout.is_sliced
+                if self.type_of(name).layout.is_sliced or self.type_of(name).dp.is_sliced
                 else None,
+                self.D,
             )
         return self.views[name]
 
@@ -116,6 +120,26 @@ class Storage:
                 self.names.fresh(f"{self.ns}_p{len(self.dropouts)}_{dt.value}", "drop_"), p, dt
             )
         return self.keys[tag].cname, self.dropouts[(p, dt)].cname
+
+    def dp_alias(self, name: str, count: int) -> str:
+        """A buffer aliasing this rank's dp part of `name` (replicated over dp): `count`
+        elements at ``dp·count`` of its tp part, for `slice(name, over=dp)`."""
+        key = f"{name}@dp"
+        if key not in self.value_buffer:
+            b = self.buffer_of(name)
+            root = b.alias or b.cname
+            base = b.offset if b.alias else pl.ZERO
+            if b.addressing != "local":
+                raise EmitError(
+                    f"slice('{name}', over=dp) of a value stored at its global positions "
+                    "is not supported yet (code generation)"
+                )
+            off = dataclasses.replace(base, per_dp=base.per_dp + count)
+            cname = self.names.fresh(f"{self.ns}_{name}_dp", "v_")
+            self.add_buffer(
+                key, pl.Buffer(cname, name, b.dtype, count, b.pstage, "stage", alias=root, offset=off)
+            )
+        return self.value_buffer[key]
 
     # ---- buffers
     def add_buffer(self, value: str, buf: pl.Buffer) -> pl.Buffer:
@@ -153,6 +177,7 @@ class Storage:
             base.const + offset.const,
             base.per_rank + offset.per_rank,
             base.per_chunk + offset.per_chunk,
+            base.per_dp + offset.per_dp,
         )
         ty = self.type_of(value)
         cname = self.names.fresh(f"{self.ns}_{value}", "v_")
@@ -191,6 +216,15 @@ class Storage:
                 if tv == v:
                     self.alias_buffer(s.name, tgt)
                     continue
+                if (
+                    v.dp == "sliced"
+                    and tv.dp == "replicated"
+                    and dataclasses.replace(v, count=v.tp_count, dp="replicated", tp_count=0) == tv
+                ):
+                    # this rank's dp part of the target, in place: the allgather over dp
+                    # that must follow runs in place (docs/language.md, rank grids)
+                    self.alias_buffer(s.name, tgt, pl.Offset(per_dp=v.count))
+                    continue
                 if tv.kind == "replicated" and v.kind in ("flat", "chunked"):
                     self.alias_buffer(s.name, tgt, addressing="global")
                     continue
@@ -202,7 +236,14 @@ class Storage:
                 src = e.args[0].name
                 assert src is not None
                 sb = self.buffers.get(self.value_buffer.get(src, ""), None)
-                if sb is not None and sb.addressing == "global" and sb.alias is not None:
+                dp_inplace = (
+                    sb is not None
+                    and e.tag == "dp"
+                    and sb.alias is not None
+                    and sb.offset == pl.Offset(per_dp=self.view(src).count)
+                    and self.buffers[sb.alias].count == v.count
+                )
+                if sb is not None and sb.alias is not None and (sb.addressing == "global" or dp_inplace):
                     self.add_buffer(
                         s.name,
                         pl.Buffer(
@@ -232,7 +273,10 @@ class Storage:
                     and self.buffer_of(src).alias is None
                     and self.view(src).kind in ("local", "replicated")
                 ):
-                    off = pl.Offset(per_rank=v.count) if e.op is Op.REDUCESCATTER else pl.ZERO
+                    off = pl.ZERO
+                    if e.op is Op.REDUCESCATTER:
+                        # this rank's block: tp·count over tp, dp·count over dp
+                        off = pl.Offset(per_dp=v.count) if e.tag == "dp" else pl.Offset(per_rank=v.count)
                     self.alias_buffer(s.name, src, off)
                     continue
             if s.name in self.register_only or s.name in self.unstored:
