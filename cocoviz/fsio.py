@@ -94,7 +94,7 @@ def lstat(path: Path, action: str = "access") -> os.stat_result | None:
 
 MAX_READ_BYTES = 16 << 20
 """The most any file the tool reads may hold unless its reader says otherwise (a
-program's limit, `syntax.MAX_SOURCE_BYTES`)."""
+program's limit, `syntax_tree.MAX_SOURCE_BYTES`)."""
 
 _NOCTTY = getattr(os, "O_NOCTTY", 0)
 

@@ -22,7 +22,7 @@ import pytest
 from cocoviz import samples
 from cocoviz.cli import main
 from cocoviz.errors import InputError, ScheduleError, UsageError
-from cocoviz.ir import syntax
+from cocoviz.ir import syntax_tree
 from cocoviz.ir.lower import RanksOverride, load_file, load_program, parse_defines
 from cocoviz.ir.nodes import MAX_EXPR_DEPTH
 from cocoviz.ir.printer import format_program
@@ -98,7 +98,7 @@ def test_an_endless_device_is_refused() -> None:
 
 
 def test_a_file_over_the_size_limit_is_refused(tmp_path: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
-    monkeypatch.setattr(syntax, "MAX_SOURCE_BYTES", 1000)
+    monkeypatch.setattr(syntax_tree, "MAX_SOURCE_BYTES", 1000)
     path = write(tmp_path, HEAD + "# padding\n" * 200)
     rc, _, err = run("check", path)
     assert_diagnostic(rc, err, 1, "p.coco: too large: a program file may hold at most 1,000 bytes")
@@ -114,14 +114,14 @@ def test_newlines_are_normalized_as_in_text_mode(tmp_path: Path) -> None:
 
 
 def test_too_many_statements(tmp_path: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
-    monkeypatch.setattr(syntax, "MAX_STATEMENTS", 50)
+    monkeypatch.setattr(syntax_tree, "MAX_STATEMENTS", 50)
     body = "".join(f"s{i} = x * {i}\n" for i in range(60))
     rc, _, err = run("check", write(tmp_path, HEAD + body + "output s1\n"))
     assert_diagnostic(rc, err, 1, ":51:1: error: too many statements: more than 50", "^")
 
 
 def test_a_statement_with_too_many_tokens(tmp_path: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
-    monkeypatch.setattr(syntax, "MAX_STATEMENT_TOKENS", 100)
+    monkeypatch.setattr(syntax_tree, "MAX_STATEMENT_TOKENS", 100)
     rc, _, err = run("check", write(tmp_path, HEAD + "y = " + " + ".join(["x"] * 100) + "\n"))
     assert_diagnostic(rc, err, 1, "statement too long: more than 100 tokens", "hint: split")
 

@@ -72,7 +72,7 @@ def register(sub: Any) -> None:
 
 MAX_GPT_LAYERS = 2400
 """The largest --gpt stack: every stack up to it loads (2,438 layers is the most whose
-statements, its schedule block's steps included, stay within `syntax.MAX_STATEMENTS`)."""
+statements, its schedule block's steps included, stay within `syntax_tree.MAX_STATEMENTS`)."""
 
 
 def _layers(text: str) -> int:

@@ -40,6 +40,7 @@ from cocoviz.ir.nodes import (
     Op,
     Program,
 )
+from cocoviz.ir.operands import describe
 from cocoviz.ir.types import (
     LOCAL,
     REPLICATED,
@@ -83,8 +84,6 @@ def _with_dp(e: Expr, dp: Layout) -> Expr:
 
 def infer(inf: Inferencer, e: Expr) -> Expr:
     """Type `e` on a grid with a dp axis: the tp rules, then the dp rules."""
-    from cocoviz.ir.infer import describe
-
     if e.tag == "dp" and (e.op in COLLECTIVES or e.op is Op.SLICE):
         x = inf.infer(e.args[0], False)
         if e.op is Op.SLICE:
@@ -176,8 +175,6 @@ def infer(inf: Inferencer, e: Expr) -> Expr:
 
 
 def _slice_over_dp(inf: Inferencer, e: Expr, x: Expr) -> Expr:
-    from cocoviz.ir.infer import describe
-
     ty = x.type
     if not ty.dp.is_replicated:
         raise InputError(
@@ -230,8 +227,6 @@ def format_view(view: TensorType) -> str:
 
 
 def _collective_over_dp(inf: Inferencer, e: Expr, x: Expr) -> Expr:
-    from cocoviz.ir.infer import describe
-
     ty = x.type
     op = e.op
     row = collective(op)

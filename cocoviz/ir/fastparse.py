@@ -8,7 +8,7 @@ a semantic error raised while building) it raises `Fallback`, and syntax.py re-p
 with lark, which produces the diagnostic. So it has to be right on valid input only,
 and must never accept what lark rejects.
 
-The lexer follows syntax._Lexer token for token (tests/test_fastparse.py compares the
+The lexer follows larklexer._Lexer token for token (tests/test_fastparse.py compares the
 two parsers on the samples and on the fuzzer's corruptions of them):
 
 - statement keywords are keywords only where a statement starts (after a separator,
@@ -26,9 +26,9 @@ import re
 from typing import Any
 
 from cocoviz.errors import Source, Span
-from cocoviz.ir import syntax
+from cocoviz.ir import syntax_tree
 from cocoviz.ir.nodes import MAX_EXPR_DEPTH, Expr, Op, StepCall
-from cocoviz.ir.syntax import (
+from cocoviz.ir.syntax_tree import (
     Assign,
     AxisLayout,
     Call,
@@ -131,7 +131,7 @@ def _spaced_lines(text: str) -> list[str] | None:
 
 
 def tokenize(text: str) -> list[Tok]:
-    """The tokens of `text` as syntax._Lexer makes them (separators: kind `_NL` or
+    """The tokens of `text` as larklexer._Lexer makes them (separators: kind `_NL` or
     `SEMICOLON`), followed by an `$END` token. Raises `Fallback` on a bad character,
     an over-long integer, or a source over the statement or token limits.
 
@@ -144,7 +144,7 @@ def tokenize(text: str) -> list[Tok]:
     ASCII (`str.isidentifier` takes other letters) or that hold `==` (spaced out, two
     `=`). tests/test_load_fast.py compares the tokens with lark's lexer's.
     """
-    max_digits = syntax.MAX_NUMBER_DIGITS  # read when called (tests lower it)
+    max_digits = syntax_tree.MAX_NUMBER_DIGITS  # read when called (tests lower it)
     toks: list[Tok] = []
     append = toks.append
     keywords, punct, stmt_start, brackets = _KEYWORDS, _PUNCT, _STMT_START, _BRACKETS
@@ -237,7 +237,7 @@ def tokenize(text: str) -> list[Tok]:
             append(("_NL", "\n", line_no, len(line) + 1, 1))
     if opened:
         raise Fallback  # an unclosed bracket: a syntax error
-    if len(toks) > min(syntax.MAX_STATEMENTS, syntax.MAX_STATEMENT_TOKENS):
+    if len(toks) > min(syntax_tree.MAX_STATEMENTS, syntax_tree.MAX_STATEMENT_TOKENS):
         _check_limits(toks)  # only then can a limit be passed (there are fewer tokens)
     append(("$END", "", last, 1, 1))
     return toks
@@ -245,8 +245,8 @@ def tokenize(text: str) -> list[Tok]:
 
 def _check_limits(toks: list[Tok]) -> None:
     """Raise `Fallback` if the tokens hold more statements, or a statement more tokens,
-    than syntax's limits allow (counted as syntax._Lexer counts them)."""
-    max_statements, max_tokens = syntax.MAX_STATEMENTS, syntax.MAX_STATEMENT_TOKENS
+    than syntax_tree's limits allow (counted as larklexer._Lexer counts them)."""
+    max_statements, max_tokens = syntax_tree.MAX_STATEMENTS, syntax_tree.MAX_STATEMENT_TOKENS
     prev = "_NL"
     statements = tokens = 0
     for tok in toks:

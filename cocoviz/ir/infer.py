@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, TypeVar
+from typing import Any
 
 from cocoviz.errors import InputError, Span
 from cocoviz.ir import axes, routing
@@ -40,6 +40,8 @@ from cocoviz.ir.nodes import (
     Stage,
     permutation,
 )
+from cocoviz.ir.operands import describe, source_text
+from cocoviz.ir.operands import replace_fields as _replace
 from cocoviz.ir.types import (
     FLAT,
     LOCAL,
@@ -59,17 +61,6 @@ from cocoviz.ir.types import (
 )
 
 Env = Mapping[str, TensorType]
-_T = TypeVar("_T")
-
-
-def _replace(obj: _T, **changes: Any) -> _T:
-    """`dataclasses.replace` for the frozen, slot-less IR dataclasses (`Expr`,
-    `TensorType`) without its per-call field introspection: inference copies every node,
-    and this made lowering of large programs markedly faster."""
-    new = object.__new__(type(obj))
-    new.__dict__.update(obj.__dict__)
-    new.__dict__.update(changes)
-    return new
 
 
 def _fmt(ty: TensorType) -> str:
@@ -1156,44 +1147,9 @@ def _along(d: int | None, shape: Shape) -> str:
     return f"along {shape[d].text} (dimension {d} of {format_shape(shape)})"
 
 
-def source_text(e: Expr) -> str:
-    """An operand as the user could write it in a hint: its name or source text, or `…`."""
-    if e.op is Op.REF and e.name is not None:
-        return e.name
-    if e.op is Op.CONST and e.value is not None:
-        return repr(e.value)
-    if e.op is Op.SLICE and e.args and e.args[0].op is Op.REF and e.args[0].name:
-        return e.args[0].name
-    sp = e.span
-    if sp is not None and sp.source is not None and sp.line == sp.end_line:
-        text = sp.source.line(sp.line)[sp.col - 1 : sp.end_col - 1]
-        if 0 < len(text) <= 40:
-            return text
-    return "…"
-
 
 def _ident(name: str) -> str:
     return name if name.isidentifier() else "x"
-
-
-def describe(e: Expr) -> str:
-    """A short name for an operand in messages."""
-    if e.op is Op.REF:
-        return f"'{e.name}'"
-    if e.op is Op.CONST:
-        return repr(e.value)
-    if e.op is Op.SLICE and e.args and e.args[0].op is Op.REF:
-        dim = "" if e.value is None else f", {e.value}"
-        return f"'slice({e.args[0].name}{dim})'"
-    sp = e.span
-    if sp is not None and sp.source is not None and sp.line == sp.end_line:
-        text = sp.source.line(sp.line)[sp.col - 1 : sp.end_col - 1]
-        if 0 < len(text) <= 40:
-            return f"'{text}'"
-    return f"the {_OP_WORDS.get(e.op, e.op.value + '(…)')} expression"
-
-
-_OP_WORDS = {Op.ADD: "+", Op.SUB: "-", Op.MUL: "*", Op.DIV: "/", Op.NEG: "negation"}
 
 
 def program_env(program: Program) -> dict[str, TensorType]:

@@ -12,8 +12,8 @@ from typing import Any
 import lark.lexer
 from lark import Token
 
-from cocoviz.ir import syntax
-from cocoviz.ir.syntax import (
+from cocoviz.ir import syntax_tree
+from cocoviz.ir.syntax_tree import (
     _CLOSERS,
     _OPENERS,
     _SEPARATORS,
@@ -35,8 +35,8 @@ class _Lexer(lark.lexer.Lexer):
     - It remembers the brackets still open, so that an unexpected end of file can
       point at the one that was never closed. Each opener records the depth before it,
       so that closing brackets costs amortized constant time at any nesting depth.
-    - It stops a source with more than `syntax.MAX_STATEMENTS` statements or a statement of
-      more than `syntax.MAX_STATEMENT_TOKENS` tokens.
+    - It stops a source with more than `syntax_tree.MAX_STATEMENTS` statements or a statement of
+      more than `syntax_tree.MAX_STATEMENT_TOKENS` tokens.
 
     It does the work of lark's contextual lexer plus a post-lexer at a fraction of the
     cost (lexing was a third of the parse time of a large program).
@@ -132,7 +132,7 @@ class _Lexer(lark.lexer.Lexer):
                         del opened[i:], outer[i:]
             elif kind == "NAME" and prev in _STMT_START and value in keywords:
                 kind = keywords[value]
-            elif kind == "NUMBER" and len(value) > syntax.MAX_NUMBER_DIGITS and value.isdigit():
+            elif kind == "NUMBER" and len(value) > syntax_tree.MAX_NUMBER_DIGITS and value.isdigit():
                 raise _LexLimit(
                     f"integer too long: {len(value):,} digits",
                     line,
@@ -144,17 +144,17 @@ class _Lexer(lark.lexer.Lexer):
             if prev in _STMT_START and kind not in _SEPARATORS:
                 statements += 1
                 tokens = 0
-                if statements > syntax.MAX_STATEMENTS:
+                if statements > syntax_tree.MAX_STATEMENTS:
                     raise _LexLimit(
-                        f"too many statements: more than {syntax.MAX_STATEMENTS:,}",
+                        f"too many statements: more than {syntax_tree.MAX_STATEMENTS:,}",
                         line,
                         col,
                         "real programs have a few thousand statements: is it the right file?",
                     )
             tokens += 1
-            if tokens > syntax.MAX_STATEMENT_TOKENS:
+            if tokens > syntax_tree.MAX_STATEMENT_TOKENS:
                 raise _LexLimit(
-                    f"statement too long: more than {syntax.MAX_STATEMENT_TOKENS:,} tokens",
+                    f"statement too long: more than {syntax_tree.MAX_STATEMENT_TOKENS:,} tokens",
                     line,
                     col,
                     "split it into several statements",

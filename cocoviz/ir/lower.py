@@ -21,7 +21,7 @@ from typing import Any
 
 from cocoviz.errors import DiagnosticBag, InputError, Span, UsageError, did_you_mean
 from cocoviz.ir import axes, routing
-from cocoviz.ir import syntax as syn
+from cocoviz.ir import syntax_tree as syn
 from cocoviz.ir.collectives import collective
 from cocoviz.ir.infer import Inferencer, check_divisible, check_updates, program_env
 from cocoviz.ir.nodes import (
@@ -48,6 +48,7 @@ from cocoviz.ir.nodes import (
     ScheduleBlock,
     Stage,
 )
+from cocoviz.ir.syntax import parse_module
 from cocoviz.ir.types import (
     DTYPE_NAMES,
     LOCAL,
@@ -1271,10 +1272,6 @@ def _replace_expr(e: Expr, **changes: Any) -> Expr:
     return dataclasses.replace(e, **changes)
 
 
-def _replace_expr(e: Expr, **changes: Any) -> Expr:
-    return dataclasses.replace(e, **changes)
-
-
 _AXIS_OPS = {Op.SUM: Op.SUM_DIM, Op.MEAN: Op.MEAN, Op.AMAX: Op.AMAX_DIM, Op.AMIN: Op.AMIN}
 
 
@@ -1532,7 +1529,7 @@ def load_program(
 ) -> Program:
     """Parse and lower a `.coco` text."""
     with _no_gc():
-        return lower(syn.parse_module(text, path), defines, ranks)
+        return lower(parse_module(text, path), defines, ranks)
 
 
 @contextlib.contextmanager

@@ -14,8 +14,10 @@ from __future__ import annotations
 from typing import Any
 
 from cocoviz.errors import InputError
-from cocoviz.ir import syntax as syn
+from cocoviz.ir import syntax_tree as syn
 from cocoviz.ir.nodes import Expr, Op
+from cocoviz.ir.operands import describe, source_text
+from cocoviz.ir.operands import replace_fields as _replace
 from cocoviz.ir.types import (
     REPLICATED,
     DType,
@@ -140,8 +142,6 @@ def index_dims(e: Expr) -> int:
 def infer(inf: Any, e: Expr) -> Expr:
     """Type, shape and layout of a routing node (docs/language.md, routing); `inf` is the
     Inferencer."""
-    from cocoviz.ir.infer import _replace, describe, source_text
-
     args = tuple(inf.infer(a, False) for a in e.args)
     fname = e.op.value
     G = inf.G

@@ -30,9 +30,9 @@ from cocoviz.ir.transforms.base import (
     describe_stage,
     index,
 )
-from cocoviz.ir.transforms.step import Transformation
 from cocoviz.ir.transforms.decompose import decompose_hint
 from cocoviz.ir.transforms.grouping import add_overlapped
+from cocoviz.ir.transforms.step import Transformation
 from cocoviz.ir.types import TensorType, block_dim, format_shape
 
 DEFAULT_CHUNKS = 4
