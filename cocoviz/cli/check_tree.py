@@ -18,7 +18,6 @@ import os
 import shutil
 import signal
 import subprocess
-import sys
 import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -40,6 +39,7 @@ TREE_EXIT = {
     2: "refused its arguments or an --inputs file",
     3: "the emulation reported a rule violation, a hazard or a hang",
     4: "its own --check (the scheduled against the unscheduled program) failed",
+    5: "run.sh refused a binary built from other sources (run make, or drop --no-build)",
 }
 """What an emitted program's exit codes mean (docs/codegen.md, "Building and running")."""
 
@@ -78,7 +78,8 @@ def register(sub: Any) -> None:
     p.add_argument(
         "--no-build",
         action="store_true",
-        help="do not run make when the tree's binary is missing (an error instead)",
+        help="do not run make first (by default make, or make emulate for CUDA, brings the "
+        "binary up to date; a missing binary is then an error)",
     )
     add_json_option(p)
     p.set_defaults(handler=cmd_check_tree)
@@ -215,17 +216,18 @@ def _run_tree(tree: Tree, inputs: Path, dump: Path, seed: int, timeout: float) -
 
 
 def _ensure_built(tree: Tree, no_build: bool) -> None:
-    if tree.binary.exists():
-        return
+    """`make` (`make emulate` for CUDA) in the tree: nothing to do when the binary is up to
+    date, a rebuild when its sources changed (run.sh would refuse a stale binary)."""
     rule = "emulate" if tree.target == "cuda" else "all"
     if no_build:
-        raise UsageError(
-            f"{tree.binary}: not built",
-            hint=f"run 'make {rule}' in {tree.directory}, or drop --no-build",
-        )
+        if not tree.binary.exists():
+            raise UsageError(
+                f"{tree.binary}: not built",
+                hint=f"run 'make {rule}' in {tree.directory}, or drop --no-build",
+            )
+        return
     from cocoviz.emit.emitter import build
 
-    print(f"{tree.directory}: make {rule} ...", file=sys.stderr)
     build(tree.directory, extra=[] if rule == "all" else [rule])
 
 

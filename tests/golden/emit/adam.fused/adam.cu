@@ -401,32 +401,44 @@ State* create(const Ctx& ctx) {
     // a host-API collective's buffer: symmetric memory, registered as a window below
     CHECK_NCCL("allocation of in_ref_g", ncclMemAlloc(&mem, sizeof(__half) * 268435456));
     S->owned_symmetric.push_back(mem);
-    // poisoned: NaN bytes (integers: -1) until written (docs/codegen.md, inputs and dumps)
+#ifndef COCOVIZ_EMULATION
+    // poisoned: NaN bytes (integers: -1) until written (docs/codegen.md, inputs and dumps);
+    // the emulation leaves it unwritten instead, so that its initcheck reports a read of it
     CHECK_CUDA("allocation", cudaMemsetAsync(mem, 0xFF, sizeof(__half) * 268435456, S->main));
+#endif
     B.in_ref_g = static_cast<__half*>(mem);
   }
   if (on_stage(ctx, 0)) {
     void* mem = nullptr;
     CHECK_CUDA("allocation of in_ref_w", cudaMalloc(&mem, sizeof(float) * 268435456));
     S->owned.push_back(mem);
-    // poisoned: NaN bytes (integers: -1) until written (docs/codegen.md, inputs and dumps)
+#ifndef COCOVIZ_EMULATION
+    // poisoned: NaN bytes (integers: -1) until written (docs/codegen.md, inputs and dumps);
+    // the emulation leaves it unwritten instead, so that its initcheck reports a read of it
     CHECK_CUDA("allocation", cudaMemsetAsync(mem, 0xFF, sizeof(float) * 268435456, S->main));
+#endif
     B.in_ref_w = static_cast<float*>(mem);
   }
   if (on_stage(ctx, 0)) {
     void* mem = nullptr;
     CHECK_CUDA("allocation of in_ref_m", cudaMalloc(&mem, sizeof(float) * 268435456));
     S->owned.push_back(mem);
-    // poisoned: NaN bytes (integers: -1) until written (docs/codegen.md, inputs and dumps)
+#ifndef COCOVIZ_EMULATION
+    // poisoned: NaN bytes (integers: -1) until written (docs/codegen.md, inputs and dumps);
+    // the emulation leaves it unwritten instead, so that its initcheck reports a read of it
     CHECK_CUDA("allocation", cudaMemsetAsync(mem, 0xFF, sizeof(float) * 268435456, S->main));
+#endif
     B.in_ref_m = static_cast<float*>(mem);
   }
   if (on_stage(ctx, 0)) {
     void* mem = nullptr;
     CHECK_CUDA("allocation of in_ref_v", cudaMalloc(&mem, sizeof(float) * 268435456));
     S->owned.push_back(mem);
-    // poisoned: NaN bytes (integers: -1) until written (docs/codegen.md, inputs and dumps)
+#ifndef COCOVIZ_EMULATION
+    // poisoned: NaN bytes (integers: -1) until written (docs/codegen.md, inputs and dumps);
+    // the emulation leaves it unwritten instead, so that its initcheck reports a read of it
     CHECK_CUDA("allocation", cudaMemsetAsync(mem, 0xFF, sizeof(float) * 268435456, S->main));
+#endif
     B.in_ref_v = static_cast<float*>(mem);
   }
   if (on_stage(ctx, 0)) {
@@ -434,32 +446,44 @@ State* create(const Ctx& ctx) {
     // a host-API collective's buffer: symmetric memory, registered as a window below
     CHECK_NCCL("allocation of v_ref_g1", ncclMemAlloc(&mem, sizeof(__half) * 268435456));
     S->owned_symmetric.push_back(mem);
-    // poisoned: NaN bytes (integers: -1) until written (docs/codegen.md, inputs and dumps)
+#ifndef COCOVIZ_EMULATION
+    // poisoned: NaN bytes (integers: -1) until written (docs/codegen.md, inputs and dumps);
+    // the emulation leaves it unwritten instead, so that its initcheck reports a read of it
     CHECK_CUDA("allocation", cudaMemsetAsync(mem, 0xFF, sizeof(__half) * 268435456, S->main));
+#endif
     B.v_ref_g1 = static_cast<__half*>(mem);
   }
   if (on_stage(ctx, 0)) {
     void* mem = nullptr;
     CHECK_CUDA("allocation of v_ref_gf", cudaMalloc(&mem, sizeof(float) * 268435456));
     S->owned.push_back(mem);
-    // poisoned: NaN bytes (integers: -1) until written (docs/codegen.md, inputs and dumps)
+#ifndef COCOVIZ_EMULATION
+    // poisoned: NaN bytes (integers: -1) until written (docs/codegen.md, inputs and dumps);
+    // the emulation leaves it unwritten instead, so that its initcheck reports a read of it
     CHECK_CUDA("allocation", cudaMemsetAsync(mem, 0xFF, sizeof(float) * 268435456, S->main));
+#endif
     B.v_ref_gf = static_cast<float*>(mem);
   }
   if (on_stage(ctx, 0)) {
     void* mem = nullptr;
     CHECK_CUDA("allocation of v_ref_mh", cudaMalloc(&mem, sizeof(float) * 268435456));
     S->owned.push_back(mem);
-    // poisoned: NaN bytes (integers: -1) until written (docs/codegen.md, inputs and dumps)
+#ifndef COCOVIZ_EMULATION
+    // poisoned: NaN bytes (integers: -1) until written (docs/codegen.md, inputs and dumps);
+    // the emulation leaves it unwritten instead, so that its initcheck reports a read of it
     CHECK_CUDA("allocation", cudaMemsetAsync(mem, 0xFF, sizeof(float) * 268435456, S->main));
+#endif
     B.v_ref_mh = static_cast<float*>(mem);
   }
   if (on_stage(ctx, 0)) {
     void* mem = nullptr;
     CHECK_CUDA("allocation of v_ref_vh", cudaMalloc(&mem, sizeof(float) * 268435456));
     S->owned.push_back(mem);
-    // poisoned: NaN bytes (integers: -1) until written (docs/codegen.md, inputs and dumps)
+#ifndef COCOVIZ_EMULATION
+    // poisoned: NaN bytes (integers: -1) until written (docs/codegen.md, inputs and dumps);
+    // the emulation leaves it unwritten instead, so that its initcheck reports a read of it
     CHECK_CUDA("allocation", cudaMemsetAsync(mem, 0xFF, sizeof(float) * 268435456, S->main));
+#endif
     B.v_ref_vh = static_cast<float*>(mem);
   }
   if (B.in_ref_m != nullptr) B.v_ref_m1 = B.in_ref_m + (0);
@@ -545,14 +569,18 @@ void set_inputs(State* S, const Ctx& ctx, const void* const* values) {
 void fill_check(State* S, const Ctx& ctx, uint64_t seed, uint64_t round) {
   Buffers& B = S->B;
   const int64_t tp = ctx.tp;
+#ifndef COCOVIZ_EMULATION
   if (round == 1) {
     // every buffer that is not an input holds NaN bytes (integers: -1) before the first
-    // round: a read of a value nothing wrote shows in the outputs
+    // round: a read of a value nothing wrote shows in the outputs (the emulation does not
+    // poison: its initcheck reports such a read, with the reading line, where a poison
+    // write would hide it)
     if (B.v_ref_g1 != nullptr) CHECK_CUDA("inputs", cudaMemsetAsync(B.v_ref_g1, 0xFF, sizeof(__half) * 268435456, S->main));
     if (B.v_ref_gf != nullptr) CHECK_CUDA("inputs", cudaMemsetAsync(B.v_ref_gf, 0xFF, sizeof(float) * 268435456, S->main));
     if (B.v_ref_mh != nullptr) CHECK_CUDA("inputs", cudaMemsetAsync(B.v_ref_mh, 0xFF, sizeof(float) * 268435456, S->main));
     if (B.v_ref_vh != nullptr) CHECK_CUDA("inputs", cudaMemsetAsync(B.v_ref_vh, 0xFF, sizeof(float) * 268435456, S->main));
   }
+#endif
   if (B.in_ref_g != nullptr) {
     COCOVIZ_LAUNCH(::cocoviz::check_fill_kernel<cocoviz::DType::f16>, 65536, kThreads, 0, S->main)(B.in_ref_g, ::cocoviz::check_key(::cocoviz::key_for("g", seed), round), 1, 268435456, 0, tp * 268435456, true);
     CHECK_LAUNCH("inputs", "check_fill_kernel");
@@ -796,8 +824,11 @@ State* create(const Ctx& ctx) {
     // a host-API collective's buffer: symmetric memory, registered as a window below
     CHECK_NCCL("allocation of in_sch_g", ncclMemAlloc(&mem, sizeof(__half) * 268435456));
     S->owned_symmetric.push_back(mem);
-    // poisoned: NaN bytes (integers: -1) until written (docs/codegen.md, inputs and dumps)
+#ifndef COCOVIZ_EMULATION
+    // poisoned: NaN bytes (integers: -1) until written (docs/codegen.md, inputs and dumps);
+    // the emulation leaves it unwritten instead, so that its initcheck reports a read of it
     CHECK_CUDA("allocation", cudaMemsetAsync(mem, 0xFF, sizeof(__half) * 268435456, S->main));
+#endif
     B.in_sch_g = static_cast<__half*>(mem);
   }
   if (on_stage(ctx, 0)) {
@@ -805,24 +836,33 @@ State* create(const Ctx& ctx) {
     // a host-API collective's buffer: symmetric memory, registered as a window below
     CHECK_NCCL("allocation of in_sch_w", ncclMemAlloc(&mem, sizeof(float) * 268435456));
     S->owned_symmetric.push_back(mem);
-    // poisoned: NaN bytes (integers: -1) until written (docs/codegen.md, inputs and dumps)
+#ifndef COCOVIZ_EMULATION
+    // poisoned: NaN bytes (integers: -1) until written (docs/codegen.md, inputs and dumps);
+    // the emulation leaves it unwritten instead, so that its initcheck reports a read of it
     CHECK_CUDA("allocation", cudaMemsetAsync(mem, 0xFF, sizeof(float) * 268435456, S->main));
+#endif
     B.in_sch_w = static_cast<float*>(mem);
   }
   if (on_stage(ctx, 0)) {
     void* mem = nullptr;
     CHECK_CUDA("allocation of in_sch_m", cudaMalloc(&mem, sizeof(float) * 8388608));
     S->owned.push_back(mem);
-    // poisoned: NaN bytes (integers: -1) until written (docs/codegen.md, inputs and dumps)
+#ifndef COCOVIZ_EMULATION
+    // poisoned: NaN bytes (integers: -1) until written (docs/codegen.md, inputs and dumps);
+    // the emulation leaves it unwritten instead, so that its initcheck reports a read of it
     CHECK_CUDA("allocation", cudaMemsetAsync(mem, 0xFF, sizeof(float) * 8388608, S->main));
+#endif
     B.in_sch_m = static_cast<float*>(mem);
   }
   if (on_stage(ctx, 0)) {
     void* mem = nullptr;
     CHECK_CUDA("allocation of in_sch_v", cudaMalloc(&mem, sizeof(float) * 8388608));
     S->owned.push_back(mem);
-    // poisoned: NaN bytes (integers: -1) until written (docs/codegen.md, inputs and dumps)
+#ifndef COCOVIZ_EMULATION
+    // poisoned: NaN bytes (integers: -1) until written (docs/codegen.md, inputs and dumps);
+    // the emulation leaves it unwritten instead, so that its initcheck reports a read of it
     CHECK_CUDA("allocation", cudaMemsetAsync(mem, 0xFF, sizeof(float) * 8388608, S->main));
+#endif
     B.in_sch_v = static_cast<float*>(mem);
   }
   if (on_stage(ctx, 0)) {
@@ -830,8 +870,11 @@ State* create(const Ctx& ctx) {
     // a host-API collective's buffer: symmetric memory, registered as a window below
     CHECK_NCCL("allocation of v_sch_g1_rs", ncclMemAlloc(&mem, sizeof(__half) * 8388608));
     S->owned_symmetric.push_back(mem);
-    // poisoned: NaN bytes (integers: -1) until written (docs/codegen.md, inputs and dumps)
+#ifndef COCOVIZ_EMULATION
+    // poisoned: NaN bytes (integers: -1) until written (docs/codegen.md, inputs and dumps);
+    // the emulation leaves it unwritten instead, so that its initcheck reports a read of it
     CHECK_CUDA("allocation", cudaMemsetAsync(mem, 0xFF, sizeof(__half) * 8388608, S->main));
+#endif
     B.v_sch_g1_rs = static_cast<__half*>(mem);
   }
   if (B.in_sch_m != nullptr) B.v_sch_m1 = B.in_sch_m + (0);
@@ -920,11 +963,15 @@ void set_inputs(State* S, const Ctx& ctx, const void* const* values) {
 void fill_check(State* S, const Ctx& ctx, uint64_t seed, uint64_t round) {
   Buffers& B = S->B;
   const int64_t tp = ctx.tp;
+#ifndef COCOVIZ_EMULATION
   if (round == 1) {
     // every buffer that is not an input holds NaN bytes (integers: -1) before the first
-    // round: a read of a value nothing wrote shows in the outputs
+    // round: a read of a value nothing wrote shows in the outputs (the emulation does not
+    // poison: its initcheck reports such a read, with the reading line, where a poison
+    // write would hide it)
     if (B.v_sch_g1_rs != nullptr) CHECK_CUDA("inputs", cudaMemsetAsync(B.v_sch_g1_rs, 0xFF, sizeof(__half) * 8388608, S->main));
   }
+#endif
   if (B.in_sch_g != nullptr) {
     COCOVIZ_LAUNCH(::cocoviz::check_fill_kernel<cocoviz::DType::f16>, 65536, kThreads, 0, S->main)(B.in_sch_g, ::cocoviz::check_key(::cocoviz::key_for("g", seed), round), 1, 268435456, 0, tp * 268435456, true);
     CHECK_LAUNCH("inputs", "check_fill_kernel");

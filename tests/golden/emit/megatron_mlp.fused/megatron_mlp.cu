@@ -189,32 +189,44 @@ State* create(const Ctx& ctx) {
     void* mem = nullptr;
     CHECK_CUDA("allocation of in_ref_w", cudaMalloc(&mem, sizeof(__half) * 18874368));
     S->owned.push_back(mem);
-    // poisoned: NaN bytes (integers: -1) until written (docs/codegen.md, inputs and dumps)
+#ifndef COCOVIZ_EMULATION
+    // poisoned: NaN bytes (integers: -1) until written (docs/codegen.md, inputs and dumps);
+    // the emulation leaves it unwritten instead, so that its initcheck reports a read of it
     CHECK_CUDA("allocation", cudaMemsetAsync(mem, 0xFF, sizeof(__half) * 18874368, S->main));
+#endif
     B.in_ref_w = static_cast<__half*>(mem);
   }
   if (on_stage(ctx, 0)) {
     void* mem = nullptr;
     CHECK_CUDA("allocation of in_ref_b", cudaMalloc(&mem, sizeof(__half) * 12288));
     S->owned.push_back(mem);
-    // poisoned: NaN bytes (integers: -1) until written (docs/codegen.md, inputs and dumps)
+#ifndef COCOVIZ_EMULATION
+    // poisoned: NaN bytes (integers: -1) until written (docs/codegen.md, inputs and dumps);
+    // the emulation leaves it unwritten instead, so that its initcheck reports a read of it
     CHECK_CUDA("allocation", cudaMemsetAsync(mem, 0xFF, sizeof(__half) * 12288, S->main));
+#endif
     B.in_ref_b = static_cast<__half*>(mem);
   }
   if (on_stage(ctx, 0)) {
     void* mem = nullptr;
     CHECK_CUDA("allocation of in_ref_x", cudaMalloc(&mem, sizeof(__half) * 6291456));
     S->owned.push_back(mem);
-    // poisoned: NaN bytes (integers: -1) until written (docs/codegen.md, inputs and dumps)
+#ifndef COCOVIZ_EMULATION
+    // poisoned: NaN bytes (integers: -1) until written (docs/codegen.md, inputs and dumps);
+    // the emulation leaves it unwritten instead, so that its initcheck reports a read of it
     CHECK_CUDA("allocation", cudaMemsetAsync(mem, 0xFF, sizeof(__half) * 6291456, S->main));
+#endif
     B.in_ref_x = static_cast<__half*>(mem);
   }
   if (on_stage(ctx, 0)) {
     void* mem = nullptr;
     CHECK_CUDA("allocation of in_ref_r", cudaMalloc(&mem, sizeof(__half) * 50331648));
     S->owned.push_back(mem);
-    // poisoned: NaN bytes (integers: -1) until written (docs/codegen.md, inputs and dumps)
+#ifndef COCOVIZ_EMULATION
+    // poisoned: NaN bytes (integers: -1) until written (docs/codegen.md, inputs and dumps);
+    // the emulation leaves it unwritten instead, so that its initcheck reports a read of it
     CHECK_CUDA("allocation", cudaMemsetAsync(mem, 0xFF, sizeof(__half) * 50331648, S->main));
+#endif
     B.in_ref_r = static_cast<__half*>(mem);
   }
   if (on_stage(ctx, 0)) {
@@ -222,16 +234,22 @@ State* create(const Ctx& ctx) {
     // a host-API collective's buffer: symmetric memory, registered as a window below
     CHECK_NCCL("allocation of v_ref_layer", ncclMemAlloc(&mem, sizeof(__half) * 50331648));
     S->owned_symmetric.push_back(mem);
-    // poisoned: NaN bytes (integers: -1) until written (docs/codegen.md, inputs and dumps)
+#ifndef COCOVIZ_EMULATION
+    // poisoned: NaN bytes (integers: -1) until written (docs/codegen.md, inputs and dumps);
+    // the emulation leaves it unwritten instead, so that its initcheck reports a read of it
     CHECK_CUDA("allocation", cudaMemsetAsync(mem, 0xFF, sizeof(__half) * 50331648, S->main));
+#endif
     B.v_ref_layer = static_cast<__half*>(mem);
   }
   if (on_stage(ctx, 0)) {
     void* mem = nullptr;
     CHECK_CUDA("allocation of v_ref_out", cudaMalloc(&mem, sizeof(__half) * 50331648));
     S->owned.push_back(mem);
-    // poisoned: NaN bytes (integers: -1) until written (docs/codegen.md, inputs and dumps)
+#ifndef COCOVIZ_EMULATION
+    // poisoned: NaN bytes (integers: -1) until written (docs/codegen.md, inputs and dumps);
+    // the emulation leaves it unwritten instead, so that its initcheck reports a read of it
     CHECK_CUDA("allocation", cudaMemsetAsync(mem, 0xFF, sizeof(__half) * 50331648, S->main));
+#endif
     B.v_ref_out = static_cast<__half*>(mem);
   }
   if (B.v_ref_layer != nullptr) B.v_ref_sum = B.v_ref_layer + (0);
@@ -317,12 +335,16 @@ void set_inputs(State* S, const Ctx& ctx, const void* const* values) {
 void fill_check(State* S, const Ctx& ctx, uint64_t seed, uint64_t round) {
   Buffers& B = S->B;
   const int64_t tp = ctx.tp;
+#ifndef COCOVIZ_EMULATION
   if (round == 1) {
     // every buffer that is not an input holds NaN bytes (integers: -1) before the first
-    // round: a read of a value nothing wrote shows in the outputs
+    // round: a read of a value nothing wrote shows in the outputs (the emulation does not
+    // poison: its initcheck reports such a read, with the reading line, where a poison
+    // write would hide it)
     if (B.v_ref_layer != nullptr) CHECK_CUDA("inputs", cudaMemsetAsync(B.v_ref_layer, 0xFF, sizeof(__half) * 50331648, S->main));
     if (B.v_ref_out != nullptr) CHECK_CUDA("inputs", cudaMemsetAsync(B.v_ref_out, 0xFF, sizeof(__half) * 50331648, S->main));
   }
+#endif
   if (B.in_ref_w != nullptr) {
     COCOVIZ_LAUNCH(::cocoviz::check_fill_kernel<cocoviz::DType::f16>, 65536, kThreads, 0, S->main)(B.in_ref_w, ::cocoviz::check_key(::cocoviz::key_for("w", seed), round), 1, 18874368, 0, tp * 18874368, false);
     CHECK_LAUNCH("inputs", "check_fill_kernel");
@@ -524,32 +546,44 @@ State* create(const Ctx& ctx) {
     void* mem = nullptr;
     CHECK_CUDA("allocation of in_sch_w", cudaMalloc(&mem, sizeof(__half) * 18874368));
     S->owned.push_back(mem);
-    // poisoned: NaN bytes (integers: -1) until written (docs/codegen.md, inputs and dumps)
+#ifndef COCOVIZ_EMULATION
+    // poisoned: NaN bytes (integers: -1) until written (docs/codegen.md, inputs and dumps);
+    // the emulation leaves it unwritten instead, so that its initcheck reports a read of it
     CHECK_CUDA("allocation", cudaMemsetAsync(mem, 0xFF, sizeof(__half) * 18874368, S->main));
+#endif
     B.in_sch_w = static_cast<__half*>(mem);
   }
   if (on_stage(ctx, 0)) {
     void* mem = nullptr;
     CHECK_CUDA("allocation of in_sch_b", cudaMalloc(&mem, sizeof(__half) * 12288));
     S->owned.push_back(mem);
-    // poisoned: NaN bytes (integers: -1) until written (docs/codegen.md, inputs and dumps)
+#ifndef COCOVIZ_EMULATION
+    // poisoned: NaN bytes (integers: -1) until written (docs/codegen.md, inputs and dumps);
+    // the emulation leaves it unwritten instead, so that its initcheck reports a read of it
     CHECK_CUDA("allocation", cudaMemsetAsync(mem, 0xFF, sizeof(__half) * 12288, S->main));
+#endif
     B.in_sch_b = static_cast<__half*>(mem);
   }
   if (on_stage(ctx, 0)) {
     void* mem = nullptr;
     CHECK_CUDA("allocation of in_sch_x", cudaMalloc(&mem, sizeof(__half) * 6291456));
     S->owned.push_back(mem);
-    // poisoned: NaN bytes (integers: -1) until written (docs/codegen.md, inputs and dumps)
+#ifndef COCOVIZ_EMULATION
+    // poisoned: NaN bytes (integers: -1) until written (docs/codegen.md, inputs and dumps);
+    // the emulation leaves it unwritten instead, so that its initcheck reports a read of it
     CHECK_CUDA("allocation", cudaMemsetAsync(mem, 0xFF, sizeof(__half) * 6291456, S->main));
+#endif
     B.in_sch_x = static_cast<__half*>(mem);
   }
   if (on_stage(ctx, 0)) {
     void* mem = nullptr;
     CHECK_CUDA("allocation of in_sch_r", cudaMalloc(&mem, sizeof(__half) * 50331648));
     S->owned.push_back(mem);
-    // poisoned: NaN bytes (integers: -1) until written (docs/codegen.md, inputs and dumps)
+#ifndef COCOVIZ_EMULATION
+    // poisoned: NaN bytes (integers: -1) until written (docs/codegen.md, inputs and dumps);
+    // the emulation leaves it unwritten instead, so that its initcheck reports a read of it
     CHECK_CUDA("allocation", cudaMemsetAsync(mem, 0xFF, sizeof(__half) * 50331648, S->main));
+#endif
     B.in_sch_r = static_cast<__half*>(mem);
   }
   if (on_stage(ctx, 0)) {
@@ -557,8 +591,11 @@ State* create(const Ctx& ctx) {
     // a host-API collective's buffer: symmetric memory, registered as a window below
     CHECK_NCCL("allocation of v_sch_layer", ncclMemAlloc(&mem, sizeof(__half) * 50331648));
     S->owned_symmetric.push_back(mem);
-    // poisoned: NaN bytes (integers: -1) until written (docs/codegen.md, inputs and dumps)
+#ifndef COCOVIZ_EMULATION
+    // poisoned: NaN bytes (integers: -1) until written (docs/codegen.md, inputs and dumps);
+    // the emulation leaves it unwritten instead, so that its initcheck reports a read of it
     CHECK_CUDA("allocation", cudaMemsetAsync(mem, 0xFF, sizeof(__half) * 50331648, S->main));
+#endif
     B.v_sch_layer = static_cast<__half*>(mem);
   }
   if (on_stage(ctx, 0)) {
@@ -566,8 +603,11 @@ State* create(const Ctx& ctx) {
     // a host-API collective's buffer: symmetric memory, registered as a window below
     CHECK_NCCL("allocation of v_sch_sum_rs", ncclMemAlloc(&mem, sizeof(__half) * 6291456));
     S->owned_symmetric.push_back(mem);
-    // poisoned: NaN bytes (integers: -1) until written (docs/codegen.md, inputs and dumps)
+#ifndef COCOVIZ_EMULATION
+    // poisoned: NaN bytes (integers: -1) until written (docs/codegen.md, inputs and dumps);
+    // the emulation leaves it unwritten instead, so that its initcheck reports a read of it
     CHECK_CUDA("allocation", cudaMemsetAsync(mem, 0xFF, sizeof(__half) * 6291456, S->main));
+#endif
     B.v_sch_sum_rs = static_cast<__half*>(mem);
   }
   if (on_stage(ctx, 0)) {
@@ -575,8 +615,11 @@ State* create(const Ctx& ctx) {
     // a host-API collective's buffer: symmetric memory, registered as a window below
     CHECK_NCCL("allocation of v_sch_out_s", ncclMemAlloc(&mem, sizeof(__half) * 6291456));
     S->owned_symmetric.push_back(mem);
-    // poisoned: NaN bytes (integers: -1) until written (docs/codegen.md, inputs and dumps)
+#ifndef COCOVIZ_EMULATION
+    // poisoned: NaN bytes (integers: -1) until written (docs/codegen.md, inputs and dumps);
+    // the emulation leaves it unwritten instead, so that its initcheck reports a read of it
     CHECK_CUDA("allocation", cudaMemsetAsync(mem, 0xFF, sizeof(__half) * 6291456, S->main));
+#endif
     B.v_sch_out_s = static_cast<__half*>(mem);
   }
   if (on_stage(ctx, 0)) {
@@ -584,8 +627,11 @@ State* create(const Ctx& ctx) {
     // a host-API collective's buffer: symmetric memory, registered as a window below
     CHECK_NCCL("allocation of v_sch_out", ncclMemAlloc(&mem, sizeof(__half) * 50331648));
     S->owned_symmetric.push_back(mem);
-    // poisoned: NaN bytes (integers: -1) until written (docs/codegen.md, inputs and dumps)
+#ifndef COCOVIZ_EMULATION
+    // poisoned: NaN bytes (integers: -1) until written (docs/codegen.md, inputs and dumps);
+    // the emulation leaves it unwritten instead, so that its initcheck reports a read of it
     CHECK_CUDA("allocation", cudaMemsetAsync(mem, 0xFF, sizeof(__half) * 50331648, S->main));
+#endif
     B.v_sch_out = static_cast<__half*>(mem);
   }
 #if NCCL_VERSION_CODE >= NCCL_VERSION(2, 27, 0)
@@ -681,14 +727,18 @@ void set_inputs(State* S, const Ctx& ctx, const void* const* values) {
 void fill_check(State* S, const Ctx& ctx, uint64_t seed, uint64_t round) {
   Buffers& B = S->B;
   const int64_t tp = ctx.tp;
+#ifndef COCOVIZ_EMULATION
   if (round == 1) {
     // every buffer that is not an input holds NaN bytes (integers: -1) before the first
-    // round: a read of a value nothing wrote shows in the outputs
+    // round: a read of a value nothing wrote shows in the outputs (the emulation does not
+    // poison: its initcheck reports such a read, with the reading line, where a poison
+    // write would hide it)
     if (B.v_sch_layer != nullptr) CHECK_CUDA("inputs", cudaMemsetAsync(B.v_sch_layer, 0xFF, sizeof(__half) * 50331648, S->main));
     if (B.v_sch_sum_rs != nullptr) CHECK_CUDA("inputs", cudaMemsetAsync(B.v_sch_sum_rs, 0xFF, sizeof(__half) * 6291456, S->main));
     if (B.v_sch_out_s != nullptr) CHECK_CUDA("inputs", cudaMemsetAsync(B.v_sch_out_s, 0xFF, sizeof(__half) * 6291456, S->main));
     if (B.v_sch_out != nullptr) CHECK_CUDA("inputs", cudaMemsetAsync(B.v_sch_out, 0xFF, sizeof(__half) * 50331648, S->main));
   }
+#endif
   if (B.in_sch_w != nullptr) {
     COCOVIZ_LAUNCH(::cocoviz::check_fill_kernel<cocoviz::DType::f16>, 65536, kThreads, 0, S->main)(B.in_sch_w, ::cocoviz::check_key(::cocoviz::key_for("w", seed), round), 1, 18874368, 0, tp * 18874368, false);
     CHECK_LAUNCH("inputs", "check_fill_kernel");
