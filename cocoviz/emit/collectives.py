@@ -15,7 +15,7 @@ from cocoviz.emit.names import c_double
 from cocoviz.emit.plan import EmitError
 from cocoviz.emit.storage import Storage
 from cocoviz.ir.collectives import Blocks, alltoall_copies, collective
-from cocoviz.ir.nodes import COLLECTIVES, Op, ReduceOp
+from cocoviz.ir.nodes import COLLECTIVES, READS_OTHER_ELEMENTS, Op, ReduceOp
 from cocoviz.ir.types import DType, shape_values
 
 _ROP = {
@@ -311,6 +311,14 @@ class CollectiveLowering(Storage):
         ops = [self.p.stage(m).expr.op for m in members]
         if not ops or ops[0] is not Op.REDUCESCATTER or Op.ALLGATHER not in ops:
             return None
+        if any(self.p.stage(m).expr.tag == "dp" for m in members):
+            # the device communicator and its windows are the tp group's: a collective over
+            # dp runs on NCCL's host API (docs/cost-model.md prices it so)
+            self.stage_colls.setdefault(members[0], []).append(
+                "nccl-device does not apply (a collective over dp: the device communicator "
+                "is the tp group's); lowered on NCCL's host API"
+            )
+            return None
         rs = members[0]
         compute = [m for m, o in zip(members, ops, strict=True) if o not in COLLECTIVES]
         gathers = [m for m, o in zip(members, ops, strict=True) if o is Op.ALLGATHER]
@@ -319,8 +327,6 @@ class CollectiveLowering(Storage):
         # a node that reads its operand at other elements than its own (a transpose, a
         # reduction along a dimension) needs a kernel of its own: not this one, which
         # computes its members element by element (docs/codegen.md)
-        from cocoviz.emit.kernels import READS_OTHER_ELEMENTS  # (kernels imports this module)
-
         if any(
             u.kind != "ew" or u.expr.op in READS_OTHER_ELEMENTS
             for m in compute

@@ -13,9 +13,9 @@ from cocoviz.emit.body import BodyBuilder, Unit, _with_chunks, view_of
 from cocoviz.emit.collectives import CollectiveLowering
 from cocoviz.emit.plan import EmitError
 from cocoviz.ir.nodes import (
-    AXIS_REDUCTIONS,
     COLLECTIVES,
     PERMUTES,
+    READS_OTHER_ELEMENTS,
     REDUCTIONS,
     ROUTING,
     ROWWISE,
@@ -24,10 +24,6 @@ from cocoviz.ir.nodes import (
     Stage,
 )
 from cocoviz.ir.types import TensorType, block_dim, shape_values
-
-READS_OTHER_ELEMENTS = PERMUTES | AXIS_REDUCTIONS | ROUTING
-"""Nodes that read their operand at other elements than their own: lifted to the top of a
-unit of their own over a named operand, never in the kernel that makes the operand."""
 
 REDUCE_BLOCKS = 1024
 """Per-block partials of a two-phase reduction (CUDA grid size of reduction kernels)."""

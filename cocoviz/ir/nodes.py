@@ -133,6 +133,9 @@ AXIS_NAMES = {Op.SUM_DIM: "sum", Op.MEAN: "mean", Op.AMAX_DIM: "amax", Op.AMIN: 
 """How each reduction along a dimension is written."""
 CONSTANTS = frozenset({Op.ZEROS, Op.ONES, Op.FULL, Op.IOTA})
 """`zeros/ones/full/iota(DTYPE[DIMS], …)`: values of a given type that read nothing."""
+READS_OTHER_ELEMENTS = PERMUTES | AXIS_REDUCTIONS | ROUTING
+"""Nodes that read their operand at other elements than their own (an emitter cannot
+compute them element by element in the kernel that writes the operand)."""
 
 
 def fill_value(e: Expr) -> float | int:
