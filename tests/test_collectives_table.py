@@ -6,8 +6,15 @@ from __future__ import annotations
 import pytest
 
 from cocoviz.emit import plan as pl
-from cocoviz.emit.render import CpuRenderer, CudaRenderer, EmitOptions, unknown
-from cocoviz.emit.targets import DEFAULT_TARGET, TARGET_NAMES, TARGETS, renderer_for, target_spec
+from cocoviz.emit.render import (
+    CpuRenderer,
+    CudaRenderer,
+    EmitOptions,
+    renderer_class,
+    renderer_for,
+    unknown,
+)
+from cocoviz.emit.targets import DEFAULT_TARGET, TARGET_NAMES, TARGETS
 from cocoviz.errors import CocovizError
 from cocoviz.exec.ops import COLLECTIVE_SEMANTICS
 from cocoviz.ir.collectives import COLLECTIVE_TABLE, Operand, collective, collective_named
@@ -78,8 +85,8 @@ def test_dtype_facts_are_the_numerics_table() -> None:
 def test_target_table() -> None:
     assert TARGET_NAMES == ("cuda", "cpu") and DEFAULT_TARGET == "cuda"
     assert [t.gpu for t in TARGETS] == [True, False]
-    assert target_spec("cpu").renderer_class is CpuRenderer
-    assert target_spec("cuda").renderer_class is CudaRenderer
+    assert renderer_class("cpu") is CpuRenderer
+    assert renderer_class("cuda") is CudaRenderer
 
 
 def test_an_unknown_target_is_an_emit_error_not_the_cpu() -> None:

@@ -11,8 +11,8 @@ from pathlib import Path
 
 from cocoviz.emit.lower import Collectives, EmitError, lower_emit
 from cocoviz.emit.manifest import manifest
-from cocoviz.emit.render import EmitOptions
-from cocoviz.emit.targets import DEFAULT_TARGET, TargetSpec, renderer_for, target_spec
+from cocoviz.emit.render import EmitOptions, renderer_for
+from cocoviz.emit.targets import DEFAULT_TARGET, TargetSpec, target_spec
 from cocoviz.emit.toolchain import Toolchain, arch_number, find_toolchain
 from cocoviz.errors import BuildError, UsageError
 from cocoviz.ir.nodes import Program

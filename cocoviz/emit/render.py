@@ -828,3 +828,21 @@ class CudaRenderer(Renderer):
         ) or (st.rop == "avg" and st.src_dtype is DType.F32)
         out["mc_unroll"] = 4
         return out
+
+
+RENDERERS: dict[str, type[Renderer]] = {cls.__name__: cls for cls in (CudaRenderer, CpuRenderer)}
+"""The renderer classes by the name a row of `cocoviz.emit.targets` gives them."""
+
+
+def renderer_class(target: str) -> type[Renderer]:
+    """The renderer class of `target` (an `EmitError` naming the known targets otherwise)."""
+    spec = target_spec(target)
+    cls = RENDERERS.get(spec.renderer)
+    if cls is None:
+        raise EmitError(f"target {target!r} names no renderer class {spec.renderer!r}")
+    return cls
+
+
+def renderer_for(plan: pl.EmitPlan, options: EmitOptions) -> Renderer:
+    """The renderer of `options.target` for `plan`."""
+    return renderer_class(options.target)(plan, options)

@@ -5,18 +5,12 @@ A row names the renderer class that spells the backend (`cocoviz.emit.render`: i
 target name, templates, runtime files and C spellings), the line the TUI's emit dialog
 shows, and the toolchain variables its Makefile reads. ``--target``'s choices, the TUI's
 code pane and emit dialog, and the emitter read this table; adding a backend is a row
-here, a `Renderer` subclass and its templates.
+here, a `Renderer` subclass (listed in `render.RENDERERS`) and its templates.
 """
 
 from __future__ import annotations
 
-import importlib
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from cocoviz.emit import plan as pl
-    from cocoviz.emit.render import EmitOptions, Renderer
 
 
 @dataclass(frozen=True)
@@ -28,18 +22,13 @@ class TargetSpec:
     title: str
     """How the TUI's emit dialog names it."""
     renderer: str
-    """The `cocoviz.emit.render` class that writes it (imported when it is used, so that
-    reading the table — ``--target``'s choices — costs no template engine)."""
+    """The `cocoviz.emit.render` class that writes it (`render.renderer_class`; named, so
+    that reading the table — ``--target``'s choices — costs no template engine)."""
     gpu: bool = False
     """Builds for a CUDA architecture (``--arch``) and runs its collectives on NCCL
     (``--collectives``)."""
     make_vars: tuple[str, ...] | None = None
     """The toolchain's make variables its Makefile reads (None: all of them)."""
-
-    @property
-    def renderer_class(self) -> type[Renderer]:
-        cls: type[Renderer] = getattr(importlib.import_module("cocoviz.emit.render"), self.renderer)
-        return cls
 
 
 TARGETS: tuple[TargetSpec, ...] = (
@@ -65,8 +54,3 @@ def target_spec(name: str) -> TargetSpec:
     from cocoviz.emit.plan import EmitError  # not at import: `--target`'s choices read the table
 
     raise EmitError(f"unknown target {name!r}", hint=f"the targets are: {', '.join(TARGET_NAMES)}")
-
-
-def renderer_for(plan: pl.EmitPlan, options: EmitOptions) -> Renderer:
-    """The renderer of `options.target` for `plan`."""
-    return target_spec(options.target).renderer_class(plan, options)
