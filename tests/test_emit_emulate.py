@@ -31,7 +31,7 @@ from emit_support import (
 
 from cocoviz.ir.nodes import Program
 
-RANKS = {"pipeline_stage": ("tp=1,pp=2", "tp=2,pp=2")}
+RANKS = {"pipeline_stage": ("tp=1,pp=2", "tp=2,pp=2"), "zero1_tp_mlp": ("dp=2,tp=2",)}
 MODES = ("nccl", "nccl-device")
 
 EMU_CASES = [(n, s, m, r) for n, s in cases() for r in RANKS.get(n, ("2", "4")) for m in MODES]

@@ -38,7 +38,7 @@ TEXT_CASES = [
     ("grid_dp_pp", "split_dp"),  # dp=2, tp=2, pp=2: send to the same dp and tp index
 ]
 SAMPLE_SCHEDULES = ["as_written", "fused_adam", "fused_w1"]
-TARGETS = [("cpu", "nccl")]
+TARGETS = [("cpu", "nccl"), ("cuda", "nccl"), ("cuda", "nccl-device")]
 
 
 @pytest.fixture(scope="session")
@@ -140,8 +140,20 @@ def test_what_is_not_supported_yet_is_refused_naming_it(body: str, message: str)
     assert message in str(err.value)
 
 
-def test_the_cuda_target_refuses_a_dp_grid() -> None:
+def test_the_cuda_tree_splits_an_nccl_dp_communicator() -> None:
     program, ref = text_programs((PROGRAMS / "grid_dp_tp.coco").read_text(), None)
-    with pytest.raises(EmitError) as err:
-        emit(program, ref, target="cuda")
-    assert "not supported yet (code generation" in str(err.value)
+    files = emit(program, ref, target="cuda").files
+    main = files["main.cu"]
+    assert "ncclCommSplit(ctx.nccl_world, ctx.pp * ctx.D + ctx.dp, ctx.tp, &ctx.nccl_group" in main
+    assert "ncclCommSplit(ctx.nccl_world, ctx.pp * ctx.T + ctx.tp, ctx.dp, &ctx.nccl_dp" in main
+    assert "ncclCommDestroy(ctx.nccl_dp)" in main
+    prog = files["grid_dp_tp.cu"]
+    assert prog.count("ctx.nccl_dp,") == 3  # gs, wf (in place at dp * count) and gsum
+
+
+def test_nccl_device_runs_a_fused_group_over_dp_on_the_host_api() -> None:
+    program, ref = scheduled("zero1_tp_mlp", "fused_adam", ranks="dp=2,tp=2")
+    emitted = emit(program, ref, target="cuda", collectives="nccl-device")
+    manifest = json.loads(emitted.files["manifest.json"])
+    notes = json.dumps(manifest)
+    assert "nccl-device does not apply (a collective over dp" in notes

@@ -355,14 +355,6 @@ def test_the_summary_counts_a_tp_rank_part_over_dp() -> None:
     assert (ops["gsum"].nbytes, ops["gsum"].sent_per_rank) == (1024, 1024)
 
 
-def test_emitting_a_dp_grid_for_cuda_is_refused_naming_the_layer(tmp_path: Path) -> None:
-    # the CPU target emits it (tests/test_emit_grid_dp.py)
-    rc, out, err = run("emit", str(GRID_PROGRAM), "--target", "cuda", "-o", str(tmp_path / "cuda"))
-    assert (rc, out) == (1, ""), err
-    assert "is not supported yet (code generation" in err
-    assert not (tmp_path / "cuda").exists() or not any((tmp_path / "cuda").iterdir())
-
-
 # --- the sample ------------------------------------------------------------------------------
 SMALL_SAMPLE = {"B": 8, "H": 16, "F": 32}
 

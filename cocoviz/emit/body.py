@@ -47,7 +47,7 @@ def view_of(ty: TensorType, group: int, chunks: int | None = None, dp: int = 1) 
     and the value is sliced inside an overlapped group); on a grid with D = `dp` > 1, a
     value's layout over dp is the view's `dp` (docs/language.md, rank grids)."""
     v = _tp_view_of(ty, group, chunks)
-    if dp == 1 or ty.dp.is_replicated:
+    if ty.dp.is_replicated:  # every value of a program without a dp axis
         return v
     if ty.dp.is_local:
         return dataclasses.replace(v, dp="local")

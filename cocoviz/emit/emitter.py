@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from cocoviz.emit.lower import Collectives, EmitError, lower_emit
+from cocoviz.emit.lower import Collectives, lower_emit
 from cocoviz.emit.manifest import manifest
 from cocoviz.emit.render import EmitOptions, renderer_for
 from cocoviz.emit.targets import DEFAULT_TARGET, TargetSpec, target_spec
@@ -78,14 +78,6 @@ def emit(
     spec = target_spec(target)
     if spec.gpu:
         check_arch(arch)
-    if spec.gpu and scheduled.grid.has_dp:
-        raise EmitError(
-            f"'{scheduled.name}' runs on a grid with a dp axis (ranks {scheduled.grid}): "
-            f"emitting it for --target {target} is not supported yet (code generation: "
-            "the CUDA target has one NCCL communicator per tp group only)",
-            hint="emit it with --target cpu, check it with `cocoviz verify` and run it "
-            "with `cocoviz run --mpi`",
-        )
     plan = lower_emit(scheduled, reference, collectives, schedule_name, schedule_steps, seed)
     tc = toolchain or find_toolchain()
     make_vars = tuple(tc.make_variables(arch).items())

@@ -363,6 +363,7 @@ def lower_emit(
         pp=g.pp,
         is_grid=g.is_grid,
         dp=g.dp,
+        has_dp=g.has_dp,
         dims=tuple((d.name, d.value) for d in scheduled.dims),
         params=params,
         scheduled=sched,

@@ -663,6 +663,9 @@ class EmitPlan:
     device-API lowering needs (docs/codegen.md, the nccl-device kernel on real hardware)."""
     dp: int = 1
     """D of a grid with a dp axis (1: none); world rank = (pp·D + dp)·T + tp."""
+    has_dp: bool = False
+    """The grid names a dp axis (`ranks dp=1, …` included): the trees split a dp
+    communicator and run collectives over dp on it."""
 
     @property
     def world(self) -> int:

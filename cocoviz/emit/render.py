@@ -560,7 +560,7 @@ class Renderer:
             "tp": p.tp,
             "pp": p.pp,
         }
-        if p.dp > 1:
+        if p.has_dp:
             header["dp"] = p.dp
         json_prefix = json.dumps(header)[:-1]
         sched = self.program(p.scheduled)
@@ -575,6 +575,7 @@ class Renderer:
             "pp": p.pp,
             "world": p.world,
             "dp": p.dp,
+            "has_dp": p.has_dp,
             "grid": p.pp > 1,
             "params": params,
             "sched": sched,
