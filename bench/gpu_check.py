@@ -218,7 +218,9 @@ class Check:
         # one rank: `dp=1,tp=1` on a grid with a dp axis (its collectives over dp run on a
         # dp communicator of one rank)
         has_dp = load_program(text, str(path), dims).grid.has_dp
-        p0 = load_program(text, str(path), dims, RanksOverride.parse("dp=1,tp=1" if has_dp else "1"))
+        p0 = load_program(
+            text, str(path), dims, RanksOverride.parse("dp=1,tp=1" if has_dp else "1")
+        )
         ref = unscheduled(p0)
         blocks = [b.name for b in p0.schedules] or [""]
         for block in blocks:

@@ -140,6 +140,36 @@ def test_what_is_not_supported_yet_is_refused_naming_it(body: str, message: str)
     assert message in str(err.value)
 
 
+def test_a_collective_over_dp_in_an_overlapped_group_is_refused(tmp_path: Path) -> None:
+    src = tmp_path / "ov.coco"
+    src.write_text(
+        "program ov\nranks dp=2, tp=2\ndim B = 8, H = 16\n"
+        "input x : f32[B, H] replicated local(over=dp)\ninput w : f32[H, H] replicated\n"
+        "y  = matmul(x, w)\nya = allreduce(avg, y, over=dp)\noutput ya\n"
+        "schedule ov { overlap(y, ya, chunks=2) }\n"
+    )
+    for target in ("cpu", "cuda"):
+        rc, out, err = _cli(
+            "emit", str(src), "-s", "ov", "--target", target, "-o", str(tmp_path / target)
+        )
+        assert (rc, out) == (1, ""), err
+        assert "allreduce over dp 'ya' inside an overlapped group is not supported yet" in err
+        assert "ov.coco:7:" in err and "hint:" in err
+        assert not (tmp_path / target).exists() or not any((tmp_path / target).iterdir())
+
+
+def _cli(*argv: str) -> tuple[int, str, str]:
+    import contextlib
+    import io
+
+    from cocoviz.cli import main
+
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        rc = main(list(argv))
+    return rc, out.getvalue(), err.getvalue()
+
+
 def test_the_cuda_tree_splits_an_nccl_dp_communicator() -> None:
     program, ref = text_programs((PROGRAMS / "grid_dp_tp.coco").read_text(), None)
     files = emit(program, ref, target="cuda").files

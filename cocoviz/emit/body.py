@@ -514,7 +514,9 @@ class BodyBuilder:
             )
         part = self.dp_read(name)
         if part is not None:
-            return self.emit(("load", part, self.L), kind="load", buffer=part, a=self.L, dtype=buf.dtype)
+            return self.emit(
+                ("load", part, self.L), kind="load", buffer=part, a=self.L, dtype=buf.dtype
+            )
         idx = self.storage_index(name, ty)
         return self.emit(("load", name, idx), kind="load", buffer=buf.cname, a=idx, dtype=buf.dtype)
 

@@ -149,7 +149,10 @@ class CollectiveLowering(Storage):
             if chunks:
                 raise EmitError(
                     f"{op.value} over dp '{u.stage}' inside an overlapped group is not "
-                    "supported yet (code generation)"
+                    "supported yet (code generation: the chunk loops cut a tp rank's value "
+                    "only)",
+                    self.p.stage(u.stage).span,
+                    hint="leave the collective over dp out of the overlap(…) group",
                 )
             common["comm"] = "dp"
         desc = op.value

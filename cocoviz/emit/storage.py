@@ -137,7 +137,8 @@ class Storage:
             off = dataclasses.replace(base, per_dp=base.per_dp + count)
             cname = self.names.fresh(f"{self.ns}_{name}_dp", "v_")
             self.add_buffer(
-                key, pl.Buffer(cname, name, b.dtype, count, b.pstage, "stage", alias=root, offset=off)
+                key,
+                pl.Buffer(cname, name, b.dtype, count, b.pstage, "stage", alias=root, offset=off),
             )
         return self.value_buffer[key]
 
@@ -243,7 +244,11 @@ class Storage:
                     and sb.offset == pl.Offset(per_dp=self.view(src).count)
                     and self.buffers[sb.alias].count == v.count
                 )
-                if sb is not None and sb.alias is not None and (sb.addressing == "global" or dp_inplace):
+                if (
+                    sb is not None
+                    and sb.alias is not None
+                    and (sb.addressing == "global" or dp_inplace)
+                ):
                     self.add_buffer(
                         s.name,
                         pl.Buffer(
@@ -276,7 +281,11 @@ class Storage:
                     off = pl.ZERO
                     if e.op is Op.REDUCESCATTER:
                         # this rank's block: tp·count over tp, dp·count over dp
-                        off = pl.Offset(per_dp=v.count) if e.tag == "dp" else pl.Offset(per_rank=v.count)
+                        off = (
+                            pl.Offset(per_dp=v.count)
+                            if e.tag == "dp"
+                            else pl.Offset(per_rank=v.count)
+                        )
                     self.alias_buffer(s.name, src, off)
                     continue
             if s.name in self.register_only or s.name in self.unstored:
