@@ -8,6 +8,7 @@ from rich.text import Text
 from textual import on
 from textual.app import ComposeResult
 from textual.binding import Binding
+from textual.cache import LRUCache
 from textual.containers import Vertical
 from textual.message import Message
 from textual.reactive import reactive, var
@@ -20,6 +21,8 @@ from cocoviz.tui.highlight import lex_line
 from cocoviz.tui.widgets.steady import SteadyScrollbars
 
 REPARSE_DELAY = 0.4  # seconds of quiet typing before the text is parsed again
+LINES_CACHED = 200
+"""Drawn rows the editor keeps (TextArea's own default: 1,024)."""
 
 COCO_THEME = TextAreaTheme(
     name="cocoviz",
@@ -141,6 +144,11 @@ class CocoTextArea(TextArea, SteadyScrollbars):
         super().__init__(text, read_only=True, tab_behavior="focus", **kwargs)  # type: ignore[arg-type]
         self.register_theme(COCO_THEME)
         self.theme = "cocoviz"
+        # TextArea keeps 1,024 drawn rows, each keyed by its scroll offset and selection
+        # too: over a session of scrolling and selecting it fills them all (a drawn row
+        # holds a dozen caches), a few MB the app never gives back. The rows shown, a
+        # few times over, are what a repaint reuses.
+        self._line_cache = LRUCache(LINES_CACHED)
 
     @property  # type: ignore[override]
     def wrapped_document(self) -> WrappedDocument:
