@@ -177,6 +177,7 @@ def test_the_cuda_tree_splits_an_nccl_dp_communicator() -> None:
     assert "ncclCommSplit(ctx.nccl_world, ctx.pp * ctx.D + ctx.dp, ctx.tp, &ctx.nccl_group" in main
     assert "ncclCommSplit(ctx.nccl_world, ctx.pp * ctx.T + ctx.tp, ctx.dp, &ctx.nccl_dp" in main
     assert "ncclCommDestroy(ctx.nccl_dp)" in main
+    assert json.loads(files["manifest.json"])["ranks"] == {"dp": 2, "tp": 2, "pp": 1, "world": 4}
     prog = files["grid_dp_tp.cu"]
     assert prog.count("ctx.nccl_dp,") == 3  # gs, wf (in place at dp * count) and gsum
 

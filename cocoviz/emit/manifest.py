@@ -259,6 +259,8 @@ def manifest(
         "collectives": plan.collectives if target.gpu else "mpi",
         "files": sorted(files),
     }
+    if plan.has_dp:  # a grid with a dp axis: world = dp·tp·pp (docs/codegen.md, rank grids)
+        data["ranks"] = {"dp": plan.dp, "tp": plan.tp, "pp": plan.pp, "world": plan.world}
     gpu = _Gpu(plan, arch) if target.gpu else None
     data["scheduled"] = _program(plan.scheduled, predicted, gpu, graph=gpu is not None)
     if target.gpu:
