@@ -45,6 +45,12 @@ class KeyFooter(Footer):
     def compose(self) -> ComposeResult:
         if not self._bindings_ready:
             return
+        # The keys composed last are removed after this: their drawn lines go now.
+        # Textual keeps each widget's styles cache in a class-wide LRU of 1,024 entries
+        # (`StylesCache.get_inner_outer`) long after the widget is gone, and with its
+        # lines that was a few MB of a long session (bench/bench_tui_rss.py).
+        for old in self.query(Widget):
+            old._styles_cache.clear()
         screen = self.screen
         local: list[Shown] = []
         general: list[Shown] = []
