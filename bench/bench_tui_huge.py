@@ -8,7 +8,8 @@ Opens a program of `--stages` stages (`chain`: one elementwise stage after anoth
 issue's case; `gpt`: `cocoviz.samples.gpt.gpt_stack` with as many layers as give about
 that many stages) in the app (Pilot, 160x50) and, from the moment the app is mounted —
 while the source is parsed, the graph laid out and the program simulated — presses a key
-every 150 ms (`s`, `b`, `tab` in turn: each changes something the bench can read) and
+every 150 ms (`s`, `b`, `down` in the graph in turn: each changes something the bench
+can read — the side column, the comparison, the selected stage and its palette) and
 times each from the key event posted to its effect, polling every 2 ms on the event
 loop (a blocked loop delays the poll: that is the time a user waits). A probe on the
 loop also records how late a 10 ms sleep wakes (the longest stall). Once every worker
@@ -88,7 +89,7 @@ async def session(text: str, keys: int, limit_s: float, state: Path) -> dict[str
         return [
             ("s", lambda: app.side_shown),
             ("b", lambda: app.wb.compare_mode),
-            ("tab", lambda: app.focused),
+            ("down", lambda: app.selected),  # the graph has the focus: the next stage
         ]
 
     async def timed(key: str, read: Callable[[], object]) -> float:
@@ -118,6 +119,8 @@ async def session(text: str, keys: int, limit_s: float, state: Path) -> dict[str
                 break
             key, read = observers()[i % 3]
             i += 1
+            if key == "down" and graph_at is None:  # nothing to move in yet
+                key, read = observers()[0]
             (busy if working else idle).append(await timed(key, read))
             await asyncio.sleep(KEY_EVERY_S)
         t = time.perf_counter()
