@@ -29,7 +29,6 @@ SMALL: dict[str, dict[str, int]] = {
     "ulysses_attention": {"S": 64, "NH": 8, "D": 8},
     "moe_layer": {"R": 8, "T": 16, "E": 8, "C": 4, "H": 16, "F": 32},
     "moe_routed": {"R": 8, "T": 16, "E": 8, "C": 4, "H": 16, "F": 32},
-    "moe_routed": {"R": 8, "T": 16, "E": 8, "C": 4, "H": 16, "F": 32},
     "megatron_sp_block": {"S": 16, "B": 2, "H": 16},
     "zero3_layer": {"T": 16, "H": 16, "F": 16},
     "zero1_tp_mlp": {"B": 8, "H": 16, "F": 32},
@@ -100,7 +99,7 @@ def need_mpicxx() -> None:
 
 def need_nvcc() -> None:
     tc = find_toolchain()
-    missing = tc.missing("cuda") + ([] if shutil.which("make") else ["make"])
+    missing = [*tc.missing("cuda"), *([] if shutil.which("make") else ["make"])]
     need_tool(not missing, "nvcc, NCCL, cuBLAS, MPI and make (missing: " + "; ".join(missing) + ")")
 
 
