@@ -352,6 +352,29 @@ def test_check_tree_user_errors(tmp_path: Path, exact_cpu: Path, capsys) -> None
     assert "not built" in err and "Traceback" not in err
 
 
+def test_check_tree_reads_a_crafted_manifest_with_bounds(tmp_path: Path, capsys) -> None:  # type: ignore[no-untyped-def]
+    """A tree's manifest.json that is a FIFO (nothing ever writes it), not JSON, or far
+    larger than any manifest ends in one message, not a hang or a traceback."""
+    import os
+
+    fifo = tmp_path / "fifo"
+    fifo.mkdir()
+    os.mkfifo(fifo / "manifest.json")
+    assert main(["check-tree", str(fifo)]) == 1
+    assert "not a regular file" in capsys.readouterr().err
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    (bad / "manifest.json").write_text('{"tool": 1')
+    assert main(["check-tree", str(bad)]) == 1
+    assert "not readable as cocoviz's manifest" in capsys.readouterr().err
+    huge = tmp_path / "huge"
+    huge.mkdir()
+    (huge / "manifest.json").write_text(" " * (2 << 20))
+    assert main(["check-tree", str(huge)]) == 1
+    err = capsys.readouterr().err
+    assert "manifest" in err and "Traceback" not in err
+
+
 @pytest.mark.build
 def test_emit_build_check(tmp_path: Path) -> None:
     """`cocoviz emit --build --check` runs check-tree on what it built."""

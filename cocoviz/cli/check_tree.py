@@ -23,6 +23,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from cocoviz import fsio
 from cocoviz.cli.options import _seed, add_json_option, seconds_in
 from cocoviz.errors import ExitCode, InputError, MismatchError, UsageError
 
@@ -30,6 +31,9 @@ if TYPE_CHECKING:
     import numpy as np
 
     from cocoviz.ir.nodes import Program
+
+MAX_MANIFEST_BYTES = 1 << 20
+"""A manifest.json check-tree reads holds at most this (an emitted one is a few KB)."""
 
 PROGRAM_FILE = "program.coco"
 """The unscheduled program an emitted tree was lowered from, with its sizes, ranks and the
@@ -120,14 +124,15 @@ def _read_tree(directory: str) -> Tree:
         raise InputError(f"{d}: no such directory")
     d = d.resolve()
     man = d / "manifest.json"
-    try:
-        data = json.loads(man.read_text(encoding="utf-8"))
-    except FileNotFoundError:
+    if not man.exists():
         raise InputError(
             f"{d}: not a tree cocoviz emitted (no manifest.json)",
             hint="write one with 'cocoviz emit FILE -o DIR'",
-        ) from None
-    except (OSError, ValueError, UnicodeDecodeError) as err:
+        )
+    try:
+        # bounded, regular files only: a crafted tree cannot hand it a FIFO or a huge file
+        data = json.loads(fsio.read_text(man, "manifest", MAX_MANIFEST_BYTES))
+    except ValueError as err:
         raise InputError(f"{man}: not readable as cocoviz's manifest ({err})") from None
     if not isinstance(data, dict) or data.get("tool") != "cocoviz":
         raise InputError(f"{man}: not a manifest cocoviz wrote")
