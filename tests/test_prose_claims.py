@@ -419,6 +419,13 @@ class Elsewhere:
 
 ELSEWHERE: list[Elsewhere] = [
     Elsewhere(
+        "docs/architecture.md",
+        "### The terminal UI and large programs",
+        "times keys and `q` on a",
+        "the TUI's settings and bounds (the switch interval, INLINE_STAGES, cache sizes), "
+        "not predictions: tests/test_tui_large.py and test_tui_memory.py check them",
+    ),
+    Elsewhere(
         "docs/cost-model.md",
         "## Functions",
         "## Decomposed groups",
