@@ -33,6 +33,7 @@ from cocoviz.ir.types import (
     TensorType,
     axis_layout_text,
     block_dim,
+    rank_shape,
     shape_values,
 )
 
@@ -381,7 +382,7 @@ class BodyBuilder:
         G = self.lw.G
         buf = self._stored_operand(e, x.name)
         perm = permutation(e)
-        src = _rank_shape(x.type, G)
+        src = rank_shape(x.type, G)
         out = [src[p] for p in perm]
         src_strides = _row_major(src)
         out_strides = _row_major(out)
@@ -418,8 +419,8 @@ class BodyBuilder:
         assert x.op is Op.REF and x.name is not None and isinstance(e.value, int)
         G = self.lw.G
         buf = self._stored_operand(e, x.name)
-        src = _rank_shape(x.type, G)
-        out = _rank_shape(e.type, G)
+        src = rank_shape(x.type, G)
+        out = rank_shape(e.type, G)
         d = e.value
         keep = e.tag == "keepdim"
         dims = list(range(len(src))) if keep else [k for k in range(len(src)) if k != d]
@@ -530,15 +531,6 @@ class BodyBuilder:
 
 _AXIS_STMT = {Op.SUM_DIM: "sum", Op.MEAN: "mean", Op.AMAX_DIM: "max", Op.AMIN: "min"}
 """The `reduce_axis` statement's operator for each reduction along a dimension."""
-
-
-def _rank_shape(ty: TensorType, group: int) -> list[int]:
-    """The shape of a rank's array of a value of type `ty` (its block, when sliced)."""
-    shape = list(shape_values(ty.shape))
-    d = block_dim(ty.layout, ty.shape, group)
-    if d is not None:
-        shape[d] //= group
-    return shape
 
 
 def _row_major(shape: Sequence[int]) -> list[int]:

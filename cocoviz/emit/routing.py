@@ -15,18 +15,10 @@ from typing import TYPE_CHECKING, Any
 
 from cocoviz.emit import plan as pl
 from cocoviz.ir.nodes import Expr, Op
-from cocoviz.ir.types import DType, TensorType, block_dim, shape_values
+from cocoviz.ir.types import DType, rank_shape
 
 if TYPE_CHECKING:
     from cocoviz.emit.body import BodyBuilder
-
-
-def _rank_shape(ty: TensorType, group: int) -> list[int]:
-    shape = list(shape_values(ty.shape))
-    d = block_dim(ty.layout, ty.shape, group)
-    if d is not None:
-        shape[d] //= group
-    return shape
 
 
 def routed(bb: BodyBuilder, e: Expr) -> tuple[str, DType]:
@@ -37,20 +29,20 @@ def routed(bb: BodyBuilder, e: Expr) -> tuple[str, DType]:
         assert a.op is Op.REF and a.name is not None
         bufs.append(bb._stored_operand(e, a.name))
         bb.lw.note_read(a.name, bb.kernel, register=False)
-    out = _rank_shape(e.type, G)
+    out = rank_shape(e.type, G)
     d = int(e.value or 0)
     ints: tuple[int, ...]
     if e.op is Op.GATHER:
         x, idx = e.args
-        xs = _rank_shape(x.type, G)
-        M = math.prod(_rank_shape(idx.type, G)[d:])
+        xs = rank_shape(x.type, G)
+        M = math.prod(rank_shape(idx.type, G)[d:])
         R = math.prod(xs[d + 1 :])
         ints = (M, R, xs[d])
         data, index = bufs
     elif e.op is Op.SCATTER_ADD:
         idx, src = e.args
-        ish = _rank_shape(idx.type, G)[d:]
-        ss = _rank_shape(src.type, G)
+        ish = rank_shape(idx.type, G)[d:]
+        ss = rank_shape(src.type, G)
         M = math.prod(ish)
         R = math.prod(out[d + 1 :])
         src_index = ss[d : d + len(ish)]
@@ -63,7 +55,7 @@ def routed(bb: BodyBuilder, e: Expr) -> tuple[str, DType]:
         index, data = bufs
     elif e.op in (Op.TOPK, Op.TOPK_INDICES):
         (x,) = e.args
-        xs = _rank_shape(x.type, G)
+        xs = rank_shape(x.type, G)
         assert e.shape_arg is not None
         ints = (xs[d], math.prod(xs[d + 1 :]), e.shape_arg[0].value)
         (data,) = bufs

@@ -977,6 +977,23 @@ class _Lowerer:
         sizes = tuple(self._size_arg(node) for node in a.pos[1:])
         return Expr(a.op, (a.sub(a.pos[0]),), shape_arg=sizes, span=a.call.span)
 
+    def type_arg(
+        self, node: Any, span: Span | None, message: str, example: str
+    ) -> tuple[DType, tuple[Size, ...]]:
+        """A `T[DIMS]` call argument (docs/language.md, constants and routing): its dtype
+        and shape; `message` and `example` say what the call wanted when it is not one."""
+        if not isinstance(node, syn.TypeArg):
+            raise InputError(message, getattr(node, "span", span), hint=f"for example {example}")
+        dt = DType.parse(node.dtype.text)
+        if dt is None:
+            raise InputError(
+                f"unknown dtype '{node.dtype.text}'",
+                node.dtype.span,
+                hint=did_you_mean(node.dtype.text, DTYPE_NAMES)
+                or "dtypes: " + " ".join(DTYPE_NAMES),
+            )
+        return dt, tuple(self._size(se) for se in node.sizes)
+
     def _constant_call(self, a: _CallArgs) -> Expr:
         """`zeros(T[DIMS])`, `ones(T[DIMS])`, `full(T[DIMS], value)`, `iota(T[DIMS],
         dim=d)` (docs/language.md, constants)."""
@@ -984,21 +1001,12 @@ class _Lowerer:
         sig = {Op.FULL: "T[DIMS], value", Op.IOTA: "T[DIMS], dim=d"}.get(op, "T[DIMS]")
         a.no_kw(("dim",) if op is Op.IOTA else ())
         a.arity(2 if op is Op.FULL else 1, sig)
-        t = a.pos[0]
-        if not isinstance(t, syn.TypeArg):
-            raise InputError(
-                f"{fname}: the first argument must be a type such as f32[B, H]",
-                getattr(t, "span", a.call.span),
-                hint=f"for example {fname}({sig.replace('T[DIMS]', 'f32[B, H]')})",
-            )
-        dt = DType.parse(t.dtype.text)
-        if dt is None:
-            raise InputError(
-                f"unknown dtype '{t.dtype.text}'",
-                t.dtype.span,
-                hint=did_you_mean(t.dtype.text, DTYPE_NAMES) or "dtypes: " + " ".join(DTYPE_NAMES),
-            )
-        shape = tuple(self._size(se) for se in t.sizes)
+        dt, shape = self.type_arg(
+            a.pos[0],
+            a.call.span,
+            f"{fname}: the first argument must be a type such as f32[B, H]",
+            f"{fname}({sig.replace('T[DIMS]', 'f32[B, H]')})",
+        )
         value: float | int | None = None
         if op is Op.FULL:
             node = a.pos[1]

@@ -14,7 +14,6 @@ from __future__ import annotations
 from typing import Any
 
 from cocoviz.errors import InputError
-from cocoviz.ir import syntax_tree as syn
 from cocoviz.ir.nodes import Expr, Op
 from cocoviz.ir.operands import describe, source_text
 from cocoviz.ir.operands import replace_fields as _replace
@@ -82,24 +81,12 @@ def lower_call(lw: Any, a: Any) -> Expr:
     if op is Op.GATHER:
         return Expr(op, (a.sub(a.pos[0]), a.sub(a.pos[1])), value=d, span=a.call.span)
     if op is Op.SCATTER_ADD:
-        t = a.pos[0]
-        if not isinstance(t, syn.TypeArg):
-            raise InputError(
-                "scatter_add: the first argument must be the result's type, such as f32[B, N, H]",
-                getattr(t, "span", a.call.span),
-                hint="for example scatter_add(f32[B, N, H], idx, src, dim=1)",
-            )
-        dt = DType.parse(t.dtype.text)
-        if dt is None:
-            from cocoviz.errors import did_you_mean
-            from cocoviz.ir.types import DTYPE_NAMES
-
-            raise InputError(
-                f"unknown dtype '{t.dtype.text}'",
-                t.dtype.span,
-                hint=did_you_mean(t.dtype.text, DTYPE_NAMES) or "dtypes: " + " ".join(DTYPE_NAMES),
-            )
-        shape = tuple(lw._size(se) for se in t.sizes)
+        dt, shape = lw.type_arg(
+            a.pos[0],
+            a.call.span,
+            "scatter_add: the first argument must be the result's type, such as f32[B, N, H]",
+            "scatter_add(f32[B, N, H], idx, src, dim=1)",
+        )
         return Expr(
             op,
             (a.sub(a.pos[1]), a.sub(a.pos[2])),

@@ -244,6 +244,16 @@ class Partition:
     dim_from_end: int  # for block partitions: dimension index counted from the end (1 = last)
 
 
+def rank_shape(ty: TensorType, group: int) -> list[int]:
+    """The shape of one rank's array of a value of type `ty` in a group of `group` ranks:
+    its block (`block_dim` divided by the group) when sliced, the whole shape otherwise."""
+    shape = list(shape_values(ty.shape))
+    d = block_dim(ty.layout, ty.shape, group)
+    if d is not None:
+        shape[d] //= group
+    return shape
+
+
 def partition(layout: Layout, shape: Shape, group: int) -> Partition | None:
     if not layout.is_sliced:
         return None
