@@ -11,14 +11,37 @@ the earlier assignments choice-major, then in token order.
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from cocoviz.emit import plan as pl
 from cocoviz.ir.nodes import Expr, Op
 from cocoviz.ir.types import DType, rank_shape
 
-if TYPE_CHECKING:
-    from cocoviz.emit.body import BodyBuilder
+
+class _Reads(Protocol):
+    """What routing uses of the lowering (`cocoviz.emit.storage.Storage`)."""
+
+    G: int
+
+    def note_read(self, name: str, kernel: str, register: bool) -> None: ...
+
+
+class BodyBuilder(Protocol):
+    """What routing uses of a kernel body (`cocoviz.emit.body.BodyBuilder`, which calls
+    into this module: named here by its shape, so this module imports nothing of it)."""
+
+    @property
+    def lw(self) -> _Reads: ...
+
+    @property
+    def kernel(self) -> str: ...
+
+    @property
+    def L(self) -> str: ...  # noqa: N802 - the index names of plan.py
+
+    def emit(self, key: tuple[object, ...] | None, **kw: Any) -> str: ...
+
+    def _stored_operand(self, e: Expr, name: str) -> pl.Buffer: ...
 
 
 def routed(bb: BodyBuilder, e: Expr) -> tuple[str, DType]:

@@ -26,7 +26,7 @@ The dp rules:
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from cocoviz.errors import InputError, Span
 from cocoviz.ir.collectives import collective
@@ -37,6 +37,7 @@ from cocoviz.ir.nodes import (
     COMPARISONS,
     UNARY_CALLS,
     Expr,
+    Grid,
     Op,
     Program,
 )
@@ -53,8 +54,17 @@ from cocoviz.ir.types import (
     sliced,
 )
 
-if TYPE_CHECKING:
-    from cocoviz.ir.infer import Inferencer
+
+class Inferencer(Protocol):
+    """What the dp rules use of inference (`cocoviz.ir.infer.Inferencer`, which calls
+    into this module: named here by its shape, so this module imports nothing of it)."""
+
+    grid: Grid
+    G: int
+
+    def infer(self, e: Expr, top: bool = True) -> Expr: ...
+
+    def _dispatch(self, e: Expr) -> Expr: ...
 
 _ELEMENTWISE = (
     BINARY_INFIX

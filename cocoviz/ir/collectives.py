@@ -24,12 +24,8 @@ import enum
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from cocoviz.ir.types import FLAT, LOCAL, REPLICATED, Layout
-
-if TYPE_CHECKING:
-    from cocoviz.ir.nodes import Op
 
 
 class Operand(enum.Enum):
@@ -250,8 +246,9 @@ _BY_NAME = {c.name: c for c in COLLECTIVE_TABLE}
 _BY_COST_NAME = {c.cost_name: c for c in COLLECTIVE_TABLE}
 
 
-def collective(op: Op) -> Collective:
-    """The row of a collective `Op` (KeyError for an operator that is not one)."""
+def collective(op: enum.Enum) -> Collective:
+    """The row of a collective `Op` of `cocoviz.ir.nodes` (KeyError for an operator that
+    is not one): looked up by its value, so this table needs nothing of the nodes."""
     return _BY_NAME[op.value]
 
 
