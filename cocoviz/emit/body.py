@@ -7,7 +7,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal, Protocol
 
 from cocoviz.emit import plan as pl
 from cocoviz.emit import routing as emit_routing
@@ -37,8 +37,32 @@ from cocoviz.ir.types import (
     shape_values,
 )
 
-if TYPE_CHECKING:
-    from cocoviz.emit.storage import Storage
+
+class Storage(Protocol):
+    """What a kernel body uses of the lowering (`cocoviz.emit.storage.Storage`, which
+    builds on this module's views and reads: named here by its shape, so this module
+    imports nothing of it)."""
+
+    @property
+    def G(self) -> int: ...  # noqa: N802 - the group size's name throughout the emitter
+
+    @property
+    def param_names(self) -> set[str]: ...
+
+    @property
+    def param_cname(self) -> dict[str, str]: ...
+
+    def type_of(self, name: str) -> TensorType: ...
+
+    def view(self, name: str) -> pl.View: ...
+
+    def buffer_of(self, name: str) -> pl.Buffer: ...
+
+    def note_read(self, name: str, kernel: str, register: bool) -> None: ...
+
+    def dropout(self, tag: str, p: float, dt: DType) -> tuple[str, str]: ...
+
+    def dp_alias(self, name: str, count: int) -> str: ...
 
 # --------------------------------------------------------------------------- views
 

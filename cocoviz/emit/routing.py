@@ -21,7 +21,8 @@ from cocoviz.ir.types import DType, rank_shape
 class _Reads(Protocol):
     """What routing uses of the lowering (`cocoviz.emit.storage.Storage`)."""
 
-    G: int
+    @property
+    def G(self) -> int: ...  # noqa: N802 - the group size's name throughout the emitter
 
     def note_read(self, name: str, kernel: str, register: bool) -> None: ...
 
