@@ -15,6 +15,7 @@ import numpy as np
 from cocoviz import numerics as nx
 from cocoviz.cli import main
 from cocoviz.ir.lower import RanksOverride, load_file
+from cocoviz.ir.types import TensorType
 
 PROGRAMS = Path(__file__).resolve().parent / "programs"
 
@@ -120,3 +121,8 @@ def emitted_check(
     assert result["check"] == "pass", run.stderr
     assert "cocoviz emulation" not in run.stderr, run.stderr
     compare_dumps(program, dump)
+
+
+def shape_text(ty: TensorType) -> str:
+    """A type's shape as written (`[B, H]`), for comparing inferred types in tests."""
+    return "[" + ", ".join(s.text for s in ty.shape) + "]"

@@ -19,6 +19,7 @@ from lang_support import (
     mpi_matches_reference,
     reference_dump,
     run_cli,
+    shape_text,
 )
 from mpi_support import mpi  # noqa: F401 - the fixture
 
@@ -34,10 +35,6 @@ HEAD = "ranks 4\ndim B = 8, H = 16, F = 12\n"
 
 def prog(body: str):
     return load_program(HEAD + body, "t.coco")
-
-
-def _shape(ty) -> str:
-    return "[" + ", ".join(s.text for s in ty.shape) + "]"
 
 
 # --- types and layouts ------------------------------------------------------------------
@@ -57,7 +54,7 @@ def _shape(ty) -> str:
 def test_layout_rules(layout, call, dtype, shape, want) -> None:
     p = prog(f"input x : f16[B, H] {layout}\ny = {call}\noutput y\n")
     ty = p.stage("y").ty
-    assert (ty.dtype.value, _shape(ty), str(ty.layout)) == (dtype, shape, want)
+    assert (ty.dtype.value, shape_text(ty), str(ty.layout)) == (dtype, shape, want)
 
 
 def test_a_sliced_rank_3_value_keeps_its_slicing_dimension() -> None:

@@ -20,6 +20,7 @@ from lang_support import (
     mpi_matches_reference,
     reference_dump,
     run_cli,
+    shape_text,
 )
 from mpi_support import mpi  # noqa: F401 - the fixture
 
@@ -36,10 +37,6 @@ HEAD = "ranks 4\ndim B = 8, T = 16, E = 8, K = 2, C = 3, H = 16\n"
 
 def prog(body: str):
     return load_program(HEAD + body, "t.coco")
-
-
-def _shape(ty) -> str:
-    return "[" + ", ".join(s.text for s in ty.shape) + "]"
 
 
 # --- types and layouts ------------------------------------------------------------------
@@ -75,7 +72,7 @@ def _shape(ty) -> str:
 def test_layout_rules(inputs, call, dtype, shape, want) -> None:
     p = prog(f"{inputs}\ny = {call}\noutput y\n")
     ty = p.stage("y").ty
-    assert (ty.dtype.value, _shape(ty), str(ty.layout)) == (dtype, shape, want)
+    assert (ty.dtype.value, shape_text(ty), str(ty.layout)) == (dtype, shape, want)
 
 
 def test_replicated_indices_or_data_are_read_as_the_ranks_rows() -> None:

@@ -19,6 +19,7 @@ from lang_support import (
     mpi_matches_reference,
     reference_dump,
     run_cli,
+    shape_text,
 )
 from mpi_support import mpi  # noqa: F401 - the fixture
 
@@ -51,12 +52,8 @@ def prog(body: str):
 def test_a_sliced_dimension_moves_with_its_data(layout, call, shape, want) -> None:
     p = prog(f"input x : f16[B, H] {layout}\ny = {call}\noutput y\n")
     ty = p.stage("y").ty
-    assert f"{ty.dtype.value}{_shape(ty)}" == f"f16{shape}"
+    assert f"{ty.dtype.value}{shape_text(ty)}" == f"f16{shape}"
     assert str(ty.layout) == want
-
-
-def _shape(ty) -> str:
-    return "[" + ", ".join(s.text for s in ty.shape) + "]"
 
 
 def test_permute_of_rank_3_and_the_zero_gradient_matmul() -> None:
