@@ -50,6 +50,14 @@ SMALL = {
     "megatron_attention_out": ({"B": 2, "S": 16, "H": 16}, "4"),
     "transformer_block": ({"B": 2, "S": 16, "H": 16}, "4"),
     "pipeline_stage": ({"B": 2, "S": 16, "H": 16}, "tp=2,pp=2"),
+    "moe_routed": ({"P": 2, "R": 4, "T": 8, "E": 4, "C": 4, "H": 16, "F": 32}, "4"),
+    "zero1_tp_mlp": ({"B": 16, "H": 16, "F": 32}, "dp=2,tp=2"),
+}
+
+# tests/programs at sizes the reference runs quickly (the rest load as written).
+PROGRAMS_SMALL = {
+    "seqpar_mlp.coco": {"B": 2, "S": 16, "H": 16},
+    "hetero_stack.coco": {},
 }
 
 UPDATES = [
@@ -77,6 +85,13 @@ def corpus() -> list[tuple[str, str]]:
         p = load_file(samples.path(name), defines, RanksOverride.parse(ranks))
         out.append((name, format_program(p)))
     out.append(("gpt2", gpt_stack(2, h=64, s=16, b=2)))
+    # the language's newer forms (transpose, axis reductions, constants, routing, grids)
+    for path in sorted((ROOT / "tests" / "programs").glob("*.coco")):
+        try:
+            p = load_file(path, PROGRAMS_SMALL.get(path.name, {}), None)
+        except CocovizError:
+            continue
+        out.append((path.stem, format_program(p)))
     for doc in ("language.md", "schedules.md"):
         path = ROOT / "docs" / doc
         if not path.exists():
@@ -101,6 +116,39 @@ WORDS = [
     "bf16", "i32", "i64", "allreduce", "allgather", "reducescatter", "update", "slice",
     "matmul", "send", "relu", "sum", "norm", "where", "dropout", "fused", "overlapped",
     "input", "output", "ranks", "dim", "schedule",
+    "transpose", "permute", "mean", "amax", "amin", "zeros", "ones", "full", "iota",
+    "gather", "scatter_add", "topk", "topk_indices", "capacity_slots", "alltoall",
+    "keepdim", "dim", "over", "dp", "tp", "pp", "sliced(0, over=dp)", "local(over=dp)",
+    "replicated(over=dp)", "sliced(over=dp)", "true", "false", "f32[N]", "i32",
+]  # fmt: skip
+
+# Statements of the newer forms, over names of the program (`{a}`, `{b}`: stages or
+# inputs; `{d}`: a dim; `{k}`: a small or hostile integer).
+NEW_FORMS = [
+    "transpose({a}, {k}, 0)", "transpose({a}, 0, 1)", "transpose({a}, -1, -2)",
+    "permute({a}, 1, 0)", "permute({a}, 0, 0)", "permute({a}, 2, 0, 1)", "permute({a})",
+    "sum({a}, dim={k})", "mean({a}, dim=0, keepdim=true)", "amax({a}, dim=-1)",
+    "amin({a}, dim={k}, keepdim=false)", "sum({a}, dim=0, keepdim=maybe)", "sum({a}, dim=)",
+    "zeros(f32[{d}])", "ones(bf16[{d}, {d}])", "full(f16[{d}], {k})", "full(f32[{d}], 1e400)",
+    "iota(i32[{d}])", "iota(f32[{d}, {d}], dim={k})", "zeros(f32[{k}])", "zeros({a})",
+    "{a} * iota(f32[{d}], dim=0)", "where(iota(i32[{d}]) < {k}, {a}, full(f32[{d}], -1.0))",
+    "gather({a}, {b}, dim={k})", "gather({a}, topk_indices({a}, {k}), dim=-1)",
+    "scatter_add(f32[{d}], {b}, {a}, dim=0)", "scatter_add(f32[{d}, {d}], {a}, {b}, dim={k})",
+    "topk({a}, {k})", "topk_indices({a}, {k}, dim=0)", "topk({a}, 0)",
+    "capacity_slots({a}, {k}, {k})", "capacity_slots(topk_indices({a}, 2), 4, {k})",
+    "allreduce(+, {a}, over=dp)", "allgather({a}, over=dp)", "reducescatter(+, {a}, over=dp)",
+    "allreduce(max, {a}, over=pp)", "alltoall({a}, to=0, over=dp)", "slice({a}, over=dp)",
+    "allreduce(+, {a}, over=ep)", "allreduce(+, {a}, over=tp)",
+]  # fmt: skip
+
+GRIDS = [
+    "ranks dp=2, tp=2", "ranks tp=2, dp=2", "ranks dp=2, tp=2, pp=2", "ranks pp=2, tp=2",
+    "ranks dp=4", "ranks dp=0, tp=4", "ranks dp=2, dp=2", "ranks dp=3, tp=" + "9" * 40,
+    "ranks ep=2, tp=2", "ranks dp=2 tp=2", "ranks tp=1",
+]  # fmt: skip
+LAYOUTS_OVER = [
+    "sliced(0, over=dp)", "sliced(over=dp)", "local(over=dp)", "replicated(over=dp)",
+    "sliced(1) sliced(over=dp)", "sliced(-1, over=pp)", "local(over=zz)", "sliced(0, over=)",
 ]  # fmt: skip
 
 
@@ -216,6 +264,52 @@ def add_schedule(rng: random.Random, text: str) -> str:
     return text + "\nschedule fz {\n" + "\n".join(steps) + "\n}\n"
 
 
+def new_form(rng: random.Random, text: str) -> str:
+    """A statement of one of the newer forms over the program's names, made an output."""
+    lines = text.split("\n")
+    names = re.findall(r"^\s*([A-Za-z_]\w*)\s*=", text, re.M)
+    names += re.findall(r"^\s*input\s+([A-Za-z_]\w*)", text, re.M)
+    dims = re.findall(r"\b([A-Z]\w*)\s*=\s*\d", text) or ["4"]
+    if not names:
+        return text
+    form = rng.choice(NEW_FORMS).format(
+        a=rng.choice(names),
+        b=rng.choice(names),
+        d=rng.choice(dims),
+        k=rng.choice(["0", "1", "2", "-1", "3", "8", "1" * 30]),
+    )
+    outs = [i for i, ln in enumerate(lines) if ln.lstrip().startswith("output")]
+    at = outs[0] if outs and rng.random() < 0.9 else rng.randrange(len(lines) + 1)
+    lines.insert(at, f"zz_new = {form}")
+    if outs and rng.random() < 0.8:
+        i = outs[0] + 1
+        lines[i] = lines[i].split("#")[0].rstrip() + ", zz_new"
+    return "\n".join(lines)
+
+
+def grid(rng: random.Random, text: str) -> str:
+    """The ranks line becomes a grid; a layout or a collective says `over=`."""
+    r = rng.random()
+    if r < 0.4:
+        return re.sub(r"^ranks [^\n#]*", rng.choice(GRIDS), text, count=1, flags=re.M)
+    if r < 0.7:
+        layouts = list(re.finditer(r"\b(replicated|local|sliced(\(\s*-?\d+\s*\))?)", text))
+        if layouts:
+            m = rng.choice(layouts)
+            return text[: m.start()] + rng.choice(LAYOUTS_OVER) + text[m.end() :]
+        return text
+    calls = list(re.finditer(r"\b(allreduce|allgather|reducescatter|slice|alltoall)\(", text))
+    if not calls:
+        return text
+    m = rng.choice(calls)
+    depth, i = 1, m.end()
+    while i < len(text) and depth:
+        depth += {"(": 1, ")": -1}.get(text[i], 0)
+        i += 1
+    over = rng.choice([", over=dp", ", over=pp", ", over=tp", ", over=", ", over=dp, over=tp"])
+    return text[: i - 1] + over + text[i - 1 :]
+
+
 MUTATIONS: dict[str, Callable[[random.Random, str], str]] = {
     "none": lambda rng, text: text,
     "delete": delete_token,
@@ -228,6 +322,8 @@ MUTATIONS: dict[str, Callable[[random.Random, str], str]] = {
     "move": move_line,
     "nest": nest,
     "schedule": add_schedule,
+    "new_form": new_form,
+    "grid": grid,
 }
 
 

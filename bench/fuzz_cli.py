@@ -85,6 +85,12 @@ RANKS = [
     "pp=2,tp=2,tp=2",
     "65536",
     "1",
+    "dp=2,tp=2",
+    "dp=2,tp=2,pp=2",
+    "dp=0,tp=2",
+    "ep=2,tp=2",
+    "dp=2",
+    "dp=" + "9" * 30 + ",tp=2",
 ]
 DEFINES = [
     "N=64",
@@ -125,7 +131,11 @@ SWEEPS = [
     "N=" + "9" * 400 + "..1",
 ]
 ARCHS = ["sm_90", "sm_70", "sm_80", "garbage", "", "sm_" + "9" * 400]
-SAMPLES = ["sgd", "adam", "megatron_mlp", "transformer_block", "pipeline_stage", "lamb"]
+SAMPLES = [
+    "sgd", "adam", "megatron_mlp", "transformer_block", "pipeline_stage", "lamb",
+    "moe_routed", "zero1_tp_mlp", "zero3_layer",
+]  # fmt: skip
+MPI_ARGS = ["", "-n 999999", "--bogus-flag", "'unterminated", "-genv X Y", "; rm -rf /", "a" * 5000]
 HW = ["h100-dgx", "h200-hgx", "nope"]
 STRINGS = ["x", "", "-", "--", "a" * 5000, "\u202e", "../x", "fused", "as_written"]
 
@@ -163,6 +173,13 @@ def make_sandbox(root: Path) -> dict[str, list[str]]:
     )
     (root / "latin1.coco").write_bytes(b"# caf\xe9\nranks 4\n")
     (root / "empty.coco").write_text("")
+    (root / "newforms.coco").write_text(
+        "ranks dp=2, tp=2\ndim B = 8, H = 16, E = 4\n"
+        "input x : f32[B, H] sliced(0, over=dp)\ninput w : f32[H, E] replicated\n"
+        "s = matmul(x, w)\nt = transpose(s, 0, 1)\nm = amax(s, dim=-1, keepdim=true)\n"
+        "i = topk_indices(s, 2)\ng = gather(s, i, dim=1)\nz = zeros(f32[B, H]) + x\n"
+        "r = allreduce(+, sum(z, dim=0), over=dp)\noutput t, m, g, r\n"
+    )
     (root / "deep.toml").write_text("x = " + "[" * 20_000 + "]" * 20_000 + "\n")
     (root / "tables.toml").write_text("x = " + "{a = " * 5_000 + "1" + "}" * 5_000 + "\n")
     (root / "latin1.toml").write_bytes(b'name = "caf\xe9"\n')
@@ -207,10 +224,37 @@ def make_sandbox(root: Path) -> dict[str, list[str]]:
         cwd=root,
         check=False,
     )
+    # emitted trees for check-tree: a real one, and crafted or damaged ones
+    subprocess.run(
+        [sys.executable, "-m", "cocoviz", "emit", "sgd", "--target", "cpu", "-o", "tree"],
+        capture_output=True,
+        cwd=root,
+        check=False,
+    )
+    for name, manifest in [
+        ("tree_notjson", b"{not json"),
+        ("tree_big", b"[" * 200_000),
+        ("tree_other", b'{"cocoviz": "someone else", "files": {"../../x": "0"}}'),
+        ("tree_binary", b"\xff\xfe\x00" * 100),
+    ]:
+        (root / name).mkdir()
+        (root / name / "manifest.json").write_bytes(manifest)
+    (root / "tree_fifo").mkdir()
+    os.mkfifo(root / "tree_fifo" / "manifest.json")
+    if (root / "tree" / "manifest.json").exists():
+        for name in ("tree_noprog", "tree_badprog", "tree_zero"):
+            subprocess.run(["cp", "-r", str(root / "tree"), str(root / name)], check=False)
+        (root / "tree_noprog" / "program.coco").unlink(missing_ok=True)
+        (root / "tree_badprog" / "program.coco").write_text("ranks 4\ny = = 2\n")
+        (root / "tree_zero" / "program.coco").unlink(missing_ok=True)
+        (root / "tree_zero" / "program.coco").symlink_to("/dev/zero")
+    (root / "hosts").write_text("localhost slots=2\n")
     long = "n" * 300
     ins = [
         "good.coco",
         "bad.coco",
+        "newforms.coco",
+        "newforms.coco",
         "deep.coco",
         "latin1.coco",
         "empty.coco",
@@ -285,12 +329,18 @@ def make_sandbox(root: Path) -> dict[str, list[str]]:
         ],
         "inputs": ["inputs", "dir", "good.coco", "missing", "fifo", "/dev/zero"],
         "log": ["log.txt", "fifo", "/dev/zero", "good.coco", "dir", "missing.log", "latin1.coco"],
-    }
+        "tree": [
+            "tree", "tree", "tree_notjson", "tree_big", "tree_other", "tree_binary",
+            "tree_fifo", "tree_noprog", "tree_badprog", "tree_zero", "dir", "good.coco",
+            "fifo", "missing", "/dev", long,
+        ],
+        "hostfile": ["hosts", "fifo", "/dev/zero", "dir", "missing", "latin1.coco", "deep.toml"],
+    }  # fmt: skip
 
 
 def option_kind(command: str, action: argparse.Action) -> str:
     opts = action.option_strings
-    name = opts[-1] if opts else action.dest
+    name = next((o for o in opts if o.startswith("--")), opts[-1] if opts else action.dest)
     if action.choices is not None:
         return "choice"
     if isinstance(action, (argparse._StoreTrueAction, argparse._StoreFalseAction)):
@@ -314,6 +364,10 @@ def option_kind(command: str, action: argparse.Action) -> str:
         "--explain": "steps",
         "--name": "string",
         "logs": "log",
+        "directory": "tree",
+        "--keep": "out_dir",
+        "--hostfile": "hostfile",
+        "--mpi-args": "mpi_args",
     }
     if name in ("--output", "-o"):
         return "out_dir" if command in ("emit",) else "out_file"
@@ -387,6 +441,7 @@ def make_case(
                 "sweep": SWEEPS,
                 "arch": ARCHS,
                 "string": STRINGS,
+                "mpi_args": MPI_ARGS,
             }.get(kind) or pools[kind]
             sane = SANE.get(kind)
             value = rng.choice(sane if sane and rng.random() < 0.5 else pool)

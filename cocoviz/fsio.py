@@ -462,6 +462,7 @@ def write_file(
     executable: bool = False,
     force: bool = False,
     ours: Callable[[Path], bool] | None = None,
+    writer: str = "cocoviz",
 ) -> None:
     """Write one file: the one guarded writer of every file a command names.
 
@@ -475,6 +476,27 @@ def write_file(
       does: opened for writing, never replaced; a block device (a disk) is refused.
 
     Its directory must exist."""
+    dest, st = check_output(path, force=force, ours=ours, writer=writer)
+    if st is not None and not stat.S_ISREG(st.st_mode):
+        _write_through(dest, content, st)
+        return
+    staged = stage(dest, content, executable=executable)
+    staged.commit()
+    sync_directory(dest.parent)
+
+
+def check_output(
+    path: str | os.PathLike[str],
+    *,
+    force: bool = False,
+    ours: Callable[[Path], bool] | None = None,
+    writer: str = "cocoviz",
+) -> tuple[Path, os.stat_result | None]:
+    """The checks `write_file` makes before writing, without writing: a command calls it
+    on its output paths before its work, so a path it would refuse fails at once. Returns
+    the destination (a link to a regular file resolved) and its status (None when it does
+    not exist yet); an OutputError names what is wrong (`writer`: who writes such files,
+    as the refusal of a file it did not write names it)."""
     dest = Path(path)
     st = lstat(dest, "write")
     if st is not None and stat.S_ISLNK(st.st_mode):
@@ -500,11 +522,15 @@ def write_file(
                 hint="choose another output file",
             )
         if not stat.S_ISREG(st.st_mode):
-            _write_through(dest, content, st)
-            return
+            if stat.S_ISBLK(st.st_mode):
+                raise OutputError(
+                    f"cannot write '{dest}': it is a block device (a disk)",
+                    hint="write to a file, or to /dev/stdout and redirect it",
+                )
+            return dest, st
         if ours is not None and not force and not ours(dest):
             raise OutputError(
-                f"cannot write '{path}': the file exists and was not written by cocoviz",
+                f"cannot write '{path}': the file exists and was not written by {writer}",
                 hint="pass --force to overwrite it, or choose another name",
             )
     parent = dest.parent
@@ -513,18 +539,12 @@ def write_file(
             f"cannot write '{dest}': the directory '{parent}' does not exist",
             hint="create it first, or choose another path",
         )
-    staged = stage(dest, content, executable=executable)
-    staged.commit()
-    sync_directory(parent)
+    return dest, st
 
 
 def _write_through(dest: Path, content: Content, st: os.stat_result) -> None:
-    """Write `content` into the device or FIFO at `dest` as ``> dest`` would."""
-    if stat.S_ISBLK(st.st_mode):
-        raise OutputError(
-            f"cannot write '{dest}': it is a block device (a disk)",
-            hint="write to a file, or to /dev/stdout and redirect it",
-        )
+    """Write `content` into the device or FIFO at `dest` as ``> dest`` would (a block
+    device is refused by `check_output`)."""
     flags = os.O_WRONLY | os.O_NONBLOCK | os.O_CLOEXEC | _NOCTTY
     try:
         fd = os.open(dest, flags)

@@ -100,16 +100,10 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
 
 
 def _check_output(out: Path, force: bool) -> None:
+    """Before any fitting or micro-run: -o must be writable as `_write` will write it."""
     from cocoviz import fsio
 
-    st = fsio.lstat(out, "write")
-    if st is not None and out.is_dir():
-        raise UsageError(f"-o {out}: is a directory", hint="name a file instead")
-    if st is not None and not force and not _ours(out):
-        raise UsageError(
-            f"-o {out}: the file exists and was not written by cocoviz calibrate",
-            hint="pass --force to overwrite it, or choose another name",
-        )
+    fsio.check_output(out, force=force, ours=_ours, writer="cocoviz calibrate")
 
 
 def _ours(path: Path) -> bool:
@@ -122,7 +116,7 @@ def _ours(path: Path) -> bool:
 def _write(out: Path, text: str, force: bool) -> None:
     from cocoviz import fsio
 
-    fsio.write_file(out, text, force=force, ours=_ours)
+    fsio.write_file(out, text, force=force, ours=_ours, writer="cocoviz calibrate")
 
 
 def _from_logs(args: argparse.Namespace, out: Path) -> int:

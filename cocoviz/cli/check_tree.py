@@ -132,6 +132,8 @@ def _read_tree(directory: str) -> Tree:
     try:
         # bounded, regular files only: a crafted tree cannot hand it a FIFO or a huge file
         data = json.loads(fsio.read_text(man, "manifest", MAX_MANIFEST_BYTES))
+    except RecursionError:
+        raise InputError(f"{man}: not a manifest cocoviz wrote (nested too deep)") from None
     except ValueError as err:
         raise InputError(f"{man}: not readable as cocoviz's manifest ({err})") from None
     if not isinstance(data, dict) or data.get("tool") != "cocoviz":

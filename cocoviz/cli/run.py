@@ -209,6 +209,11 @@ def cmd_run(args: argparse.Namespace) -> int:
     if args.mpi:
         from cocoviz.exec.mpi_run import Terminated, run_mpi
 
+        if args.trace:
+            from cocoviz.sim.trace import check_trace_path
+
+            check_trace_path(args.trace, force=args.force)
+
         check_memory(original, args.max_mem)
         try:
             mrun = run_mpi(

@@ -232,13 +232,17 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     original = load_args_program(args)
     program = apply_named_schedule(args, original)
     baseline = original if args.schedule and not original.groups else None
+    if args.trace:
+        from cocoviz.sim.trace import check_trace_path
+
+        check_trace_path(args.trace, force=args.force)
     timeline = simulate(program, hw, collectives=args.collectives, baseline=baseline)
     if args.trace:
-        from cocoviz.sim.trace import write_trace
+        from cocoviz.sim.trace import traced_ranks_text, write_trace
 
         n = write_trace(timeline, args.trace, force=args.force)
         print(
-            f"wrote {args.trace}: {n} trace events for {timeline.world} ranks "
+            f"wrote {args.trace}: {n} trace events for {traced_ranks_text(timeline)} "
             "(open in ui.perfetto.dev or chrome://tracing)",
             file=sys.stderr,
         )

@@ -116,19 +116,7 @@ def check_sched_output(path: Path, force: bool, option: str = "-o") -> None:
         )
     from cocoviz import fsio
 
-    st = fsio.lstat(path, "write")
-    if st is not None and path.is_dir():
-        raise UsageError(f"{option} {path}: is a directory", hint="name a file instead")
-    if st is not None and not force and not written_by_cocoviz(path):
-        raise UsageError(
-            f"{option} {path}: the file exists and was not written by cocoviz",
-            hint="pass --force to overwrite it, or choose another name",
-        )
-    if fsio.lstat(path.parent, "write") is None:
-        raise fsio.OutputError(
-            f"cannot write '{path}': the directory '{path.parent}' does not exist",
-            hint="create it first, or choose another path",
-        )
+    fsio.check_output(path, force=force, ours=written_by_cocoviz)
 
 
 def save_sched(

@@ -39,7 +39,7 @@ from __future__ import annotations
 
 import bisect
 import dataclasses
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Collection, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
@@ -247,16 +247,25 @@ class Timeline:
             out += self.events_of(rank)
         return out
 
-    def flows(self) -> Iterator[tuple[tuple[int, int], tuple[int, int]]]:
+    def flows(
+        self, ranks: Collection[int] | None = None
+    ) -> Iterator[tuple[tuple[int, int], tuple[int, int]]]:
         """Dependencies across streams or ranks as ((rank, i), (rank, j)), where i and j
-        index ``events_of(rank)``."""
+        index ``events_of(rank)``; given `ranks`, only those between two of them."""
+
+        def chosen(lane: Lane) -> Iterable[int]:
+            if ranks is None:
+                return lane.ranks
+            return [r for r in lane.ranks if r in ranks]
+
         for lane in self.lanes:
-            for r in lane.ranks:
+            for r in chosen(lane):
                 for a, b in lane.flows:
                     yield (r, a), (r, b)
         for c in self.cross:
-            for r in self.lanes[c.src_lane].ranks:
-                yield (r, c.src), (r + c.rank_offset, c.dst)
+            for r in chosen(self.lanes[c.src_lane]):
+                if ranks is None or r + c.rank_offset in ranks:
+                    yield (r, c.src), (r + c.rank_offset, c.dst)
 
 
 def _moved(e: Event, rank: int, tp: int) -> Event:

@@ -27,7 +27,21 @@ from typing import Any
 from cocoviz.sim.timeline import Event, Timeline
 from cocoviz.sim.workload import COMM, COMPUTE, P2P
 
-__all__ = ["TID", "to_trace", "validate_trace", "write_trace"]
+__all__ = [
+    "MAX_TRACE_RANKS",
+    "TID",
+    "check_trace_path",
+    "to_trace",
+    "trace_ranks",
+    "traced_ranks_text",
+    "validate_trace",
+    "write_trace",
+]
+
+MAX_TRACE_RANKS = 256
+"""The most ranks a trace shows unless asked for more: the ranks of one lane run the same
+timeline, so beyond this each pipeline stage shows its first ranks (a trace of 65,536
+ranks would be over 100 MB, more than a trace viewer opens)."""
 
 TID = {COMPUTE: 0, COMM: 1, P2P: 2}
 _STREAM_NAMES = {COMPUTE: "compute stream", COMM: "communication stream", P2P: "send/recv stream"}
@@ -68,9 +82,24 @@ def _slice(e: Event) -> dict[str, Any]:
     }
 
 
+def trace_ranks(timeline: Timeline) -> list[int]:
+    """The ranks a trace shows by default: every rank up to `MAX_TRACE_RANKS`, else the
+    first ranks of each lane (a pipeline stage), as many of each as fit."""
+    if timeline.world <= MAX_TRACE_RANKS:
+        return list(range(timeline.world))
+    each = max(1, MAX_TRACE_RANKS // len(timeline.lanes))
+    chosen: set[int] = set()
+    for lane in timeline.lanes:
+        chosen.update(lane.ranks[:each])
+        if len(chosen) >= MAX_TRACE_RANKS:
+            break
+    return sorted(chosen)[:MAX_TRACE_RANKS]
+
+
 def to_trace(timeline: Timeline, ranks: Iterable[int] | None = None) -> dict[str, Any]:
-    """The trace as a JSON-serializable object (every rank unless ``ranks`` is given)."""
-    chosen = sorted(set(range(timeline.world) if ranks is None else ranks))
+    """The trace as a JSON-serializable object (`trace_ranks` unless ``ranks`` is
+    given)."""
+    chosen = sorted(set(trace_ranks(timeline) if ranks is None else ranks))
     wanted = set(chosen)
     out: list[dict[str, Any]] = []
     spans: dict[tuple[int, int], tuple[int, int, int]] = {}  # (rank, i) → (ts, dur, tid)
@@ -115,9 +144,7 @@ def to_trace(timeline: Timeline, ranks: Iterable[int] | None = None) -> dict[str
             ts = _ns(e.start)
             spans[(rank, i)] = (ts, max(0, _ns(e.end) - ts), TID[e.stream])
     flow_id = 0
-    for src, dst in timeline.flows():
-        if src[0] not in wanted or dst[0] not in wanted:
-            continue
+    for src, dst in timeline.flows(wanted):
         s_ts, s_dur, s_tid = spans[src]
         d_ts, d_dur, d_tid = spans[dst]
         flow_id += 1
@@ -171,6 +198,25 @@ def write_trace(
     trace = to_trace(timeline, ranks)
     write_file(path, json.dumps(trace, separators=(",", ":")), force=force, ours=is_trace)
     return len(trace["traceEvents"])
+
+
+def traced_ranks_text(timeline: Timeline) -> str:
+    """'8 ranks', or '256 of 65,536 ranks (…)' when the trace leaves ranks out."""
+    shown = len(trace_ranks(timeline))
+    if shown == timeline.world:
+        return f"{shown} ranks"
+    return (
+        f"{shown:,} of {timeline.world:,} ranks (the first of each set of ranks that run "
+        f"the same timeline; at most {MAX_TRACE_RANKS} are traced)"
+    )
+
+
+def check_trace_path(path: str | Path, force: bool = False) -> None:
+    """Refuse a trace path before the work that fills it, as `write_trace` would refuse
+    it after (which checks again, then knowing every file the command read)."""
+    from cocoviz.fsio import check_output
+
+    check_output(path, force=force, ours=is_trace)
 
 
 def is_trace(path: Path) -> bool:

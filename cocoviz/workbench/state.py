@@ -16,6 +16,8 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from cocoviz import fsio
+
 
 def state_dir() -> Path:
     base = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
@@ -38,6 +40,10 @@ class Autosave:
             when = "at an unknown time"
         steps = f"{len(self.steps)} step{'s' if len(self.steps) != 1 else ''}"
         return f"saved {when}, {steps}"
+
+
+MAX_AUTOSAVE_BYTES = 64 << 20
+"""An autosave holds a source (at most 16 MiB, JSON-escaped) and its steps."""
 
 
 def _slot(key: str, root: Path) -> Path:
@@ -65,15 +71,20 @@ def write(save: Autosave, root: Path | None = None) -> Path:
 def read(key: str, root: Path | None = None) -> Autosave | None:
     """The autosave for `key`, or None (also when the file is unreadable or corrupt)."""
     path = _slot(key, root or state_dir())
+    # a regular file of this user's, bounded, never blocking (a FIFO or a huge file there
+    # is ignored, as a corrupt one is)
+    raw = fsio.read_regular(path, MAX_AUTOSAVE_BYTES, own=True)
+    if raw is None:
+        return None
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        data = json.loads(raw.decode("utf-8"))
         return Autosave(
             key=str(data["key"]),
             source=str(data["source"]),
             steps=tuple(str(s) for s in data["steps"]),
             saved_at=_timestamp(data["saved_at"]),
         )
-    except (OSError, ValueError, KeyError, TypeError):
+    except (ValueError, KeyError, TypeError, RecursionError):
         return None
 
 
