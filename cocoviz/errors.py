@@ -240,3 +240,8 @@ def did_you_mean(name: str, candidates: Iterable[str]) -> str | None:
     same_letters = [c for c in names if c.lower() == name.lower() and c != name]
     close = same_letters or difflib.get_close_matches(name, names, n=1, cutoff=0.6)
     return f"did you mean '{close[0]}'?" if close else None
+
+
+def shown_value(text: str, limit: int = 40) -> str:
+    """A command-line value quoted in a message, shortened when long."""
+    return text if len(text) <= limit else text[:limit] + "…"

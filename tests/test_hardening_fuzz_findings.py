@@ -121,3 +121,55 @@ def test_hostile_autosave_is_ignored(tmp_path: Path, kind: str) -> None:
         other.write_text(json.dumps({"key": key, "source": "x", "steps": [], "saved_at": 1}))
         saved.symlink_to(other)
     assert state.read(key, tmp_path) is None
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        # 60 s of CPU (killed by the fuzzer's limit): the reference at production size
+        ["verify", "pipeline_stage", "--max-mem", "1P"],
+        # 47 s of CPU
+        ["run", "pipeline_stage", "--ranks", "tp=2,pp=2", "--json"],
+    ],
+)
+def test_reference_work_is_bounded_before_it_starts(argv: list[str]) -> None:
+    rc, out, err = run(*argv)
+    clean(err)
+    assert rc == 2 and "operations of work" in err and "raise --max-work" in err, err
+    assert "B=2, S=2048, H=12288" in err
+    if "--json" in argv:
+        assert json.loads(out)["exit_code"] == 2
+
+
+def test_max_work_raises_and_lowers_the_bound() -> None:
+    small = ["verify", "megatron_mlp", "-D", "B=2", "-D", "S=8", "-D", "H=32"]
+    rc, _, err = run(*small)
+    assert rc == 0, err
+    rc, _, err = run(*small, "--max-work", "10K")
+    clean(err)
+    assert rc == 2 and "more than the limit of 10 K" in err
+    rc, _, err = run("run", "pipeline_stage", "-D", "S=16", "-D", "H=64", "--max-work", "1P")
+    assert rc == 0, err
+
+
+def test_work_estimate_counts_matmuls_and_elements() -> None:
+    from cocoviz.exec.reference import ELEMENT_WORK, estimate_work
+    from cocoviz.ir.lower import load_program
+
+    p = load_program(
+        "ranks 4\ndim M = 8, K = 16, N = 32\ninput a : f32[M, K] replicated\n"
+        "input b : f32[K, N] sliced(1)\nc = matmul(a, b)\nd = c * 2\noutput d\n",
+        "w.coco",
+    )
+    # per rank: c is [8, 8] from K = 16 (2·8·8·16), d's multiply, its operands c and 2
+    per_rank = 2 * 8 * 8 * 16 + ELEMENT_WORK * (8 * 8 + 8 * 8 + 1)
+    # the matmul's operands a and b are references: counted as elements too
+    per_rank += ELEMENT_WORK * (8 * 16 + 16 * 8)
+    assert estimate_work(p) == 4 * per_rank
+
+
+@pytest.mark.parametrize("value", ["9" * 400, "-1", "0", "nan", "1e9", "1.5X", ""])
+def test_max_work_rejects_bad_values(value: str) -> None:
+    rc, _, err = run("verify", "sgd", "-D", "N=64", "--max-work", value)
+    clean(err)
+    assert rc == 2 and "--max-work" in err

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from cocoviz.errors import InputError
+from cocoviz.errors import InputError, shown_value
 
 if TYPE_CHECKING:
     from cocoviz.sim.hardware import Hardware
@@ -72,26 +72,69 @@ MAX_BYTES_OPTION = 1 << 50
 """The largest size a size option (--max-mem) takes: 1 PiB."""
 
 
-def bytes_in(lo: int = 1, hi: int = MAX_BYTES_OPTION) -> Callable[[str], int]:
-    """An argparse type: a size such as 4G, 512M, 1.5G or 4096 (binary units), in
-    [lo, hi] bytes."""
-    units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40, "P": 1 << 50}
+def _scaled(
+    units: dict[str, int], what: str, example: str, lo: int, hi: int, span: str
+) -> Callable[[str], int]:
+    """An argparse type: a number with an optional unit suffix, in [lo, hi] (`span` says
+    so: "from 1 to 1 PiB")."""
 
     def parse(text: str) -> int:
         t = text.strip().upper().removesuffix("B").removesuffix("I")
         mult = 1
         if t and t[-1] in units:
             mult, t = units[t[-1]], t[:-1]
+        if re.fullmatch(r"[0-9]{21,}(\.[0-9]*)?", t):  # a number, past every bound
+            raise argparse.ArgumentTypeError(f"must be {what} {span}, got '{shown_value(text)}'")
         if not re.fullmatch(r"[0-9]{1,20}(\.[0-9]{1,9})?", t):
-            raise argparse.ArgumentTypeError(f"not a size: '{text}' (e.g. 4G, 512M)")
+            raise argparse.ArgumentTypeError(f"not {what}: '{shown_value(text)}' (e.g. {example})")
         value = int(float(t) * mult) if "." in t else int(t) * mult
         if not lo <= value <= hi:
             raise argparse.ArgumentTypeError(
-                f"must be a size from {lo:,} bytes to {hi >> 50} PiB, got '{text}'"
+                f"must be {what} {span}, got '{shown_value(text)}'"
             )
         return value
 
     return parse
+
+
+def bytes_in(lo: int = 1, hi: int = MAX_BYTES_OPTION) -> Callable[[str], int]:
+    """An argparse type: a size such as 4G, 512M, 1.5G or 4096 (binary units), in
+    [lo, hi] bytes."""
+    units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40, "P": 1 << 50}
+    return _scaled(units, "a size", "4G, 512M", lo, hi, f"from {lo:,} bytes to {hi >> 50} PiB")
+
+
+MAX_COUNT_OPTION = 10**18
+"""The largest count a count option (--max-work) takes: 10^18 (1,000 P)."""
+
+
+def count_in(lo: int = 1, hi: int = MAX_COUNT_OPTION) -> Callable[[str], int]:
+    """An argparse type: a count such as 500G, 2T, 1.5T or 4096 (decimal units), in
+    [lo, hi]."""
+    units = {"K": 10**3, "M": 10**6, "G": 10**9, "T": 10**12, "P": 10**15}
+    return _scaled(units, "a count", "500G, 2T", lo, hi, f"from {lo:,} to {hi // 10**15:,} P")
+
+
+def add_reference_limits(p: argparse.ArgumentParser) -> None:
+    """--max-mem and --max-work: the bounds of a numpy reference run (docs/semantics-notes.md,
+    tolerances and memory)."""
+    p.add_argument(
+        "--max-mem",
+        type=bytes_in(),
+        default=None,
+        metavar="BYTES",
+        help="refuse reference runs estimated to need more memory (default 4G; suffixes "
+        "K, M, G, T, P)",
+    )
+    p.add_argument(
+        "--max-work",
+        type=count_in(),
+        default=None,
+        metavar="N",
+        help="refuse reference runs estimated to take more work (a matmul's 2·M·N·K "
+        "plus 32 per element of other operations; default 200G, seconds of CPU; "
+        "suffixes K, M, G, T, P)",
+    )
 
 
 def add_program_options(p: argparse.ArgumentParser, schedule: bool = True) -> None:

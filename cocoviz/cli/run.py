@@ -15,7 +15,7 @@ from cocoviz.cli.inspect import apply_named_schedule
 from cocoviz.cli.options import (
     add_json_option,
     add_program_options,
-    bytes_in,
+    add_reference_limits,
     int_in,
     load_args_program,
     seconds_in,
@@ -94,13 +94,7 @@ def register(sub: Any) -> None:
         action="store_true",
         help="with --mpi: allow more ranks than 4 per CPU (at most 1024)",
     )
-    p.add_argument(
-        "--max-mem",
-        type=bytes_in(),
-        default=None,
-        metavar="BYTES",
-        help="memory limit of the reference (default 4 GiB)",
-    )
+    add_reference_limits(p)
     add_json_option(p)
     p.set_defaults(handler=cmd_run)
 
@@ -214,7 +208,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
             check_trace_path(args.trace, force=args.force)
 
-        check_memory(original, args.max_mem)
+        check_memory(original, args.max_mem, max_work=args.max_work)
         try:
             mrun = run_mpi(
                 scheduled,
@@ -257,7 +251,9 @@ def cmd_run(args: argparse.Namespace) -> int:
         if args.trace:
             raise UsageError("--trace records real processes: add --mpi")
         t0 = time.perf_counter()
-        res = run_reference(scheduled, args.seed, given, max_mem=args.max_mem)
+        res = run_reference(
+            scheduled, args.seed, given, max_mem=args.max_mem, max_work=args.max_work
+        )
         values = {n: res.global_value(n) for n in names}
         measured = {
             "mode": "reference",
@@ -268,7 +264,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     rows: list[dict[str, Any]] = []
     ok = True
     if not args.no_check:
-        ref = run_reference(original, args.seed, given, max_mem=args.max_mem)
+        ref = run_reference(
+            original, args.seed, given, max_mem=args.max_mem, max_work=args.max_work
+        )
         for v in dumped_values(original):
             ty = original.type_of(v.stage)
             c = nx.compare(values[v.stage], ref.global_value(v.stage), ty.dtype.value)

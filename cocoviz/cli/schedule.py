@@ -10,8 +10,8 @@ from typing import TYPE_CHECKING, Any
 from cocoviz.cli.options import (
     add_json_option,
     add_program_options,
+    add_reference_limits,
     args_hardware,
-    bytes_in,
     load_args_program,
 )
 from cocoviz.errors import ExitCode, InputError, UsageError
@@ -65,12 +65,7 @@ def register(sub: Any) -> None:
         "the file is verified. Exit 4 on a mismatch.",
     )
     add_program_options(p)
-    p.add_argument(
-        "--max-mem",
-        type=bytes_in(),
-        metavar="BYTES",
-        help="refuse runs estimated to need more memory (default 4G; suffixes K, M, G)",
-    )
+    add_reference_limits(p)
     add_json_option(p)
     p.set_defaults(handler=cmd_verify)
 
@@ -164,7 +159,9 @@ def cmd_verify(args: argparse.Namespace) -> int:
     ok = True
     results = []
     for name, scheduled in targets:
-        report = verify_programs(program, scheduled, seed=args.seed, max_mem=max_mem)
+        report = verify_programs(
+            program, scheduled, seed=args.seed, max_mem=max_mem, max_work=args.max_work
+        )
         ok &= report.ok
         if args.json:
             results.append(

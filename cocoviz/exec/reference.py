@@ -42,6 +42,8 @@ __all__ = [
     "DEFAULT_MAX_MEM",
     "RunResult",
     "check_memory",
+    "estimate_work",
+    "DEFAULT_MAX_WORK",
     "estimate_bytes",
     "run_reference",
 ]
@@ -50,6 +52,18 @@ Array = npt.NDArray[Any]
 
 DEFAULT_MAX_MEM = 4 << 30
 """Default limit of `estimate_bytes` (4 GiB, `--max-mem`)."""
+
+DEFAULT_MAX_WORK = 2 * 10**11
+"""Default limit of `estimate_work` (`--max-work`): numpy's GEMM (f16 and bf16 through
+f32) does about 25 G multiply-adds per CPU second here, so a run within it takes seconds,
+not the hours a program at production size would (docs/semantics-notes.md, tolerances
+and memory)."""
+
+ELEMENT_WORK = 32
+"""What one element of an operation other than matmul counts in `estimate_work`: numpy
+does elementwise work (a temporary per operation, compute-type conversions) at about a
+thirtieth of its GEMM's rate per operation (0.7 G elements against 25 G multiply-adds
+per CPU second, measured on the samples)."""
 
 
 @dataclass
@@ -194,6 +208,25 @@ def estimate_bytes(program: Program) -> int:
     return total + temp
 
 
+def estimate_work(program: Program) -> int:
+    """The work of `run_reference(program)` over all its simulated ranks, in units of a
+    GEMM operation: 2·M·N·K per matmul, `ELEMENT_WORK` per element of every other
+    expression node (each dp replica counted: an upper bound)."""
+    g = program.grid.group
+    total = 0
+    for s in program.stages:
+        for e in s.expr.walk():
+            if e.ty is None:
+                continue
+            n = _numel(rank_shape(e.ty, g))
+            if e.op is Op.MATMUL:
+                a = rank_shape(e.args[0].type, g)
+                total += n * 2 * (a[-1] if a else 1)
+            else:
+                total += n * ELEMENT_WORK
+    return total * g * program.grid.dp
+
+
 def _fmt_bytes(n: int) -> str:
     for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
         if n < 1024 or unit == "TiB":
@@ -203,28 +236,55 @@ def _fmt_bytes(n: int) -> str:
 
 
 def check_memory(
-    program: Program, max_mem: int | None = None, *, need: int | None = None, what: str = ""
+    program: Program,
+    max_mem: int | None = None,
+    *,
+    need: int | None = None,
+    what: str = "",
+    max_work: int | None = None,
+    work: int | None = None,
 ) -> int:
     """Raise UsageError (exit 2) when the reference would need more than `max_mem` bytes
-    (default `DEFAULT_MAX_MEM`); return the estimate (`need` overrides it)."""
+    (default `DEFAULT_MAX_MEM`) or more than `max_work` operations (default
+    `DEFAULT_MAX_WORK`, `estimate_work`'s units); return the memory estimate (`need` and
+    `work` override the estimates)."""
     limit = DEFAULT_MAX_MEM if max_mem is None else max_mem
     if need is None:
         need = estimate_bytes(program)
     what = what or f"evaluating '{program.name}'"
+    dims = ", ".join(f"{d.name}={d.value}" for d in program.dims)
+    example = (
+        f"-D {program.dims[0].name}={max(1, program.dims[0].value // 4)}"
+        if program.dims
+        else "-D NAME=VALUE"
+    )
+    sizes = f"({program.grid.world} simulated ranks, {dims or 'no dims'})"
     if need > limit:
-        dims = ", ".join(f"{d.name}={d.value}" for d in program.dims)
-        example = (
-            f"-D {program.dims[0].name}={max(1, program.dims[0].value // 4)}"
-            if program.dims
-            else "-D NAME=VALUE"
-        )
         raise UsageError(
-            f"{what} in the reference needs about {_fmt_bytes(need)} "
-            f"({program.grid.world} simulated ranks, {dims or 'no dims'}), more than the "
-            f"limit of {_fmt_bytes(limit)}",
+            f"{what} in the reference needs about {_fmt_bytes(need)} {sizes}, more than "
+            f"the limit of {_fmt_bytes(limit)}",
             hint=f"use smaller sizes ({example}) or fewer ranks (--ranks), or raise --max-mem",
         )
+    work_limit = DEFAULT_MAX_WORK if max_work is None else max_work
+    if work is None:
+        work = estimate_work(program)
+    if work > work_limit:
+        raise UsageError(
+            f"{what} in the reference is about {_fmt_count(work)} operations of work "
+            f"{sizes}, more than the limit of {_fmt_count(work_limit)}"
+            + (" (the default: seconds of CPU)" if max_work is None else ""),
+            hint=f"use smaller sizes ({example}) or fewer ranks (--ranks), or raise "
+            "--max-work",
+        )
     return need
+
+
+def _fmt_count(n: int) -> str:
+    """1.2e13 as '12 T'; below 1,000 the number itself."""
+    for unit, scale in (("P", 10**15), ("T", 10**12), ("G", 10**9), ("M", 10**6), ("K", 10**3)):
+        if n >= scale:
+            return f"{n / scale:.3g} {unit}"
+    return str(n)
 
 
 # ---------------------------------------------------------------------- inputs
@@ -479,6 +539,7 @@ def run_reference(
     *,
     params: Mapping[str, float | int] | None = None,
     max_mem: int | None = None,
+    max_work: int | None = None,
     keep: Iterable[str] | None = None,
     preloaded: Mapping[str, Stored] | None = None,
 ) -> RunResult:
@@ -488,7 +549,7 @@ def run_reference(
     numpy dtype of the declared type: float16 for f16, float32 for bf16); inputs not
     given come from the shared generator with `seed`. `params` overrides param defaults.
     Raises InputError for a bad input and UsageError when the estimated memory exceeds
-    `max_mem` (default 4 GiB).
+    `max_mem` (default 4 GiB) or the estimated work `max_work` (`DEFAULT_MAX_WORK`).
 
     By default every value stays available afterwards. With `keep` (names), only those,
     the outputs and the updated inputs are kept, and other values are freed after their
@@ -496,7 +557,7 @@ def run_reference(
     that `verify` generates them once; an input stored with another slicing is re-split
     from its global value.
     """
-    check_memory(program, max_mem)
+    check_memory(program, max_mem, max_work=max_work)
     g = program.grid.group
     given = dict(inputs or {})
     known = {i.name for i in program.inputs}

@@ -17,7 +17,13 @@ import numpy.typing as npt
 
 from cocoviz import numerics as nx
 from cocoviz.exec.dumps import dumped_values
-from cocoviz.exec.reference import RunResult, check_memory, estimate_bytes, run_reference
+from cocoviz.exec.reference import (
+    RunResult,
+    check_memory,
+    estimate_bytes,
+    estimate_work,
+    run_reference,
+)
 from cocoviz.ir.nodes import Program
 from cocoviz.ir.types import format_shape, shape_values
 
@@ -139,11 +145,21 @@ def compare_chunked(actual: np.ndarray, expected: np.ndarray, dtype: str) -> nx.
     return nx.CompareResult(ok, max_abs, max_rel, n_bad, nan_bad, first)
 
 
-def check_pair_memory(original: Program, scheduled: Program, max_mem: int | None) -> int:
+def check_pair_memory(
+    original: Program, scheduled: Program, max_mem: int | None, max_work: int | None = None
+) -> int:
     """Refuse (UsageError, exit 2) when the two reference runs together would need more than
-    `max_mem` bytes (default 4 GiB); return the estimate."""
+    `max_mem` bytes (default 4 GiB) or `max_work` operations; return the memory estimate."""
     need = estimate_bytes(original) + estimate_bytes(scheduled)
-    check_memory(original, max_mem, need=need, what=f"verifying '{scheduled.name}'")
+    work = estimate_work(original) + estimate_work(scheduled)
+    check_memory(
+        original,
+        max_mem,
+        need=need,
+        what=f"verifying '{scheduled.name}'",
+        max_work=max_work,
+        work=work,
+    )
     return need
 
 
@@ -175,6 +191,7 @@ def verify_programs(
     seed: int = 0,
     max_mem: int | None = None,
     *,
+    max_work: int | None = None,
     inputs: Mapping[str, npt.ArrayLike] | None = None,
     all_names: bool = False,
 ) -> VerifyReport:
@@ -183,20 +200,24 @@ def verify_programs(
     value of its update stage). One missing from the scheduled program is a failed row.
     With `all_names`, every other stage name the two programs share is compared too.
 
-    Raises UsageError (exit 2) when either run would exceed `max_mem` (default 4 GiB),
-    before running anything.
+    Raises UsageError (exit 2) when the runs would exceed `max_mem` (default 4 GiB) or
+    `max_work`, before running anything.
     """
     if original.grid != scheduled.grid:
         raise ValueError(
             f"the programs run on different grids ({original.grid} and {scheduled.grid})"
         )
-    check_pair_memory(original, scheduled, max_mem)
+    check_pair_memory(original, scheduled, max_mem, max_work)
     rows = _check_inputs(original, scheduled)
     names = set(original.outputs) | set(original.updates())
     if all_names:
         names |= {s.name for s in original.stages}
-    ra = run_reference(original, seed, inputs, max_mem=max_mem, keep=names)
-    rb = run_reference(scheduled, seed, inputs, max_mem=max_mem, keep=names, preloaded=ra.initial)
+    # the pair was checked against the limits above, so each run alone fits them
+    big = 1 << 62
+    ra = run_reference(original, seed, inputs, max_mem=big, max_work=big, keep=names)
+    rb = run_reference(
+        scheduled, seed, inputs, max_mem=big, max_work=big, keep=names, preloaded=ra.initial
+    )
     done: set[str] = set()
     sched_updates = scheduled.updates()
     for name in original.outputs:

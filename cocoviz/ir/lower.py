@@ -19,7 +19,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from cocoviz.errors import DiagnosticBag, InputError, Span, UsageError, did_you_mean
+from cocoviz.errors import (
+    DiagnosticBag,
+    InputError,
+    Span,
+    UsageError,
+    did_you_mean,
+    shown_value,
+)
 from cocoviz.ir import axes, routing
 from cocoviz.ir import syntax_tree as syn
 from cocoviz.ir.collectives import collective
@@ -90,11 +97,6 @@ def _int_arg(text: str) -> int | None:
     return int(text)
 
 
-def _shown(text: str, limit: int = 40) -> str:
-    """A command-line value quoted in a message, shortened when long."""
-    return text if len(text) <= limit else text[:limit] + "…"
-
-
 @dataclass(frozen=True)
 class RanksOverride:
     """`--ranks N` or `--ranks dp=D,tp=T,pp=P` (any subset of the named axes)."""
@@ -125,7 +127,7 @@ class RanksOverride:
                 d = dict(axes)
                 return RanksOverride(tp=d.get("tp"), pp=d.get("pp"), axes=axes)
         raise UsageError(
-            f"--ranks expects N or tp=T,pp=P, got '{_shown(text)}'",
+            f"--ranks expects N or tp=T,pp=P, got '{shown_value(text)}'",
             hint="for example --ranks 8, --ranks tp=4,pp=2 or --ranks dp=2,tp=4: a whole "
             "grid of two or more of the axes dp, tp, pp (digits 0-9)",
         )
@@ -141,7 +143,7 @@ def parse_defines(items: list[str] | None) -> dict[str, int]:
             hint = "for example -D H=1024 (a name, '=', and digits 0-9)"
             if eq and name.isidentifier() and _INT_ARG.fullmatch(val):
                 hint = f"the value has {len(val.lstrip('-')):,} digits; sizes are at most 2^62"
-            raise UsageError(f"-D expects NAME=INTEGER, got '{_shown(item)}'", hint=hint)
+            raise UsageError(f"-D expects NAME=INTEGER, got '{shown_value(item)}'", hint=hint)
         if v <= 0:
             raise UsageError(f"-D {name}: sizes must be positive, got {v}")
         if v > _MAX_SIZE:
