@@ -603,6 +603,31 @@ def remove_stale_temporaries(directory: Path) -> None:
                     os.unlink(entry.path)
 
 
+def claim_directory(
+    d: Path, marker: str, option: str, note: str, *, force: bool | None = False
+) -> Path:
+    """The directory `option` names, checked and created before a command's work: new,
+    empty, or holding `marker` (an earlier run of the same command wrote it); a non-empty
+    directory without the marker is the user's and is refused unless `force` (None: the
+    command has no --force). Writes the marker (`note`) into it."""
+    exists = lstat(d, "write") is not None
+    if exists and not d.is_dir():
+        raise UsageError(f"{option} {d}: exists and is not a directory")
+    if exists and not force and read_regular(d / marker) is None:
+        try:
+            entries = [n for n in os.listdir(d) if not n.startswith(TMP_PREFIX)]
+        except OSError as err:
+            raise os_error(err, d, "read the directory") from None
+        if entries:
+            raise UsageError(
+                f"{option} {d}: the directory is not empty and was not written by cocoviz",
+                hint="choose a new directory" + ("" if force is None else ", or pass --force"),
+            )
+    with locked_directory(d):
+        write_file(d / marker, note)
+    return d
+
+
 @contextlib.contextmanager
 def locked_directory(path: Path, create: bool = True) -> Iterator[Path]:
     """Hold an exclusive lock on `path` (created with its parents when `create`) while

@@ -173,3 +173,38 @@ def test_max_work_rejects_bad_values(value: str) -> None:
     rc, _, err = run("verify", "sgd", "-D", "N=64", "--max-work", value)
     clean(err)
     assert rc == 2 and "--max-work" in err
+
+
+def _emit(tmp_path: Path, *argv: str) -> Path:
+    tree = tmp_path / "tree"
+    rc, _, err = run("emit", *argv, "--target", "cpu", "-o", str(tree))
+    assert rc == 0, err
+    return tree
+
+
+def test_check_tree_checks_the_reference_bounds_before_building(tmp_path: Path) -> None:
+    # check-tree built and ran a full-size megatron_mlp tree (28 s of CPU) before the
+    # reference refused it; now nothing is built (the launch guard would fail this test)
+    tree = _emit(tmp_path, "megatron_mlp")
+    before = sorted(p.name for p in tree.iterdir())
+    rc, _, err = run("check-tree", str(tree))
+    clean(err)
+    assert rc == 2 and "operations of work" in err and "--max-work" in err, err
+    assert sorted(p.name for p in tree.iterdir()) == before
+
+
+def test_check_tree_keep_never_deletes_a_users_directory(tmp_path: Path) -> None:
+    # --keep WORK removed WORK/inputs, WORK/tree and WORK/reference whatever they held
+    tree = _emit(tmp_path, "sgd", "-D", "N=64")
+    work = tmp_path / "work"
+    (work / "inputs").mkdir(parents=True)
+    (work / "inputs" / "mine.npy").write_text("precious")
+    rc, _, err = run("check-tree", str(tree), "--keep", str(work), "--no-build")
+    clean(err)
+    assert rc == 2 and "--keep" in err and "not written by cocoviz" in err, err
+    assert (work / "inputs" / "mine.npy").read_text() == "precious"
+    # a new directory is claimed (its marker written) before the missing binary is found
+    fresh = tmp_path / "fresh"
+    rc, _, err = run("check-tree", str(tree), "--keep", str(fresh), "--no-build")
+    clean(err)
+    assert rc != 0 and (fresh / ".cocoviz-check-tree").is_file()

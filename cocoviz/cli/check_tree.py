@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from cocoviz import fsio
-from cocoviz.cli.options import _seed, add_json_option, seconds_in
+from cocoviz.cli.options import _seed, add_json_option, add_reference_limits, seconds_in
 from cocoviz.errors import ExitCode, InputError, MismatchError, UsageError
 
 if TYPE_CHECKING:
@@ -36,6 +36,9 @@ MAX_MANIFEST_BYTES = 1 << 20
 """A manifest.json check-tree reads holds at most this (an emitted one is a few KB)."""
 
 PROGRAM_FILE = "program.coco"
+
+KEEP_MARKER = ".cocoviz-check-tree"
+"""Written into a --keep directory: its inputs/, tree/ and reference/ are check-tree's."""
 """The unscheduled program an emitted tree was lowered from, with its sizes, ranks and the
 schedule's steps as the block `emitted` (written by `cocoviz emit`)."""
 
@@ -70,7 +73,8 @@ def register(sub: Any) -> None:
         "--keep",
         metavar="WORK",
         help="write the inputs, the tree's dump and the reference's dump under WORK "
-        "(WORK/inputs, WORK/tree, WORK/reference) and keep them",
+        "(WORK/inputs, WORK/tree, WORK/reference) and keep them (a new or empty directory, "
+        "or one an earlier --keep wrote)",
     )
     p.add_argument(
         "--timeout",
@@ -85,6 +89,7 @@ def register(sub: Any) -> None:
         help="do not run make first (by default make, or make emulate for CUDA, brings the "
         "binary up to date; a missing binary is then an error)",
     )
+    add_reference_limits(p)
     add_json_option(p)
     p.set_defaults(handler=cmd_check_tree)
 
@@ -370,21 +375,31 @@ def check_tree(
 def cmd_check_tree(args: argparse.Namespace) -> int:
     from cocoviz import numerics as nx
     from cocoviz.exec.dumps import dumped_values
-    from cocoviz.exec.reference import run_reference
+    from cocoviz.exec.reference import check_memory, run_reference
 
     tree = _read_tree(args.directory)
-    _ensure_built(tree, args.no_build)
     program = tree.program
+    # before building or running anything: the reference must fit its bounds, and --keep
+    # must be a directory check-tree may write into
+    check_memory(program, args.max_mem, max_work=args.max_work)
+    if args.keep:
+        work = fsio.claim_directory(
+            Path(args.keep), KEEP_MARKER, "--keep", "written by cocoviz check-tree\n", force=None
+        )
+    _ensure_built(tree, args.no_build)
     inputs = draw_inputs(program, args.seed)
-    work = Path(args.keep) if args.keep else Path(tempfile.mkdtemp(prefix="cocoviz-check-tree-"))
+    if not args.keep:
+        work = Path(tempfile.mkdtemp(prefix="cocoviz-check-tree-"))
     try:
         for sub in ("inputs", "tree", "reference"):
             if (work / sub).exists():
-                shutil.rmtree(work / sub)
+                shutil.rmtree(work / sub)  # an earlier check-tree's (the marker says so)
             (work / sub).mkdir(parents=True)
         for name, a in inputs.items():
             nx.save_npy(work / "inputs" / f"{name}.npy", a, program.input(name).ty.dtype.value)
-        res = run_reference(program, args.seed, inputs)
+        res = run_reference(
+            program, args.seed, inputs, max_mem=args.max_mem, max_work=args.max_work
+        )
         reference = {d.name: res.global_value(d.stage) for d in dumped_values(program)}
         for d in dumped_values(program):
             nx.save_npy(

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import time
 from pathlib import Path
@@ -141,23 +140,9 @@ def _prepare_dump(path: str, force: bool) -> Path:
     """Check and create the --dump directory before the run, so a refusal costs nothing."""
     from cocoviz import fsio
 
-    d = Path(path)
-    exists = fsio.lstat(d, "write") is not None
-    if exists and not d.is_dir():
-        raise UsageError(f"--dump {d}: exists and is not a directory")
-    if exists and not force and fsio.read_regular(d / DUMP_MARKER) is None:
-        try:
-            entries = [n for n in os.listdir(d) if not n.startswith(fsio.TMP_PREFIX)]
-        except OSError as err:
-            raise fsio.os_error(err, d, "read the directory") from None
-        if entries:
-            raise UsageError(
-                f"--dump {d}: the directory is not empty and was not written by cocoviz",
-                hint="choose a new directory, or pass --force",
-            )
-    with fsio.locked_directory(d):
-        fsio.write_file(d / DUMP_MARKER, "written by cocoviz run --dump\n")
-    return d
+    return fsio.claim_directory(
+        Path(path), DUMP_MARKER, "--dump", "written by cocoviz run --dump\n", force=force
+    )
 
 
 def _write_dump(d: Path, program: Program, values: dict[str, Any]) -> None:
