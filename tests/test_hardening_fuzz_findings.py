@@ -208,3 +208,14 @@ def test_check_tree_keep_never_deletes_a_users_directory(tmp_path: Path) -> None
     rc, _, err = run("check-tree", str(tree), "--keep", str(fresh), "--no-build")
     clean(err)
     assert rc != 0 and (fresh / ".cocoviz-check-tree").is_file()
+
+
+def test_emit_check_refuses_a_tree_too_big_to_check_before_writing(tmp_path: Path) -> None:
+    # emit --build --check built and ran the tree before check-tree's reference refused
+    out = tmp_path / "tree"
+    rc, _, err = run(
+        "emit", "megatron_mlp", "--target", "cpu", "--build", "--check", "-o", str(out)
+    )
+    clean(err)
+    assert rc == 2 and "operations of work" in err, err
+    assert not out.exists()

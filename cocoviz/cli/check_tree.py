@@ -358,6 +358,8 @@ def check_tree(
     keep: str | None = None,
     no_build: bool = False,
     as_json: bool = False,
+    max_mem: int | None = None,
+    max_work: int | None = None,
 ) -> int:
     """`cocoviz check-tree DIR` (exit 0, or MismatchError: exit 4)."""
     return cmd_check_tree(
@@ -368,6 +370,8 @@ def check_tree(
             keep=keep,
             no_build=no_build,
             json=as_json,
+            max_mem=max_mem,
+            max_work=max_work,
         )
     )
 

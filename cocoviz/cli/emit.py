@@ -7,7 +7,12 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from cocoviz.cli.options import add_program_options, args_hardware, load_args_program
+from cocoviz.cli.options import (
+    add_program_options,
+    add_reference_limits,
+    args_hardware,
+    load_args_program,
+)
 from cocoviz.emit.targets import DEFAULT_TARGET, TARGET_NAMES, target_spec
 from cocoviz.errors import ExitCode, UsageError
 
@@ -55,6 +60,7 @@ def register(sub: Any) -> None:
         action="store_true",
         help="write into a non-empty directory cocoviz did not write",
     )
+    add_reference_limits(p)
     p.set_defaults(handler=cmd_emit)
 
 
@@ -88,6 +94,11 @@ def cmd_emit(args: argparse.Namespace) -> int:
     steps = schedule_arg_steps(program, args.schedule) if args.schedule else ()
     scheduled, resolved = resolve_schedule(program, steps, hw)
     reference = unscheduled(program)
+    if args.check:
+        from cocoviz.exec.reference import check_memory
+
+        # --check runs the tree and the reference at these sizes: refused before any build
+        check_memory(program, args.max_mem, max_work=args.max_work)
     out = emit(
         scheduled,
         reference,
@@ -132,5 +143,7 @@ def cmd_emit(args: argparse.Namespace) -> int:
     if args.check:
         from cocoviz.cli.check_tree import check_tree
 
-        return check_tree(res.directory, seed=args.seed)
+        return check_tree(
+            res.directory, seed=args.seed, max_mem=args.max_mem, max_work=args.max_work
+        )
     return ExitCode.OK
