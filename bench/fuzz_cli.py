@@ -226,8 +226,8 @@ def make_sandbox(root: Path) -> dict[str, list[str]]:
     )
     # emitted trees for check-tree: a real one, and crafted or damaged ones
     subprocess.run(
-        [sys.executable, "-m", "cocoviz", "emit", "sgd", "-D", "N=1024", "--target", "cpu"]
-        + ["-o", "tree"],
+        [sys.executable, "-m", "cocoviz", "emit", "sgd", "-D", "N=1024", "--ranks", "2"]
+        + ["--target", "cpu", "-o", "tree"],
         capture_output=True,
         cwd=root,
         check=False,
