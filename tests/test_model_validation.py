@@ -172,6 +172,8 @@ class Point:
     fitted: bool
     algo: str | None = None
     blocking: bool = False
+    refit_fitted: bool = False
+    """Fit point of the refit (``refit_profiles``), a split of its own (docs)."""
 
     @property
     def nnodes(self) -> int:
@@ -183,24 +185,71 @@ def _aic_fitted(system: str, op: str, n: int) -> bool:
     return system in ("h100-2.29.2", "a100-2.27.3") and n == 8 and op != "alltoall"
 
 
+GLITCH = 1.5
+"""A point of a sweep (or two adjacent points) slower than ``GLITCH`` × both neighbours in
+the same sweep is a measurement glitch and is left out (docs/cost-model.md lists each)."""
+
+
+def glitches(times: list[float]) -> set[int]:
+    """Indices of a sweep's glitches: a point, or two adjacent points, each slower than
+    ``GLITCH`` × both the points on either side of them (never an end point)."""
+    out: set[int] = set()
+    for i in range(1, len(times) - 1):
+        if times[i] > GLITCH * max(times[i - 1], times[i + 1]):
+            out.add(i)
+        if i + 2 < len(times) and min(times[i], times[i + 1]) > GLITCH * max(
+            times[i - 1], times[i + 2]
+        ):
+            out |= {i, i + 1}
+    return out
+
+
+def excluded_points() -> list[tuple[str, str, int, int, float]]:
+    """(system-version, op, GPUs, bytes, µs) of every sweep point ``glitches`` leaves out."""
+    out = []
+    for system, op, n, first, times in AIC_SWEEPS:
+        t = [float(x) for x in times.split()]
+        out += [(system, op, n, first << i, t[i]) for i in sorted(glitches(t))]
+    return out
+
+
+REFIT_SYSTEMS = ("h100-2.29.2", "h100-2.23", "a100-2.27.3")
+"""The sweeps the refit fits on (every other size of them, ``_refit_size``); the H200
+sweeps are held out whole."""
+
+
+def _refit_size(nbytes: int) -> bool:
+    """The refit's fit sizes: odd powers of two (512 B, 2 KiB, ..., 2 MiB, 8 MiB, ...);
+    the even ones (1 KiB, 4 KiB, ..., 1 MiB, 4 MiB, 16 MiB, 64 MiB, ...) are held out."""
+    return nbytes.bit_length() % 2 == 0
+
+
 def points() -> list[Point]:
-    """Every published point, marked fit or held out."""
+    """Every published point, marked fit or held out (shipped profiles and refit), less
+    the glitches (``glitches``)."""
     out: list[Point] = []
     for system, op, n, first, times in AIC_SWEEPS:
         profile, version = AIC_SYSTEMS[system]
         coll = AIC_COLLS[op]
-        for i, t in enumerate(times.split()):
+        t = [float(x) for x in times.split()]
+        skip = glitches(t)
+        for i, us in enumerate(t):
+            if i in skip:
+                continue
             size = first << i
-            busbw = size / (float(t) * 1e-6) / 1e9 * bus_factor(coll, n)
+            busbw = size / (us * 1e-6) / 1e9 * bus_factor(coll, n)
             fit = _aic_fitted(system, op, n)
-            out.append(Point("aic", profile, version, coll, n, n, size, busbw, fit))
-    for size, busbw in MLE_H200:  # launch_us fitted on these
+            refit = system in REFIT_SYSTEMS and _refit_size(size)
+            out.append(Point("aic", profile, version, coll, n, n, size, busbw, fit,
+                             refit_fitted=refit))  # fmt: skip
+    for size, busbw in MLE_H200:  # launch_us fitted on these (the refit keeps it)
         out.append(Point("mle-h200", "h200-hgx", "2.27.7", "allreduce", 8, 8, size, busbw,
-                         True, blocking=True))  # fmt: skip
+                         True, blocking=True, refit_fitted=True))  # fmt: skip
     for coll, n, algo, size, busbw in MLE_COUNT:
         out.append(Point("mle-count", "h200-hgx", "2.27.7", coll, n, n, size, busbw, False, algo))
     for size, busbw in LI_PLUS:  # the p2p pair efficiency is set from these
-        out.append(Point("li-plus", "a100-dgx", None, "sendrecv", 2, 2, size, busbw, True))
+        out.append(Point("li-plus", "a100-dgx", None, "sendrecv", 2, 2, size, busbw, True,
+                         refit_fitted=True))  # fmt: skip
     for nodes, row in ARXIV.items():
         for mib, busbw in row.items():
             out.append(Point("arxiv", "h100-dgx", None, "allreduce", 8 * nodes, 8, mib * MIB,
@@ -208,7 +257,8 @@ def points() -> list[Point]:
     for nodes, row in GTC_NVLSTREE.items():  # net_congestion fitted on 4 and 16 nodes
         for mib, busbw in row.items():
             out.append(Point("gtc-nvlstree", "h100-dgx", None, "allreduce", 8 * nodes, 8,
-                             mib * MIB, busbw, nodes <= 16, "nvls_tree"))  # fmt: skip
+                             mib * MIB, busbw, nodes <= 16, "nvls_tree",
+                             refit_fitted=nodes <= 16))  # fmt: skip
     for profile, n, rpn, busbw in GTC:
         out.append(Point("gtc", profile, None, "allreduce", n, rpn, 16 * GIB, busbw, False))
     for size, us in NCCL1244:
@@ -225,7 +275,7 @@ _PROFILE_DIR = Path(tempfile.mkdtemp(prefix="cocoviz-validation-"))
 def _hardware(profile: str, version: str | None, refit: bool = False) -> Hardware:
     """The shipped profile, or the same machine running another NCCL release; ``refit``:
     the profile `cocoviz calibrate` fits on the fit points (``refit_profiles``)."""
-    text = refit_profiles().get(profile, "") if refit else ""
+    text = refit_profiles().get((profile, _family(version)), "") if refit else ""
     if version is None and not text:
         return load_profile(profile)
     text = text or f'base = "{profile}"\nname = "{profile}-nccl{version}"\n'
@@ -243,20 +293,35 @@ def _sample(p: Point) -> Sample:
     return Sample(Coll.parse(p.coll), p.nbytes, p.nranks, p.ranks_per_node, seconds, algos)
 
 
+def _family(version: str | None) -> str:
+    """Which refit a point is evaluated with: the 2.23 sweeps have their own (NCCL's LL
+    and p2p changed between 2.23 and 2.29), every other point the shipped version's."""
+    return "2.23" if version == "2.23" else ""
+
+
 @cache
-def refit_profiles() -> dict[str, str]:
-    """What `cocoviz calibrate` makes of the fit points (the measured terms it fits,
-    issue 27 item 3) on the shipped profiles: H100 from the H100 (2.29.2) 8-GPU sweeps and
-    the NVLSTree scan at 4 and 16 nodes, A100 from the A100 8-GPU sweeps and the li-plus
-    pair; H200 takes the H100 fit (the same GPU die and NVLink), as the shipped H200 does.
-    Profile override files (``base = ...``), by shipped profile."""
-    fit = [p for p in points() if p.fitted and not p.blocking]
-    out: dict[str, str] = {}
+def refit_profiles() -> dict[tuple[str, str], str]:
+    """What `cocoviz calibrate` makes of the refit's fit points (``Point.refit_fitted``:
+    every other size of the H100 and A100 sweeps at 2, 4 and 8 GPUs, every collective,
+    the NVLSTree scan at 4 and 16 nodes, the li-plus pair) on the shipped profiles, one
+    fit per machine and NCCL family (``_family``, as calibrate fits the logs of one
+    release); H200 takes the H100 fit (the same GPU die and NVLink), as the shipped H200
+    does, so every H200 point is held out. Profile override files (``base = ...``), by
+    (shipped profile, family)."""
+    fit = [p for p in points() if p.refit_fitted and not p.blocking]
+    out: dict[tuple[str, str], str] = {}
     for profile, bases in (("h100-dgx", ("h100-dgx", "h200-hgx")), ("a100-dgx", ("a100-dgx",))):
-        cal = fit_samples([_sample(p) for p in fit if p.profile == profile], load_profile(profile))
-        for base in bases:
-            out[base] = cal.profile_toml(name=f"{base}-refit", description="refit",
-                                         base_name=base)  # fmt: skip
+        for family in ("", "2.23"):
+            mine = [
+                _sample(p) for p in fit if p.profile == profile and _family(p.version) == family
+            ]
+            if not mine:
+                continue
+            base_hw = _hardware(profile, family or None)
+            cal = fit_samples(mine, base_hw)
+            for base in bases:
+                out[base, family] = cal.profile_toml(name=f"{base}-refit", description="refit",
+                                                     base_name=base)  # fmt: skip
     return out
 
 
@@ -308,7 +373,7 @@ def validation_table(pts: list[Point] | None = None, refit: bool = False) -> str
     ]
     for (nodes, size, coll), rows in buckets(points() if pts is None else pts, refit).items():
         errs = [abs(e) for _, e in rows]
-        held = [abs(e) for p, e in rows if not p.fitted]
+        held = [abs(e) for p, e in rows if not (p.refit_fitted if refit else p.fitted)]
         fit = len(rows) - len(held)
         med_h = f"{statistics.median(held):.1%}" if held else "—"
         max_h = f"{max(held):.1%}" if held else "—"
@@ -360,15 +425,72 @@ def test_multi_node_median_meets_the_goal():
 
 
 def test_the_refit_terms_close_the_multi_node_mid_sizes():
-    """The profile calibrate fits (the network step, the tree fill, fewer congestion) on the
-    NVLSTree scan at 4 and 16 nodes: held-out points across nodes at a median of 7.4%
-    (shipped: 10.0%), and the 1-64 MiB scans of 4-512 nodes from 20% and 52% to 8% and 13%."""
+    """The profile calibrate fits (the network step, the tree fill, less congestion) on the
+    NVLSTree scan at 4 and 16 nodes: held-out points across nodes at a median of 7.6%
+    (shipped: 10.0%), and the 1-64 MiB scans of 4-16 and 32-512 nodes from 20% and 52% to
+    7% and 14%."""
     multi = [p for p in points() if p.nnodes > 1]
-    held = [abs(error(p, refit=True)) for p in multi if not p.fitted]
+    held = [abs(error(p, refit=True)) for p in multi if not p.refit_fitted]
     assert statistics.median(held) <= 0.08
+    assert statistics.median(abs(error(p, refit=True)) for p in multi) <= 0.10
     mid = buckets(multi, refit=True)
     for key, goal in ((("4-16", "1-64 MiB", "allreduce"), 0.10), (("≥ 32", "1-64 MiB", "allreduce"), 0.15)):  # fmt: skip
         assert statistics.median(abs(e) for _, e in mid[key]) <= goal, key
+
+
+ONE_NODE_GOAL_COLLS = ("allgather", "allreduce", "alltoall", "reducescatter")
+
+
+@pytest.mark.parametrize("coll", ONE_NODE_GOAL_COLLS)
+@pytest.mark.parametrize("size", ["< 1 MiB", "1-64 MiB"])
+def test_the_refit_meets_the_one_node_goal_median(size, coll):
+    """Issue 27's goal median (≤ 10%) on one node, every communicator size (2, 4 and 8
+    GPUs) and collective, with the profiles calibrate fits on the refit's split — on all
+    points and on the held-out ones alone (docs/cost-model.md, Validation)."""
+    rows = buckets([p for p in points() if p.nnodes == 1], refit=True)[("1", size, coll)]
+    assert statistics.median(abs(e) for _, e in rows) <= 0.10
+    assert statistics.median(abs(e) for p, e in rows if not p.refit_fitted) <= 0.10
+
+
+@pytest.mark.parametrize(
+    ("size", "coll"), [("< 1 MiB", "allreduce"), ("1-64 MiB", "reducescatter")]
+)
+def test_the_refit_meets_the_max_goal_in_the_buckets_the_docs_name(size, coll):
+    """The goal's max (≤ 25%) holds in these two one-node buckets only; docs/cost-model.md
+    ("What stays above the goal") names the points that keep the others above it."""
+    rows = buckets([p for p in points() if p.nnodes == 1], refit=True)[("1", size, coll)]
+    assert max(abs(e) for _, e in rows) <= 0.25
+
+
+def test_the_refit_split_holds_out_every_h200_point_and_every_other_size():
+    """The refit's split (docs): fit on odd powers of two of the H100 and A100 sweeps, the
+    NVLSTree scan at 4 and 16 nodes, the li-plus pair and the blocking H200 sweep (its
+    launch term); every other H200 point, and every even power of two, is held out."""
+    pts = points()
+    fitted = [p for p in pts if p.refit_fitted]
+    assert all(p.profile != "h200-hgx" or p.source == "mle-h200" for p in fitted)
+    assert all(_refit_size(p.nbytes) for p in fitted if p.source == "aic")
+    held = [p for p in pts if not p.refit_fitted]
+    assert len(held) > len(fitted)
+    assert {p.profile for p in held} == {"a100-dgx", "h100-dgx", "h200-hgx"}
+
+
+def test_glitches_are_the_points_the_docs_list():
+    """The rule of ``glitches`` leaves out only points over 1.5x slower than both their
+    neighbours (a single point or an adjacent pair), and docs/cost-model.md lists each."""
+    assert glitches([1.0, 2.0, 1.0]) == {1}
+    assert glitches([1.0, 1.4, 1.0]) == set()
+    assert glitches([1.0, 2.0, 2.1, 1.1]) == {1, 2}
+    assert glitches([3.0, 1.0, 1.0]) == set()  # an end point is never judged
+    text = DOCS.read_text(encoding="utf-8")
+    excluded = excluded_points()
+    assert 0 < len(excluded) <= 10
+    for system, op, n, nbytes, us in excluded:
+        assert f"| {system} | {op} | {n} | {_size_label(nbytes)} | {us:g} µs |" in text
+
+
+def _size_label(nbytes: int) -> str:
+    return f"{nbytes >> 10} KiB" if nbytes < MIB else f"{nbytes >> 20} MiB"
 
 
 def test_the_refit_keeps_full_nodes_within_the_goal_median():
@@ -395,7 +517,11 @@ def test_the_model_is_no_longer_systematically_optimistic_below_64_mib():
 
 
 if __name__ == "__main__":
-    print("All points:\n")
+    print("Left out as glitches:\n")
+    print("| sweep | op | GPUs | size | time |\n|---|---|---|---|---|")
+    for system, op, n, nbytes, us in excluded_points():
+        print(f"| {system} | {op} | {n} | {_size_label(nbytes)} | {us:g} µs |")
+    print("\nAll points:\n")
     print(validation_table())
     print("\nFull 8-GPU nodes:\n")
     print(validation_table(full_node(points())))

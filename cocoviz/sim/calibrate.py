@@ -15,6 +15,7 @@ from ``base`` and moving only the fields the logs inform::
                 nccl.measured.net_fill_mib / net_fill_half_mib        trees across nodes
                 nccl.measured.p2p_nvlink_efficiency                   send/recv, 2-rank rings
                 nccl.measured.net_congestion                          3 and more nodes
+                nccl.measured.p2p_latency_scale                       small alltoall, send/recv
 
 The fit is a damped Gauss-Newton (Levenberg-Marquardt) on log(model time / measured
 time) over every logged size, with a soft-L1 weight (a noisy point counts less than a
@@ -144,6 +145,7 @@ def knobs_for(hw: Hardware) -> tuple[Knob, ...]:
         Knob("nccl.measured.net_fill_half_mib", 0.01, 1e5),
         Knob("nccl.measured.p2p_nvlink_efficiency", 0.05, 1.0),
         Knob("nccl.measured.net_congestion", 0.0, 0.5, log=False, scale=0.05),
+        Knob("nccl.measured.p2p_latency_scale", 0.05, 20.0),
     )
 
 

@@ -518,12 +518,17 @@ def _latency_us(
 ) -> float:
     """NCCL's latency table entry (``ncclTopoTuneModel`` + ``ncclTopoGetAlgoTime``);
     ``measured``: with the measured terms — the base × ``base_latency_scale``, each hop
-    inside a node × ``hop_latency_scale``, each network step + ``net_hop_latency_us``."""
+    inside a node × ``hop_latency_scale`` (the base and hops of a p2p call ×
+    ``p2p_latency_scale`` more), each network step + ``net_hop_latency_us``."""
     c = hw.nccl
     m = c.measured
     intra_link = hw.node.intra_link
     base = c.base_latency_us[algo][proto] * (m.base_latency_scale[proto] if measured else 1.0)
-    intra = c.hw_latency(intra_link)[algo][proto] * (m.hop_latency_scale if measured else 1.0)
+    hop_scale = m.hop_latency_scale
+    if algo is Algo.P2P:
+        base *= m.p2p_latency_scale if measured else 1.0
+        hop_scale *= m.p2p_latency_scale
+    intra = c.hw_latency(intra_link)[algo][proto] * (hop_scale if measured else 1.0)
     net_hop = m.net_hop_latency_us if measured else 0.0
     inter_algo = Algo.TREE if topo.ranks_per_node == 1 and algo is not Algo.P2P else algo
     inter = c.hw_latency(Link.NET)[inter_algo][proto] + c.net_latency_us + net_hop

@@ -222,6 +222,9 @@ class MeasuredSpec:
     ll_bw_scale: float = 1.0
     """Measured LL bandwidth ÷ NCCL's LL estimate (``min(llMaxBw, busBw/2)``): NCCL's cap
     ranks LL, the wire decides what it carries."""
+    p2p_latency_scale: float = 1.0
+    """A p2p call's (send/recv, alltoall) measured fixed cost ÷ the one the ring's
+    constants give it: NCCL's p2p kernel is not the ring's (it has no tuner entry)."""
 
 
 @dataclass(frozen=True)
@@ -811,6 +814,7 @@ def _build(raw: dict[str, Any], where: str) -> Hardware:
         ll_bw_scale=m.number("ll_bw_scale") if "ll_bw_scale" in m.data else 1.0,
         net_fill_mib=m.number("net_fill_mib", zero=True) if "net_fill_mib" in m.data else 0.0,
         net_fill_half_mib=(m.number("net_fill_half_mib") if "net_fill_half_mib" in m.data else 8.0),
+        p2p_latency_scale=(m.number("p2p_latency_scale") if "p2p_latency_scale" in m.data else 1.0),
     )
     m.done()
     nccl = NcclSpec(
