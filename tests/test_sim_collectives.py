@@ -395,3 +395,22 @@ def test_format_table_looks_like_nccl_tests():
     assert lines[2].split()[-3:] == ["algo/proto", "ch", "eff"]
     assert lines[-2].startswith("# Avg bus bandwidth    : ")
     assert all(line == line.rstrip() for line in lines)
+
+
+def test_p2p_latency_scale_prices_only_p2p_calls(tmp_path) -> None:
+    """``measured.p2p_latency_scale`` (docs/cost-model.md, Measured terms) scales the fixed
+    cost of alltoall and send/recv and leaves the rings alone; the shipped profiles keep
+    it at 1."""
+    hw = load_profile("h100-dgx")
+    assert hw.nccl.measured.p2p_latency_scale == 1.0
+    path = tmp_path / "slow-p2p.toml"
+    path.write_text(
+        'base = "h100-dgx"\nname = "slow-p2p"\n\n[nccl.measured]\np2p_latency_scale = 2.0\n'
+    )
+    slow = load_profile(path)
+    for coll in ("alltoall", "sendrecv"):
+        a, b = collective_time(hw, coll, 4096, 8), collective_time(slow, coll, 4096, 8)
+        assert b.latency_s == pytest.approx(2 * a.latency_s)
+        assert b.transfer_s == pytest.approx(a.transfer_s)
+    ring, ring2 = (collective_time(h, "allgather", 4096, 8) for h in (hw, slow))
+    assert ring2.time_s == pytest.approx(ring.time_s)
