@@ -414,3 +414,19 @@ def test_p2p_latency_scale_prices_only_p2p_calls(tmp_path) -> None:
         assert b.transfer_s == pytest.approx(a.transfer_s)
     ring, ring2 = (collective_time(h, "allgather", 4096, 8) for h in (hw, slow))
     assert ring2.time_s == pytest.approx(ring.time_s)
+
+
+def test_ring_fill_steps_moves_only_short_rings(tmp_path) -> None:
+    """``measured.ring_fill_steps`` (docs/cost-model.md, Measured terms): the ring fill's
+    half size × (n / 8) ** k, so a 2-rank ring's mid sizes cost more and an 8-rank ring's
+    nothing more; 0 (the shipped profiles) leaves the fill as it was."""
+    hw = load_profile("h100-dgx")
+    assert hw.nccl.measured.ring_fill_steps == 0.0
+    path = tmp_path / "steps.toml"
+    path.write_text('base = "h100-dgx"\nname = "steps"\n\n[nccl.measured]\nring_fill_steps = 1.0\n')
+    steps = load_profile(path)
+    kw = {"algo": "ring", "proto": "Simple"}
+    eight = [collective_time(h, "allgather", 16 * MIB, 8, **kw).time_s for h in (hw, steps)]
+    assert eight[1] == pytest.approx(eight[0])
+    two = [collective_time(h, "allgather", 16 * MIB, 2, **kw).time_s for h in (hw, steps)]
+    assert two[1] > two[0]

@@ -16,6 +16,7 @@ from ``base`` and moving only the fields the logs inform::
                 nccl.measured.p2p_nvlink_efficiency                   send/recv, 2-rank rings
                 nccl.measured.net_congestion                          3 and more nodes
                 nccl.measured.p2p_latency_scale                       small alltoall, send/recv
+                nccl.measured.ring_fill_steps                         rings of several lengths
 
 The fit is a damped Gauss-Newton (Levenberg-Marquardt) on log(model time / measured
 time) over every logged size, with a soft-L1 weight (a noisy point counts less than a
@@ -146,6 +147,7 @@ def knobs_for(hw: Hardware) -> tuple[Knob, ...]:
         Knob("nccl.measured.p2p_nvlink_efficiency", 0.05, 1.0),
         Knob("nccl.measured.net_congestion", 0.0, 0.5, log=False, scale=0.05),
         Knob("nccl.measured.p2p_latency_scale", 0.05, 20.0),
+        Knob("nccl.measured.ring_fill_steps", 0.0, 4.0, log=False, scale=0.5),
     )
 
 

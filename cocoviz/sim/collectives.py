@@ -591,6 +591,10 @@ correction; p2p and the symmetric kernels have none)."""
 
 _MIB = float(1 << 20)
 
+_FILL_REFERENCE_RANKS = 8
+"""The ring length at which ``ring_fill_half_mib`` is the half size (the 8-GPU sweeps
+the shipped profiles' fill was fitted on); ``ring_fill_steps`` scales it for others."""
+
 
 def _fill_bytes(
     hw: Hardware,
@@ -599,11 +603,14 @@ def _fill_bytes(
     proto: Proto = Proto.SIMPLE,
     coll: Coll | None = None,
     nnodes: int = 1,
+    nranks: int = 8,
 ) -> float:
     """Pipeline fill and drain that NCCL's model leaves out, as extra bytes at the call's
     own rate, fitted to measured sweeps: ``D · S / (S + S_f)``. Below ``S_f`` it grows
     with the size (a lower mid-size bandwidth); above it the pipeline is full and it costs
-    a fixed ``D`` bytes' time. [fit] A tree across nodes (tree, NVLS_TREE) fills once more
+    a fixed ``D`` bytes' time; for a ring (and PAT) of ``nranks`` the half size is
+    ``S_f × (nranks / 8) ** ring_fill_steps`` (a short ring's fill saturates sooner). [fit]
+    A tree across nodes (tree, NVLS_TREE) fills once more
     per level it climbs and descends: ``2·⌊log2 nodes⌋ · D_net · S / (S + S_net)``."""
     m = hw.nccl.measured
     extra = 0.0
@@ -616,7 +623,10 @@ def _fill_bytes(
     if family is None or nbytes <= 0:
         return extra
     depth, half = (
-        (m.ring_fill_mib, m.ring_fill_half_mib)
+        (
+            m.ring_fill_mib,
+            m.ring_fill_half_mib * (nranks / _FILL_REFERENCE_RANKS) ** m.ring_fill_steps,
+        )
         if family == "ring"
         else (m.nvls_fill_mib, m.nvls_fill_half_mib)
     )
@@ -704,7 +714,8 @@ def _cost(hw: Hardware, coll: Coll, nbytes: int, topo: _Topo, algo: Algo, proto:
     if proto is Proto.LL:
         rate *= hw.nccl.measured.ll_bw_scale
     rate = min(rate, _memory_alg_bw(hw, coll, topo, nbytes))
-    fill = _fill_bytes(hw, algo, nbytes, proto, coll, topo.nnodes)
+    steps_of = topo.nranks if algo in (Algo.RING, Algo.PAT) else _FILL_REFERENCE_RANKS
+    fill = _fill_bytes(hw, algo, nbytes, proto, coll, topo.nnodes, steps_of)
     transfer_s = (nbytes + fill) / (rate * 1e9)
     link = Link.NET if topo.nnodes > 1 else hw.node.intra_link
     return CollCost(

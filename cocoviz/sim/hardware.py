@@ -222,6 +222,10 @@ class MeasuredSpec:
     ll_bw_scale: float = 1.0
     """Measured LL bandwidth ÷ NCCL's LL estimate (``min(llMaxBw, busBw/2)``): NCCL's cap
     ranks LL, the wire decides what it carries."""
+    ring_fill_steps: float = 0.0
+    """How the ring fill's half size follows the ring's length: ``ring_fill_half_mib ×
+    (n / 8) ** ring_fill_steps`` for n ranks (0: the same at every n; 1: the fill
+    follows the bytes per ring step, S / n)."""
     p2p_latency_scale: float = 1.0
     """A p2p call's (send/recv, alltoall) measured fixed cost ÷ the one the ring's
     constants give it: NCCL's p2p kernel is not the ring's (it has no tuner entry)."""
@@ -814,6 +818,9 @@ def _build(raw: dict[str, Any], where: str) -> Hardware:
         ll_bw_scale=m.number("ll_bw_scale") if "ll_bw_scale" in m.data else 1.0,
         net_fill_mib=m.number("net_fill_mib", zero=True) if "net_fill_mib" in m.data else 0.0,
         net_fill_half_mib=(m.number("net_fill_half_mib") if "net_fill_half_mib" in m.data else 8.0),
+        ring_fill_steps=(
+            m.number("ring_fill_steps", zero=True, high=4.0) if "ring_fill_steps" in m.data else 0.0
+        ),
         p2p_latency_scale=(m.number("p2p_latency_scale") if "p2p_latency_scale" in m.data else 1.0),
     )
     m.done()
