@@ -176,6 +176,28 @@ y = g1 * 2 + l
 output y
 """, ("split(g1)", "reorder(g1)"), "reads 'l', which is local",
       "no member reads a local value"),
+    R("reorder-partial-sums", """dim B = 8, H = 16
+input x : f32[B, H] sliced(1)
+g = allgather(x)
+m = sum(g, dim=1, keepdim=true)
+output m
+""", ("reorder(g)",), "'m' would hold partial sums on each rank (local) once moved before 'g'",
+      "a member stays complete or partial as it was"),
+    R("reorder-alltoall-partial-becomes-whole", """dim A = 8, B = 8
+input x : f32[A, B] sliced(1)
+h = alltoall(x, from=1, to=0)
+m = mean(h, dim=0, keepdim=true)
+y = h * 2
+output m, y
+""", ("reorder(h, m)",), "'m' would hold the whole value once moved before 'h'",
+      "holds partial sums that\non the moved layout would be whole"),
+    R("reorder-alltoall-comes-back-otherwise", """dim A = 8, B = 8, C = 8
+input x : f32[A, B, C] sliced(0)
+h = alltoall(x, from=0, to=1)
+t = permute(h, 0, 2, 1)
+output t
+""", ("reorder(h)",), "'t' would not come back as it was",
+      "every live-out comes back by the collective with the\ntype it had"),
     R("reorder-illegal-on-slices", """dim R = 2, N = 8
 input g : f32[R, N] local
 g1 = allreduce(+, g)

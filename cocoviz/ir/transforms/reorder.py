@@ -22,9 +22,9 @@ from cocoviz.ir.transforms.base import (
     splice,
     substitute,
 )
-from cocoviz.ir.transforms.retype import _Env, finish, typed_stage
+from cocoviz.ir.transforms.retype import TypeFailure, _Env, finish, typed_stage
 from cocoviz.ir.transforms.step import Transformation
-from cocoviz.ir.types import Layout, shape_values
+from cocoviz.ir.types import Layout, TensorType, shape_values
 
 MOVABLE = "elementwise, row-wise and reduction stages, update, send, and a listed matmul"
 
@@ -428,6 +428,7 @@ class Reorder(Transformation):
                 typed = inf.infer(e)
             except InputError as err:
                 raise self._illegal(s, err) from None
+            self._check_same_value(idx, ag, s, typed.type, over_dp)
             env[m] = typed.type
             exprs[m] = typed
         renames: dict[str, str] = {}
@@ -459,7 +460,19 @@ class Reorder(Transformation):
                     if ag.expr.op is Op.ALLTOALL
                     else Expr(Op.ALLGATHER, (moved,), tag=ag.expr.tag, span=s.expr.span)
                 )
-                gather = typed_stage(inf, Stage(m, back, s.span))
+                try:
+                    gather = typed_stage(inf, Stage(m, back, s.span))
+                except TypeFailure as failure:
+                    raise self._illegal(s, failure.error) from None
+                before = idx.type_of(m)
+                after = gather.expr.type
+                if (after.dp, after.layout) != (before.dp, before.layout):
+                    raise self.error(
+                        f"'{m}' would not come back as it was: {ag.expr.op.value} of its moved "
+                        f"value gives {after}, where '{m}' is {before}",
+                        stage=s,
+                        hint="leave it out of the region (list the region explicitly)",
+                    )
                 replaced[m] = [c_s, gather]
             else:
                 replaced[m] = [dataclasses.replace(s, expr=e)]
@@ -518,6 +531,29 @@ class Reorder(Transformation):
             )
         args = tuple(Reorder._slice_whole(idx, a, region, shape, dim, whole) for a in e.args)
         return dataclasses.replace(e, args=args)
+
+    def _check_same_value(
+        self, idx: Index, ag: Stage, s: Stage, moved: TensorType, over_dp: bool
+    ) -> None:
+        """Refuse a member whose moved form computes another value: a value that was
+        local (partial sums, e.g. an axis reduction along the sliced dimension after an
+        alltoall) becoming whole, or a whole value becoming partial sums (a reduction
+        along the dimension the allgather gathers). Moving a stage changes where its
+        value is sliced, never whether it is complete (docs/schedules.md, reorder)."""
+        before = idx.type_of(s.name)
+        was = (before.dp if over_dp else before.layout).is_local
+        now = (moved.dp if over_dp else moved.layout).is_local
+        if was == now:
+            return
+        whole, partial = "the whole value", "partial sums on each rank (local)"
+        raise self.error(
+            f"'{s.name}' would hold {partial if now else whole} once moved before "
+            f"'{ag.name}', where it holds {whole if now else partial}: it reduces along the "
+            f"dimension the {ag.expr.op.value} {'gathers' if now else 'moves'}",
+            stage=s,
+            hint="leave it out of the region (list the region explicitly), or reduce along "
+            "another dimension",
+        )
 
     def _illegal(self, s: Stage, err: InputError) -> ScheduleError:
         return self.error(
