@@ -430,3 +430,20 @@ def test_ring_fill_steps_moves_only_short_rings(tmp_path) -> None:
     assert eight[1] == pytest.approx(eight[0])
     two = [collective_time(h, "allgather", 16 * MIB, 2, **kw).time_s for h in (hw, steps)]
     assert two[1] > two[0]
+
+
+def test_p2p_ll_gbps_caps_only_lls_p2p_messages(tmp_path) -> None:
+    """``measured.p2p_ll_gbps`` (docs/cost-model.md, Measured terms): an LL p2p message runs
+    on one channel at that rate, every peer at once; Simple sizes and rings keep their
+    rate, and 0 (the shipped profiles) caps nothing."""
+    hw = load_profile("h100-dgx")
+    assert hw.nccl.measured.p2p_ll_gbps == 0.0
+    path = tmp_path / "ll.toml"
+    path.write_text('base = "h100-dgx"\nname = "ll"\n\n[nccl.measured]\np2p_ll_gbps = 5.0\n')
+    capped = load_profile(path)
+    small = collective_time(capped, "alltoall", 64 * 1024, 8)  # 8 KiB per peer: LL
+    assert small.proto is Proto.LL
+    assert small.transfer_s == pytest.approx(8 * 1024 / 5e9)
+    for coll, nbytes in (("alltoall", 8 * MIB), ("allgather", 64 * 1024)):
+        a, b = collective_time(hw, coll, nbytes, 8), collective_time(capped, coll, nbytes, 8)
+        assert b.time_s == pytest.approx(a.time_s)

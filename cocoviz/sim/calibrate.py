@@ -17,6 +17,7 @@ from ``base`` and moving only the fields the logs inform::
                 nccl.measured.net_congestion                          3 and more nodes
                 nccl.measured.p2p_latency_scale                       small alltoall, send/recv
                 nccl.measured.ring_fill_steps                         rings of several lengths
+                nccl.measured.p2p_ll_gbps                             alltoall/send/recv LL sizes
 
 The fit is a damped Gauss-Newton (Levenberg-Marquardt) on log(model time / measured
 time) over every logged size, with a soft-L1 weight (a noisy point counts less than a
@@ -97,6 +98,14 @@ class Knob:
     log: bool = True
     scale: float = 1.0
     """Linear knobs: the step that counts as one unit of change (a doubling for log knobs)."""
+    start_when_unset: float | None = None
+    """Where a fit starts a term whose 0 means "not measured, off"."""
+
+    def start(self, hw: Hardware) -> float:
+        """The value a fit starts from and is pulled toward (a 0 that means "off" cannot
+        be moved in log space)."""
+        value = self.get(hw)
+        return self.start_when_unset if value == 0 and self.start_when_unset else value
 
     def get(self, hw: Hardware) -> float:
         value: object = hw
@@ -148,6 +157,7 @@ def knobs_for(hw: Hardware) -> tuple[Knob, ...]:
         Knob("nccl.measured.net_congestion", 0.0, 0.5, log=False, scale=0.05),
         Knob("nccl.measured.p2p_latency_scale", 0.05, 20.0),
         Knob("nccl.measured.ring_fill_steps", 0.0, 4.0, log=False, scale=0.5),
+        Knob("nccl.measured.p2p_ll_gbps", 0.5, 1000.0, start_when_unset=10.0),
     )
 
 
@@ -446,7 +456,7 @@ def fit_samples(
         raise InputError("nothing to calibrate on: no measured sizes")
     knobs = tuple(knobs_for(base) if knobs is None else knobs)
     measured = np.log(np.array([s.time_s for s in samples]))
-    x0 = np.array([k.to_x(k.get(base)) for k in knobs])
+    x0 = np.array([k.to_x(k.start(base)) for k in knobs])
 
     def build(x: np.ndarray, active: list[int]) -> Hardware:
         hw = base

@@ -684,6 +684,19 @@ def _memory_alg_bw(hw: Hardware, coll: Coll, topo: _Topo, nbytes: int) -> float:
     return hw.gpu.hbm_gbps * hbm_efficiency(hw, traffic) / (k * wire)
 
 
+def _p2p_ll_alg_bw(hw: Hardware, coll: Coll, topo: _Topo, nbytes: int) -> float:
+    """The rate of a p2p call on LL (``measured.p2p_ll_gbps``; 0: no cap). NCCL gives a
+    peer's message a channel per 64 KiB and runs LL only up to 16 KiB per channel
+    (``addP2pToPlan``, ``src/enqueue.cc``) [V], so every LL message runs on one channel;
+    the peers' messages run side by side, so an alltoall of S (S/n per peer) takes
+    ``(S/n) / p2p_ll_gbps``. [fit: ~5 GB/s on H100 and A100, docs/cost-model.md]"""
+    gbps = hw.nccl.measured.p2p_ll_gbps
+    per_peer = nbytes / topo.nranks if coll is Coll.ALLTOALL else float(nbytes)
+    if gbps <= 0 or per_peer <= 0:
+        return math.inf
+    return gbps * nbytes / per_peer
+
+
 def _is_pair(hw: Hardware, topo: _Topo, algo: Algo) -> bool:
     """A ring or tree of two ranks on one NVLink node: each rank sends to one peer and
     receives from it, the transfer of a send/recv pair, at the pair's measured share of
@@ -714,6 +727,8 @@ def _cost(hw: Hardware, coll: Coll, nbytes: int, topo: _Topo, algo: Algo, proto:
     if proto is Proto.LL:
         rate *= hw.nccl.measured.ll_bw_scale
     rate = min(rate, _memory_alg_bw(hw, coll, topo, nbytes))
+    if algo is Algo.P2P and proto is Proto.LL:
+        rate = min(rate, _p2p_ll_alg_bw(hw, coll, topo, nbytes))
     steps_of = topo.nranks if algo in (Algo.RING, Algo.PAT) else _FILL_REFERENCE_RANKS
     fill = _fill_bytes(hw, algo, nbytes, proto, coll, topo.nnodes, steps_of)
     transfer_s = (nbytes + fill) / (rate * 1e9)

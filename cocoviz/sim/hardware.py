@@ -226,6 +226,9 @@ class MeasuredSpec:
     """How the ring fill's half size follows the ring's length: ``ring_fill_half_mib ×
     (n / 8) ** ring_fill_steps`` for n ranks (0: the same at every n; 1: the fill
     follows the bytes per ring step, S / n)."""
+    p2p_ll_gbps: float = 0.0
+    """Rate of one peer's LL message, GB/s: NCCL runs a p2p message of up to 16 KiB per
+    peer with LL on one channel (``addP2pToPlan``, ``src/enqueue.cc``). 0: no such cap."""
     p2p_latency_scale: float = 1.0
     """A p2p call's (send/recv, alltoall) measured fixed cost ÷ the one the ring's
     constants give it: NCCL's p2p kernel is not the ring's (it has no tuner entry)."""
@@ -821,6 +824,7 @@ def _build(raw: dict[str, Any], where: str) -> Hardware:
         ring_fill_steps=(
             m.number("ring_fill_steps", zero=True, high=4.0) if "ring_fill_steps" in m.data else 0.0
         ),
+        p2p_ll_gbps=(m.number("p2p_ll_gbps", zero=True) if "p2p_ll_gbps" in m.data else 0.0),
         p2p_latency_scale=(m.number("p2p_latency_scale") if "p2p_latency_scale" in m.data else 1.0),
     )
     m.done()
