@@ -447,3 +447,18 @@ def test_p2p_ll_gbps_caps_only_lls_p2p_messages(tmp_path) -> None:
     for coll, nbytes in (("alltoall", 8 * MIB), ("allgather", 64 * 1024)):
         a, b = collective_time(hw, coll, nbytes, 8), collective_time(capped, coll, nbytes, 8)
         assert b.time_s == pytest.approx(a.time_s)
+
+
+def test_p2p_ll_peer_hops_prices_the_further_peers_of_an_ll_alltoall(tmp_path) -> None:
+    """``measured.p2p_ll_peer_hops`` (docs/cost-model.md, Measured terms): an LL alltoall
+    pays one hop for its first peer and this many for each further one; 1 (the shipped
+    profiles) is a hop per peer, and a 2-rank alltoall has no further peer."""
+    hw = load_profile("h100-dgx")
+    assert hw.nccl.measured.p2p_ll_peer_hops == 1.0
+    path = tmp_path / "side.toml"
+    path.write_text('base = "h100-dgx"\nname = "side"\n\n[nccl.measured]\np2p_ll_peer_hops = 0.0\n')
+    side = load_profile(path)
+    eight = [collective_time(h, "alltoall", 4096, 8) for h in (hw, side)]
+    assert eight[0].proto is Proto.LL and eight[1].latency_s < eight[0].latency_s
+    two = [collective_time(h, "alltoall", 4096, 2) for h in (hw, side)]
+    assert two[1].latency_s == pytest.approx(two[0].latency_s)

@@ -18,6 +18,7 @@ from ``base`` and moving only the fields the logs inform::
                 nccl.measured.p2p_latency_scale                       small alltoall, send/recv
                 nccl.measured.ring_fill_steps                         rings of several lengths
                 nccl.measured.p2p_ll_gbps                             alltoall/send/recv LL sizes
+                nccl.measured.p2p_ll_peer_hops                        LL alltoall, several GPU counts
 
 The fit is a damped Gauss-Newton (Levenberg-Marquardt) on log(model time / measured
 time) over every logged size, with a soft-L1 weight (a noisy point counts less than a
@@ -158,6 +159,7 @@ def knobs_for(hw: Hardware) -> tuple[Knob, ...]:
         Knob("nccl.measured.p2p_latency_scale", 0.05, 20.0),
         Knob("nccl.measured.ring_fill_steps", 0.0, 4.0, log=False, scale=0.5),
         Knob("nccl.measured.p2p_ll_gbps", 0.5, 1000.0, start_when_unset=10.0),
+        Knob("nccl.measured.p2p_ll_peer_hops", 0.0, 2.0, log=False, scale=0.25),
     )
 
 

@@ -540,8 +540,11 @@ def _latency_us(
         # the peers of a grouped send/recv in rounds over its p2p channels).
         # With Simple the peers' messages run side by side on their own channels: one
         # hop inside the node (aiconfigurator's H100 sweeps: ~12 µs at 32 KiB per peer on
-        # 2, 4 and 8 GPUs alike).
-        peers = topo.ranks_per_node - 1 if proto is Proto.LL else min(1, topo.ranks_per_node - 1)
+        # 2, 4 and 8 GPUs alike). With LL each further peer costs
+        # ``measured.p2p_ll_peer_hops`` of a hop (1: in rounds; ncclAlltoAll, 2.28+, runs
+        # them side by side: fitted ~0.2 on the 2.29.2 sweeps, docs/cost-model.md).
+        further = max(0, topo.ranks_per_node - 2) * (m.p2p_ll_peer_hops if measured else 1.0)
+        peers = min(1, topo.ranks_per_node - 1) + (further if proto is Proto.LL else 0.0)
         hops = peers * intra + (topo.nranks - topo.ranks_per_node) * (
             inter if nodes > 1 else 0.0
         ) / max(1, topo.ranks_per_node)

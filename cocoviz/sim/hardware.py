@@ -229,6 +229,9 @@ class MeasuredSpec:
     p2p_ll_gbps: float = 0.0
     """Rate of one peer's LL message, GB/s: NCCL runs a p2p message of up to 16 KiB per
     peer with LL on one channel (``addP2pToPlan``, ``src/enqueue.cc``). 0: no such cap."""
+    p2p_ll_peer_hops: float = 1.0
+    """Hops of latency an LL alltoall pays per peer beyond the first (1: one each, the
+    grouped send/recv loop; less: peers that run side by side)."""
     p2p_latency_scale: float = 1.0
     """A p2p call's (send/recv, alltoall) measured fixed cost ÷ the one the ring's
     constants give it: NCCL's p2p kernel is not the ring's (it has no tuner entry)."""
@@ -825,6 +828,9 @@ def _build(raw: dict[str, Any], where: str) -> Hardware:
             m.number("ring_fill_steps", zero=True, high=4.0) if "ring_fill_steps" in m.data else 0.0
         ),
         p2p_ll_gbps=(m.number("p2p_ll_gbps", zero=True) if "p2p_ll_gbps" in m.data else 0.0),
+        p2p_ll_peer_hops=(
+            m.number("p2p_ll_peer_hops", zero=True) if "p2p_ll_peer_hops" in m.data else 1.0
+        ),
         p2p_latency_scale=(m.number("p2p_latency_scale") if "p2p_latency_scale" in m.data else 1.0),
     )
     m.done()
