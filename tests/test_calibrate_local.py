@@ -28,6 +28,7 @@ def _machine():  # type: ignore[no-untyped-def]
     hw = starting_profile(2)
     values = {
         "gpu.hbm_gbps": 11.0,
+        "gpu.hbm_efficiency.dram": 0.4,
         "gpu.vector_tflops.f32": 0.0031,
         "gpu.vector_tflops.f16": 0.0004,
         "gpu.vector_tflops.bf16": 0.002,
@@ -39,6 +40,7 @@ def _machine():  # type: ignore[no-untyped-def]
         "nccl.measured.base_latency_scale.simple": 2.0,
         "nccl.measured.hop_latency_scale": 4.0,
         "nccl.measured.p2p_nvlink_efficiency": 0.6,
+        "overlap.hbm_bytes_per_copy_byte": 3.0,
     }
     for knob in local_knobs():
         hw = knob.set(hw, values[knob.field])
@@ -55,6 +57,7 @@ def test_the_fit_recovers_a_known_machine_from_its_micro_runs() -> None:
     assert max(abs(r.error) for r in cal.residuals) < 0.02
     fitted = cal.hardware
     assert fitted.gpu.hbm_gbps == pytest.approx(11.0, rel=0.05)
+    assert fitted.gpu.hbm_efficiency[-1][1] == pytest.approx(0.4, rel=0.05)
     assert fitted.gpu.matmul_tflops.f32 == pytest.approx(0.0009, rel=0.05)
     assert fitted.gpu.vector_tflops.f16 == pytest.approx(0.0004, rel=0.05)
 

@@ -9,12 +9,15 @@ shared memory between ranks is the intra-node link (``intra_link = "pci"``,
 (``nccl.algorithms = ["ring"]``, ``protocols = ["Simple"]``), each of its wire bytes read
 and written in memory ``overlap.hbm_bytes_per_{reduce,copy}_byte`` times (a reduce-scatter
 of T ranks reads T blocks and writes one: (T+1)/(T−1) per wire byte; an allgather reads
-and writes each: 2). A collective holds the rank's one core, so computation issued beside
+and writes each: 2, fitted, as MPI may copy through a buffer of its own). Memory runs at
+``gpu.hbm_gbps`` while a kernel's traffic fits the caches and at the fitted fraction of
+it beyond them (``CACHED_BYTES``, ``DRAM_BYTES``: the profile's memory curve). A collective holds the rank's one core, so computation issued beside
 it barely advances (``channels = 1`` of ``sms = 1``).
 
 ``MICRO`` are the micro-runs: small programs, each exercising one thing — the CPU
-target's elementwise kernel (f32, f16, bf16, and f32 with an optimizer's arithmetic), its
-GEMM (f32, f16, bf16), allreduce small and large, reduce-scatter, allgather, and a
+target's elementwise kernel (f32 over 8 MiB, in the caches, and over 16 MiB, beyond them;
+f16, bf16, and f32 with an optimizer's arithmetic), its GEMM (f32, f16, bf16), allreduce
+small, mid-size and large, reduce-scatter, allgather, and a
 point-to-point send (not a small one: from one step to the next an MPI eager send
 overlaps its receive, so its steady-state time is a copy, not a latency). ``cocoviz
 calibrate --local`` emits, builds (once, cached) and times each, then ``fit_local`` moves the profile's rates and latencies until
@@ -74,6 +77,12 @@ MICRO: tuple[MicroProgram, ...] = (
         "y = x * 1.5 + 0.5\noutput y\n",
     ),
     MicroProgram(
+        "ew_f32_mid",
+        "elementwise f32 kernel over 8 MiB: memory bandwidth while the data stays in cache",
+        "program micro_ew_f32_mid\nranks {ranks}\ndim N = 2097152\ninput x : f32[N] local\n"
+        "y = x * 1.5 + 0.5\noutput y\n",
+    ),
+    MicroProgram(
         "ew_f16",
         "elementwise f16 kernel over 8 MiB: conversions and memory",
         "program micro_ew_f16\nranks {ranks}\ndim N = 4194304\ninput x : f16[N] local\n"
@@ -116,6 +125,12 @@ MICRO: tuple[MicroProgram, ...] = (
         "s = allreduce(+, g)\noutput s\n",
     ),
     MicroProgram(
+        "allreduce_mid",
+        "allreduce of 4 MiB: a collective whose blocks stay in cache",
+        "program micro_allreduce_mid\nranks {ranks}\ndim N = 1048576\n"
+        "input g : f32[N] local\ns = allreduce(+, g)\noutput s\n",
+    ),
+    MicroProgram(
         "allreduce_large",
         "allreduce of 16 MiB (reduce-scatter + allgather through shared memory)",
         "program micro_allreduce_large\nranks {ranks}\ndim N = 4194304\n"
@@ -142,6 +157,31 @@ MICRO: tuple[MicroProgram, ...] = (
     ),
 )
 """The micro-runs of ``calibrate --local`` (module docstring)."""
+
+
+CACHED_BYTES = 16 << 20
+"""A kernel moving up to this many bytes (ew_f32_mid: 8 MiB read, 8 MiB written) runs at
+the cached rate ``gpu.hbm_gbps``."""
+DRAM_BYTES = 32 << 20
+"""From this many bytes (ew_f32: 16 MiB read, 16 MiB written) a kernel runs at
+``gpu.hbm_gbps`` times the fitted efficiency: the working set no longer fits the caches.
+Between the two the profile's curve interpolates in log(bytes) (docs/cost-model.md, this
+machine). Measured on a 2-core VM with 32 MiB of L3: 0.14 ns per f32 element at 4 and at
+8 MiB per array, 0.28 ns at 16 MiB; an allreduce 2.75x slower per byte at 16 MiB than at
+4 MiB."""
+
+
+class CurveKnob(Knob):
+    """The memory efficiency at ``DRAM_BYTES``: the last point of ``gpu.hbm_efficiency``
+    (the fit moves it; the points below stay at 1)."""
+
+    def get(self, hw: Hardware) -> float:
+        return float(hw.gpu.hbm_efficiency[-1][1])
+
+    def set(self, hw: Hardware, value: float) -> Hardware:
+        points = (*hw.gpu.hbm_efficiency[:-1], (hw.gpu.hbm_efficiency[-1][0], value))
+        gpu = dataclasses.replace(hw.gpu, hbm_efficiency=points)
+        return dataclasses.replace(hw, gpu=gpu)
 
 
 def micro_text(micro: MicroProgram, ranks: int) -> str:
@@ -218,8 +258,8 @@ matmul = 1.0
 matmul_k_half = 0.0
 matmul_tiles = [[1, 1, 1.0]]
 vector = 1.0
-hbm = [[1.0e3, 1.0], [1.0e12, 1.0]]
-hbm_floor = 1.0
+hbm = [[1.0e3, 1.0], [{CACHED_BYTES:.6g}, 1.0], [{DRAM_BYTES:.6g}, {v["dram_efficiency"]:.6g}]]
+hbm_floor = {v["dram_efficiency"]:.6g}
 
 [node]                         # the ranks of one machine; shared memory is the link
 gpus_per_node = {v["ranks"]}
@@ -279,7 +319,7 @@ net_congestion = 0.0
 compute_slowdown_nvlink = 0.9
 compute_slowdown_net = 0.9
 hbm_bytes_per_reduce_byte = {v["reduce_bytes"]:.6g}
-hbm_bytes_per_copy_byte = 2.0
+hbm_bytes_per_copy_byte = {v["copy_bytes"]:.6g}
 
 [device]
 peer_gbps = {v["pci_gbps"]:.6g}
@@ -296,12 +336,14 @@ def starting_profile(ranks: int, *, name: str | None = None) -> Hardware:
         "ranks": ranks,
         "cpu_vendor": _cpu_vendor(),
         "hbm_gbps": 8.0,
+        "dram_efficiency": 1.0,
         "kernel_gap_us": 2.0,
         "pci_gbps": 8.0,
         "base_us": 10.0,
         "hop_us": 2.0,
         "p2p_efficiency": 1.0,
         "reduce_bytes": (ranks + 1) / (ranks - 1) if ranks > 1 else 3.0,
+        "copy_bytes": 2.0,
     }
     for d, rate in (
         ("f16", 0.004),
@@ -321,10 +363,12 @@ def starting_profile(ranks: int, *, name: str | None = None) -> Hardware:
 
 
 def local_knobs() -> tuple[Knob, ...]:
-    """What the micro-runs fit: memory, arithmetic and GEMM rates, the per-kernel gap, the
-    shared-memory link, a collective's fixed and per-step cost, and MPI's send rate."""
+    """What the micro-runs fit: the cached memory rate and its efficiency once the data
+    leaves the caches, arithmetic and GEMM rates, the per-kernel gap, the shared-memory
+    link, a collective's fixed and per-step cost, and MPI's send rate."""
     return (
         Knob("gpu.hbm_gbps", 0.05, 1000.0),
+        CurveKnob("gpu.hbm_efficiency.dram", 0.01, 1.0),
         Knob("gpu.vector_tflops.f32", 1e-6, 10.0),
         Knob("gpu.vector_tflops.f16", 1e-6, 10.0),
         Knob("gpu.vector_tflops.bf16", 1e-6, 10.0),
@@ -336,19 +380,21 @@ def local_knobs() -> tuple[Knob, ...]:
         Knob("nccl.measured.base_latency_scale.simple", 0.001, 1000.0),
         Knob("nccl.measured.hop_latency_scale", 0.001, 1000.0),
         Knob("nccl.measured.p2p_nvlink_efficiency", 0.01, 4.0),
+        Knob("overlap.hbm_bytes_per_copy_byte", 0.5, 16.0),
     )
 
 
 _SEEDS = (
-    ("gpu.hbm_gbps", "ew_f32"),
+    ("gpu.hbm_gbps", "ew_f32_mid"),
+    ("gpu.hbm_efficiency.dram", "ew_f32"),
     ("gpu.vector_tflops.f32", "ew_math"),
     ("gpu.vector_tflops.f16", "ew_f16"),
     ("gpu.vector_tflops.bf16", "ew_bf16"),
     ("gpu.matmul_tflops.f32", "gemm_f32"),
     ("gpu.matmul_tflops.f16", "gemm_f16"),
     ("gpu.matmul_tflops.bf16", "gemm_bf16"),
-    ("node.pci_gbps", "allgather_large"),
     ("nccl.measured.base_latency_scale.simple", "allreduce_small"),
+    ("node.pci_gbps", "allreduce_mid"),
     ("nccl.measured.p2p_nvlink_efficiency", "send_large"),
 )
 """Each knob and the micro-run that mostly decides it, in an order where the ones before
@@ -361,7 +407,9 @@ def _seed(base: Hardware, times: Mapping[str, float], ranks: int) -> Hardware:
     """Solve each knob of ``_SEEDS`` alone on its micro-run (bisection in log space)."""
     knobs = {k.field: k for k in local_knobs()}
     hw = base
-    for field, name in _SEEDS:
+    # twice: a kernel's time is the larger of its memory and arithmetic time, so the
+    # memory rate solved before the arithmetic rate is known may sit at a bound
+    for field, name in _SEEDS * 2:
         if name not in times:
             continue
         knob, target = knobs[field], math.log(times[name])
@@ -415,12 +463,14 @@ def local_profile_toml(cal: Calibration, ranks: int, measured: Sequence[tuple[st
         "ranks": ranks,
         "cpu_vendor": hw.node.cpu_vendor,
         "hbm_gbps": hw.gpu.hbm_gbps,
+        "dram_efficiency": hw.gpu.hbm_efficiency[-1][1],
         "kernel_gap_us": hw.gpu.kernel_gap_us,
         "pci_gbps": hw.node.pci_gbps,
         "base_us": base_us,
         "hop_us": hop_us,
         "p2p_efficiency": hw.nccl.measured.p2p_nvlink_efficiency,
         "reduce_bytes": hw.overlap.hbm_bytes_per_reduce_byte,
+        "copy_bytes": hw.overlap.hbm_bytes_per_copy_byte,
     }
     mm, vec = hw.gpu.matmul_tflops, hw.gpu.vector_tflops
     tied = {"f64": "f32", "i32": "f32", "i64": "f32"}
