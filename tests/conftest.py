@@ -27,11 +27,18 @@ from __future__ import annotations
 import importlib.util
 import os
 import shutil
+import signal
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+
+# A suite started in the background of a non-interactive shell (`python -m pytest &`)
+# inherits SIGINT ignored (POSIX), and so would every process it starts; the tests of
+# Ctrl-C (run --mpi, run.sh, tune) need it delivered, as a terminal delivers it.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 GUARD_DIR = Path(__file__).resolve().parent / "launch_guard"
 _spec = importlib.util.spec_from_file_location(
