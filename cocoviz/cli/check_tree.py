@@ -379,13 +379,13 @@ def check_tree(
 def cmd_check_tree(args: argparse.Namespace) -> int:
     from cocoviz import numerics as nx
     from cocoviz.exec.dumps import dumped_values
-    from cocoviz.exec.reference import check_memory, run_reference
+    from cocoviz.exec.reference import check_limits, run_reference
 
     tree = _read_tree(args.directory)
     program = tree.program
     # before building or running anything: the reference must fit its bounds, and --keep
     # must be a directory check-tree may write into
-    check_memory(program, args.max_mem, max_work=args.max_work)
+    check_limits(program, args.max_mem, max_work=args.max_work)
     if args.keep:
         work = fsio.claim_directory(
             Path(args.keep), KEEP_MARKER, "--keep", "written by cocoviz check-tree\n", force=None

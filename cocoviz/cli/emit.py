@@ -95,10 +95,10 @@ def cmd_emit(args: argparse.Namespace) -> int:
     scheduled, resolved = resolve_schedule(program, steps, hw)
     reference = unscheduled(program)
     if args.check:
-        from cocoviz.exec.reference import check_memory
+        from cocoviz.exec.reference import check_limits
 
         # --check runs the tree and the reference at these sizes: refused before any build
-        check_memory(program, args.max_mem, max_work=args.max_work)
+        check_limits(program, args.max_mem, max_work=args.max_work)
     out = emit(
         scheduled,
         reference,

@@ -169,7 +169,7 @@ def _write_dump(d: Path, program: Program, values: dict[str, Any]) -> None:
 
 def cmd_run(args: argparse.Namespace) -> int:
     from cocoviz import numerics as nx
-    from cocoviz.exec.reference import check_memory, run_reference
+    from cocoviz.exec.reference import check_limits, run_reference
 
     original = load_args_program(args)
     _check_run_args(args, original)
@@ -193,7 +193,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
             check_trace_path(args.trace, force=args.force)
 
-        check_memory(original, args.max_mem, max_work=args.max_work)
+        check_limits(original, args.max_mem, max_work=args.max_work)
         try:
             mrun = run_mpi(
                 scheduled,

@@ -40,11 +40,11 @@ from cocoviz.ir.types import REPLICATED, TensorType, dp_view, format_shape
 
 __all__ = [
     "DEFAULT_MAX_MEM",
-    "RunResult",
-    "check_memory",
-    "estimate_work",
     "DEFAULT_MAX_WORK",
+    "RunResult",
+    "check_limits",
     "estimate_bytes",
+    "estimate_work",
     "run_reference",
 ]
 
@@ -235,7 +235,7 @@ def _fmt_bytes(n: int) -> str:
     raise AssertionError
 
 
-def check_memory(
+def check_limits(
     program: Program,
     max_mem: int | None = None,
     *,
@@ -273,8 +273,7 @@ def check_memory(
             f"{what} in the reference is about {_fmt_count(work)} operations of work "
             f"{sizes}, more than the limit of {_fmt_count(work_limit)}"
             + (" (the default: seconds of CPU)" if max_work is None else ""),
-            hint=f"use smaller sizes ({example}) or fewer ranks (--ranks), or raise "
-            "--max-work",
+            hint=f"use smaller sizes ({example}) or fewer ranks (--ranks), or raise --max-work",
         )
     return need
 
@@ -363,7 +362,11 @@ def _grid_input(
         if a.shape != want:
             raise InputError(
                 f"input '{name}' is declared {ty}: expected an array of shape {list(want)} "
-                + ("([D, …]: local over dp holds one value per dp replica) " if ty.dp.is_local else "")
+                + (
+                    "([D, …]: local over dp holds one value per dp replica) "
+                    if ty.dp.is_local
+                    else ""
+                )
                 + f"got {list(a.shape)}",
             )
         if ty.dp.is_replicated:
@@ -557,7 +560,7 @@ def run_reference(
     that `verify` generates them once; an input stored with another slicing is re-split
     from its global value.
     """
-    check_memory(program, max_mem, max_work=max_work)
+    check_limits(program, max_mem, max_work=max_work)
     g = program.grid.group
     given = dict(inputs or {})
     known = {i.name for i in program.inputs}

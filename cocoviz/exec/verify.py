@@ -19,7 +19,7 @@ from cocoviz import numerics as nx
 from cocoviz.exec.dumps import dumped_values
 from cocoviz.exec.reference import (
     RunResult,
-    check_memory,
+    check_limits,
     estimate_bytes,
     estimate_work,
     run_reference,
@@ -145,14 +145,14 @@ def compare_chunked(actual: np.ndarray, expected: np.ndarray, dtype: str) -> nx.
     return nx.CompareResult(ok, max_abs, max_rel, n_bad, nan_bad, first)
 
 
-def check_pair_memory(
+def check_pair_limits(
     original: Program, scheduled: Program, max_mem: int | None, max_work: int | None = None
 ) -> int:
     """Refuse (UsageError, exit 2) when the two reference runs together would need more than
     `max_mem` bytes (default 4 GiB) or `max_work` operations; return the memory estimate."""
     need = estimate_bytes(original) + estimate_bytes(scheduled)
     work = estimate_work(original) + estimate_work(scheduled)
-    check_memory(
+    check_limits(
         original,
         max_mem,
         need=need,
@@ -207,7 +207,7 @@ def verify_programs(
         raise ValueError(
             f"the programs run on different grids ({original.grid} and {scheduled.grid})"
         )
-    check_pair_memory(original, scheduled, max_mem, max_work)
+    check_pair_limits(original, scheduled, max_mem, max_work)
     rows = _check_inputs(original, scheduled)
     names = set(original.outputs) | set(original.updates())
     if all_names:

@@ -606,7 +606,7 @@ def _fill_bytes(
     proto: Proto = Proto.SIMPLE,
     coll: Coll | None = None,
     nnodes: int = 1,
-    nranks: int = 8,
+    nranks: int = _FILL_REFERENCE_RANKS,
 ) -> float:
     """Pipeline fill and drain that NCCL's model leaves out, as extra bytes at the call's
     own rate, fitted to measured sweeps: ``D · S / (S + S_f)``. Below ``S_f`` it grows
