@@ -22,6 +22,7 @@
 #define COCOVIZ_RUNTIME_H_
 
 #include <sys/stat.h>
+#include <time.h>
 
 #include <cerrno>
 #include <cmath>
@@ -833,7 +834,14 @@ namespace cocoviz {
   std::fprintf(stderr, "cocoviz: [rank %d] stage '%s': %s call %s failed at %s:%d: %s\n", rank,
                stage, api, call, file, line, detail);
   std::fflush(stderr);
-  if (up && !down) MPI_Abort(MPI_COMM_WORLD, 1);
+  if (up && !down) {
+    // let mpiexec forward this report before the abort ends every rank: a launcher that
+    // is told to abort stops forwarding, and a peer failing at the same moment (every
+    // rank makes the same call) would otherwise cut every report off
+    const timespec drain{0, 200000000};
+    nanosleep(&drain, nullptr);
+    MPI_Abort(MPI_COMM_WORLD, 1);
+  }
   std::exit(1);
 }
 
