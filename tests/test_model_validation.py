@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from cocoviz.sim.calibrate import Sample, fit_samples
+from cocoviz.sim.calibrate import Sample, fit_samples, knobs_for
 from cocoviz.sim.collectives import Algo, Coll, bus_factor, collective_time
 from cocoviz.sim.hardware import Hardware, load_profile
 
@@ -180,11 +180,6 @@ class Point:
         return -(-self.nranks // self.ranks_per_node)
 
 
-def _aic_fitted(system: str, op: str, n: int) -> bool:
-    # hop_latency_scale, channel_gbps and the fill terms: H100 (2.29.2) and A100 at 8 GPUs.
-    return system in ("h100-2.29.2", "a100-2.27.3") and n == 8 and op != "alltoall"
-
-
 GLITCH = 1.5
 """A point of a sweep (or two adjacent points) slower than ``GLITCH`` × both neighbours in
 the same sweep is a measurement glitch and is left out (docs/cost-model.md lists each)."""
@@ -238,8 +233,9 @@ def points() -> list[Point]:
                 continue
             size = first << i
             busbw = size / (us * 1e-6) / 1e9 * bus_factor(coll, n)
-            fit = _aic_fitted(system, op, n)
+            # the shipped profiles are the refit (their [nccl.measured], and upto."2.23")
             refit = system in REFIT_SYSTEMS and _refit_size(size)
+            fit = refit
             out.append(Point("aic", profile, version, coll, n, n, size, busbw, fit,
                              refit_fitted=refit))  # fmt: skip
     for size, busbw in MLE_H200:  # launch_us fitted on these (the refit keeps it)
@@ -299,6 +295,12 @@ def _family(version: str | None) -> str:
     return "2.23" if version == "2.23" else ""
 
 
+HELD = ("node.nvlink_link_gbps", "node.net_efficiency")
+"""Fields the refit leaves at the shipped profile's value: NCCL's own link rates
+(``SM90_NVLINK_BW``, ``NET_BW``), which its tuner ranks algorithms with; the measured
+terms carry what the sweeps say beyond them."""
+
+
 @cache
 def refit_profiles() -> dict[tuple[str, str], str]:
     """What `cocoviz calibrate` makes of the refit's fit points (``Point.refit_fitted``:
@@ -318,7 +320,8 @@ def refit_profiles() -> dict[tuple[str, str], str]:
             if not mine:
                 continue
             base_hw = _hardware(profile, family or None)
-            cal = fit_samples(mine, base_hw)
+            knobs = [k for k in knobs_for(base_hw) if k.field not in HELD]
+            cal = fit_samples(mine, base_hw, knobs)
             for base in bases:
                 out[base, family] = cal.profile_toml(name=f"{base}-refit", description="refit",
                                                      base_name=base)  # fmt: skip

@@ -530,7 +530,8 @@ def _load_file(path: Path) -> Hardware:
                 field="base",
             )
         shipped = resources.files("cocoviz.sim") / "profiles" / f"{base}.toml"
-        raw = _merge(_parse_toml(shipped.read_text(encoding="utf-8"), f"{base}.toml"), raw)
+        raw = _merge(_without_overridden_layers(
+            _parse_toml(shipped.read_text(encoding="utf-8"), f"{base}.toml"), raw), raw)  # fmt: skip
     return _build(raw, where)
 
 
@@ -539,6 +540,24 @@ def _parse_toml(text: str, where: str) -> dict[str, Any]:
         return tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise ProfileError(f"{where}: not valid TOML: {exc}", path=where) from None
+
+
+def _without_overridden_layers(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:
+    """``base`` with every measured term that ``override`` sets taken out of the base's
+    ``[nccl.measured.upto."X"]`` tables: a term the user gives (a calibrate fit, at the
+    user's NCCL release) holds at every release, where the base's layer would replace it."""
+    mine = override.get("nccl", {}).get("measured", {}) if isinstance(override.get("nccl"), dict) else {}
+    layers = base.get("nccl", {}).get("measured", {}).get("upto")
+    if not isinstance(mine, dict) or not isinstance(layers, dict):
+        return base
+    keep = {
+        release: {k: v for k, v in table.items() if k not in mine}
+        for release, table in layers.items()
+        if isinstance(table, dict)
+    }
+    nccl = dict(base["nccl"])
+    nccl["measured"] = {**nccl["measured"], "upto": keep}
+    return {**base, "nccl": nccl}
 
 
 def _merge(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:
@@ -722,6 +741,83 @@ def _per_dtype(t: _Table) -> PerDType:
     return result
 
 
+def _measured(m: _Table) -> MeasuredSpec:
+    """``[nccl.measured]`` as read (every field checked; unknown ones refused)."""
+    out = MeasuredSpec(
+        hop_latency_scale=m.number("hop_latency_scale"),
+        channel_gbps=m.number("channel_gbps"),
+        ring_fill_mib=m.number("ring_fill_mib", zero=True),
+        ring_fill_half_mib=m.number("ring_fill_half_mib"),
+        nvls_fill_mib=m.number("nvls_fill_mib", zero=True),
+        nvls_fill_half_mib=m.number("nvls_fill_half_mib"),
+        p2p_nvlink_efficiency=m.number("p2p_nvlink_efficiency", high=4.0),
+        net_congestion=m.number("net_congestion", high=0.5, zero=True),
+        base_latency_scale=_per_proto_or_one(m, "base_latency_scale", 1.0),
+        net_hop_latency_us=(
+            m.number("net_hop_latency_us", zero=True) if "net_hop_latency_us" in m.data else 0.0
+        ),
+        ll_bw_scale=m.number("ll_bw_scale") if "ll_bw_scale" in m.data else 1.0,
+        net_fill_mib=m.number("net_fill_mib", zero=True) if "net_fill_mib" in m.data else 0.0,
+        net_fill_half_mib=(m.number("net_fill_half_mib") if "net_fill_half_mib" in m.data else 8.0),
+        ring_fill_steps=(
+            m.number("ring_fill_steps", zero=True, high=4.0) if "ring_fill_steps" in m.data else 0.0
+        ),
+        p2p_ll_gbps=(m.number("p2p_ll_gbps", zero=True) if "p2p_ll_gbps" in m.data else 0.0),
+        p2p_ll_peer_hops=(
+            m.number("p2p_ll_peer_hops", zero=True) if "p2p_ll_peer_hops" in m.data else 1.0
+        ),
+        p2p_latency_scale=(m.number("p2p_latency_scale") if "p2p_latency_scale" in m.data else 1.0),
+    )
+    m.done()
+    return out
+
+
+class _Layered(_Table):
+    """A table read through another: the fields of ``over`` replace the base's, and an
+    error names the table each field came from."""
+
+    def __init__(self, base: _Table, over: dict[str, Any], over_prefix: str):
+        super().__init__({**base.data, **over}, base.prefix, base.where)
+        self.over = over
+        self.over_prefix = over_prefix
+
+    def _name(self, key: str) -> str:
+        return f"{self.over_prefix}{key}" if key in self.over else super()._name(key)
+
+
+def _measured_for(m: _Table, version: tuple[int, int, int]) -> MeasuredSpec:
+    """The measured terms that apply at NCCL ``version``: ``[nccl.measured]``, with each
+    ``[nccl.measured.upto."X"]`` table whose release X is ``version`` or later laid over
+    it, latest X first, so the earliest such release decides (terms fitted on sweeps of an
+    older release than the profile's: docs/cost-model.md, "Measured terms")."""
+    upto = m.data.get("upto", {})
+    m.used.add("upto")
+    if not isinstance(upto, dict):
+        raise m.error("upto", f'expected tables like [nccl.measured.upto."2.23"], got {upto!r}')
+    plain = _Table({k: v for k, v in m.data.items() if k != "upto"}, m.prefix, m.where)
+    measured = _measured(plain)  # the profile's own release: every field checked
+    layers: list[tuple[tuple[int, int, int], str, dict[str, Any]]] = []
+    for release, table in upto.items():
+        prefix = f'{m.prefix}upto."{release}".'
+        try:
+            at = parse_nccl_version(release)
+        except ValueError as exc:
+            raise ProfileError(f"{m.where}: table '{m.prefix}upto': {exc}", path=m.where,
+                               field=f"{m.prefix}upto") from None  # fmt: skip
+        if not isinstance(table, dict) or "upto" in table:
+            raise ProfileError(
+                f"{m.where}: field '{prefix[:-1]}': expected a table of measured terms, "
+                f"got {table!r}", path=m.where, field=prefix[:-1],
+            )  # fmt: skip
+        _measured(_Layered(plain, table, prefix))  # every layer is checked, used or not
+        if version <= at:
+            layers.append((at, prefix, table))
+    merged: dict[str, Any] = {}
+    for _, _, table in sorted(layers, key=lambda layer: layer[0], reverse=True):
+        merged.update(table)
+    return _measured(_Layered(plain, merged, m.prefix)) if merged else measured
+
+
 def _build(raw: dict[str, Any], where: str) -> Hardware:
     top = _Table(raw, "", where)
     name = top.string("name")
@@ -807,33 +903,7 @@ def _build(raw: dict[str, Any], where: str) -> Hardware:
         caps.done()
     else:
         cap_values = caps_default
-    m = c.table("measured")
-    measured = MeasuredSpec(
-        hop_latency_scale=m.number("hop_latency_scale"),
-        channel_gbps=m.number("channel_gbps"),
-        ring_fill_mib=m.number("ring_fill_mib", zero=True),
-        ring_fill_half_mib=m.number("ring_fill_half_mib"),
-        nvls_fill_mib=m.number("nvls_fill_mib", zero=True),
-        nvls_fill_half_mib=m.number("nvls_fill_half_mib"),
-        p2p_nvlink_efficiency=m.number("p2p_nvlink_efficiency", high=4.0),
-        net_congestion=m.number("net_congestion", high=0.5, zero=True),
-        base_latency_scale=_per_proto_or_one(m, "base_latency_scale", 1.0),
-        net_hop_latency_us=(
-            m.number("net_hop_latency_us", zero=True) if "net_hop_latency_us" in m.data else 0.0
-        ),
-        ll_bw_scale=m.number("ll_bw_scale") if "ll_bw_scale" in m.data else 1.0,
-        net_fill_mib=m.number("net_fill_mib", zero=True) if "net_fill_mib" in m.data else 0.0,
-        net_fill_half_mib=(m.number("net_fill_half_mib") if "net_fill_half_mib" in m.data else 8.0),
-        ring_fill_steps=(
-            m.number("ring_fill_steps", zero=True, high=4.0) if "ring_fill_steps" in m.data else 0.0
-        ),
-        p2p_ll_gbps=(m.number("p2p_ll_gbps", zero=True) if "p2p_ll_gbps" in m.data else 0.0),
-        p2p_ll_peer_hops=(
-            m.number("p2p_ll_peer_hops", zero=True) if "p2p_ll_peer_hops" in m.data else 1.0
-        ),
-        p2p_latency_scale=(m.number("p2p_latency_scale") if "p2p_latency_scale" in m.data else 1.0),
-    )
-    m.done()
+    measured = _measured_for(c.table("measured"), v)
     nccl = NcclSpec(
         version=version,
         launch_us=c.number("launch_us", zero=True),
