@@ -210,12 +210,31 @@ def test_several_node_counts_fit_together_within_10_percent() -> None:
     assert cal.hardware.node.nvlink_link_gbps == base.node.nvlink_link_gbps
 
 
+NEUTRAL = """
+[nccl.measured]
+base_latency_scale = 1.0
+hop_latency_scale = 1.0
+ll_bw_scale = 1.0
+ring_fill_mib = 0.0
+ring_fill_steps = 0.0
+nvls_fill_mib = 0.0
+p2p_latency_scale = 1.0
+p2p_ll_gbps = 0.0
+p2p_ll_peer_hops = 1.0
+"""
+"""The measured terms at NCCL's own constants (no fill, no p2p terms): the shipped profiles
+are a fit on these sweeps already, so a fit that must show its work starts from here."""
+
+
 @pytest.mark.parametrize("name", ONE_NODE_SETS)
-def test_a_node_s_collectives_fit_together(name: str) -> None:
-    """All of a node's logs in one profile: the median error halves and stays under 5%; the
-    largest from 1 MiB is under 20% (docs/cost-model.md: H100's reduce-scatter runs 24%
-    faster than its allgather at 2 MiB, where the model has one formula for both)."""
-    cal = calibrate(_logs(name), load_profile(_profile(name)))
+def test_a_node_s_collectives_fit_together(name: str, tmp_path: Path) -> None:
+    """All of a node's logs in one profile, from NCCL's constants: the median error falls by
+    a fifth or more and stays under 5%; the largest from 1 MiB is under 20%
+    (docs/cost-model.md: H100's reduce-scatter runs 24% faster than its allgather at
+    2 MiB, where the model has one formula for both)."""
+    base = tmp_path / "neutral.toml"
+    base.write_text(f'base = "{_profile(name)}"\nname = "neutral"\n{NEUTRAL}')
+    cal = calibrate(_logs(name), load_profile(base))
     median, _ = cal.summary()
     median_before, _ = cal.summary(after=False)
     assert median <= 0.05 and median <= median_before * 0.8

@@ -182,14 +182,19 @@ def test_choice_moves_from_ll_to_simple_as_size_grows():
 @pytest.mark.parametrize("nbytes", [4 * MIB, 256 * MIB, 4 * GIB])
 def test_more_ranks_never_beat_the_bandwidth_bound(profile, nbytes):
     hw = load_profile(profile)
-    previous = 0.0
+    previous, previous_proto = 0.0, None
     for nranks in range(3, 8 * hw.gpus_per_node + 1):  # 2 ranks: a send/recv pair, below
-        t = collective_time(hw, "allreduce", nbytes, nranks, algo="ring").time_s
+        cost = collective_time(hw, "allreduce", nbytes, nranks, algo="ring")
+        t = cost.time_s
         # Patarasuk & Yuan: no allreduce moves less than 2(n−1)/n·S per rank.
         bound = 2 * (nranks - 1) / nranks * nbytes / (hw.nvlink_gbps * 1e9)
         assert t >= bound
-        assert t >= previous * (1 - 1e-12), nranks  # a ring over more ranks is never faster
-        previous = t
+        # a ring over more ranks on the same protocol is never faster; where NCCL's tuner
+        # switches protocol with the rank count (h100-dgx, 4 MiB: Simple at 3 ranks, LL128
+        # from 4), the measured fixed costs decide, and the larger ring may be faster
+        if cost.proto is previous_proto:
+            assert t >= previous * (1 - 1e-12), nranks
+        previous, previous_proto = t, cost.proto
 
 
 def test_crossing_nodes_uses_the_network():
@@ -339,7 +344,9 @@ def test_costs_are_positive_and_consistent(nbytes, nranks, coll):
     assert cost.nnodes == math.ceil(nranks / hw.gpus_per_node)
     bigger = collective_time(hw, coll, 2 * nbytes, nranks)
     assert bigger.tuner_time_s >= cost.tuner_time_s
-    assert 0 < cost.efficiency <= 1.0 + 1e-9
+    # the measured rate exceeds NCCL's estimate only by LL's measured scale (llMaxBw
+    # ranks LL; the wire carries more)
+    assert 0 < cost.efficiency <= max(1.0, hw.nccl.measured.ll_bw_scale) + 1e-9
 
 
 # ---- nccl-tests-style tables
@@ -385,24 +392,30 @@ def test_format_table_looks_like_nccl_tests():
         "float",
         "sum",
         "-1",
-        "14.08",
+        "15.21",
         "0.00",
         "0.00",
         "ring/LL",
         "1",
-        "0.10",
+        "0.11",
     ]
     assert lines[2].split()[-3:] == ["algo/proto", "ch", "eff"]
     assert lines[-2].startswith("# Avg bus bandwidth    : ")
     assert all(line == line.rstrip() for line in lines)
 
 
+def _measured_variant(tmp_path, line: str):
+    """h100-dgx with one measured term set (``line``, TOML)."""
+    path = tmp_path / "neutral.toml"
+    path.write_text(f'base = "h100-dgx"\nname = "neutral"\n\n[nccl.measured]\n{line}\n')
+    return load_profile(path)
+
+
 def test_p2p_latency_scale_prices_only_p2p_calls(tmp_path) -> None:
     """``measured.p2p_latency_scale`` (docs/cost-model.md, Measured terms) scales the fixed
     cost of alltoall and send/recv and leaves the rings alone; the shipped profiles keep
-    it at 1."""
-    hw = load_profile("h100-dgx")
-    assert hw.nccl.measured.p2p_latency_scale == 1.0
+    fit it (1.12 on H100); 1 is NCCL's ring constants."""
+    hw = _measured_variant(tmp_path, "p2p_latency_scale = 1.0")
     path = tmp_path / "slow-p2p.toml"
     path.write_text(
         'base = "h100-dgx"\nname = "slow-p2p"\n\n[nccl.measured]\np2p_latency_scale = 2.0\n'
@@ -419,9 +432,8 @@ def test_p2p_latency_scale_prices_only_p2p_calls(tmp_path) -> None:
 def test_ring_fill_steps_moves_only_short_rings(tmp_path) -> None:
     """``measured.ring_fill_steps`` (docs/cost-model.md, Measured terms): the ring fill's
     half size × (n / 8) ** k, so a 2-rank ring's mid sizes cost more and an 8-rank ring's
-    nothing more; 0 (the shipped profiles) leaves the fill as it was."""
-    hw = load_profile("h100-dgx")
-    assert hw.nccl.measured.ring_fill_steps == 0.0
+    nothing more; 0 leaves the fill as it is at 8 ranks (the shipped profiles fit 0.4-0.5)."""
+    hw = _measured_variant(tmp_path, "ring_fill_steps = 0.0")
     path = tmp_path / "steps.toml"
     path.write_text('base = "h100-dgx"\nname = "steps"\n\n[nccl.measured]\nring_fill_steps = 1.0\n')
     steps = load_profile(path)
@@ -435,9 +447,8 @@ def test_ring_fill_steps_moves_only_short_rings(tmp_path) -> None:
 def test_p2p_ll_gbps_caps_only_lls_p2p_messages(tmp_path) -> None:
     """``measured.p2p_ll_gbps`` (docs/cost-model.md, Measured terms): an LL p2p message runs
     on one channel at that rate, every peer at once; Simple sizes and rings keep their
-    rate, and 0 (the shipped profiles) caps nothing."""
-    hw = load_profile("h100-dgx")
-    assert hw.nccl.measured.p2p_ll_gbps == 0.0
+    rate, and 0 caps nothing (the shipped profiles fit 5-6 GB/s)."""
+    hw = _measured_variant(tmp_path, "p2p_ll_gbps = 0.0")
     path = tmp_path / "ll.toml"
     path.write_text('base = "h100-dgx"\nname = "ll"\n\n[nccl.measured]\np2p_ll_gbps = 5.0\n')
     capped = load_profile(path)
@@ -451,10 +462,10 @@ def test_p2p_ll_gbps_caps_only_lls_p2p_messages(tmp_path) -> None:
 
 def test_p2p_ll_peer_hops_prices_the_further_peers_of_an_ll_alltoall(tmp_path) -> None:
     """``measured.p2p_ll_peer_hops`` (docs/cost-model.md, Measured terms): an LL alltoall
-    pays one hop for its first peer and this many for each further one; 1 (the shipped
-    profiles) is a hop per peer, and a 2-rank alltoall has no further peer."""
-    hw = load_profile("h100-dgx")
-    assert hw.nccl.measured.p2p_ll_peer_hops == 1.0
+    pays one hop for its first peer and this many for each further one; 1 is a hop per
+    peer (the H100 profile's NCCL 2.23 terms: 1.58; 2.29.2: 0.20), and a 2-rank alltoall
+    has no further peer."""
+    hw = _measured_variant(tmp_path, "p2p_ll_peer_hops = 1.0")
     path = tmp_path / "side.toml"
     path.write_text('base = "h100-dgx"\nname = "side"\n\n[nccl.measured]\np2p_ll_peer_hops = 0.0\n')
     side = load_profile(path)
