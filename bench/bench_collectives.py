@@ -147,6 +147,10 @@ def _profile_lines(name: str) -> dict[str, tuple[str, str]]:
             continue
         if line.startswith("#"):
             pending = line.lstrip("# ").strip() if table else ""
+            if table and not fields.get(f"{table}.", ("", ""))[0] and not any(
+                k.startswith(f"{table}.") for k in fields
+            ):
+                table_note = pending  # a comment under a table's header: its source
             continue
         code, _, note = line.partition("#")
         if code.startswith("["):
@@ -162,7 +166,7 @@ def _profile_lines(name: str) -> dict[str, tuple[str, str]]:
 def profile_table() -> str:
     names = list_profiles()
     per_profile = {name: _profile_lines(name) for name in names}
-    keys = list(per_profile["h100-dgx"])
+    keys = list(dict.fromkeys(k for n in names for k in per_profile[n]))
     lines = [
         "| field | " + " | ".join(names) + " | source |",
         "|---|" + "---|" * (len(names) + 1),
@@ -170,10 +174,12 @@ def profile_table() -> str:
     for key in keys:
         if key in ("name", "description"):
             continue
-        values = [per_profile[n][key][0].replace("|", "/") for n in names]
+        # a field a profile leaves out: the model's neutral default (docs: Measured terms)
+        values = [per_profile[n].get(key, ("—", ""))[0].replace("|", "/") for n in names]
         groups: dict[str, list[str]] = {}
         for n in names:
-            groups.setdefault(per_profile[n][key][1], []).append(n)
+            if key in per_profile[n]:
+                groups.setdefault(per_profile[n][key][1], []).append(n)
         if len(groups) == 1:
             source = next(iter(groups))
         else:

@@ -172,7 +172,9 @@ def test_calibration_bus_bandwidth(profile, n, rpn, nbytes, published, tol, sour
 
 def _at_release(profile: str, version: str, tmp: Path):
     path = tmp / f"{profile}-{version}.toml"
-    path.write_text(f'base = "{profile}"\nname = "{profile}-{version}"\n[nccl]\nversion = "{version}"\n')
+    path.write_text(
+        f'base = "{profile}"\nname = "{profile}-{version}"\n[nccl]\nversion = "{version}"\n'
+    )
     return load_profile(path)
 
 

@@ -435,7 +435,9 @@ def test_the_measured_terms_close_the_multi_node_mid_sizes():
     held = [abs(error(p)) for p in multi if not p.fitted]
     assert statistics.median(held) <= 0.08
     assert statistics.median(abs(error(p)) for p in multi) <= 0.10
-    mid = buckets(multi, )
+    mid = buckets(
+        multi,
+    )
     for key, goal in ((("4-16", "1-64 MiB", "allreduce"), 0.10), (("≥ 32", "1-64 MiB", "allreduce"), 0.15)):  # fmt: skip
         assert statistics.median(abs(e) for _, e in mid[key]) <= goal, key
 
@@ -450,7 +452,9 @@ def test_one_node_meets_the_goal_median(size, coll):
     GPUs) and collective, with the profiles calibrate fits on the refit's split — on all
     points, and on the held-out ones alone but for allreduce at 1-64 MiB (10.2%;
     docs/cost-model.md, Validation)."""
-    rows = buckets([p for p in points() if p.nnodes == 1], )[("1", size, coll)]
+    rows = buckets(
+        [p for p in points() if p.nnodes == 1],
+    )[("1", size, coll)]
     assert statistics.median(abs(e) for _, e in rows) <= 0.10
     held = statistics.median(abs(e) for p, e in rows if not p.fitted)
     # The one held-out miss the docs name: allreduce at 1-64 MiB, 10.2%.
@@ -469,11 +473,15 @@ def test_one_node_meets_the_goal_median(size, coll):
 def test_one_node_meets_the_max_goal_in_the_buckets_the_docs_name(size, coll):
     """The goal's max (≤ 25%) holds in these four one-node buckets only; docs/cost-model.md
     ("What stays above the goal") names the points that keep the others above it."""
-    rows = buckets([p for p in points() if p.nnodes == 1], )[("1", size, coll)]
+    rows = buckets(
+        [p for p in points() if p.nnodes == 1],
+    )[("1", size, coll)]
     assert max(abs(e) for _, e in rows) <= 0.25
 
 
-@pytest.mark.parametrize(("profile", "family"), [("h100-dgx", ""), ("h100-dgx", "2.23"), ("a100-dgx", "")])
+@pytest.mark.parametrize(
+    ("profile", "family"), [("h100-dgx", ""), ("h100-dgx", "2.23"), ("a100-dgx", "")]
+)
 def test_the_shipped_profiles_are_calibrates_fit(profile: str, family: str) -> None:
     """The shipped measured terms (and H100's ``upto."2.23"`` ones) are what `cocoviz
     calibrate` fits on the refit's fit points, started from them: every term it moves
@@ -526,7 +534,9 @@ def _size_label(nbytes: int) -> str:
 def test_full_nodes_stay_within_the_goal_median():
     """On full 8-GPU nodes the refit keeps every allreduce/allgather/reducescatter bucket
     below 64 MiB near the goal median (allgather below 1 MiB: 11.9%; the rest 3-5%)."""
-    for (_, size, coll), rows in buckets(full_node(points()), ).items():
+    for (_, size, coll), rows in buckets(
+        full_node(points()),
+    ).items():
         if coll in ("allreduce", "allgather", "reducescatter") and size != "> 64 MiB":
             assert statistics.median(abs(e) for _, e in rows) <= 0.12, (size, coll)
 

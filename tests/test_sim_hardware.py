@@ -232,3 +232,71 @@ def test_base_must_be_a_shipped_profile(tmp_path):
     path = _write(tmp_path, 'base = "b200"\n')
     with pytest.raises(ProfileError, match="field 'base': expected the name of a shipped profile"):
         load_profile(path)
+
+
+def _release(tmp_path: Path, text: str) -> Path:
+    return _write(tmp_path, 'base = "h100-dgx"\nname = "mine"\n' + text)
+
+
+def test_upto_tables_apply_at_their_release_and_before(tmp_path: Path) -> None:
+    """``[nccl.measured.upto."X"]`` (docs/cost-model.md, Terms per NCCL release): laid over
+    ``[nccl.measured]`` for NCCL X and earlier; the earliest release at or above the
+    version decides; the profile's own release keeps its terms."""
+    shipped = load_profile("h100-dgx").nccl.measured
+    at = {
+        v: load_profile(_release(tmp_path, f'[nccl]\nversion = "{v}"\n')).nccl.measured
+        for v in ("2.21.5", "2.23", "2.26.5")
+    }
+    assert at["2.23"] == at["2.21.5"] != shipped
+    assert at["2.23"].p2p_ll_peer_hops > 1 > shipped.p2p_ll_peer_hops  # rounds vs side by side
+    assert at["2.26.5"] == shipped
+    assert at["2.23"].net_congestion == shipped.net_congestion  # not in the layer: kept
+    two = _release(
+        tmp_path,
+        '[nccl]\nversion = "2.19.3"\n[nccl.measured.upto."2.20"]\nchannel_gbps = 5.0\n',
+    )
+    hw = load_profile(two).nccl.measured
+    assert hw.channel_gbps == 5.0 and hw.p2p_ll_peer_hops == at["2.23"].p2p_ll_peer_hops
+
+
+def test_a_users_measured_term_holds_at_every_release(tmp_path: Path) -> None:
+    """A term the user's profile sets (a calibrate fit at the user's release) is not
+    replaced by the base's ``upto`` layers; the terms it leaves out still are."""
+    path = _release(tmp_path, '[nccl]\nversion = "2.23"\n[nccl.measured]\np2p_ll_peer_hops = 0.5\n')
+    m = load_profile(path).nccl.measured
+    layer = load_profile(_release(tmp_path, '[nccl]\nversion = "2.23"\n')).nccl.measured
+    assert m.p2p_ll_peer_hops == 0.5
+    assert (
+        m.channel_gbps == layer.channel_gbps != load_profile("h100-dgx").nccl.measured.channel_gbps
+    )
+
+
+@pytest.mark.parametrize(
+    ("text", "field", "why"),
+    [
+        (
+            '[nccl.measured.upto."2.x"]\nchannel_gbps = 1.0\n',
+            "nccl.measured.upto",
+            "expected an NCCL version",
+        ),
+        (
+            '[nccl.measured.upto."2.20"]\nchanel_gbps = 1.0\n',
+            'nccl.measured.upto."2.20".chanel_gbps',
+            "unknown field",
+        ),
+        (
+            '[nccl.measured.upto."2.20"]\nchannel_gbps = -1.0\n',
+            'nccl.measured.upto."2.20".channel_gbps',
+            "greater than 0",
+        ),
+        ("[nccl.measured]\nupto = 3\n", "nccl.measured.upto", "expected tables"),
+        ('[nccl.measured.upto]\n"2.20" = 1\n', 'nccl.measured.upto."2.20"', "expected a table"),
+    ],
+)
+def test_upto_tables_are_checked_used_or_not(
+    tmp_path: Path, text: str, field: str, why: str
+) -> None:
+    """Every layer is checked, even one the version does not select (h100-dgx runs 2.29.2)."""
+    with pytest.raises(ProfileError, match=why) as exc:
+        load_profile(_release(tmp_path, text))
+    assert exc.value.field == field

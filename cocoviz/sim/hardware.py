@@ -546,7 +546,11 @@ def _without_overridden_layers(base: dict[str, Any], override: dict[str, Any]) -
     """``base`` with every measured term that ``override`` sets taken out of the base's
     ``[nccl.measured.upto."X"]`` tables: a term the user gives (a calibrate fit, at the
     user's NCCL release) holds at every release, where the base's layer would replace it."""
-    mine = override.get("nccl", {}).get("measured", {}) if isinstance(override.get("nccl"), dict) else {}
+    mine = (
+        override.get("nccl", {}).get("measured", {})
+        if isinstance(override.get("nccl"), dict)
+        else {}
+    )
     layers = base.get("nccl", {}).get("measured", {}).get("upto")
     if not isinstance(mine, dict) or not isinstance(layers, dict):
         return base
