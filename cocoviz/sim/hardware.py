@@ -100,6 +100,17 @@ class PerDType:
 
 
 @dataclass(frozen=True)
+class PerHalf:
+    """One number per 16-bit float dtype."""
+
+    f16: float = 0.0
+    bf16: float = 0.0
+
+    def get(self, dtype: str) -> float:
+        return float(getattr(self, dtype, 0.0))
+
+
+@dataclass(frozen=True)
 class PerProto:
     """One number per NCCL protocol: LL, LL128, Simple (NCCL's array order)."""
 
@@ -164,6 +175,11 @@ class GpuSpec:
     vector_efficiency: float
     hbm_efficiency: tuple[tuple[float, float], ...]
     hbm_efficiency_floor: float
+    convert_ns: PerHalf = PerHalf()
+    """Time to convert one element of a 16-bit float to or from the f32 a kernel computes
+    in, ns per rank (``[gpu.convert_ns]``; 0, the default: free next to the memory
+    traffic, as the GPUs' conversion instructions are). The CPU target converts f16 in
+    software (``cocoviz calibrate --local`` fits it: docs/cost-model.md, this machine)."""
 
 
 @dataclass(frozen=True)
@@ -739,6 +755,13 @@ def _per_scale_zero(t: _Table, key: str) -> PerScale:
     return PerScale(n1, n2, n4)
 
 
+def _per_half(t: _Table) -> PerHalf:
+    """``[gpu.convert_ns]``: ns per element for f16 and bf16, each optional (0)."""
+    out = PerHalf(**{d: t.number(d, zero=True) for d in ("f16", "bf16") if d in t.data})
+    t.done()
+    return out
+
+
 def _per_dtype(t: _Table) -> PerDType:
     result = PerDType(**{d: t.number(d) for d in DTYPE_NAMES})
     t.done()
@@ -852,6 +875,7 @@ def _build(raw: dict[str, Any], where: str) -> Hardware:
         vector_efficiency=eff.fraction("vector"),
         hbm_efficiency=tuple((b, e) for b, e in hbm_points),
         hbm_efficiency_floor=eff.fraction("hbm_floor"),
+        convert_ns=_per_half(g.table("convert_ns")) if "convert_ns" in g.data else PerHalf(),
     )
     eff.done()
     g.done()

@@ -11,8 +11,11 @@ and written in memory ``overlap.hbm_bytes_per_{reduce,copy}_byte`` times (a redu
 of T ranks reads T blocks and writes one: (T+1)/(T−1) per wire byte; an allgather reads
 and writes each: 2, fitted, as MPI may copy through a buffer of its own). Memory runs at
 ``gpu.hbm_gbps`` while a kernel's traffic fits the caches and at the fitted fraction of
-it beyond them (``CACHED_BYTES``, ``DRAM_BYTES``: the profile's memory curve). A collective holds the rank's one core, so computation issued beside
-it barely advances (``channels = 1`` of ``sms = 1``).
+it beyond them (``CACHED_BYTES``, ``DRAM_BYTES``: the profile's memory curve). A kernel
+of f16 or bf16 computes in f32 and pays ``gpu.convert_ns`` for each 16-bit element it
+reads or writes (the CPU target converts element by element in software). A collective
+holds the rank's one core, so computation issued beside it barely advances
+(``channels = 1`` of ``sms = 1``).
 
 ``MICRO`` are the micro-runs: small programs, each exercising one thing — the CPU
 target's elementwise kernel (f32 over 8 MiB, in the caches, and over 16 MiB, beyond them;
@@ -250,8 +253,12 @@ kernel_gap_us = {v["kernel_gap_us"]:.6g}
 [gpu.matmul_tflops]
 {rates}
 
-[gpu.vector_tflops]
+[gpu.vector_tflops]            # 16-bit floats compute in f32 on CPU ranks
 {vectors}
+
+[gpu.convert_ns]               # converting one f16/bf16 element to or from f32
+f16 = {v["convert_f16"]:.6g}
+bf16 = {v["convert_bf16"]:.6g}
 
 [gpu.efficiency]               # the rates above are what the micro-runs achieved
 matmul = 1.0
@@ -344,6 +351,8 @@ def starting_profile(ranks: int, *, name: str | None = None) -> Hardware:
         "p2p_efficiency": 1.0,
         "reduce_bytes": (ranks + 1) / (ranks - 1) if ranks > 1 else 3.0,
         "copy_bytes": 2.0,
+        "convert_f16": 1.0,
+        "convert_bf16": 1.0,
     }
     for d, rate in (
         ("f16", 0.004),
@@ -370,8 +379,8 @@ def local_knobs() -> tuple[Knob, ...]:
         Knob("gpu.hbm_gbps", 0.05, 1000.0),
         CurveKnob("gpu.hbm_efficiency.dram", 0.01, 1.0),
         Knob("gpu.vector_tflops.f32", 1e-6, 10.0),
-        Knob("gpu.vector_tflops.f16", 1e-6, 10.0),
-        Knob("gpu.vector_tflops.bf16", 1e-6, 10.0),
+        Knob("gpu.convert_ns.f16", 1e-4, 1e4),
+        Knob("gpu.convert_ns.bf16", 1e-4, 1e4),
         Knob("gpu.matmul_tflops.f32", 1e-6, 10.0),
         Knob("gpu.matmul_tflops.f16", 1e-6, 10.0),
         Knob("gpu.matmul_tflops.bf16", 1e-6, 10.0),
@@ -388,8 +397,8 @@ _SEEDS = (
     ("gpu.hbm_gbps", "ew_f32_mid"),
     ("gpu.hbm_efficiency.dram", "ew_f32"),
     ("gpu.vector_tflops.f32", "ew_math"),
-    ("gpu.vector_tflops.f16", "ew_f16"),
-    ("gpu.vector_tflops.bf16", "ew_bf16"),
+    ("gpu.convert_ns.f16", "ew_f16"),
+    ("gpu.convert_ns.bf16", "ew_bf16"),
     ("gpu.matmul_tflops.f32", "gemm_f32"),
     ("gpu.matmul_tflops.f16", "gemm_f16"),
     ("gpu.matmul_tflops.bf16", "gemm_bf16"),
@@ -474,11 +483,14 @@ def local_profile_toml(cal: Calibration, ranks: int, measured: Sequence[tuple[st
     }
     mm, vec = hw.gpu.matmul_tflops, hw.gpu.vector_tflops
     tied = {"f64": "f32", "i32": "f32", "i64": "f32"}
+    vector_tied = {**tied, "f16": "f32", "bf16": "f32"}  # arithmetic in float
     for d in ("f16", "bf16", "f32", "f64", "i32", "i64"):
         src = tied.get(d, d)
         scale = 0.5 if d == "f64" else 1.0
         values["matmul_" + d] = getattr(mm, src) * scale
-        values["vector_" + d] = getattr(vec, src) * scale
+        values["vector_" + d] = getattr(vec, vector_tied.get(d, d)) * scale
+    values["convert_f16"] = hw.gpu.convert_ns.f16
+    values["convert_bf16"] = hw.gpu.convert_ns.bf16
     med, worst = cal.summary()
     header = [
         "# Written by `cocoviz calibrate --local`: a cpu-mpi profile of this machine, fitted so",

@@ -138,9 +138,17 @@ _FLOPS = {
 # each iteration (docs/cost-model.md, "CUDA graphs"): the GPU-side gap, no host launch.
 @lru_cache(maxsize=65536)
 def _kernel(
-    hw: Hardware, flops: float, nbytes: float, dtype: str, c: Contention, launch: bool
+    hw: Hardware,
+    flops: float,
+    nbytes: float,
+    dtype: str,
+    c: Contention,
+    launch: bool,
+    converts: tuple[float, float] = (0.0, 0.0),
 ) -> float:
-    return kernel_time(hw, flops, nbytes, dtype, contention=c, launch=launch, graph=True)
+    return kernel_time(
+        hw, flops, nbytes, dtype, contention=c, launch=launch, graph=True, converts=converts
+    )
 
 
 @lru_cache(maxsize=65536)
@@ -173,11 +181,12 @@ class KernelSpec:
     dtype: str
     launch: bool = True
     sync_us: float = 0.0  # a grid-wide sync before this phase (cooperative kernel)
+    converts: tuple[float, float] = (0.0, 0.0)
+    """f16 and bf16 elements read or written, each converted to or from f32."""
 
     def time(self, hw: Hardware, c: Contention) -> float:
-        return (
-            _kernel(hw, self.flops, self.nbytes, self.dtype, c, self.launch) + self.sync_us * 1e-6
-        )
+        t = _kernel(hw, self.flops, self.nbytes, self.dtype, c, self.launch, self.converts)
+        return t + self.sync_us * 1e-6
 
 
 @dataclass(frozen=True)
@@ -613,9 +622,27 @@ def output_rows(ctx: Context, name: str) -> int:
 def _scaled(spec: KernelSpec, chunks: int) -> KernelSpec:
     if chunks == 1:
         return spec
+    f16, bf16 = spec.converts
     return KernelSpec(
-        spec.flops / chunks, spec.nbytes / chunks, spec.dtype, spec.launch, spec.sync_us
+        spec.flops / chunks,
+        spec.nbytes / chunks,
+        spec.dtype,
+        spec.launch,
+        spec.sync_us,
+        (f16 / chunks, bf16 / chunks),
     )
+
+
+def _converts(moved: Iterable[tuple[DType, float]]) -> tuple[float, float]:
+    """The f16 and bf16 elements among a kernel's reads and writes, ``(dtype, bytes)``
+    each: every one is converted to or from the f32 the kernel computes in."""
+    f16 = bf16 = 0.0
+    for d, nbytes in moved:
+        if d is DType.F16:
+            f16 += nbytes / 2
+        elif d is DType.BF16:
+            bf16 += nbytes / 2
+    return f16, bf16
 
 
 def _chunk_bytes(nbytes: int, chunks: int) -> int:
@@ -825,7 +852,7 @@ def _lower_stage(ctx: Context, name: str, chunks: int, chunk: int) -> list[Opera
                 flops=spec.flops,
                 nbytes=spec.nbytes,
                 detail=spec.shape_text,
-            )
+            ),
         ]
     return _compute_ops(ctx, (name,), pstage, COMPUTE, chunks, kind=Kind.COMPUTE)
 
@@ -923,6 +950,7 @@ def _compute_ops(
             reads, flops = _expr_work(ctx, ctx.by_name[m].expr)
             reads.pop(m, None)
             writes = ctx.per_rank_bytes(types[0]) if m in ctx.written else 0
+            written = {m: writes} if writes else {}
             phase_needs = set(ctx.deps.get(m, ()))
             phase_needs.discard(m)
         else:
@@ -935,17 +963,17 @@ def _compute_ops(
                     if n not in made and b > reads.get(n, 0):
                         reads[n] = b
                 flops += m_flops
-            writes = 0
+            written = {}
             for m, ty in zip(phase, types, strict=True):
                 if m not in ctx.written:
                     continue  # read by no other stage, not an output nor an update
-                if m in ctx.outputs or m in ctx.updates:
-                    writes += ctx.per_rank_bytes(ty)
-                    continue
-                for u in ctx.users.get(m, ()):
-                    if u not in made:
-                        writes += ctx.per_rank_bytes(ty)
-                        break
+                if (
+                    m in ctx.outputs
+                    or m in ctx.updates
+                    or any(u not in made for u in ctx.users.get(m, ()))
+                ):
+                    written[m] = ctx.per_rank_bytes(ty)
+            writes = sum(written.values())
             phase_needs = set()
             for m in phase:
                 phase_needs.update(ctx.deps.get(m, ()))
@@ -953,9 +981,12 @@ def _compute_ops(
         dtype = _wide_dtype(types)
         sync_us = 0.0 if launch else ctx.hw.gpu.kernel_gap_us
         nbytes = float(sum(reads.values()) + writes)
+        moved = [(t.dtype, b) for n, b in reads.items() if (t := ctx.stored_type(n)) is not None]
+        moved += [(ctx.types[m].dtype, float(b)) for m, b in written.items()]
+        f16, bf16 = _converts(moved)
         if chunks != 1:  # as `_scaled`
-            flops, nbytes = flops / chunks, nbytes / chunks
-        spec = KernelSpec(flops, nbytes, dtype, launch, sync_us)
+            flops, nbytes, f16, bf16 = flops / chunks, nbytes / chunks, f16 / chunks, bf16 / chunks
+        spec = KernelSpec(flops, nbytes, dtype, launch, sync_us, (f16, bf16))
         reducing = [m for m in phase if m in ctx.reductions]
         # Values that wait for a cross-rank reduction are made by the reduce op.
         if reducing:
@@ -1377,7 +1408,12 @@ def _lower_gather(ctx: Context, plan: ShardPlan) -> list[tuple[int, Operation]]:
     if rounds:
         # half types accumulate the split contraction in f32 and round once
         n = per_rank_numel(mm.ty, ctx.group)
-        k = KernelSpec(float(n), float(n * (4 + _ITEMSIZE[mm.ty.dtype])), _NAME[mm.ty.dtype])
+        k = KernelSpec(
+            float(n),
+            float(n * (4 + _ITEMSIZE[mm.ty.dtype])),
+            _NAME[mm.ty.dtype],
+            converts=_converts([(mm.ty.dtype, float(n * _ITEMSIZE[mm.ty.dtype]))]),
+        )
         ops.append(
             (
                 G - 1,
@@ -1414,7 +1450,12 @@ def _lower_scatter(ctx: Context, g: Group, plan: ShardPlan) -> list[tuple[int, O
     mm_needs = set(ctx.deps.get(mm.name, ()))
     pstage = ctx.pstage_of(rs.name)
     # the received accumulator and the block read, the sum written (to be sent on)
-    add = KernelSpec(float(plan.shard_numel), 3.0 * block_bytes, _NAME[rs.ty.dtype])
+    add = KernelSpec(
+        float(plan.shard_numel),
+        3.0 * block_bytes,
+        _NAME[rs.ty.dtype],
+        converts=_converts([(rs.ty.dtype, 3.0 * block_bytes)]),
+    )
     rop = rs.expr.rop.value if rs.expr.rop is not None else "+"
 
     def acc(s: int) -> str:  # the sum a rank holds after step s
