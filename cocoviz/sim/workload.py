@@ -981,7 +981,9 @@ def _compute_ops(
         dtype = _wide_dtype(types)
         sync_us = 0.0 if launch else ctx.hw.gpu.kernel_gap_us
         nbytes = float(sum(reads.values()) + writes)
-        moved = [(t.dtype, b) for n, b in reads.items() if (t := ctx.stored_type(n)) is not None]
+        moved: list[tuple[DType, float]] = [
+            (t.dtype, float(b)) for n, b in reads.items() if (t := ctx.stored_type(n)) is not None
+        ]
         moved += [(ctx.types[m].dtype, float(b)) for m, b in written.items()]
         f16, bf16 = _converts(moved)
         if chunks != 1:  # as `_scaled`
