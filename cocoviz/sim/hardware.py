@@ -106,9 +106,6 @@ class PerHalf:
     f16: float = 0.0
     bf16: float = 0.0
 
-    def get(self, dtype: str) -> float:
-        return float(getattr(self, dtype, 0.0))
-
 
 @dataclass(frozen=True)
 class PerProto:
@@ -823,7 +820,7 @@ def _measured_for(m: _Table, version: tuple[int, int, int]) -> MeasuredSpec:
         raise m.error("upto", f'expected tables like [nccl.measured.upto."2.23"], got {upto!r}')
     plain = _Table({k: v for k, v in m.data.items() if k != "upto"}, m.prefix, m.where)
     measured = _measured(plain)  # the profile's own release: every field checked
-    layers: list[tuple[tuple[int, int, int], str, dict[str, Any]]] = []
+    layers: list[tuple[tuple[int, int, int], dict[str, Any]]] = []
     for release, table in upto.items():
         prefix = f'{m.prefix}upto."{release}".'
         try:
@@ -838,9 +835,9 @@ def _measured_for(m: _Table, version: tuple[int, int, int]) -> MeasuredSpec:
             )  # fmt: skip
         _measured(_Layered(plain, table, prefix))  # every layer is checked, used or not
         if version <= at:
-            layers.append((at, prefix, table))
+            layers.append((at, table))
     merged: dict[str, Any] = {}
-    for _, _, table in sorted(layers, key=lambda layer: layer[0], reverse=True):
+    for _, table in sorted(layers, key=lambda layer: layer[0], reverse=True):
         merged.update(table)
     return _measured(_Layered(plain, merged, m.prefix)) if merged else measured
 
