@@ -4,11 +4,14 @@ schedules, building emitted trees (each distinct source tree once), tool require
 from __future__ import annotations
 
 import hashlib
+import os
 import shutil
 import subprocess
 from collections.abc import Mapping
 from pathlib import Path
 
+import pytest
+from compile_cache import cached_compiler
 from conftest import need_tool
 
 from cocoviz import samples
@@ -101,6 +104,14 @@ def need_nvcc() -> None:
     tc = find_toolchain()
     missing = [*tc.missing("cuda"), *([] if shutil.which("make") else ["make"])]
     need_tool(not missing, "nvcc, NCCL, cuBLAS, MPI and make (missing: " + "; ".join(missing) + ")")
+
+
+def session_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The directory of this session's caches, shared by its xdist workers: the parent of a
+    worker's base temp directory (pytest-<n>), or the base temp directory itself without
+    xdist (its parent, pytest-of-<user>, outlives the session)."""
+    base = tmp_path_factory.getbasetemp()
+    return base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
 
 
 def source_key(files: Mapping[str, str], exts: tuple[str, ...]) -> str:
@@ -265,7 +276,9 @@ def emulated_tree_key(files: Mapping[str, str], lib: Path) -> str:
 
 def build_emulated(files: Mapping[str, str], cache: Path) -> Path:
     """The emulation build (make emulate) of an emitted CUDA tree, once per distinct source
-    tree: returns the directory holding <stem>-emu and run.sh."""
+    tree, and each of its objects once per distinct source file (tests/compile_cache.py:
+    most programs' source is the same in both --collectives modes, main.cu is not): returns
+    the directory holding <stem>-emu and run.sh."""
     import fcntl
 
     lib = emulation_lib(cache)
@@ -275,7 +288,8 @@ def build_emulated(files: Mapping[str, str], cache: Path) -> Path:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if not (d / ".built").exists():
             write(d, files)
-            res = make(d, "emulate", f"EMU_LIB={lib}", EMU_TEST_FLAGS)
+            emu_cxx = cached_compiler("$(MPICXX)", cache / "objects")
+            res = make(d, "emulate", f"EMU_LIB={lib}", EMU_TEST_FLAGS, f"EMU_CXX={emu_cxx}")
             assert res.returncode == 0, "\n".join(diagnostics(res)) or res.stdout + res.stderr
             assert not diagnostics(res), "\n".join(diagnostics(res))
             (d / ".built").write_text("")

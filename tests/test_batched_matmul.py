@@ -18,6 +18,7 @@ from emit_support import (
     make,
     need_mpicxx,
     need_nvcc,
+    session_dir,
     write,
 )
 
@@ -375,5 +376,5 @@ def test_cuda_emulation_runs_check_and_matches_reference(
     from test_emit_emulate import check_and_compare
 
     program, files = _emitted("cuda")
-    tree = build_emulated(files, tmp_path_factory.getbasetemp().parent / "emulation")
+    tree = build_emulated(files, session_dir(tmp_path_factory) / "emulation")
     check_and_compare(tree, program, tree / "dump")

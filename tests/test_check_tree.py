@@ -36,6 +36,7 @@ from emit_support import (
     emit_text,
     make,
     need_mpicxx,
+    session_dir,
     source_key,
     write,
 )
@@ -79,7 +80,7 @@ def _built(cache: Path, text: str, schedule: str | None, target: str) -> Path:
 @pytest.fixture(scope="session")
 def cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
     # shared by xdist workers: the parent of the per-worker base temp directory
-    return tmp_path_factory.getbasetemp().parent / "emulation"
+    return session_dir(tmp_path_factory) / "emulation"
 
 
 @pytest.fixture(scope="module")

@@ -17,6 +17,7 @@ from emit_support import (
     make,
     need_mpicxx,
     scheduled,
+    session_dir,
     write,
 )
 
@@ -111,7 +112,7 @@ def _same_dumps(a: Path, b: Path) -> None:
 def test_batched_is_bit_identical_emulated(
     monkeypatch: pytest.MonkeyPatch, tmp_path_factory: pytest.TempPathFactory
 ) -> None:
-    cache = tmp_path_factory.getbasetemp().parent / "emulation"
+    cache = session_dir(tmp_path_factory) / "emulation"
     cache.mkdir(exist_ok=True)
     batched = build_emulated(emit_files(LAMB, "rs_c_ag", "cuda", ranks="4"), cache)
     _unbatched(monkeypatch)

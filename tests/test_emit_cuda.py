@@ -1,14 +1,16 @@
 """The CUDA target compiles and links, for sm_80, sm_90 and sm_100 in one nvcc invocation
 per file, against NCCL, cuBLAS and MPI from the wheels, warning-free under -Wall, for every
-sample × canonical schedule × --collectives mode. Distinct source trees are built once
-(most schedules emit the same code in both modes). Nothing runs here: running is the
-emulation's part (tests/test_emit_emulate.py)."""
+sample × canonical schedule × --collectives mode. Distinct source trees are built once,
+and distinct source files compiled once (tests/compile_cache.py: most schedules emit the
+same program source in both modes; main.cu, which names the mode, is compiled for each).
+Nothing runs here: running is the emulation's part (tests/test_emit_emulate.py)."""
 
 from __future__ import annotations
 
 import fcntl
 
 import pytest
+from compile_cache import cached_compiler
 from emit_support import (
     AVG_PROGRAM,
     cases,
@@ -17,6 +19,7 @@ from emit_support import (
     emit_text,
     make,
     need_nvcc,
+    session_dir,
     source_key,
     write,
 )
@@ -51,9 +54,10 @@ def _build_once(
     files: dict[str, str], binary: str, label: str, tmp_path_factory: pytest.TempPathFactory
 ) -> None:
     """Build for sm_80, sm_90 (Hopper) and sm_100 (Blackwell), warning-free; one build
-    per distinct source tree, shared by the xdist workers of this run."""
+    per distinct source tree, shared by the xdist workers of this run, and one compile per
+    distinct source file (tests/compile_cache.py)."""
     key = source_key(files, (".cu", ".h", ".cuh"))
-    cache = tmp_path_factory.getbasetemp().parent / "cuda-builds"
+    cache = session_dir(tmp_path_factory) / "cuda-builds"
     cache.mkdir(exist_ok=True)
     with open(cache / f"{key}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
@@ -62,7 +66,8 @@ def _build_once(
             return  # the identical sources were built warning-free by done.read_text()
         directory = tmp_path_factory.mktemp(label.replace("/", "."))
         write(directory, files)
-        res = make(directory, "ARCH=sm_80 sm_90 sm_100")
+        nvcc = cached_compiler("$(CUDA_HOME)/bin/nvcc", cache / "objects")
+        res = make(directory, "ARCH=sm_80 sm_90 sm_100", f"NVCC={nvcc}")
         assert res.returncode == 0, "\n".join(diagnostics(res)) or res.stderr[-4000:]
         assert not diagnostics(res), "\n".join(diagnostics(res))
         assert (directory / binary).exists()

@@ -33,6 +33,7 @@ from emit_support import (
     emit_text,
     make,
     need_nvcc,
+    session_dir,
     text_programs,
     write,
 )
@@ -69,7 +70,7 @@ def files(name: str, dtype: str, ranks: int, target: str, mode: str = "nccl") ->
 
 @pytest.fixture(scope="session")
 def emu_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return tmp_path_factory.getbasetemp().parent / "emulation"
+    return session_dir(tmp_path_factory) / "emulation"
 
 
 def _run_loop(src: str) -> str:

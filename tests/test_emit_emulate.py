@@ -26,6 +26,7 @@ from emit_support import (
     emulated_tree_key,
     emulation_lib,
     scheduled,
+    session_dir,
     text_programs,
 )
 
@@ -40,7 +41,7 @@ EMU_CASES = [(n, s, m, r) for n, s in cases() for r in RANKS.get(n, ("2", "4")) 
 @pytest.fixture(scope="session")
 def emu_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
     # shared by xdist workers: the parent of the per-worker base temp directory
-    return tmp_path_factory.getbasetemp().parent / "emulation"
+    return session_dir(tmp_path_factory) / "emulation"
 
 
 def run_emulated(

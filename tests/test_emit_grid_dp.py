@@ -19,6 +19,7 @@ from emit_support import (
     make,
     need_mpicxx,
     scheduled,
+    session_dir,
     text_programs,
     write,
 )
@@ -43,7 +44,7 @@ TARGETS = [("cpu", "nccl"), ("cuda", "nccl"), ("cuda", "nccl-device")]
 
 @pytest.fixture(scope="session")
 def emu_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return tmp_path_factory.getbasetemp().parent / "emulation"
+    return session_dir(tmp_path_factory) / "emulation"
 
 
 def _build_and_check(

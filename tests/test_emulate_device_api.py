@@ -30,6 +30,7 @@ from emit_support import (
     emulation_lib,
     make,
     scheduled,
+    session_dir,
 )
 from test_emit_emulate import run_emulated
 
@@ -53,7 +54,7 @@ ENVS = {
 
 @pytest.fixture(scope="session")
 def emu_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return tmp_path_factory.getbasetemp().parent / "emulation"
+    return session_dir(tmp_path_factory) / "emulation"
 
 
 def sample_at(name: str, dims: dict[str, int]) -> tuple[Program, dict[str, str]]:

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from emit_support import build_emulated, build_emulated_program, emit_files
+from emit_support import build_emulated, build_emulated_program, emit_files, session_dir
 from test_emit_emulate import run_emulated
 
 from cocoviz.emit.toolchain import find_toolchain
@@ -39,7 +39,7 @@ GRAPH_CASES = [
 
 @pytest.fixture(scope="session")
 def emu_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return tmp_path_factory.getbasetemp().parent / "emulation"
+    return session_dir(tmp_path_factory) / "emulation"
 
 
 def _result(res: subprocess.CompletedProcess[str]) -> dict[str, object]:

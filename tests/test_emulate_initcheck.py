@@ -16,7 +16,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from emit_support import build_emulated_program
+from emit_support import build_emulated_program, session_dir
 
 from cocoviz.emit.toolchain import find_toolchain
 
@@ -115,7 +115,7 @@ def program(tmp_path_factory: pytest.TempPathFactory) -> Path:
     d = tmp_path_factory.mktemp("initcheck")
     src = d / "initcheck.cu"
     src.write_text(SOURCE.lstrip("\n"))
-    cache = tmp_path_factory.getbasetemp().parent / "emulation"
+    cache = session_dir(tmp_path_factory) / "emulation"
     return build_emulated_program(src, d / "initcheck", cache)
 
 

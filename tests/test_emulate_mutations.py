@@ -26,7 +26,15 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from emit_support import EMU_TEST_FLAGS, build_emulated, emit_files, emit_text, emulation_lib, make
+from emit_support import (
+    EMU_TEST_FLAGS,
+    build_emulated,
+    emit_files,
+    emit_text,
+    emulation_lib,
+    make,
+    session_dir,
+)
 from test_emit_emulate import run_emulated
 
 PROGRAMS = Path(__file__).parent / "programs"
@@ -725,7 +733,7 @@ TREES = sorted({(m.sample, m.schedule, m.mode, m.ranks) for m in MUTANTS})
 
 @pytest.fixture(scope="session")
 def emu_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return tmp_path_factory.getbasetemp().parent / "emulation"
+    return session_dir(tmp_path_factory) / "emulation"
 
 
 def build_mutant(base: Path, tree: Path, m: Mutant, lib: Path) -> None:

@@ -34,6 +34,7 @@ from emit_support import (
     make,
     need_mpicxx,
     scheduled,
+    session_dir,
     text_programs,
 )
 from test_emit_emulate import run_emulated
@@ -50,7 +51,7 @@ FALLBACK_FIRST = "run.sh: --check of the host-API fallback (COCOVIZ_EMU_DEVICE_A
 
 @pytest.fixture(scope="session")
 def emu_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return tmp_path_factory.getbasetemp().parent / "emulation"
+    return session_dir(tmp_path_factory) / "emulation"
 
 
 def check_and_dump(tree: Path, dump: Path, env: dict[str, str] | None = None) -> str:

@@ -28,6 +28,7 @@ from emit_support import (
     emit_files,
     emulation_lib,
     make,
+    session_dir,
 )
 from test_emit_emulate import run_emulated
 
@@ -111,7 +112,7 @@ def line_of(marker: str) -> int:
 
 @pytest.fixture(scope="session")
 def emu_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return tmp_path_factory.getbasetemp().parent / "emulation"
+    return session_dir(tmp_path_factory) / "emulation"
 
 
 @pytest.fixture(scope="module")

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from emit_support import session_dir
 from lang_support import (
     PROGRAMS,
     check_text,
@@ -256,7 +257,7 @@ def test_mpi_run_matches_reference(schedule, tmp_path: Path) -> None:
 
 @pytest.fixture(scope="session")
 def emu_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return tmp_path_factory.getbasetemp().parent / "emulation"
+    return session_dir(tmp_path_factory) / "emulation"
 
 
 @pytest.mark.build

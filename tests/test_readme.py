@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from emit_support import emulation_lib, need_mpicxx, need_nvcc
+from emit_support import emulation_lib, need_mpicxx, need_nvcc, session_dir
 
 from cocoviz import samples
 from cocoviz.ir.lower import load_file
@@ -261,7 +261,7 @@ def test_readme_block_runs_as_documented(
             need_nvcc()
         if any("--emulate" in c.text for c in block.commands):
             # the emulation library, built once per session (docs/codegen.md: EMU_LIB)
-            cache = tmp_path_factory.getbasetemp().parent / "emulation"
+            cache = session_dir(tmp_path_factory) / "emulation"
             env["EMU_LIB"] = str(emulation_lib(cache))
     work = tmp_path / "work"
     work.mkdir()
