@@ -154,12 +154,30 @@ def is_build(module: str, function: str) -> bool:
     return module in BUILD_MODULES or function in BUILD_TESTS.get(module, ())
 
 
+FIRST_MODULES = ("test_calibrate_local", "test_emit_cuda", "test_toolchain")
+"""Modules that run first, in this order: the longest test (`calibrate --local`, about 90 s
+of micro-runs), then the nvcc builds (several seconds each)."""
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
         module = item.path.stem
         function = getattr(item, "originalname", None) or item.name
         if is_build(module, function):
             item.add_marker(pytest.mark.build)
+    # Longest first: xdist hands the tests out in this order, so the modules that build or
+    # launch go first and the quick ones fill in at the end, where a long test would run
+    # alone on one worker. A module stays in one piece (its module-scoped fixtures are set
+    # up once), and the order within each group is the collection's.
+    rank: dict[Path, int] = {}
+    for item in items:
+        module = item.path.stem
+        if module in FIRST_MODULES:
+            r = FIRST_MODULES.index(module)
+        else:
+            r = len(FIRST_MODULES) + (item.get_closest_marker("build") is None)
+        rank[item.path] = min(rank.get(item.path, r), r)
+    items.sort(key=lambda item: rank[item.path])
 
 
 @pytest.fixture(autouse=True)
