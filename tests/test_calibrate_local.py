@@ -30,8 +30,10 @@ def _machine():  # type: ignore[no-untyped-def]
         "gpu.hbm_gbps": 11.0,
         "gpu.hbm_efficiency.dram": 0.4,
         "gpu.vector_tflops.f32": 0.0031,
-        "gpu.convert_ns.f16": 3.0,
-        "gpu.convert_ns.bf16": 0.7,
+        "gpu.convert_ns.f16_widen": 0.8,
+        "gpu.convert_ns.f16_narrow": 3.0,
+        "gpu.convert_ns.bf16_widen": 0.3,
+        "gpu.convert_ns.bf16_narrow": 0.7,
         "gpu.matmul_tflops.f32": 0.0009,
         "gpu.matmul_tflops.f16": 0.0002,
         "gpu.matmul_tflops.bf16": 0.0005,
@@ -59,8 +61,9 @@ def test_the_fit_recovers_a_known_machine_from_its_micro_runs() -> None:
     assert fitted.gpu.hbm_gbps == pytest.approx(11.0, rel=0.05)
     assert fitted.gpu.hbm_efficiency[-1][1] == pytest.approx(0.4, rel=0.05)
     assert fitted.gpu.matmul_tflops.f32 == pytest.approx(0.0009, rel=0.05)
-    assert fitted.gpu.convert_ns.f16 == pytest.approx(3.0, rel=0.05)
-    assert fitted.gpu.convert_ns.bf16 == pytest.approx(0.7, rel=0.05)
+    assert fitted.gpu.convert_ns.f16_widen == pytest.approx(0.8, rel=0.05)
+    assert fitted.gpu.convert_ns.f16_narrow == pytest.approx(3.0, rel=0.05)
+    assert fitted.gpu.convert_ns.bf16_narrow == pytest.approx(0.7, rel=0.05)
 
 
 def test_the_written_profile_is_the_fitted_one(tmp_path: Path) -> None:
@@ -74,9 +77,9 @@ def test_the_written_profile_is_the_fitted_one(tmp_path: Path) -> None:
     for m in MICRO:
         program = micro_program(m.name, 2)
         assert makespan(program, loaded) == pytest.approx(makespan(program, cal.hardware), rel=1e-3)
-    for d in ("f16", "bf16"):
-        want = getattr(cal.hardware.gpu.convert_ns, d)
-        assert getattr(loaded.gpu.convert_ns, d) == pytest.approx(want, rel=1e-5)
+    for field in ("f16_widen", "f16_narrow", "bf16_widen", "bf16_narrow"):
+        want = getattr(cal.hardware.gpu.convert_ns, field)
+        assert getattr(loaded.gpu.convert_ns, field) == pytest.approx(want, rel=1e-5)
     assert loaded.gpu.vector_tflops.f16 == loaded.gpu.vector_tflops.f32  # float arithmetic
     text = path.read_text()
     assert text.startswith("# Written by `cocoviz calibrate --local`")
@@ -85,26 +88,27 @@ def test_the_written_profile_is_the_fitted_one(tmp_path: Path) -> None:
 
 def test_a_half_kernel_on_cpu_ranks_pays_its_conversions() -> None:
     """gpu.convert_ns (docs/cost-model.md, this machine): a kernel reading f16 and writing
-    f32 pays one conversion per element read; on CPU ranks its arithmetic is f32's; a GPU
-    profile, which leaves the term out, pays nothing for it."""
+    f32 pays one widening per element read, none narrowing; on CPU ranks its arithmetic is
+    f32's; a GPU profile, which leaves the term out, pays nothing for it."""
+    from cocoviz.ir.lower import load_program
+
     text = (
         "program cast\nranks 2\ndim N = 1048576\ninput g : f16[N] local\n"
         "y = cast(f32, g) * 2.0\noutput y\n"
     )
-    from cocoviz.ir.lower import load_program
-
     program = load_program(text, "<cast>")
     base = starting_profile(2)
-    slow = dataclasses.replace(
-        base,
-        gpu=dataclasses.replace(
-            base.gpu, convert_ns=dataclasses.replace(base.gpu.convert_ns, f16=10.0)
-        ),
+
+    def with_ns(**ns: float):  # type: ignore[no-untyped-def]
+        convert = dataclasses.replace(base.gpu.convert_ns, **ns)
+        return dataclasses.replace(base, gpu=dataclasses.replace(base.gpu, convert_ns=convert))
+
+    widen = makespan(program, with_ns(f16_widen=10.0)) - makespan(program, base)
+    assert widen == pytest.approx(
+        (10.0 - base.gpu.convert_ns.f16_widen) * 1e-9 * (1 << 20), rel=0.02
     )
-    extra = makespan(program, slow) - makespan(program, base)
-    assert extra == pytest.approx((10.0 - base.gpu.convert_ns.f16) * 1e-9 * (1 << 20), rel=0.02)
-    h100 = load_profile("h100-dgx")
-    assert h100.gpu.convert_ns.f16 == 0.0
+    assert makespan(program, with_ns(f16_narrow=10.0)) == pytest.approx(makespan(program, base))
+    assert load_profile("h100-dgx").gpu.convert_ns.f16_widen == 0.0
 
 
 def test_cpu_ranks_run_ring_simple_and_reductions_cost_their_memory_traffic() -> None:

@@ -300,3 +300,18 @@ def test_upto_tables_are_checked_used_or_not(
     with pytest.raises(ProfileError, match=why) as exc:
         load_profile(_release(tmp_path, text))
     assert exc.value.field == field
+
+
+def test_convert_ns_takes_one_number_or_widen_and_narrow(tmp_path: Path) -> None:
+    """``[gpu.convert_ns]`` (docs/cost-model.md, Kernels): per 16-bit float dtype, one
+    number for both ways or ``[widen, narrow]``; absent: 0 (the GPU profiles)."""
+    path = _release(tmp_path, "[gpu.convert_ns]\nf16 = [0.5, 2.0]\nbf16 = 0.25\n")
+    ns = load_profile(path).gpu.convert_ns
+    assert (ns.f16_widen, ns.f16_narrow, ns.bf16_widen, ns.bf16_narrow) == (0.5, 2.0, 0.25, 0.25)
+    for text, why in (
+        ("[gpu.convert_ns]\nf16 = [1.0]\n", "expected a list of 2 numbers"),
+        ("[gpu.convert_ns]\nfp16 = 1.0\n", "unknown field"),
+        ("[gpu.convert_ns]\nbf16 = -1.0\n", "at least 0"),
+    ):
+        with pytest.raises(ProfileError, match=why):
+            load_profile(_release(tmp_path, text))

@@ -165,22 +165,28 @@ def kernel_time(
     contention: Contention = NO_CONTENTION,
     launch: bool = True,
     graph: bool = False,
-    converts: tuple[float, float] = (0.0, 0.0),
+    converts: tuple[float, float, float, float] = (0.0, 0.0, 0.0, 0.0),
 ) -> float:
     """Roofline time of one non-matmul kernel (elementwise, row-wise, reduction).
 
     ``launch=False`` gives the body alone, for work inside a fused kernel; ``graph=True``
     prices it as a node of a CUDA graph (no host launch per kernel). ``converts``: the
-    f16 and bf16 elements the kernel reads or writes, each converted to or from f32 at
-    ``gpu.convert_ns`` (arithmetic work beside the FLOPs). On CPU ranks the arithmetic
-    of a 16-bit float kernel is f32's (the CPU target computes in float).
+    f16 elements the kernel reads and writes, then the bf16 ones, each widened to or
+    narrowed from f32 at ``gpu.convert_ns`` (work beside the FLOPs). On CPU ranks the
+    arithmetic of a 16-bit float kernel is f32's (the CPU target computes in float).
     """
     _check_dtype(dtype)
     if flops < 0 or nbytes < 0:
         raise ValueError("flops and bytes must be non-negative")
     arith = "f32" if hw.gpu.arch == "cpu" and dtype in ("f16", "bf16") else dtype
     rate = hw.gpu.vector_tflops[arith] * 1e12 * hw.gpu.vector_efficiency
-    convert_s = (converts[0] * hw.gpu.convert_ns.f16 + converts[1] * hw.gpu.convert_ns.bf16) * 1e-9
+    ns = hw.gpu.convert_ns
+    convert_s = (
+        converts[0] * ns.f16_widen
+        + converts[1] * ns.f16_narrow
+        + converts[2] * ns.bf16_widen
+        + converts[3] * ns.bf16_narrow
+    ) * 1e-9
     work_s = (flops / rate if flops else 0.0) + convert_s
     compute_s = work_s / (1.0 - contention.compute_lost) if work_s else 0.0
     return _with_launch(hw, max(compute_s, _memory_s(hw, nbytes, contention)), launch, graph)

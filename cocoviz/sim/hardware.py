@@ -101,10 +101,13 @@ class PerDType:
 
 @dataclass(frozen=True)
 class PerHalf:
-    """One number per 16-bit float dtype."""
+    """Per 16-bit float dtype, a conversion each way: to the f32 a kernel computes in
+    (widen, a read) and back (narrow, a write)."""
 
-    f16: float = 0.0
-    bf16: float = 0.0
+    f16_widen: float = 0.0
+    f16_narrow: float = 0.0
+    bf16_widen: float = 0.0
+    bf16_narrow: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -173,10 +176,11 @@ class GpuSpec:
     hbm_efficiency: tuple[tuple[float, float], ...]
     hbm_efficiency_floor: float
     convert_ns: PerHalf = PerHalf()
-    """Time to convert one element of a 16-bit float to or from the f32 a kernel computes
-    in, ns per rank (``[gpu.convert_ns]``; 0, the default: free next to the memory
-    traffic, as the GPUs' conversion instructions are). The CPU target converts f16 in
-    software (``cocoviz calibrate --local`` fits it: docs/cost-model.md, this machine)."""
+    """Time to convert one element of a 16-bit float to the f32 a kernel computes in, and
+    back, ns per rank (``[gpu.convert_ns]``: ``f16 = [widen, narrow]``; 0, the default:
+    free next to the memory traffic, as the GPUs' conversion instructions are). The CPU
+    target converts in software (``cocoviz calibrate --local`` fits them:
+    docs/cost-model.md, this machine)."""
 
 
 @dataclass(frozen=True)
@@ -753,10 +757,18 @@ def _per_scale_zero(t: _Table, key: str) -> PerScale:
 
 
 def _per_half(t: _Table) -> PerHalf:
-    """``[gpu.convert_ns]``: ns per element for f16 and bf16, each optional (0)."""
-    out = PerHalf(**{d: t.number(d, zero=True) for d in ("f16", "bf16") if d in t.data})
+    """``[gpu.convert_ns]``: ns per element for f16 and bf16, each optional (0), one
+    number for both ways or ``[widen, narrow]``."""
+    values: dict[str, float] = {}
+    for d in ("f16", "bf16"):
+        if d not in t.data:
+            continue
+        if isinstance(t.data[d], list):
+            values[f"{d}_widen"], values[f"{d}_narrow"] = t.numbers(d, 2)
+        else:
+            values[f"{d}_widen"] = values[f"{d}_narrow"] = t.number(d, zero=True)
     t.done()
-    return out
+    return PerHalf(**values)
 
 
 def _per_dtype(t: _Table) -> PerDType:

@@ -13,13 +13,15 @@ and writes each: 2, fitted, as MPI may copy through a buffer of its own). Memory
 ``gpu.hbm_gbps`` while a kernel's traffic fits the caches and at the fitted fraction of
 it beyond them (``CACHED_BYTES``, ``DRAM_BYTES``: the profile's memory curve). A kernel
 of f16 or bf16 computes in f32 and pays ``gpu.convert_ns`` for each 16-bit element it
-reads or writes (the CPU target converts element by element in software). A collective
+reads (widens) or writes (narrows): the CPU target converts element by element in
+software, and rounding to f16 costs several times what widening does. A collective
 holds the rank's one core, so computation issued beside it barely advances
 (``channels = 1`` of ``sms = 1``).
 
 ``MICRO`` are the micro-runs: small programs, each exercising one thing — the CPU
 target's elementwise kernel (f32 over 8 MiB, in the caches, and over 16 MiB, beyond them;
-f16, bf16, and f32 with an optimizer's arithmetic), its GEMM (f32, f16, bf16), allreduce
+f16 and bf16, each read and written and read only, and f32 with an optimizer's
+arithmetic), its GEMM (f32, f16, bf16), allreduce
 small, mid-size and large, reduce-scatter, allgather, and a
 point-to-point send (not a small one: from one step to the next an MPI eager send
 overlaps its receive, so its steady-state time is a copy, not a latency). ``cocoviz
@@ -96,6 +98,18 @@ MICRO: tuple[MicroProgram, ...] = (
         "elementwise bf16 kernel over 8 MiB: conversions and memory",
         "program micro_ew_bf16\nranks {ranks}\ndim N = 4194304\ninput x : bf16[N] local\n"
         "y = x * 1.5 + 0.5\noutput y\n",
+    ),
+    MicroProgram(
+        "ew_f16_widen",
+        "elementwise kernel reading f16 and writing f32 over 8 + 16 MiB: the widening alone",
+        "program micro_ew_f16_widen\nranks {ranks}\ndim N = 4194304\ninput x : f16[N] local\n"
+        "y = cast(f32, x) * 1.5 + 0.5\noutput y\n",
+    ),
+    MicroProgram(
+        "ew_bf16_widen",
+        "elementwise kernel reading bf16 and writing f32 over 8 + 16 MiB: the widening alone",
+        "program micro_ew_bf16_widen\nranks {ranks}\ndim N = 4194304\ninput x : bf16[N] local\n"
+        "y = cast(f32, x) * 1.5 + 0.5\noutput y\n",
     ),
     MicroProgram(
         "ew_math",
@@ -256,9 +270,9 @@ kernel_gap_us = {v["kernel_gap_us"]:.6g}
 [gpu.vector_tflops]            # 16-bit floats compute in f32 on CPU ranks
 {vectors}
 
-[gpu.convert_ns]               # converting one f16/bf16 element to or from f32
-f16 = {v["convert_f16"]:.6g}
-bf16 = {v["convert_bf16"]:.6g}
+[gpu.convert_ns]               # one f16/bf16 element to f32 and back: [widen, narrow]
+f16 = [{v["f16_widen"]:.6g}, {v["f16_narrow"]:.6g}]
+bf16 = [{v["bf16_widen"]:.6g}, {v["bf16_narrow"]:.6g}]
 
 [gpu.efficiency]               # the rates above are what the micro-runs achieved
 matmul = 1.0
@@ -351,8 +365,10 @@ def starting_profile(ranks: int, *, name: str | None = None) -> Hardware:
         "p2p_efficiency": 1.0,
         "reduce_bytes": (ranks + 1) / (ranks - 1) if ranks > 1 else 3.0,
         "copy_bytes": 2.0,
-        "convert_f16": 1.0,
-        "convert_bf16": 1.0,
+        "f16_widen": 1.0,
+        "f16_narrow": 1.0,
+        "bf16_widen": 1.0,
+        "bf16_narrow": 1.0,
     }
     for d, rate in (
         ("f16", 0.004),
@@ -379,8 +395,10 @@ def local_knobs() -> tuple[Knob, ...]:
         Knob("gpu.hbm_gbps", 0.05, 1000.0),
         CurveKnob("gpu.hbm_efficiency.dram", 0.01, 1.0),
         Knob("gpu.vector_tflops.f32", 1e-6, 10.0),
-        Knob("gpu.convert_ns.f16", 1e-4, 1e4),
-        Knob("gpu.convert_ns.bf16", 1e-4, 1e4),
+        Knob("gpu.convert_ns.f16_widen", 1e-4, 1e4),
+        Knob("gpu.convert_ns.f16_narrow", 1e-4, 1e4),
+        Knob("gpu.convert_ns.bf16_widen", 1e-4, 1e4),
+        Knob("gpu.convert_ns.bf16_narrow", 1e-4, 1e4),
         Knob("gpu.matmul_tflops.f32", 1e-6, 10.0),
         Knob("gpu.matmul_tflops.f16", 1e-6, 10.0),
         Knob("gpu.matmul_tflops.bf16", 1e-6, 10.0),
@@ -397,8 +415,10 @@ _SEEDS = (
     ("gpu.hbm_gbps", "ew_f32_mid"),
     ("gpu.hbm_efficiency.dram", "ew_f32"),
     ("gpu.vector_tflops.f32", "ew_math"),
-    ("gpu.convert_ns.f16", "ew_f16"),
-    ("gpu.convert_ns.bf16", "ew_bf16"),
+    ("gpu.convert_ns.f16_widen", "ew_f16_widen"),
+    ("gpu.convert_ns.f16_narrow", "ew_f16"),
+    ("gpu.convert_ns.bf16_widen", "ew_bf16_widen"),
+    ("gpu.convert_ns.bf16_narrow", "ew_bf16"),
     ("gpu.matmul_tflops.f32", "gemm_f32"),
     ("gpu.matmul_tflops.f16", "gemm_f16"),
     ("gpu.matmul_tflops.bf16", "gemm_bf16"),
@@ -489,8 +509,8 @@ def local_profile_toml(cal: Calibration, ranks: int, measured: Sequence[tuple[st
         scale = 0.5 if d == "f64" else 1.0
         values["matmul_" + d] = getattr(mm, src) * scale
         values["vector_" + d] = getattr(vec, vector_tied.get(d, d)) * scale
-    values["convert_f16"] = hw.gpu.convert_ns.f16
-    values["convert_bf16"] = hw.gpu.convert_ns.bf16
+    for field in ("f16_widen", "f16_narrow", "bf16_widen", "bf16_narrow"):
+        values[field] = getattr(hw.gpu.convert_ns, field)
     med, worst = cal.summary()
     header = [
         "# Written by `cocoviz calibrate --local`: a cpu-mpi profile of this machine, fitted so",

@@ -144,7 +144,7 @@ def _kernel(
     dtype: str,
     c: Contention,
     launch: bool,
-    converts: tuple[float, float] = (0.0, 0.0),
+    converts: tuple[float, float, float, float] = (0.0, 0.0, 0.0, 0.0),
 ) -> float:
     return kernel_time(
         hw, flops, nbytes, dtype, contention=c, launch=launch, graph=True, converts=converts
@@ -181,8 +181,8 @@ class KernelSpec:
     dtype: str
     launch: bool = True
     sync_us: float = 0.0  # a grid-wide sync before this phase (cooperative kernel)
-    converts: tuple[float, float] = (0.0, 0.0)
-    """f16 and bf16 elements read or written, each converted to or from f32."""
+    converts: tuple[float, float, float, float] = (0.0, 0.0, 0.0, 0.0)
+    """f16 elements read and written, bf16 elements read and written (``_converts``)."""
 
     def time(self, hw: Hardware, c: Contention) -> float:
         t = _kernel(hw, self.flops, self.nbytes, self.dtype, c, self.launch, self.converts)
@@ -622,27 +622,36 @@ def output_rows(ctx: Context, name: str) -> int:
 def _scaled(spec: KernelSpec, chunks: int) -> KernelSpec:
     if chunks == 1:
         return spec
-    f16, bf16 = spec.converts
     return KernelSpec(
         spec.flops / chunks,
         spec.nbytes / chunks,
         spec.dtype,
         spec.launch,
         spec.sync_us,
-        (f16 / chunks, bf16 / chunks),
+        _per_chunk(spec.converts, chunks),
     )
 
 
-def _converts(moved: Iterable[tuple[DType, float]]) -> tuple[float, float]:
-    """The f16 and bf16 elements among a kernel's reads and writes, ``(dtype, bytes)``
-    each: every one is converted to or from the f32 the kernel computes in."""
-    f16 = bf16 = 0.0
-    for d, nbytes in moved:
-        if d is DType.F16:
-            f16 += nbytes / 2
-        elif d is DType.BF16:
-            bf16 += nbytes / 2
-    return f16, bf16
+def _per_chunk(
+    converts: tuple[float, float, float, float], chunks: int
+) -> tuple[float, float, float, float]:
+    a, b, c, d = converts
+    return (a / chunks, b / chunks, c / chunks, d / chunks)
+
+
+def _converts(
+    reads: Iterable[tuple[DType, float]], writes: Iterable[tuple[DType, float]] = ()
+) -> tuple[float, float, float, float]:
+    """The 16-bit float elements a kernel widens (``reads``) and narrows (``writes``),
+    ``(dtype, bytes)`` each: (f16 read, f16 written, bf16 read, bf16 written)."""
+    out = [0.0, 0.0, 0.0, 0.0]
+    for way, moved in enumerate((reads, writes)):
+        for d, nbytes in moved:
+            if d is DType.F16:
+                out[way] += nbytes / 2
+            elif d is DType.BF16:
+                out[2 + way] += nbytes / 2
+    return out[0], out[1], out[2], out[3]
 
 
 def _chunk_bytes(nbytes: int, chunks: int) -> int:
@@ -981,14 +990,18 @@ def _compute_ops(
         dtype = _wide_dtype(types)
         sync_us = 0.0 if launch else ctx.hw.gpu.kernel_gap_us
         nbytes = float(sum(reads.values()) + writes)
-        moved: list[tuple[DType, float]] = [
-            (t.dtype, float(b)) for n, b in reads.items() if (t := ctx.stored_type(n)) is not None
-        ]
-        moved += [(ctx.types[m].dtype, float(b)) for m, b in written.items()]
-        f16, bf16 = _converts(moved)
+        converts = _converts(
+            [
+                (t.dtype, float(b))
+                for n, b in reads.items()
+                if (t := ctx.stored_type(n)) is not None
+            ],
+            [(ctx.types[m].dtype, float(b)) for m, b in written.items()],
+        )
         if chunks != 1:  # as `_scaled`
-            flops, nbytes, f16, bf16 = flops / chunks, nbytes / chunks, f16 / chunks, bf16 / chunks
-        spec = KernelSpec(flops, nbytes, dtype, launch, sync_us, (f16, bf16))
+            flops, nbytes = flops / chunks, nbytes / chunks
+            converts = _per_chunk(converts, chunks)
+        spec = KernelSpec(flops, nbytes, dtype, launch, sync_us, converts)
         reducing = [m for m in phase if m in ctx.reductions]
         # Values that wait for a cross-rank reduction are made by the reduce op.
         if reducing:
@@ -1414,7 +1427,7 @@ def _lower_gather(ctx: Context, plan: ShardPlan) -> list[tuple[int, Operation]]:
             float(n),
             float(n * (4 + _ITEMSIZE[mm.ty.dtype])),
             _NAME[mm.ty.dtype],
-            converts=_converts([(mm.ty.dtype, float(n * _ITEMSIZE[mm.ty.dtype]))]),
+            converts=_converts((), [(mm.ty.dtype, float(n * _ITEMSIZE[mm.ty.dtype]))]),
         )
         ops.append(
             (
@@ -1456,7 +1469,7 @@ def _lower_scatter(ctx: Context, g: Group, plan: ShardPlan) -> list[tuple[int, O
         float(plan.shard_numel),
         3.0 * block_bytes,
         _NAME[rs.ty.dtype],
-        converts=_converts([(rs.ty.dtype, 3.0 * block_bytes)]),
+        converts=_converts([(rs.ty.dtype, 2.0 * block_bytes)], [(rs.ty.dtype, float(block_bytes))]),
     )
     rop = rs.expr.rop.value if rs.expr.rop is not None else "+"
 
