@@ -39,6 +39,10 @@ import pytest
 # Ctrl-C (run --mpi, run.sh, tune) need it delivered, as a terminal delivers it.
 if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
     signal.signal(signal.SIGINT, signal.default_int_handler)
+# and a suite started under nohup inherits SIGHUP ignored, which the SIGHUP cases of the
+# launcher tests send
+if signal.getsignal(signal.SIGHUP) is signal.SIG_IGN:
+    signal.signal(signal.SIGHUP, signal.SIG_DFL)
 
 GUARD_DIR = Path(__file__).resolve().parent / "launch_guard"
 _spec = importlib.util.spec_from_file_location(
