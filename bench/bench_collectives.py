@@ -147,9 +147,7 @@ def _profile_lines(name: str) -> dict[str, tuple[str, str]]:
             continue
         if line.startswith("#"):
             pending = line.lstrip("# ").strip() if table else ""
-            if table and not fields.get(f"{table}.", ("", ""))[0] and not any(
-                k.startswith(f"{table}.") for k in fields
-            ):
+            if table and not any(k.startswith(f"{table}.") for k in fields):
                 table_note = pending  # a comment under a table's header: its source
             continue
         code, _, note = line.partition("#")

@@ -158,6 +158,25 @@ def is_build(module: str, function: str) -> bool:
     return module in BUILD_MODULES or function in BUILD_TESTS.get(module, ())
 
 
+def session_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The directory of this session's caches, shared by its xdist workers: the parent of a
+    worker's base temp directory (pytest-<n>), or the base temp directory itself without
+    xdist (its parent, pytest-of-<user>, outlives the session)."""
+    base = tmp_path_factory.getbasetemp()
+    return base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+
+
+def emulation_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The session's emulation builds: the runtime library and the emulated trees
+    (tests/emit_support.py, `build_emulated`)."""
+    return session_dir(tmp_path_factory) / "emulation"
+
+
+@pytest.fixture(scope="session")
+def emu_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return emulation_cache(tmp_path_factory)
+
+
 FIRST_MODULES = ("test_calibrate_local", "test_emit_cuda", "test_toolchain")
 """Modules that run first, in this order: the longest test (`calibrate --local`, about 90 s
 of micro-runs), then the nvcc builds (several seconds each)."""

@@ -4,7 +4,6 @@ schedules, building emitted trees (each distinct source tree once), tool require
 from __future__ import annotations
 
 import hashlib
-import os
 import shutil
 import subprocess
 from collections.abc import Mapping
@@ -106,14 +105,6 @@ def need_nvcc() -> None:
     need_tool(not missing, "nvcc, NCCL, cuBLAS, MPI and make (missing: " + "; ".join(missing) + ")")
 
 
-def session_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The directory of this session's caches, shared by its xdist workers: the parent of a
-    worker's base temp directory (pytest-<n>), or the base temp directory itself without
-    xdist (its parent, pytest-of-<user>, outlives the session)."""
-    base = tmp_path_factory.getbasetemp()
-    return base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
-
-
 def source_key(files: Mapping[str, str], exts: tuple[str, ...]) -> str:
     """Hash of the files that determine the binary (not the manifest or comments elsewhere)."""
     h = hashlib.sha256()
@@ -203,8 +194,6 @@ def check_tree_report(directory: Path, seed: int = 0) -> dict[str, object]:
     import contextlib
     import io
     import json
-
-    import pytest
 
     from cocoviz.cli.check_tree import check_tree
     from cocoviz.errors import CocovizError

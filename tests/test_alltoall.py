@@ -15,13 +15,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import emulation_cache
 from emit_support import (
     build_emulated,
     compare_dumps,
     emit_text,
     make,
     need_mpicxx,
-    session_dir,
     text_programs,
     write,
 )
@@ -260,7 +260,7 @@ def test_cuda_program_runs_in_the_emulation(tmp_path_factory: pytest.TempPathFac
     cu = files[next(n for n in files if n.endswith(".cu"))]
     assert "ncclAlltoAll(" in cu and "ncclSend(" in cu  # the pre-2.28 fallback is there too
     assert "_pack(const Buffers B, int64_t k)" in cu and "_unpack(const Buffers B, int64_t k)" in cu
-    tree = build_emulated(files, session_dir(tmp_path_factory) / "emulation")
+    tree = build_emulated(files, emulation_cache(tmp_path_factory))
     run = _run(tree, "--emulate", "--check", "--dump", str(tree / "dump"))
     assert run.returncode == 0, run.stdout + run.stderr
     compare_dumps(text_programs(text, None)[0], tree / "dump")

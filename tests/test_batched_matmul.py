@@ -11,6 +11,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import emulation_cache
 from emit_support import (
     build_emulated,
     compare_dumps,
@@ -18,7 +19,6 @@ from emit_support import (
     make,
     need_mpicxx,
     need_nvcc,
-    session_dir,
     write,
 )
 
@@ -376,5 +376,5 @@ def test_cuda_emulation_runs_check_and_matches_reference(
     from test_emit_emulate import check_and_compare
 
     program, files = _emitted("cuda")
-    tree = build_emulated(files, session_dir(tmp_path_factory) / "emulation")
+    tree = build_emulated(files, emulation_cache(tmp_path_factory))
     check_and_compare(tree, program, tree / "dump")

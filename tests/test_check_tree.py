@@ -28,6 +28,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import emulation_cache
 from emit_support import (
     AVG_PROGRAM,
     build_emulated,
@@ -36,7 +37,6 @@ from emit_support import (
     emit_text,
     make,
     need_mpicxx,
-    session_dir,
     source_key,
     write,
 )
@@ -79,8 +79,7 @@ def _built(cache: Path, text: str, schedule: str | None, target: str) -> Path:
 
 @pytest.fixture(scope="session")
 def cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    # shared by xdist workers: the parent of the per-worker base temp directory
-    return session_dir(tmp_path_factory) / "emulation"
+    return emulation_cache(tmp_path_factory)
 
 
 @pytest.fixture(scope="module")

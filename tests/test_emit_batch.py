@@ -10,6 +10,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from conftest import emulation_cache
 from emit_support import (
     build_emulated,
     emit_files,
@@ -17,7 +18,6 @@ from emit_support import (
     make,
     need_mpicxx,
     scheduled,
-    session_dir,
     write,
 )
 
@@ -112,7 +112,7 @@ def _same_dumps(a: Path, b: Path) -> None:
 def test_batched_is_bit_identical_emulated(
     monkeypatch: pytest.MonkeyPatch, tmp_path_factory: pytest.TempPathFactory
 ) -> None:
-    cache = session_dir(tmp_path_factory) / "emulation"
+    cache = emulation_cache(tmp_path_factory)
     cache.mkdir(exist_ok=True)
     batched = build_emulated(emit_files(LAMB, "rs_c_ag", "cuda", ranks="4"), cache)
     _unbatched(monkeypatch)

@@ -11,6 +11,7 @@ import fcntl
 
 import pytest
 from compile_cache import cached_compiler
+from conftest import session_dir
 from emit_support import (
     AVG_PROGRAM,
     cases,
@@ -19,7 +20,6 @@ from emit_support import (
     emit_text,
     make,
     need_nvcc,
-    session_dir,
     source_key,
     write,
 )

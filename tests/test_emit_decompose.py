@@ -33,7 +33,6 @@ from emit_support import (
     emit_text,
     make,
     need_nvcc,
-    session_dir,
     text_programs,
     write,
 )
@@ -66,11 +65,6 @@ def programs(name: str, dtype: str, ranks: int) -> tuple[Program, Program]:
 
 def files(name: str, dtype: str, ranks: int, target: str, mode: str = "nccl") -> dict[str, str]:
     return emit_text(source(name, dtype), "decomposed", target, mode, str(ranks))
-
-
-@pytest.fixture(scope="session")
-def emu_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return session_dir(tmp_path_factory) / "emulation"
 
 
 def _run_loop(src: str) -> str:

@@ -26,7 +26,6 @@ from emit_support import (
     emulated_tree_key,
     emulation_lib,
     scheduled,
-    session_dir,
     text_programs,
 )
 
@@ -36,12 +35,6 @@ RANKS = {"pipeline_stage": ("tp=1,pp=2", "tp=2,pp=2"), "zero1_tp_mlp": ("dp=2,tp
 MODES = ("nccl", "nccl-device")
 
 EMU_CASES = [(n, s, m, r) for n, s in cases() for r in RANKS.get(n, ("2", "4")) for m in MODES]
-
-
-@pytest.fixture(scope="session")
-def emu_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    # shared by xdist workers: the parent of the per-worker base temp directory
-    return session_dir(tmp_path_factory) / "emulation"
 
 
 def run_emulated(

@@ -19,7 +19,6 @@ from emit_support import (
     make,
     need_mpicxx,
     scheduled,
-    session_dir,
     text_programs,
     write,
 )
@@ -40,11 +39,6 @@ TEXT_CASES = [
 ]
 SAMPLE_SCHEDULES = ["as_written", "fused_adam", "fused_w1"]
 TARGETS = [("cpu", "nccl"), ("cuda", "nccl"), ("cuda", "nccl-device")]
-
-
-@pytest.fixture(scope="session")
-def emu_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return session_dir(tmp_path_factory) / "emulation"
 
 
 def _build_and_check(

@@ -21,7 +21,8 @@ import time
 from pathlib import Path
 
 import pytest
-from emit_support import build_emulated_program, session_dir
+from conftest import emulation_cache
+from emit_support import build_emulated_program
 
 from cocoviz.emit.toolchain import find_toolchain
 
@@ -106,7 +107,7 @@ def program(tmp_path_factory: pytest.TempPathFactory) -> Path:
     d = tmp_path_factory.mktemp("deadlock")
     src = d / "deadlock.cu"
     src.write_text(SOURCE.lstrip("\n"))
-    cache = session_dir(tmp_path_factory) / "emulation"
+    cache = emulation_cache(tmp_path_factory)
     return build_emulated_program(src, d / "deadlock", cache)
 
 

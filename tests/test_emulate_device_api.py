@@ -30,7 +30,6 @@ from emit_support import (
     emulation_lib,
     make,
     scheduled,
-    session_dir,
 )
 from test_emit_emulate import run_emulated
 
@@ -50,11 +49,6 @@ ENVS = {
     "no-device-api": {"COCOVIZ_EMU_DEVICE_API": "0"},
     "mixed-sm-counts": {"COCOVIZ_EMU_SM_COUNT": "132,114,132,114"},
 }
-
-
-@pytest.fixture(scope="session")
-def emu_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return session_dir(tmp_path_factory) / "emulation"
 
 
 def sample_at(name: str, dims: dict[str, int]) -> tuple[Program, dict[str, str]]:

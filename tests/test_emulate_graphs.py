@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from emit_support import build_emulated, build_emulated_program, emit_files, session_dir
+from emit_support import build_emulated, build_emulated_program, emit_files
 from test_emit_emulate import run_emulated
 
 from cocoviz.emit.toolchain import find_toolchain
@@ -35,11 +35,6 @@ GRAPH_CASES = [
     ("megatron_mlp", "fused", "4"),  # overlapped chunks: main, compute and comm streams
     ("pipeline_stage", "ar_p2p_c", "tp=2,pp=2"),  # ncclSend/ncclRecv in a group
 ]
-
-
-@pytest.fixture(scope="session")
-def emu_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return session_dir(tmp_path_factory) / "emulation"
 
 
 def _result(res: subprocess.CompletedProcess[str]) -> dict[str, object]:

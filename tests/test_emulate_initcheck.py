@@ -16,7 +16,8 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from emit_support import build_emulated_program, session_dir
+from conftest import emulation_cache
+from emit_support import build_emulated_program
 
 from cocoviz.emit.toolchain import find_toolchain
 
@@ -115,7 +116,7 @@ def program(tmp_path_factory: pytest.TempPathFactory) -> Path:
     d = tmp_path_factory.mktemp("initcheck")
     src = d / "initcheck.cu"
     src.write_text(SOURCE.lstrip("\n"))
-    cache = session_dir(tmp_path_factory) / "emulation"
+    cache = emulation_cache(tmp_path_factory)
     return build_emulated_program(src, d / "initcheck", cache)
 
 

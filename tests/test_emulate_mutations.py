@@ -33,7 +33,6 @@ from emit_support import (
     emit_text,
     emulation_lib,
     make,
-    session_dir,
 )
 from test_emit_emulate import run_emulated
 
@@ -729,11 +728,6 @@ def check_emulated(tree: Path) -> subprocess.CompletedProcess[str]:
 
 TREES = sorted({(m.sample, m.schedule, m.mode, m.ranks) for m in MUTANTS})
 """The distinct trees the mutants are applied to."""
-
-
-@pytest.fixture(scope="session")
-def emu_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return session_dir(tmp_path_factory) / "emulation"
 
 
 def build_mutant(base: Path, tree: Path, m: Mutant, lib: Path) -> None:

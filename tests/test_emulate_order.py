@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 
 import pytest
-from emit_support import build_emulated, build_emulated_program, emit_files, session_dir
+from emit_support import build_emulated, build_emulated_program, emit_files
 from test_emit_emulate import run_emulated
 
 from cocoviz.emit.toolchain import find_toolchain
@@ -32,11 +32,6 @@ PROGRAM = Path(__file__).parent / "programs" / "emu_cross_comm.cu"
 
 # (schedule, seeds): the overlapped schedule gets the most; each run is about a second
 PIPELINE_SEEDS = [("fused", 20), ("rs_p2p_c_ag", 3), ("ar_p2p_c", 3)]
-
-
-@pytest.fixture(scope="session")
-def emu_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return session_dir(tmp_path_factory) / "emulation"
 
 
 def adversarial(seed: int, implicit: str | None = None) -> dict[str, str]:

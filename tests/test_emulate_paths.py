@@ -34,7 +34,6 @@ from emit_support import (
     make,
     need_mpicxx,
     scheduled,
-    session_dir,
     text_programs,
 )
 from test_emit_emulate import run_emulated
@@ -47,11 +46,6 @@ TAIL = (PROGRAMS / "tail_sizes.coco").read_text()
 TEMPLATES = Path(__file__).resolve().parent.parent / "cocoviz" / "templates"
 LSA_FIRST = "run.sh: --check of the LSA variant (COCOVIZ_NO_MULTIMEM=1)"
 FALLBACK_FIRST = "run.sh: --check of the host-API fallback (COCOVIZ_EMU_DEVICE_API=0)"
-
-
-@pytest.fixture(scope="session")
-def emu_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return session_dir(tmp_path_factory) / "emulation"
 
 
 def check_and_dump(tree: Path, dump: Path, env: dict[str, str] | None = None) -> str:

@@ -28,7 +28,6 @@ from emit_support import (
     emit_files,
     emulation_lib,
     make,
-    session_dir,
 )
 from test_emit_emulate import run_emulated
 
@@ -108,11 +107,6 @@ def line_of(marker: str) -> int:
         if f"// {marker}" in text:
             return n
     raise AssertionError(marker)
-
-
-@pytest.fixture(scope="session")
-def emu_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return session_dir(tmp_path_factory) / "emulation"
 
 
 @pytest.fixture(scope="module")

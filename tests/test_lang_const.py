@@ -11,7 +11,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from emit_support import session_dir
 from lang_support import (
     PROGRAMS,
     check_text,
@@ -229,11 +228,6 @@ def test_tui_graph_names_the_op() -> None:
 @pytest.mark.parametrize("schedule", [None, "on_slices", "chunked"])
 def test_mpi_run_matches_reference(schedule, tmp_path: Path) -> None:
     mpi_matches_reference(CONST, schedule, 4, tmp_path)
-
-
-@pytest.fixture(scope="session")
-def emu_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return session_dir(tmp_path_factory) / "emulation"
 
 
 @pytest.mark.build

@@ -170,10 +170,10 @@ class Point:
     busbw: float
     """Measured bus bandwidth, GB/s (nccl-tests' busbw)."""
     fitted: bool
+    """A fit point of the shipped profiles, which are the refit (``refit_profiles``: the
+    split of docs/cost-model.md); else held out."""
     algo: str | None = None
     blocking: bool = False
-    refit_fitted: bool = False
-    """Fit point of the refit (``refit_profiles``), a split of its own (docs)."""
 
     @property
     def nnodes(self) -> int:
@@ -233,19 +233,15 @@ def points() -> list[Point]:
                 continue
             size = first << i
             busbw = size / (us * 1e-6) / 1e9 * bus_factor(coll, n)
-            # the shipped profiles are the refit (their [nccl.measured], and upto."2.23")
-            refit = system in REFIT_SYSTEMS and _refit_size(size)
-            fit = refit
-            out.append(Point("aic", profile, version, coll, n, n, size, busbw, fit,
-                             refit_fitted=refit))  # fmt: skip
+            fit = system in REFIT_SYSTEMS and _refit_size(size)
+            out.append(Point("aic", profile, version, coll, n, n, size, busbw, fit))
     for size, busbw in MLE_H200:  # launch_us fitted on these (the refit keeps it)
         out.append(Point("mle-h200", "h200-hgx", "2.27.7", "allreduce", 8, 8, size, busbw,
-                         True, blocking=True, refit_fitted=True))  # fmt: skip
+                         True, blocking=True))  # fmt: skip
     for coll, n, algo, size, busbw in MLE_COUNT:
         out.append(Point("mle-count", "h200-hgx", "2.27.7", coll, n, n, size, busbw, False, algo))
     for size, busbw in LI_PLUS:  # the p2p pair efficiency is set from these
-        out.append(Point("li-plus", "a100-dgx", None, "sendrecv", 2, 2, size, busbw, True,
-                         refit_fitted=True))  # fmt: skip
+        out.append(Point("li-plus", "a100-dgx", None, "sendrecv", 2, 2, size, busbw, True))
     for nodes, row in ARXIV.items():
         for mib, busbw in row.items():
             out.append(Point("arxiv", "h100-dgx", None, "allreduce", 8 * nodes, 8, mib * MIB,
@@ -253,8 +249,7 @@ def points() -> list[Point]:
     for nodes, row in GTC_NVLSTREE.items():  # net_congestion fitted on 4 and 16 nodes
         for mib, busbw in row.items():
             out.append(Point("gtc-nvlstree", "h100-dgx", None, "allreduce", 8 * nodes, 8,
-                             mib * MIB, busbw, nodes <= 16, "nvls_tree",
-                             refit_fitted=nodes <= 16))  # fmt: skip
+                             mib * MIB, busbw, nodes <= 16, "nvls_tree"))  # fmt: skip
     for profile, n, rpn, busbw in GTC:
         out.append(Point("gtc", profile, None, "allreduce", n, rpn, 16 * GIB, busbw, False))
     for size, us in NCCL1244:
@@ -303,14 +298,14 @@ terms carry what the sweeps say beyond them."""
 
 @cache
 def refit_profiles() -> dict[tuple[str, str], str]:
-    """What `cocoviz calibrate` makes of the refit's fit points (``Point.refit_fitted``:
+    """What `cocoviz calibrate` makes of the refit's fit points (``Point.fitted``:
     every other size of the H100 and A100 sweeps at 2, 4 and 8 GPUs, every collective,
     the NVLSTree scan at 4 and 16 nodes, the li-plus pair) on the shipped profiles, one
     fit per machine and NCCL family (``_family``, as calibrate fits the logs of one
     release); H200 takes the H100 fit (the same GPU die and NVLink), as the shipped H200
     does, so every H200 point is held out. Profile override files (``base = ...``), by
     (shipped profile, family)."""
-    fit = [p for p in points() if p.refit_fitted and not p.blocking]
+    fit = [p for p in points() if p.fitted and not p.blocking]
     out: dict[tuple[str, str], str] = {}
     for profile, bases in (("h100-dgx", ("h100-dgx", "h200-hgx")), ("a100-dgx", ("a100-dgx",))):
         for family in ("", "2.23"):
@@ -376,7 +371,7 @@ def validation_table(pts: list[Point] | None = None, refit: bool = False) -> str
     ]
     for (nodes, size, coll), rows in buckets(points() if pts is None else pts, refit).items():
         errs = [abs(e) for _, e in rows]
-        held = [abs(e) for p, e in rows if not (p.refit_fitted if refit else p.fitted)]
+        held = [abs(e) for p, e in rows if not p.fitted]
         fit = len(rows) - len(held)
         med_h = f"{statistics.median(held):.1%}" if held else "—"
         max_h = f"{max(held):.1%}" if held else "—"

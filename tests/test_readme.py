@@ -31,7 +31,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from emit_support import emulation_lib, need_mpicxx, need_nvcc, session_dir
+from conftest import emulation_cache
+from emit_support import emulation_lib, need_mpicxx, need_nvcc
 
 from cocoviz import samples
 from cocoviz.ir.lower import load_file
@@ -261,7 +262,7 @@ def test_readme_block_runs_as_documented(
             need_nvcc()
         if any("--emulate" in c.text for c in block.commands):
             # the emulation library, built once per session (docs/codegen.md: EMU_LIB)
-            cache = session_dir(tmp_path_factory) / "emulation"
+            cache = emulation_cache(tmp_path_factory)
             env["EMU_LIB"] = str(emulation_lib(cache))
     work = tmp_path / "work"
     work.mkdir()
