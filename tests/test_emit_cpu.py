@@ -162,3 +162,50 @@ def test_cpu_collectives_same_bits_shared_or_through_mpi(
         assert json.loads(run.stdout.strip().splitlines()[-1])["node_shared"] is (shared == "1")
         dumps[shared] = {p.name: p.read_bytes() for p in sorted(dump.iterdir())}
     assert dumps["1"] and dumps["1"] == dumps["0"]
+
+
+GEMM_ORDER_PROGRAM = """program gemm_order
+ranks 2
+dim M = 6, K = 300, N = 520
+input a : f32[M, K] local
+input b : f32[K, N] local
+c = matmul(a, b)
+output c
+"""
+
+
+def test_cpu_gemm_adds_each_elements_products_in_contraction_order(tmp_path: Path) -> None:
+    """The CPU GEMM computes C's rows in tiles of accumulators with the contraction outside
+    the column loop (docs/codegen.md, "The CPU target's GEMM"), yet every element is the
+    f32 sum of its products in the order q = 0, 1, …, K−1: bit for bit the dot product per
+    element, over full tiles and the last partial one (520 = 2 · 256 + 8 columns)."""
+    import numpy as np
+
+    from cocoviz import numerics as nm
+    from cocoviz.exec.reference import run_reference
+
+    need_mpicxx()
+    program, _ = text_programs(GEMM_ORDER_PROGRAM, None)
+    files = emit_text(GEMM_ORDER_PROGRAM, None, "cpu")
+    assert "for (int64_t c0 = 0; c0 < 520; c0 += 256)" in files["gemm_order.cpp"]
+    write(tmp_path, files)
+    res = make(tmp_path)
+    assert res.returncode == 0 and not diagnostics(res), "\n".join(diagnostics(res))
+    dump = tmp_path / "dump"
+    run = subprocess.run(
+        [str(tmp_path / "run.sh"), "--iters", "1", "--warmup", "0", "--dump", str(dump)],
+        capture_output=True, text=True, timeout=300, check=False,
+    )  # fmt: skip
+    assert run.returncode == 0, run.stdout + run.stderr
+    ref = run_reference(program, 0)
+    a = np.asarray(ref.global_value("a"), dtype=np.float32)
+    b = np.asarray(ref.global_value("b"), dtype=np.float32)
+    assert a.shape == (2, 6, 300) and b.shape == (2, 300, 520)  # each rank's own
+    want = np.zeros((2, 6, 520), dtype=np.float32)
+    for q in range(300):  # one rounding per product and per addition, in order
+        want = want + a[:, :, q : q + 1] * b[:, q : q + 1, :]
+    got = nm.load_npy(dump / "c.npy", "f32")
+    assert got.shape == want.shape
+    assert np.array_equal(got.view(np.uint32), want.view(np.uint32))
+    # and a sum in another order differs somewhere: the test can tell the orders apart
+    assert not np.array_equal(got, (a[:, :, ::-1] @ b[:, ::-1, :]).astype(np.float32))

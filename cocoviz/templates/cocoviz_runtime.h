@@ -55,7 +55,7 @@
 #define COCOVIZ_HD inline
 #endif
 
-// COCOVIZ_VECTOR_CLONES: the CPU target's loops that vectorize (elementwise kernels,
+// COCOVIZ_VECTOR_CLONES: the CPU target's loops that vectorize (elementwise kernels, GEMMs,
 // conversions, cross-rank combines) are compiled for AVX-512 and AVX2 besides the
 // baseline, and the loader picks the widest the machine has (GCC's target_clones, an
 // ifunc; the OpenMP body of the function is cloned with it). The same operations in wider
