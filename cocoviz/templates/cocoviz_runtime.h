@@ -483,6 +483,27 @@ COCOVIZ_HD bool dropout_keep(uint64_t key, uint64_t i, uint32_t threshold) {
   return (uniform_bits(key, i) >> 32) >= threshold;
 }
 
+// v where keep, else zero (+0.0 for floats), selected by a mask rather than `?:`: the
+// compiler may turn `keep ? v : 0` into a branch around v's computation (a float operation,
+// which may trap) and then not vectorize the loop (as f16_from_float's selects above).
+template <class T>
+COCOVIZ_HD T keep_or_zero(bool keep, T v) {
+  if constexpr (std::is_same<T, float>::value) {
+    return bits_float(float_bits(v) & (0u - static_cast<uint32_t>(keep)));
+  } else if constexpr (std::is_same<T, double>::value) {
+    const uint64_t u = double_bits(v) & (0ull - static_cast<uint64_t>(keep));
+#if defined(__CUDA_ARCH__)
+    return __longlong_as_double(static_cast<long long>(u));
+#else
+    double d;
+    std::memcpy(&d, &u, sizeof d);
+    return d;
+#endif
+  } else {
+    return v & (T(0) - static_cast<T>(keep));
+  }
+}
+
 // The factor applied to kept elements: f32 for f16/bf16/f32, f64 for f64 and integers.
 template <DType D>
 using dropout_scale_t =

@@ -136,7 +136,7 @@ __global__ void k_ref_out(const Buffers B, const Consts C, const Params P, const
         const int64_t v2 = 0 + (((i) / 1) % 12288) * 1;
         const float v3 = ::cocoviz::CudaDt<cocoviz::DType::f16>::load(COCOVIZ_LD(B.in_ref_b, v2));
         const float v4 = v1 + v3;
-        const float v5 = ::cocoviz::dropout_keep(C.key_ref_out_0, static_cast<uint64_t>(i), C.drop_ref_p0_f16_thr) ? ::cocoviz::CudaDt<cocoviz::DType::f16>::load(::cocoviz::CudaDt<cocoviz::DType::f16>::store(v4 * C.drop_ref_p0_f16_scale)) : float(0);
+        const float v5 = ::cocoviz::keep_or_zero(::cocoviz::dropout_keep(C.key_ref_out_0, static_cast<uint64_t>(i), C.drop_ref_p0_f16_thr), ::cocoviz::CudaDt<cocoviz::DType::f16>::load(::cocoviz::CudaDt<cocoviz::DType::f16>::store(v4 * C.drop_ref_p0_f16_scale)));
         const float v6 = ::cocoviz::CudaDt<cocoviz::DType::f16>::load(ld1.v[j]);
         const float v7 = v5 + v6;
         const float v8 = ::cocoviz::CudaDt<cocoviz::DType::f16>::load(::cocoviz::CudaDt<cocoviz::DType::f16>::store(v7));
@@ -152,7 +152,7 @@ __global__ void k_ref_out(const Buffers B, const Consts C, const Params P, const
     const int64_t v2 = 0 + (((i) / 1) % 12288) * 1;
     const float v3 = ::cocoviz::CudaDt<cocoviz::DType::f16>::load(COCOVIZ_LD(B.in_ref_b, v2));
     const float v4 = v1 + v3;
-    const float v5 = ::cocoviz::dropout_keep(C.key_ref_out_0, static_cast<uint64_t>(i), C.drop_ref_p0_f16_thr) ? ::cocoviz::CudaDt<cocoviz::DType::f16>::load(::cocoviz::CudaDt<cocoviz::DType::f16>::store(v4 * C.drop_ref_p0_f16_scale)) : float(0);
+    const float v5 = ::cocoviz::keep_or_zero(::cocoviz::dropout_keep(C.key_ref_out_0, static_cast<uint64_t>(i), C.drop_ref_p0_f16_thr), ::cocoviz::CudaDt<cocoviz::DType::f16>::load(::cocoviz::CudaDt<cocoviz::DType::f16>::store(v4 * C.drop_ref_p0_f16_scale)));
     const float v6 = ::cocoviz::CudaDt<cocoviz::DType::f16>::load(COCOVIZ_LD(B.in_ref_r, i));
     const float v7 = v5 + v6;
     const float v8 = ::cocoviz::CudaDt<cocoviz::DType::f16>::load(::cocoviz::CudaDt<cocoviz::DType::f16>::store(v7));
@@ -488,7 +488,7 @@ __global__ void k_sch_out_s(const Buffers B, const Consts C, const Params P, con
         const int64_t v4 = 0 + (((v3) / 1) % 12288) * 1;
         const float v5 = ::cocoviz::CudaDt<cocoviz::DType::f16>::load(COCOVIZ_LD(B.in_sch_b, v4));
         const float v6 = v2 + v5;
-        const float v7 = ::cocoviz::dropout_keep(C.key_sch_out_0, static_cast<uint64_t>(v3), C.drop_sch_p0_f16_thr) ? ::cocoviz::CudaDt<cocoviz::DType::f16>::load(::cocoviz::CudaDt<cocoviz::DType::f16>::store(v6 * C.drop_sch_p0_f16_scale)) : float(0);
+        const float v7 = ::cocoviz::keep_or_zero(::cocoviz::dropout_keep(C.key_sch_out_0, static_cast<uint64_t>(v3), C.drop_sch_p0_f16_thr), ::cocoviz::CudaDt<cocoviz::DType::f16>::load(::cocoviz::CudaDt<cocoviz::DType::f16>::store(v6 * C.drop_sch_p0_f16_scale)));
         const float v8 = ::cocoviz::CudaDt<cocoviz::DType::f16>::load(ld1.v[j]);
         const float v9 = v7 + v8;
         const float v10 = ::cocoviz::CudaDt<cocoviz::DType::f16>::load(::cocoviz::CudaDt<cocoviz::DType::f16>::store(v9));
@@ -506,7 +506,7 @@ __global__ void k_sch_out_s(const Buffers B, const Consts C, const Params P, con
     const int64_t v4 = 0 + (((v3) / 1) % 12288) * 1;
     const float v5 = ::cocoviz::CudaDt<cocoviz::DType::f16>::load(COCOVIZ_LD(B.in_sch_b, v4));
     const float v6 = v2 + v5;
-    const float v7 = ::cocoviz::dropout_keep(C.key_sch_out_0, static_cast<uint64_t>(v3), C.drop_sch_p0_f16_thr) ? ::cocoviz::CudaDt<cocoviz::DType::f16>::load(::cocoviz::CudaDt<cocoviz::DType::f16>::store(v6 * C.drop_sch_p0_f16_scale)) : float(0);
+    const float v7 = ::cocoviz::keep_or_zero(::cocoviz::dropout_keep(C.key_sch_out_0, static_cast<uint64_t>(v3), C.drop_sch_p0_f16_thr), ::cocoviz::CudaDt<cocoviz::DType::f16>::load(::cocoviz::CudaDt<cocoviz::DType::f16>::store(v6 * C.drop_sch_p0_f16_scale)));
     const float v8 = ::cocoviz::CudaDt<cocoviz::DType::f16>::load(COCOVIZ_LD(B.in_sch_r, v3));
     const float v9 = v7 + v8;
     const float v10 = ::cocoviz::CudaDt<cocoviz::DType::f16>::load(::cocoviz::CudaDt<cocoviz::DType::f16>::store(v9));
