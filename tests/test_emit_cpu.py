@@ -217,18 +217,23 @@ dim N = 4096, M = 16, K = 64
 input x : f16[N] local
 input a : bf16[M, K] local
 input b : bf16[K, K] local
+input bias : bf16[K] replicated
 y = dropout(x * 2, 0.1) + x
 c = matmul(a, b)
+z = a + bias
 output y
 output c
+output z
 """
 
 
 def test_cpu_dropout_kernel_and_gemm_columns_vectorize(tmp_path: Path) -> None:
     """GCC reports the loops the docs say vectorize as vectorized (docs/codegen.md, "Fast
     loops (CPU)"): an f16 kernel with dropout (its keep selected by a mask, not `?:`, which
-    became a branch around the f16 rounding: "control flow in loop") and the column loops
-    of a GEMM that writes bf16 (the dot product per element before did not vectorize)."""
+    became a branch around the f16 rounding: "control flow in loop"), the column loops
+    of a GEMM that writes bf16 (the dot product per element before did not vectorize) and
+    a bias add's row (one loop over i read the bias at i % K: a gather of 16-bit values,
+    "not suitable for gather load")."""
     need_mpicxx()
     files = emit_text(VECTOR_PROGRAM, None, "cpu")
     src = files["vec_loops.cpp"]
@@ -255,3 +260,43 @@ def test_cpu_dropout_kernel_and_gemm_columns_vectorize(tmp_path: Path) -> None:
     assert {kernel[0], kernel[0] + 1} & vectorized, (kernel, sorted(vectorized))
     columns = loops_in("mm_sch_c", "for (int64_t j = 0; j < w; ++j) acc[j] +=")
     assert len(columns) == 1 and columns[0] in vectorized, (columns, sorted(vectorized))
+    row = loops_in("k_sch_z", "for (int64_t i1 = 0; i1 < 64; ++i1)")
+    assert len(row) == 1 and {row[0], row[0] + 1} & vectorized, (row, sorted(vectorized))
+
+
+@pytest.mark.parametrize(
+    ("space", "operand"),
+    [((4, 6, 16), (16,)), ((4, 6, 16), (6, 16)), ((4, 6, 16), (4, 1, 16)), ((3, 8), (3, 8)),
+     ((2, 3, 8), (2, 1, 1)), ((5, 8), (1, 8))],
+)  # fmt: skip
+def test_split_rows_reads_every_broadcast_element_where_the_one_loop_did(
+    space: tuple[int, ...], operand: tuple[int, ...]
+) -> None:
+    """`split_rows` rewrites a broadcast index ``Σ ((i / rs) % rd)·os`` in terms of the row
+    ``i0`` and the element ``i1`` of ``i = i0·n + i1``; for every element the rewritten
+    index is the original one (or the kernel keeps its one loop)."""
+    from cocoviz.emit.render import MIN_ROW, split_rows
+
+    strides = [1] * len(space)
+    for d in range(len(space) - 2, -1, -1):
+        strides[d] = strides[d + 1] * space[d + 1]
+    off = len(space) - len(operand)
+    terms, os_ = [], 1
+    for d in range(len(operand) - 1, -1, -1):  # as cocoviz.emit.body's element_index
+        if operand[d] != 1:
+            terms.append((strides[d + off], space[d + off], os_))
+        os_ *= operand[d]
+    count = strides[0] * space[0]
+    bcast = {"kind": "index_bcast", "a": "i", "dst": "v1", "terms": terms}
+    store = {"kind": "store", "a": "i", "dst": ""}
+    split = split_rows([bcast, store], count)
+    if operand[-1] == 1 or space[-1] < MIN_ROW:
+        assert split is None
+        return
+    assert split is not None
+    n, body = split
+    assert n == space[-1] and body[1] == store and body[0]["kind"] == "index_rows"
+    expr = body[0]["expr"].replace("/", "//")
+    for i in range(count):
+        want = sum(((i // rs) % rd) * o for rs, rd, o in terms)
+        assert eval(expr, {"i0": i // n, "i1": i % n}) == want, (i, expr)

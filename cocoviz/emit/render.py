@@ -628,6 +628,46 @@ class CpuRenderer(Renderer):
     )
     runtime_files = ("cocoviz_runtime.h",)
 
+    def step(self, st: pl.Step) -> dict[str, Any]:
+        d = super().step(st)
+        if isinstance(st, pl.Kernel) and not d["reductions"]:
+            rows = split_rows(d["body"], d["count"])
+            d["row_len"], d["body"] = rows if rows else (0, d["body"])
+        return d
+
+
+MIN_ROW = 8
+"""The shortest row ``split_rows`` runs as an inner loop."""
+
+
+def split_rows(body: list[dict[str, Any]], count: int) -> tuple[int, list[dict[str, Any]]] | None:
+    """An elementwise CPU kernel that reads a broadcast operand (a bias along the last
+    dimension: ``(i % n)``) as two loops, rows ``i0`` outside and the n elements of a row
+    ``i1`` inside (``i = i0·n + i1``), with every broadcast index of ``i`` in those terms:
+    ``((i / rs) % rd)·os`` is ``i1·os`` for the last dimension (rs = 1, rd = n) and
+    ``((i0 / (rs/n)) % rd)·os`` for the others (rs a multiple of n). A gather of 16-bit
+    values, which ``(i % n)`` is to the compiler, does not vectorize; a row's contiguous
+    run does (docs/codegen.md, "Fast loops (CPU)"). The same elements in the same
+    per-element order: the same bits. None when no broadcast reads ``i`` or a term does
+    not fit the split (the one loop as before). (row length, new body)"""
+    bcast = [s for s in body if s["kind"] == "index_bcast" and s["a"] == "i"]
+    inner = {rd for s in bcast for rs, rd, _ in s["terms"] if rs == 1}
+    if len(inner) != 1:
+        return None
+    (n,) = inner
+    if n < MIN_ROW or count % n or any(rs % n for s in bcast for rs, _, _ in s["terms"] if rs > 1):
+        return None
+    out = []
+    for s in body:
+        if s in bcast:
+            parts = [
+                f"i1 * {os}" if rs == 1 else f"((i0 / {rs // n}) % {rd}) * {os}"
+                for rs, rd, os in s["terms"]
+            ]
+            s = {**s, "kind": "index_rows", "expr": " + ".join(parts) or "0"}
+        out.append(s)
+    return n, out
+
 
 VEC_BYTES = 16
 """Widest access of a vectorized kernel (one 128-bit load or store per pack)."""
