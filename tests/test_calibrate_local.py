@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from cocoviz.cli import main
+from cocoviz.ir.lower import load_program
 from cocoviz.sim.collectives import collective_time, p2p_time
 from cocoviz.sim.hardware import load_profile
 from cocoviz.sim.local_profile import (
@@ -30,6 +31,7 @@ def _machine():  # type: ignore[no-untyped-def]
         "gpu.hbm_gbps": 11.0,
         "gpu.hbm_efficiency.dram": 0.4,
         "gpu.vector_tflops.f32": 0.0031,
+        "gpu.libm_call_ns": 7.0,
         "gpu.convert_ns.f16_widen": 0.8,
         "gpu.convert_ns.f16_narrow": 3.0,
         "gpu.convert_ns.bf16_widen": 0.3,
@@ -64,6 +66,7 @@ def test_the_fit_recovers_a_known_machine_from_its_micro_runs() -> None:
     assert fitted.gpu.convert_ns.f16_widen == pytest.approx(0.8, rel=0.05)
     assert fitted.gpu.convert_ns.f16_narrow == pytest.approx(3.0, rel=0.05)
     assert fitted.gpu.convert_ns.bf16_narrow == pytest.approx(0.7, rel=0.05)
+    assert fitted.gpu.libm_call_ns == pytest.approx(7.0, rel=0.05)
 
 
 def test_the_written_profile_is_the_fitted_one(tmp_path: Path) -> None:
@@ -80,6 +83,7 @@ def test_the_written_profile_is_the_fitted_one(tmp_path: Path) -> None:
     for field in ("f16_widen", "f16_narrow", "bf16_widen", "bf16_narrow"):
         want = getattr(cal.hardware.gpu.convert_ns, field)
         assert getattr(loaded.gpu.convert_ns, field) == pytest.approx(want, rel=1e-5)
+    assert loaded.gpu.libm_call_ns == pytest.approx(cal.hardware.gpu.libm_call_ns, rel=1e-5)
     assert loaded.gpu.vector_tflops.f16 == loaded.gpu.vector_tflops.f32  # float arithmetic
     text = path.read_text()
     assert text.startswith("# Written by `cocoviz calibrate --local`")
@@ -135,3 +139,25 @@ def test_calibrate_local_runs_on_this_machine(tmp_path: Path, capsys) -> None:  
     hw = load_profile(out)
     assert hw.gpu.arch == "cpu"
     assert main(["simulate", "adam", "--ranks", "2", "-D", "N=65536", "--hw", str(out)]) == 0
+
+
+def test_a_kernel_of_math_library_calls_pays_them_on_cpu_ranks() -> None:
+    """gpu.libm_call_ns (docs/cost-model.md, this machine): each element of exp, log,
+    tanh, sigmoid, gelu, pow (floats) and softmax is one call beside its FLOPs; an
+    integer pow is not, nor a GPU profile's call (0: in the FLOPs)."""
+    base = starting_profile(2)
+
+    def with_calls(ns: float):  # type: ignore[no-untyped-def]
+        return dataclasses.replace(base, gpu=dataclasses.replace(base.gpu, libm_call_ns=ns))
+
+    n = 1 << 20
+    for expr, calls in (("exp(x)", 1), ("tanh(x) + log(x)", 2), ("gelu(x)", 1),
+                        ("softmax(x)", 1), ("x * 2.0", 0)):  # fmt: skip
+        text = f"program t\nranks 2\ndim N = {n}\ninput x : f32[N] local\ny = {expr}\noutput y\n"
+        program = load_program(text, "<t>", None)
+        slow, fast = makespan(program, with_calls(100.0)), makespan(program, with_calls(0.0))
+        assert slow - fast == pytest.approx(calls * 100e-9 * n, rel=0.02), expr
+    text = f"program t\nranks 2\ndim N = {n}\ninput x : i32[N] local\ny = pow(x, x)\noutput y\n"
+    program = load_program(text, "<t>", None)
+    assert makespan(program, with_calls(100.0)) == makespan(program, with_calls(0.0))
+    assert load_profile("h100-dgx").gpu.libm_call_ns == 0.0

@@ -166,14 +166,17 @@ def kernel_time(
     launch: bool = True,
     graph: bool = False,
     converts: tuple[float, float, float, float] = (0.0, 0.0, 0.0, 0.0),
+    calls: float = 0.0,
 ) -> float:
     """Roofline time of one non-matmul kernel (elementwise, row-wise, reduction).
 
     ``launch=False`` gives the body alone, for work inside a fused kernel; ``graph=True``
     prices it as a node of a CUDA graph (no host launch per kernel). ``converts``: the
     f16 elements the kernel reads and writes, then the bf16 ones, each widened to or
-    narrowed from f32 at ``gpu.convert_ns`` (work beside the FLOPs). On CPU ranks the
-    arithmetic of a 16-bit float kernel is f32's (the CPU target computes in float).
+    narrowed from f32 at ``gpu.convert_ns`` (work beside the FLOPs). ``calls``: the math
+    library calls it makes (exp, log, tanh, pow), each at ``gpu.libm_call_ns``. On CPU
+    ranks the arithmetic of a 16-bit float kernel is f32's (the CPU target computes in
+    float).
     """
     _check_dtype(dtype)
     if flops < 0 or nbytes < 0:
@@ -187,7 +190,7 @@ def kernel_time(
         + converts[2] * ns.bf16_widen
         + converts[3] * ns.bf16_narrow
     ) * 1e-9
-    work_s = (flops / rate if flops else 0.0) + convert_s
+    work_s = (flops / rate if flops else 0.0) + convert_s + calls * hw.gpu.libm_call_ns * 1e-9
     compute_s = work_s / (1.0 - contention.compute_lost) if work_s else 0.0
     return _with_launch(hw, max(compute_s, _memory_s(hw, nbytes, contention)), launch, graph)
 

@@ -181,6 +181,13 @@ class GpuSpec:
     free next to the memory traffic, as the GPUs' conversion instructions are). The CPU
     target converts in software (``cocoviz calibrate --local`` fits them:
     docs/cost-model.md, this machine)."""
+    libm_call_ns: float = 0.0
+    """Time of one call of a math library function (exp, log, tanh, pow: one per element
+    of ``exp``, ``log``, ``tanh``, ``sigmoid``, ``gelu``, ``pow`` and ``softmax``) beside the
+    FLOPs, ns per rank (``[gpu] libm_call_ns``; 0, the default: the GPUs' special-function
+    units are in the FLOPs). The CPU target calls libm one element at a time and the loop
+    around the call does not vectorize (``cocoviz calibrate --local`` fits it on a kernel
+    of ``exp``: docs/cost-model.md, this machine)."""
 
 
 @dataclass(frozen=True)
@@ -885,6 +892,7 @@ def _build(raw: dict[str, Any], where: str) -> Hardware:
         hbm_efficiency=tuple((b, e) for b, e in hbm_points),
         hbm_efficiency_floor=eff.fraction("hbm_floor"),
         convert_ns=_per_half(g.table("convert_ns")) if "convert_ns" in g.data else PerHalf(),
+        libm_call_ns=g.number("libm_call_ns", zero=True) if "libm_call_ns" in g.data else 0.0,
     )
     eff.done()
     g.done()

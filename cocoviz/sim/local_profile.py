@@ -119,6 +119,12 @@ MICRO: tuple[MicroProgram, ...] = (
         "y = (x * 0.9 + 0.1) / (sqrt(x * x * 0.999 + 0.001) + 0.00000001)\noutput y\n",
     ),
     MicroProgram(
+        "ew_exp",
+        "elementwise f32 kernel of exp over 4 MiB (in the caches): a libm call per element",
+        "program micro_ew_exp\nranks {ranks}\ndim N = 1048576\ninput x : f32[N] local\n"
+        "y = exp(x * 0.001)\noutput y\n",
+    ),
+    MicroProgram(
         "gemm_f32",
         "GEMM f32 [256, 256] x [256, 256]",
         "program micro_gemm_f32\nranks {ranks}\ndim M = 256, K = 256, N = 256\n"
@@ -264,6 +270,7 @@ sms = 1
 hbm_gbps = {v["hbm_gbps"]:.6g}
 launch_overhead_us = {v["kernel_gap_us"]:.6g}
 kernel_gap_us = {v["kernel_gap_us"]:.6g}
+libm_call_ns = {v["libm_call_ns"]:.6g}      # one exp/log/tanh/pow call per element, beside the FLOPs
 
 [gpu.matmul_tflops]
 {rates}
@@ -370,6 +377,7 @@ def starting_profile(ranks: int, *, name: str | None = None) -> Hardware:
         "f16_narrow": 1.0,
         "bf16_widen": 1.0,
         "bf16_narrow": 1.0,
+        "libm_call_ns": 1.0,
     }
     for d, rate in (
         ("f16", 0.004),
@@ -396,6 +404,7 @@ def local_knobs() -> tuple[Knob, ...]:
         Knob("gpu.hbm_gbps", 0.05, 1000.0),
         CurveKnob("gpu.hbm_efficiency.dram", 0.01, 1.0),
         Knob("gpu.vector_tflops.f32", 1e-6, 10.0),
+        Knob("gpu.libm_call_ns", 1e-3, 1e5),
         Knob("gpu.convert_ns.f16_widen", 1e-4, 1e4),
         Knob("gpu.convert_ns.f16_narrow", 1e-4, 1e4),
         Knob("gpu.convert_ns.bf16_widen", 1e-4, 1e4),
@@ -416,6 +425,7 @@ _SEEDS = (
     ("gpu.hbm_gbps", "ew_f32_mid"),
     ("gpu.hbm_efficiency.dram", "ew_f32"),
     ("gpu.vector_tflops.f32", "ew_math"),
+    ("gpu.libm_call_ns", "ew_exp"),
     ("gpu.convert_ns.f16_widen", "ew_f16_widen"),
     ("gpu.convert_ns.f16_narrow", "ew_f16"),
     ("gpu.convert_ns.bf16_widen", "ew_bf16_widen"),
@@ -512,6 +522,7 @@ def local_profile_toml(cal: Calibration, ranks: int, measured: Sequence[tuple[st
         values["vector_" + d] = getattr(vec, vector_tied.get(d, d)) * scale
     for field in ("f16_widen", "f16_narrow", "bf16_widen", "bf16_narrow"):
         values[field] = getattr(hw.gpu.convert_ns, field)
+    values["libm_call_ns"] = hw.gpu.libm_call_ns
     med, worst = cal.summary()
     header = [
         "# Written by `cocoviz calibrate --local`: a cpu-mpi profile of this machine, fitted so",

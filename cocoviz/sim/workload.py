@@ -129,6 +129,11 @@ _FLOPS = {
     Op.ZEROS: 0, Op.ONES: 0, Op.FULL: 0, Op.IOTA: 0,  # constants: folded, nothing read
 }  # fmt: skip
 
+_CALLS = frozenset({Op.EXP, Op.LOG, Op.TANH, Op.SIGMOID, Op.GELU, Op.POW, Op.SOFTMAX})
+"""Operators the CPU target computes with a math library call per element (exp, log,
+tanh, pow: sigmoid and softmax call exp, gelu tanh), priced at ``gpu.libm_call_ns``
+beside their FLOPs (0 on GPU profiles)."""
+
 
 # ---------------------------------------------------------------------------------------
 # Cached cost evaluations
@@ -145,10 +150,12 @@ def _kernel(
     c: Contention,
     launch: bool,
     converts: tuple[float, float, float, float] = (0.0, 0.0, 0.0, 0.0),
+    calls: float = 0.0,
 ) -> float:
     return kernel_time(
-        hw, flops, nbytes, dtype, contention=c, launch=launch, graph=True, converts=converts
-    )
+        hw, flops, nbytes, dtype, contention=c, launch=launch, graph=True, converts=converts,
+        calls=calls,
+    )  # fmt: skip
 
 
 @lru_cache(maxsize=65536)
@@ -183,9 +190,13 @@ class KernelSpec:
     sync_us: float = 0.0  # a grid-wide sync before this phase (cooperative kernel)
     converts: tuple[float, float, float, float] = (0.0, 0.0, 0.0, 0.0)
     """f16 elements read and written, bf16 elements read and written (``_converts``)."""
+    calls: float = 0.0
+    """Math library calls (``_CALLS``: one per element of exp, log, tanh, ...)."""
 
     def time(self, hw: Hardware, c: Contention) -> float:
-        t = _kernel(hw, self.flops, self.nbytes, self.dtype, c, self.launch, self.converts)
+        t = _kernel(
+            hw, self.flops, self.nbytes, self.dtype, c, self.launch, self.converts, self.calls
+        )
         return t + self.sync_us * 1e-6
 
 
@@ -484,15 +495,16 @@ def make_context(program: Program, hw: Hardware, collectives: str = "nccl") -> C
 # Work of expressions
 
 
-def _expr_work(ctx: Context, e: Expr) -> tuple[dict[str, int], float]:
+def _expr_work(ctx: Context, e: Expr) -> tuple[dict[str, int], float, float]:
     """What an expression costs one rank: the bytes of each name it reads (``slice(x)``
-    reads a slice; an update's target is written, not read) and its FLOPs (collectives
-    and GEMMs are priced on their own), in one walk."""
+    reads a slice; an update's target is written, not read), its FLOPs (collectives
+    and GEMMs are priced on their own) and its math library calls (``_CALLS``), in one
+    walk."""
     params, group, types = ctx.params, ctx.group, ctx.types
     dp = ctx.program.grid.dp
     per_rank_bytes = ctx.per_rank_bytes
     reads: dict[str, int] = {}
-    flops = 0.0
+    flops = calls = 0.0
     todo = [e]
     while todo:
         node = todo.pop()
@@ -526,11 +538,13 @@ def _expr_work(ctx: Context, e: Expr) -> tuple[dict[str, int], float]:
             if per:
                 ty = node.args[0].type if op in REDUCTIONS or op in AXIS_REDUCTIONS else node.type
                 flops += per * per_rank_numel(ty, group, dp)
+                if op in _CALLS and ty.dtype.is_float:  # integer pow: a loop of its own
+                    calls += per_rank_numel(ty, group, dp)
         if op is Op.UPDATE:
             todo.extend(node.args[1:])  # the target (a reference) costs no FLOPs either
         else:
             todo.extend(node.args)
-    return reads, flops
+    return reads, flops, calls
 
 
 def _has_cross_rank_reduction(ctx: Context, name: str) -> bool:
@@ -629,6 +643,7 @@ def _scaled(spec: KernelSpec, chunks: int) -> KernelSpec:
         spec.launch,
         spec.sync_us,
         _per_chunk(spec.converts, chunks),
+        spec.calls / chunks,
     )
 
 
@@ -956,7 +971,7 @@ def _compute_ops(
         types = [ctx.types[m] for m in phase]
         if len(phase) == 1:  # most kernels: one stage, nothing of it made inside
             (m,) = phase
-            reads, flops = _expr_work(ctx, ctx.by_name[m].expr)
+            reads, flops, calls = _expr_work(ctx, ctx.by_name[m].expr)
             reads.pop(m, None)
             writes = ctx.per_rank_bytes(types[0]) if m in ctx.written else 0
             written = {m: writes} if writes else {}
@@ -965,13 +980,14 @@ def _compute_ops(
         else:
             made = set(phase)
             reads = {}
-            flops = 0.0
+            flops = calls = 0.0
             for m in phase:
-                m_reads, m_flops = _expr_work(ctx, ctx.by_name[m].expr)
+                m_reads, m_flops, m_calls = _expr_work(ctx, ctx.by_name[m].expr)
                 for n, b in m_reads.items():
                     if n not in made and b > reads.get(n, 0):
                         reads[n] = b
                 flops += m_flops
+                calls += m_calls
             written = {}
             for m, ty in zip(phase, types, strict=True):
                 if m not in ctx.written:
@@ -999,9 +1015,9 @@ def _compute_ops(
             [(ctx.types[m].dtype, float(b)) for m, b in written.items()],
         )
         if chunks != 1:  # as `_scaled`
-            flops, nbytes = flops / chunks, nbytes / chunks
+            flops, nbytes, calls = flops / chunks, nbytes / chunks, calls / chunks
             converts = _per_chunk(converts, chunks)
-        spec = KernelSpec(flops, nbytes, dtype, launch, sync_us, converts)
+        spec = KernelSpec(flops, nbytes, dtype, launch, sync_us, converts, calls)
         reducing = [m for m in phase if m in ctx.reductions]
         # Values that wait for a cross-rank reduction are made by the reduce op.
         if reducing:
@@ -1169,7 +1185,7 @@ def _device_lower(
     reads: dict[str, int] = {}
     made = set(members)
     for m in compute:
-        m_reads, m_flops = _expr_work(ctx, ctx.by_name[m].expr)
+        m_reads, m_flops, _ = _expr_work(ctx, ctx.by_name[m].expr)  # a GPU kernel: no libm
         flops += m_flops
         for n, b in m_reads.items():
             if n not in made and b > reads.get(n, 0):
