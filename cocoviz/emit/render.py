@@ -650,16 +650,16 @@ def split_rows(body: list[dict[str, Any]], count: int) -> tuple[int, list[dict[s
     run does (docs/codegen.md, "Fast loops (CPU)"). The same elements in the same
     per-element order: the same bits. None when no broadcast reads ``i`` or a term does
     not fit the split (the one loop as before). (row length, new body)"""
-    bcast = [s for s in body if s["kind"] == "index_bcast" and s["a"] == "i"]
-    inner = {rd for s in bcast for rs, rd, _ in s["terms"] if rs == 1}
+    terms = [t for s in body if _reads_i(s) for t in s["terms"]]
+    inner = {rd for rs, rd, _ in terms if rs == 1}
     if len(inner) != 1:
         return None
     (n,) = inner
-    if n < MIN_ROW or count % n or any(rs % n for s in bcast for rs, _, _ in s["terms"] if rs > 1):
+    if n < MIN_ROW or count % n or any(rs % n for rs, _, _ in terms if rs > 1):
         return None
     out = []
     for s in body:
-        if s in bcast:
+        if _reads_i(s):
             parts = [
                 f"i1 * {os}" if rs == 1 else f"((i0 / {rs // n}) % {rd}) * {os}"
                 for rs, rd, os in s["terms"]
@@ -667,6 +667,11 @@ def split_rows(body: list[dict[str, Any]], count: int) -> tuple[int, list[dict[s
             s = {**s, "kind": "index_rows", "expr": " + ".join(parts) or "0"}
         out.append(s)
     return n, out
+
+
+def _reads_i(s: dict[str, Any]) -> bool:
+    """A broadcast index of the kernel's element index ``i``."""
+    return bool(s["kind"] == "index_bcast" and s["a"] == "i")
 
 
 VEC_BYTES = 16

@@ -110,6 +110,16 @@ COCOVIZ_HD uint64_t double_bits(double d) {
 #endif
 }
 
+COCOVIZ_HD double bits_double(uint64_t u) {
+#if defined(__CUDA_ARCH__)
+  return __longlong_as_double(static_cast<long long>(u));
+#else
+  double d;
+  std::memcpy(&d, &u, sizeof d);
+  return d;
+#endif
+}
+
 // ------------------------------------------------------------------ generator
 
 COCOVIZ_HD constexpr uint64_t mix(uint64_t z) {
@@ -491,14 +501,7 @@ COCOVIZ_HD T keep_or_zero(bool keep, T v) {
   if constexpr (std::is_same<T, float>::value) {
     return bits_float(float_bits(v) & (0u - static_cast<uint32_t>(keep)));
   } else if constexpr (std::is_same<T, double>::value) {
-    const uint64_t u = double_bits(v) & (0ull - static_cast<uint64_t>(keep));
-#if defined(__CUDA_ARCH__)
-    return __longlong_as_double(static_cast<long long>(u));
-#else
-    double d;
-    std::memcpy(&d, &u, sizeof d);
-    return d;
-#endif
+    return bits_double(double_bits(v) & (0ull - static_cast<uint64_t>(keep)));
   } else {
     return v & (T(0) - static_cast<T>(keep));
   }
