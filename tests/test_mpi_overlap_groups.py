@@ -9,6 +9,7 @@ compared with the reference of the unscheduled program as `run` compares them.""
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 
 import numpy as np
@@ -168,7 +169,8 @@ def test_executor_failure_is_an_internal_error_not_a_failed_build(
     err = capsys.readouterr().err
     assert rc == ExitCode.INTERNAL != ExitCode.BUILD
     assert "internal error" in err
-    assert "the MPI executor failed on rank 0: KeyError: 'no_such_value'" in err
+    # every rank fails the same way; which one reports first is a race
+    assert re.search(r"the MPI executor failed on rank [01]: KeyError: 'no_such_value'", err)
     assert list(jobs.glob("cocoviz-mpi-*")) == []
     assert _processes_of(jobs) == []
 
