@@ -218,12 +218,17 @@ input x : f16[N] local
 input a : bf16[M, K] local
 input b : bf16[K, K] local
 input bias : bf16[K] replicated
+input g : bf16[K] replicated
 y = dropout(x * 2, 0.1) + x
 c = matmul(a, b)
 z = a + bias
+n = layernorm(z, g, bias)
+s = softmax(z)
 output y
 output c
 output z
+output n
+output s
 """
 
 
@@ -233,7 +238,8 @@ def test_cpu_dropout_kernel_and_gemm_columns_vectorize(tmp_path: Path) -> None:
     became a branch around the f16 rounding: "control flow in loop"), the column loops
     of a GEMM that writes bf16 (the dot product per element before did not vectorize) and
     a bias add's row (one loop over i read the bias at i % K: a gather of 16-bit values,
-    "not suitable for gather load")."""
+    "not suitable for gather load"), and the row kernels' statistics (8 lanes, not one
+    sum in order: "reduction: unsafe fp math optimization") and output loops."""
     need_mpicxx()
     files = emit_text(VECTOR_PROGRAM, None, "cpu")
     src = files["vec_loops.cpp"]
@@ -262,6 +268,20 @@ def test_cpu_dropout_kernel_and_gemm_columns_vectorize(tmp_path: Path) -> None:
     assert len(columns) == 1 and columns[0] in vectorized, (columns, sorted(vectorized))
     row = loops_in("k_sch_z", "for (int64_t i1 = 0; i1 < 64; ++i1)")
     assert len(row) == 1 and {row[0], row[0] + 1} & vectorized, (row, sorted(vectorized))
+    # layernorm: both statistics' lanes and the output loop (gamma and beta read at j);
+    # softmax: the maximum's lanes and the output loop (the exp loop calls libm)
+    lanes = loops_in("r_sch_n", "for (int64_t lane = 0; lane < 8; ++lane)")
+    out = loops_in("r_sch_n", "for (int64_t j = 0; j < 64; ++j)")
+    assert len(lanes) == 2 and all({n, n + 1} & vectorized for n in lanes), lanes
+    assert len(out) == 1 and {out[0], out[0] + 1} & vectorized, (out, sorted(vectorized))
+    lanes = loops_in("r_sch_s", "for (int64_t lane = 0; lane < 8; ++lane)")
+    out = loops_in("r_sch_s", "for (int64_t j = 0; j < 64; ++j)")
+    assert len(lanes) == 2 and {lanes[0], lanes[0] + 1} & vectorized, lanes
+    assert len(out) == 1 and {out[0], out[0] + 1} & vectorized, (out, sorted(vectorized))
+
+
+STMT = {"kind": "", "dst": "", "a": "", "b": "", "c": ""}
+"""A kernel statement's fields that `split_rows` reads."""
 
 
 @pytest.mark.parametrize(
@@ -287,8 +307,8 @@ def test_split_rows_reads_every_broadcast_element_where_the_one_loop_did(
             terms.append((strides[d + off], space[d + off], os_))
         os_ *= operand[d]
     count = strides[0] * space[0]
-    bcast = {"kind": "index_bcast", "a": "i", "dst": "v1", "terms": terms}
-    store = {"kind": "store", "a": "i", "dst": ""}
+    bcast = {**STMT, "kind": "index_bcast", "a": "i", "dst": "v1", "terms": terms}
+    store = {**STMT, "kind": "store", "a": "i", "b": "v1"}
     split = split_rows([bcast, store], count)
     if operand[-1] == 1 or space[-1] < MIN_ROW:
         assert split is None
@@ -300,3 +320,50 @@ def test_split_rows_reads_every_broadcast_element_where_the_one_loop_did(
     for i in range(count):
         want = sum(((i // rs) % rd) * o for rs, rd, o in terms)
         assert eval(expr, {"i0": i // n, "i1": i % n}) == want, (i, expr)
+
+
+@pytest.mark.parametrize(
+    ("space", "operand", "off"),
+    [((4, 6, 16), (16,), (64, 128, 32)), ((4, 6, 16), (6, 16), (96, 0, 16)),
+     ((2, 3, 8), (2, 1, 8), (48, 96, 0)), ((4, 16), (16,), (8, 0, 0)),
+     ((4, 16), (16,), (0, 0, 3))],
+)  # fmt: skip
+def test_split_rows_reads_a_chunk_offset_broadcast_where_the_one_loop_did(
+    space: tuple[int, ...], operand: tuple[int, ...], off: tuple[int, int, int]
+) -> None:
+    """A broadcast of ``a = i + n1·tp + n2·k + n3`` (a chunk's or a rank's element) splits
+    when the row length divides n1, n2 and n3, and reads, for every element, rank and
+    chunk, what the one loop read; otherwise the kernel keeps its one loop."""
+    from cocoviz.emit.render import split_rows
+
+    strides = [1] * len(space)
+    for d in range(len(space) - 2, -1, -1):
+        strides[d] = strides[d + 1] * space[d + 1]
+    lead = len(space) - len(operand)
+    terms, os_ = [], 1
+    for d in range(len(operand) - 1, -1, -1):
+        if operand[d] != 1:
+            terms.append((strides[d + lead], space[d + lead], os_))
+        os_ *= operand[d]
+    n1, n2, n3 = off
+    count = strides[0] * space[0] // 2  # a chunk: half of the elements
+    shift = {**STMT, "kind": "index_affine", "a": "i", "dst": "v0", "n1": n1, "n2": n2, "n3": n3}
+    bcast = {**STMT, "kind": "index_bcast", "a": "v0", "dst": "v1", "terms": terms}
+    store = {**STMT, "kind": "store", "a": "v0", "b": "v1"}
+    split = split_rows([shift, bcast, store], count)
+    n = space[-1]
+    if any(c % n for c in off):
+        assert split is None
+        return
+    assert split is not None and split[0] == n and split[1][0] == shift
+    # an offset index only the broadcast read is dropped with the read's rewrite
+    alone = split_rows([shift, bcast, {**store, "a": "i"}], count)
+    assert alone is not None and [s["kind"] for s in alone[1]] == ["index_rows", "store"]
+    expr = split[1][1]["expr"].replace("/", "//")
+    for tp in range(2):
+        for k in range(2):
+            for i in range(count):
+                a = i + n1 * tp + n2 * k + n3
+                want = sum(((a // rs) % rd) * o for rs, rd, o in terms)
+                got = eval(expr, {"i0": i // n, "i1": i % n, "tp": tp, "k": k})
+                assert got == want, (i, tp, k, expr)

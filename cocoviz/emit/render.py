@@ -633,6 +633,10 @@ class CpuRenderer(Renderer):
         if isinstance(st, pl.Kernel) and not d["reductions"]:
             rows = split_rows(d["body"], d["count"])
             d["row_len"], d["body"] = rows if rows else (0, d["body"])
+        elif isinstance(st, pl.RowKernel):
+            d["x_body"], d["gb_body"], d["store_body"] = row_indices(
+                [d["x_body"], d["gb_body"], d["store_body"]], d["row_len"]
+            )
         return d
 
 
@@ -645,33 +649,84 @@ def split_rows(body: list[dict[str, Any]], count: int) -> tuple[int, list[dict[s
     dimension: ``(i % n)``) as two loops, rows ``i0`` outside and the n elements of a row
     ``i1`` inside (``i = i0·n + i1``), with every broadcast index of ``i`` in those terms:
     ``((i / rs) % rd)·os`` is ``i1·os`` for the last dimension (rs = 1, rd = n) and
-    ``((i0 / (rs/n)) % rd)·os`` for the others (rs a multiple of n). A gather of 16-bit
-    values, which ``(i % n)`` is to the compiler, does not vectorize; a row's contiguous
-    run does (docs/codegen.md, "Fast loops (CPU)"). The same elements in the same
-    per-element order: the same bits. None when no broadcast reads ``i`` or a term does
-    not fit the split (the one loop as before). (row length, new body)"""
-    terms = [t for s in body if _reads_i(s) for t in s["terms"]]
-    inner = {rd for rs, rd, _ in terms if rs == 1}
+    ``((i0 / (rs/n)) % rd)·os`` for the others (rs a multiple of n). A broadcast of an
+    index ``a = i + off`` (``off = n1·tp + n2·k + n3``, a chunk's or a rank's offset) splits
+    the same way when n divides each of n1, n2, n3: ``(a % n)`` is ``i1`` and ``a / rs`` is
+    ``(i0 + off/n) / (rs/n)``. A gather of 16-bit values, which ``(a % n)`` is to the
+    compiler, does not vectorize; a row's contiguous run does (docs/codegen.md, "Fast loops
+    (CPU)"). The same elements in the same per-element order: the same bits. None when no
+    broadcast reads ``i`` or a term does not fit the split (the one loop as before).
+    (row length, new body)"""
+    affine = _affine_indices(body)
+    reads = [s for s in body if s["kind"] == "index_bcast" and s["a"] in affine]
+    inner = {rd for s in reads for rs, rd, _ in s["terms"] if rs == 1}
     if len(inner) != 1:
         return None
     (n,) = inner
-    if n < MIN_ROW or count % n or any(rs % n for rs, _, _ in terms if rs > 1):
+    if n < MIN_ROW or count % n:
         return None
     out = []
     for s in body:
-        if _reads_i(s):
-            parts = [
-                f"i1 * {os}" if rs == 1 else f"((i0 / {rs // n}) % {rd}) * {os}"
-                for rs, rd, os in s["terms"]
-            ]
-            s = {**s, "kind": "index_rows", "expr": " + ".join(parts) or "0"}
+        if s["kind"] == "index_bcast" and s["a"] in affine:
+            s = row_index(s, affine[s["a"]], n)
+            if s is None:
+                return None
         out.append(s)
-    return n, out
+    return n, _drop_unused_indices([out])[0]
 
 
-def _reads_i(s: dict[str, Any]) -> bool:
-    """A broadcast index of the kernel's element index ``i``."""
-    return bool(s["kind"] == "index_bcast" and s["a"] == "i")
+def row_index(
+    s: dict[str, Any], off: tuple[int, int, int], n: int, row: str = "i0", col: str = "i1"
+) -> dict[str, Any] | None:
+    """The broadcast index statement `s` of ``a = i + off`` (``off = n1·tp + n2·k + n3``)
+    in terms of the row and column of ``i = row·n + col`` (``0 ≤ col < n``) when n divides
+    each of n1, n2, n3 and every term ``((a / rs) % rd)·os`` is the last dimension
+    (rs = 1, rd = n: ``col·os``) or one above it (rs a multiple of n:
+    ``(((row + off/n) / (rs/n)) % rd)·os``); None otherwise."""
+    if any(c % n for c in off):
+        return None
+    if any(rd != n if rs == 1 else rs % n for rs, rd, _ in s["terms"]):
+        return None
+    at = " + ".join([row] + [f"{c // n} * {v}" for c, v in zip(off, ("tp", "k", "1")) if c])
+    parts = [
+        f"{col} * {os}" if rs == 1 else f"((({at}) / {rs // n}) % {rd}) * {os}"
+        for rs, rd, os in s["terms"]
+    ]
+    return {**s, "kind": "index_rows", "a": "", "expr": " + ".join(parts) or "0"}
+
+
+def _drop_unused_indices(bodies: list[list[dict[str, Any]]]) -> list[list[dict[str, Any]]]:
+    """`bodies` (one scope) without the index statements no other statement reads (an
+    offset index only a broadcast read, before `row_index` rewrote it)."""
+    while True:
+        used = {v for body in bodies for s in body for v in _uses(s)}
+        dead = {
+            id(s)
+            for body in bodies
+            for s in body
+            if s["kind"] == "index_affine" and s["dst"] not in used
+        }
+        if not dead:
+            return bodies
+        bodies = [[s for s in body if id(s) not in dead] for body in bodies]
+
+
+def row_indices(
+    bodies: list[list[dict[str, Any]]], n: int
+) -> list[list[dict[str, Any]]]:
+    """A row kernel's bodies (one scope, ``i = row·n + j``) with each broadcast index that
+    `row_index` can write in ``row`` and ``j`` so written (a gather less), the others as
+    they were."""
+    affine = _affine_indices([s for body in bodies for s in body])
+    return _drop_unused_indices([
+        [
+            (row_index(s, affine[s["a"]], n, "row", "j") or s)
+            if s["kind"] == "index_bcast" and s["a"] in affine
+            else s
+            for s in body
+        ]
+        for body in bodies
+    ])
 
 
 VEC_BYTES = 16

@@ -24,6 +24,7 @@
 #include <sys/stat.h>
 #include <time.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cmath>
 #include <cstddef>
@@ -151,6 +152,22 @@ COCOVIZ_HD float input_float(uint64_t u) {
 }
 
 COCOVIZ_HD int64_t input_int(uint64_t u) { return static_cast<int64_t>(u & 15u); }
+
+// ------------------------------------------------------------- lanes
+
+// The 8 lanes of a CPU kernel's accumulation (lane l took elements l, l+8, …) combined
+// pairwise, in one order whichever vector clone ran them (docs/codegen.md, "Fast loops
+// (CPU)"): the sum, and the maximum (std::max: a NaN in the second argument is dropped).
+template <typename T>
+inline T lanes_sum(const T (&s)[8]) {
+  return ((s[0] + s[1]) + (s[2] + s[3])) + ((s[4] + s[5]) + (s[6] + s[7]));
+}
+
+template <typename T>
+inline T lanes_max(const T (&s)[8]) {
+  return std::max(std::max(std::max(s[0], s[1]), std::max(s[2], s[3])),
+                  std::max(std::max(s[4], s[5]), std::max(s[6], s[7])));
+}
 
 // ------------------------------------------------------------- f16 and bf16
 
