@@ -45,6 +45,10 @@ def _machine():  # type: ignore[no-untyped-def]
         "nccl.measured.hop_latency_scale": 4.0,
         "nccl.measured.p2p_nvlink_efficiency": 0.6,
         "overlap.hbm_bytes_per_copy_byte": 3.0,
+        "overlap.hbm_bytes_per_reduce_byte": 4.0,
+        "overlap.reduce_ns.f32": 1.5,
+        "overlap.reduce_ns.f16": 2.5,
+        "overlap.reduce_ns.bf16": 1.8,
     }
     for knob in local_knobs():
         hw = knob.set(hw, values[knob.field])
@@ -67,6 +71,10 @@ def test_the_fit_recovers_a_known_machine_from_its_micro_runs() -> None:
     assert fitted.gpu.convert_ns.f16_narrow == pytest.approx(3.0, rel=0.05)
     assert fitted.gpu.convert_ns.bf16_narrow == pytest.approx(0.7, rel=0.05)
     assert fitted.gpu.libm_call_ns == pytest.approx(7.0, rel=0.05)
+    assert fitted.overlap.reduce_ns.f32 == pytest.approx(1.5, rel=0.05)
+    assert fitted.overlap.reduce_ns.f16 == pytest.approx(2.5, rel=0.05)
+    assert fitted.overlap.reduce_ns.bf16 == pytest.approx(1.8, rel=0.05)
+    assert fitted.overlap.hbm_bytes_per_reduce_byte == pytest.approx(4.0, rel=0.05)
 
 
 def test_the_written_profile_is_the_fitted_one(tmp_path: Path) -> None:
@@ -84,6 +92,9 @@ def test_the_written_profile_is_the_fitted_one(tmp_path: Path) -> None:
         want = getattr(cal.hardware.gpu.convert_ns, field)
         assert getattr(loaded.gpu.convert_ns, field) == pytest.approx(want, rel=1e-5)
     assert loaded.gpu.libm_call_ns == pytest.approx(cal.hardware.gpu.libm_call_ns, rel=1e-5)
+    for d in ("f32", "f16", "bf16"):
+        want = getattr(cal.hardware.overlap.reduce_ns, d)
+        assert getattr(loaded.overlap.reduce_ns, d) == pytest.approx(want, rel=1e-5)
     assert loaded.gpu.vector_tflops.f16 == loaded.gpu.vector_tflops.f32  # float arithmetic
     text = path.read_text()
     assert text.startswith("# Written by `cocoviz calibrate --local`")

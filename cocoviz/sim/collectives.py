@@ -48,6 +48,7 @@ from functools import lru_cache
 from cocoviz.errors import InputError
 from cocoviz.ir.collectives import Collective, collective, collective_named
 from cocoviz.ir.nodes import Op
+from cocoviz.ir.types import DType
 from cocoviz.sim.hardware import Algo, Hardware, Link, Proto, hbm_efficiency
 
 __all__ = [
@@ -712,7 +713,31 @@ def _is_pair(hw: Hardware, topo: _Topo, algo: Algo) -> bool:
     )
 
 
-def _cost(hw: Hardware, coll: Coll, nbytes: int, topo: _Topo, algo: Algo, proto: Proto) -> CollCost:
+def _combine_s(hw: Hardware, coll: Coll, nbytes: int, topo: _Topo, dtype: str) -> float:
+    """The time a rank spends combining a reduction's parts at ``overlap.reduce_ns`` per
+    element read (a reduce-scatter or reduce reads all ``nbytes``: G parts of each element
+    it owns), and, for an allreduce, the allgather of the result after it, at the memory
+    rate (`_memory_alg_bw`); 0 without the term. The CPU target's shared-memory
+    collectives: their transfer is the larger of this and the byte-priced time, so a
+    16-bit reduction in cache costs what its f32 elements cost. [fit]"""
+    ns = hw.overlap.reduce_ns.of(dtype)
+    if ns <= 0 or coll not in (Coll.ALLREDUCE, Coll.REDUCESCATTER, Coll.REDUCE):
+        return 0.0
+    combine_s = nbytes / DType(dtype).itemsize * ns * 1e-9
+    if coll is Coll.ALLREDUCE:
+        combine_s += nbytes / (_memory_alg_bw(hw, Coll.ALLGATHER, topo, nbytes) * 1e9)
+    return combine_s
+
+
+def _cost(
+    hw: Hardware,
+    coll: Coll,
+    nbytes: int,
+    topo: _Topo,
+    algo: Algo,
+    proto: Proto,
+    dtype: str = "f32",
+) -> CollCost:
     alg_bw = _alg_bw(hw, coll, topo, algo, proto, nbytes)
     tuner_latency_us = _latency_us(hw, coll, topo, algo, proto, nbytes)
     tuner_transfer_s = nbytes / (alg_bw * 1e9)
@@ -734,7 +759,7 @@ def _cost(hw: Hardware, coll: Coll, nbytes: int, topo: _Topo, algo: Algo, proto:
         rate = min(rate, _p2p_ll_alg_bw(hw, coll, topo, nbytes))
     steps_of = topo.nranks if algo in (Algo.RING, Algo.PAT) else _FILL_REFERENCE_RANKS
     fill = _fill_bytes(hw, algo, nbytes, proto, coll, topo.nnodes, steps_of)
-    transfer_s = (nbytes + fill) / (rate * 1e9)
+    transfer_s = max((nbytes + fill) / (rate * 1e9), _combine_s(hw, coll, nbytes, topo, dtype))
     link = Link.NET if topo.nnodes > 1 else hw.node.intra_link
     return CollCost(
         coll=coll,
@@ -766,18 +791,23 @@ def collective_candidates(
     proto: Proto | str | None = None,
     ranks_per_node: int | None = None,
     symmetric: bool = False,
+    dtype: str = "f32",
 ) -> list[CollCost]:
     """Every enabled algorithm/protocol for this call, cheapest first.
 
     ``algo``/``proto`` restrict the choice the way ``NCCL_ALGO``/``NCCL_PROTO`` do; a
     restriction that leaves nothing raises ``CostModelError`` saying why. ``symmetric``:
     the buffers are registered symmetric windows, which adds NCCL's symmetric kernels.
+    ``dtype``: the elements' type, for a reduction's per-element cost
+    (``overlap.reduce_ns``, `_combine_s`).
     """
     c = Coll.parse(coll)
     want_algo = _parse_algo(algo) if algo is not None else None
     want_proto = _parse_proto(proto) if proto is not None else None
     return list(
-        _candidates(hw, c, nbytes, nranks, want_algo, want_proto, ranks_per_node, symmetric)
+        _candidates(
+            hw, c, nbytes, nranks, want_algo, want_proto, ranks_per_node, symmetric, dtype
+        )
     )
 
 
@@ -791,6 +821,7 @@ def _candidates(
     want_proto: Proto | None,
     ranks_per_node: int | None,
     symmetric: bool = False,
+    dtype: str = "f32",
 ) -> tuple[CollCost, ...]:
     """``collective_candidates`` on parsed arguments, memoized: simulators ask again and again."""
     if nbytes < 0:
@@ -819,7 +850,7 @@ def _candidates(
         simple = [(a, p) for a, p in pairs if p is Proto.SIMPLE and a in (Algo.RING, Algo.P2P)]
         a, p = (simple or pairs)[0]
         return (_zero_cost(c, nbytes, topo, a, p, hw),)
-    costs = [_cost(hw, c, nbytes, topo, a, p) for a, p in pairs]
+    costs = [_cost(hw, c, nbytes, topo, a, p, dtype) for a, p in pairs]
     if c in (Coll.SENDRECV, Coll.ALLTOALL):
         # NCCL's p2p has no tuner entry: LL up to P2P_LL_THRESHOLD bytes per peer.
         return tuple(sorted(costs, key=lambda k: _p2p_rank(k, topo)))
@@ -856,6 +887,7 @@ def collective_time(
     proto: Proto | str | None = None,
     ranks_per_node: int | None = None,
     symmetric: bool = False,
+    dtype: str = "f32",
 ) -> CollCost:
     """The cost of one collective as NCCL would run it: its cheapest allowed choice.
 
@@ -875,6 +907,7 @@ def collective_time(
         proto=proto,
         ranks_per_node=ranks_per_node,
         symmetric=symmetric,
+        dtype=dtype,
     )[0]
 
 

@@ -312,6 +312,23 @@ class NcclSpec:
 
 
 @dataclass(frozen=True)
+class ReduceNs:
+    """``[overlap.reduce_ns]``: ns per element a rank reads in a reduction collective
+    (the G parts of each element it combines), by dtype: f16, bf16, and f32 for every
+    other dtype; 0 (the default): the collective's rate alone prices it (GPU profiles:
+    NCCL combines in registers as the bytes arrive). The CPU target combines in f32 in
+    tiles, one element at a time, whatever the storage size: its cost per element, not per
+    byte, decides while the parts are in cache (docs/cost-model.md, "This machine")."""
+
+    f32: float = 0.0
+    f16: float = 0.0
+    bf16: float = 0.0
+
+    def of(self, dtype: str) -> float:
+        return self.f16 if dtype == "f16" else self.bf16 if dtype == "bf16" else self.f32
+
+
+@dataclass(frozen=True)
 class OverlapSpec:
     """How communication running beside a kernel slows it."""
 
@@ -319,6 +336,7 @@ class OverlapSpec:
     compute_slowdown_net: float
     hbm_bytes_per_reduce_byte: float
     hbm_bytes_per_copy_byte: float
+    reduce_ns: ReduceNs = ReduceNs()
 
 
 @dataclass(frozen=True)
@@ -778,6 +796,13 @@ def _per_half(t: _Table) -> PerHalf:
     return PerHalf(**values)
 
 
+def _reduce_ns(t: _Table) -> ReduceNs:
+    """``[overlap.reduce_ns]``: f32, f16, bf16, each optional (0)."""
+    result = ReduceNs(**{d: t.number(d, zero=True) for d in ("f32", "f16", "bf16") if d in t.data})
+    t.done()
+    return result
+
+
 def _per_dtype(t: _Table) -> PerDType:
     result = PerDType(**{d: t.number(d) for d in DTYPE_NAMES})
     t.done()
@@ -997,6 +1022,7 @@ def _build(raw: dict[str, Any], where: str) -> Hardware:
         compute_slowdown_net=o.number("compute_slowdown_net", high=0.9, zero=True),
         hbm_bytes_per_reduce_byte=o.number("hbm_bytes_per_reduce_byte", zero=True),
         hbm_bytes_per_copy_byte=o.number("hbm_bytes_per_copy_byte", zero=True),
+        reduce_ns=_reduce_ns(o.table("reduce_ns")) if "reduce_ns" in o.data else ReduceNs(),
     )
     o.done()
 

@@ -9,7 +9,10 @@ shared memory between ranks is the intra-node link (``intra_link = "pci"``,
 (``nccl.algorithms = ["ring"]``, ``protocols = ["Simple"]``), each of its wire bytes read
 and written in memory ``overlap.hbm_bytes_per_{reduce,copy}_byte`` times (a reduce-scatter
 of T ranks reads T blocks and writes one: (T+1)/(T−1) per wire byte; an allgather reads
-and writes each: 2, fitted, as MPI may copy through a buffer of its own). Memory runs at
+and writes each: 2; both fitted). A reduction also pays ``overlap.reduce_ns`` per element
+it reads, by dtype: the CPU target widens each part to f32 and combines in tiles, so in
+cache a bf16 reduce-scatter costs what an f32 one of as many elements does, not half, and
+an f16 one more (the transfer is the larger of the two prices). Memory runs at
 ``gpu.hbm_gbps`` while a kernel's traffic fits the caches and at the fitted fraction of
 it beyond them (``CACHED_BYTES``, ``DRAM_BYTES``: the profile's memory curve). A kernel
 of f16 or bf16 computes in f32 and pays ``gpu.convert_ns`` for each 16-bit element it
@@ -22,7 +25,8 @@ holds the rank's one core, so computation issued beside it barely advances
 target's elementwise kernel (f32 over 8 MiB, in the caches, and over 16 MiB, beyond them;
 f16 and bf16, each read and written and read only, and f32 with an optimizer's
 arithmetic), its GEMM (f32, f16, bf16), allreduce
-small, mid-size and large, reduce-scatter, allgather, and a
+small, mid-size and large, reduce-scatter (f32, f16 and bf16 in the caches; f32 large),
+allgather, and a
 point-to-point send (not a small one: from one step to the next an MPI eager send
 overlaps its receive, so its steady-state time is a copy, not a latency). ``cocoviz
 calibrate --local`` emits, builds (once, cached) and times each, then ``fit_local`` moves the profile's rates and latencies until
@@ -159,6 +163,24 @@ MICRO: tuple[MicroProgram, ...] = (
         "allreduce of 16 MiB (reduce-scatter + allgather through shared memory)",
         "program micro_allreduce_large\nranks {ranks}\ndim N = 4194304\n"
         "input g : f32[N] local\ns = allreduce(+, g)\noutput s\n",
+    ),
+    MicroProgram(
+        "reducescatter_mid",
+        "reduce-scatter of 4 MiB f32 (in the caches): the combine's cost per element",
+        "program micro_reducescatter_mid\nranks {ranks}\ndim N = 1048576\n"
+        "input g : f32[N] local\ns = reducescatter(+, g)\noutput s\n",
+    ),
+    MicroProgram(
+        "reducescatter_f16",
+        "reduce-scatter of 2 MiB f16: the combine's cost per f16 element (widened to f32)",
+        "program micro_reducescatter_f16\nranks {ranks}\ndim N = 1048576\n"
+        "input g : f16[N] local\ns = reducescatter(+, g)\noutput s\n",
+    ),
+    MicroProgram(
+        "reducescatter_bf16",
+        "reduce-scatter of 2 MiB bf16: the combine's cost per bf16 element (widened to f32)",
+        "program micro_reducescatter_bf16\nranks {ranks}\ndim N = 1048576\n"
+        "input g : bf16[N] local\ns = reducescatter(+, g)\noutput s\n",
     ),
     MicroProgram(
         "reducescatter_large",
@@ -350,6 +372,11 @@ compute_slowdown_net = 0.9
 hbm_bytes_per_reduce_byte = {v["reduce_bytes"]:.6g}
 hbm_bytes_per_copy_byte = {v["copy_bytes"]:.6g}
 
+[overlap.reduce_ns]            # per element a rank reads in a reduction collective
+f32 = {v["reduce_ns_f32"]:.6g}
+f16 = {v["reduce_ns_f16"]:.6g}
+bf16 = {v["reduce_ns_bf16"]:.6g}
+
 [device]
 peer_gbps = {v["pci_gbps"]:.6g}
 barrier_us = {v["base_us"]:.6g}
@@ -373,6 +400,9 @@ def starting_profile(ranks: int, *, name: str | None = None) -> Hardware:
         "p2p_efficiency": 1.0,
         "reduce_bytes": (ranks + 1) / (ranks - 1) if ranks > 1 else 3.0,
         "copy_bytes": 2.0,
+        "reduce_ns_f32": 0.1,
+        "reduce_ns_f16": 0.1,
+        "reduce_ns_bf16": 0.1,
         "f16_widen": 1.0,
         "f16_narrow": 1.0,
         "bf16_widen": 1.0,
@@ -418,6 +448,10 @@ def local_knobs() -> tuple[Knob, ...]:
         Knob("nccl.measured.hop_latency_scale", 0.001, 1000.0),
         Knob("nccl.measured.p2p_nvlink_efficiency", 0.01, 4.0),
         Knob("overlap.hbm_bytes_per_copy_byte", 0.5, 16.0),
+        Knob("overlap.hbm_bytes_per_reduce_byte", 0.5, 16.0),
+        Knob("overlap.reduce_ns.f32", 1e-4, 1e4),
+        Knob("overlap.reduce_ns.f16", 1e-4, 1e4),
+        Knob("overlap.reduce_ns.bf16", 1e-4, 1e4),
     )
 
 
@@ -436,6 +470,9 @@ _SEEDS = (
     ("nccl.measured.base_latency_scale.simple", "allreduce_small"),
     ("node.pci_gbps", "allreduce_mid"),
     ("nccl.measured.p2p_nvlink_efficiency", "send_large"),
+    ("overlap.reduce_ns.f32", "reducescatter_mid"),
+    ("overlap.reduce_ns.f16", "reducescatter_f16"),
+    ("overlap.reduce_ns.bf16", "reducescatter_bf16"),
 )
 """Each knob and the micro-run that mostly decides it, in an order where the ones before
 are settled: the joint fit starts from these one-at-a-time solutions (a kernel's time is
@@ -511,6 +548,9 @@ def local_profile_toml(cal: Calibration, ranks: int, measured: Sequence[tuple[st
         "p2p_efficiency": hw.nccl.measured.p2p_nvlink_efficiency,
         "reduce_bytes": hw.overlap.hbm_bytes_per_reduce_byte,
         "copy_bytes": hw.overlap.hbm_bytes_per_copy_byte,
+        "reduce_ns_f32": hw.overlap.reduce_ns.f32,
+        "reduce_ns_f16": hw.overlap.reduce_ns.f16,
+        "reduce_ns_bf16": hw.overlap.reduce_ns.bf16,
     }
     mm, vec = hw.gpu.matmul_tflops, hw.gpu.vector_tflops
     tied = {"f64": "f32", "i32": "f32", "i64": "f32"}

@@ -257,7 +257,9 @@ def _allreduce_time(ctx: Context, rs: str) -> float:
         n, rpn = dp_view(x, ctx.group).numel, ctx.ranks_per_node(ctx.pstage_of(rs), "dp")
     else:
         n, rpn = x.numel, ctx.ranks_per_node(ctx.pstage_of(rs))
-    spec = CollSpec(Coll.ALLREDUCE, n * x.dtype.itemsize, _group_of(ctx, rs), rpn)
+    spec = CollSpec(
+        Coll.ALLREDUCE, n * x.dtype.itemsize, _group_of(ctx, rs), rpn, dtype=x.dtype.value
+    )
     return spec.cost(ctx.hw).time_s
 
 

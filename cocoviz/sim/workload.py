@@ -165,9 +165,17 @@ def _matmul(hw: Hardware, m: int, n: int, k: int, dtype: str, c: Contention) -> 
 
 @lru_cache(maxsize=65536)
 def _collective(
-    hw: Hardware, coll: Coll, nbytes: int, nranks: int, rpn: int, symmetric: bool = False
+    hw: Hardware,
+    coll: Coll,
+    nbytes: int,
+    nranks: int,
+    rpn: int,
+    symmetric: bool = False,
+    dtype: str = "f32",
 ) -> CollCost:
-    return collective_time(hw, coll, nbytes, nranks, ranks_per_node=rpn, symmetric=symmetric)
+    return collective_time(
+        hw, coll, nbytes, nranks, ranks_per_node=rpn, symmetric=symmetric, dtype=dtype
+    )
 
 
 @lru_cache(maxsize=4096)
@@ -242,10 +250,18 @@ class CollSpec:
     symmetric: bool = False
     """On registered windows (`emitted_buffers_registered`): NCCL's symmetric kernels
     are candidates where they serve the call."""
+    dtype: str = "f32"
+    """The elements' type (a reduction's per-element cost, ``overlap.reduce_ns``)."""
 
     def cost(self, hw: Hardware) -> CollCost:
         return _collective(
-            hw, self.coll, self.nbytes, self.nranks, self.ranks_per_node, self.symmetric
+            hw,
+            self.coll,
+            self.nbytes,
+            self.nranks,
+            self.ranks_per_node,
+            self.symmetric,
+            self.dtype,
         )
 
 
@@ -704,7 +720,7 @@ def _coll_op(ctx: Context, name: str, chunks: int, needs: Iterable[str]) -> list
         group, rpn = ctx.program.grid.dp, ctx.ranks_per_node(pstage, "dp")
     # nccl-tests' size of an alltoall is one rank's send buffer, not the global value.
     nbytes = _chunk_bytes(full // ctx.group if coll is Coll.ALLTOALL else full, chunks)
-    spec = CollSpec(coll, nbytes, group, rpn, _registered(ctx, coll))
+    spec = CollSpec(coll, nbytes, group, rpn, _registered(ctx, coll), x.dtype.value)
     cost = spec.cost(ctx.hw)
     permuted = _needs_permute(ctx, s)
     ops = [
@@ -1053,6 +1069,7 @@ def _compute_ops(
                     ctx.group,
                     ctx.ranks_per_node(pstage),
                     _registered(ctx, Coll.ALLREDUCE),
+                    e.type.dtype.value,
                 )
                 cost = spec_r.cost(ctx.hw)
                 ops.append(
