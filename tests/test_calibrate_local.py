@@ -32,6 +32,7 @@ def _machine():  # type: ignore[no-untyped-def]
         "gpu.hbm_efficiency.dram": 0.4,
         "gpu.vector_tflops.f32": 0.0031,
         "gpu.libm_call_ns": 7.0,
+        "gpu.scalar_slowdown": 6.0,
         "gpu.convert_ns.f16_widen": 0.8,
         "gpu.convert_ns.f16_narrow": 3.0,
         "gpu.convert_ns.bf16_widen": 0.3,
@@ -71,6 +72,7 @@ def test_the_fit_recovers_a_known_machine_from_its_micro_runs() -> None:
     assert fitted.gpu.convert_ns.f16_narrow == pytest.approx(3.0, rel=0.05)
     assert fitted.gpu.convert_ns.bf16_narrow == pytest.approx(0.7, rel=0.05)
     assert fitted.gpu.libm_call_ns == pytest.approx(7.0, rel=0.05)
+    assert fitted.gpu.scalar_slowdown == pytest.approx(6.0, rel=0.05)
     assert fitted.overlap.reduce_ns.f32 == pytest.approx(1.5, rel=0.05)
     assert fitted.overlap.reduce_ns.f16 == pytest.approx(2.5, rel=0.05)
     assert fitted.overlap.reduce_ns.bf16 == pytest.approx(1.8, rel=0.05)
@@ -92,6 +94,7 @@ def test_the_written_profile_is_the_fitted_one(tmp_path: Path) -> None:
         want = getattr(cal.hardware.gpu.convert_ns, field)
         assert getattr(loaded.gpu.convert_ns, field) == pytest.approx(want, rel=1e-5)
     assert loaded.gpu.libm_call_ns == pytest.approx(cal.hardware.gpu.libm_call_ns, rel=1e-5)
+    assert loaded.gpu.scalar_slowdown == pytest.approx(cal.hardware.gpu.scalar_slowdown, rel=1e-5)
     for d in ("f32", "f16", "bf16"):
         want = getattr(cal.hardware.overlap.reduce_ns, d)
         assert getattr(loaded.overlap.reduce_ns, d) == pytest.approx(want, rel=1e-5)

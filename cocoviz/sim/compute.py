@@ -174,7 +174,10 @@ def kernel_time(
     prices it as a node of a CUDA graph (no host launch per kernel). ``converts``: the
     f16 elements the kernel reads and writes, then the bf16 ones, each widened to or
     narrowed from f32 at ``gpu.convert_ns`` (work beside the FLOPs). ``calls``: the math
-    library calls it makes (exp, log, tanh, pow), each at ``gpu.libm_call_ns``. On CPU
+    library calls it makes per element (exp, log, tanh, pow), each at
+    ``gpu.libm_call_ns``; a kernel that makes them runs its FLOPs and conversions
+    ``gpu.scalar_slowdown`` times slower (the CPU target's loop around a libm call does
+    not vectorize). On CPU
     ranks the arithmetic of a 16-bit float kernel is f32's (the CPU target computes in
     float).
     """
@@ -190,6 +193,10 @@ def kernel_time(
         + converts[2] * ns.bf16_widen
         + converts[3] * ns.bf16_narrow
     ) * 1e-9
+    if calls and hw.gpu.libm_call_ns > 0:
+        # the loop calls libm element by element: the rest of its work runs without SIMD too
+        slow = hw.gpu.scalar_slowdown
+        flops, convert_s = flops * slow, convert_s * slow
     work_s = (flops / rate if flops else 0.0) + convert_s + calls * hw.gpu.libm_call_ns * 1e-9
     compute_s = work_s / (1.0 - contention.compute_lost) if work_s else 0.0
     return _with_launch(hw, max(compute_s, _memory_s(hw, nbytes, contention)), launch, graph)

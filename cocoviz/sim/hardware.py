@@ -188,6 +188,11 @@ class GpuSpec:
     units are in the FLOPs). The CPU target calls libm one element at a time and the loop
     around the call does not vectorize (``cocoviz calibrate --local`` fits it on a kernel
     of ``exp``: docs/cost-model.md, this machine)."""
+    scalar_slowdown: float = 1.0
+    """How many times slower a kernel that calls libm per element does its FLOPs and
+    conversions (``[gpu] scalar_slowdown``, at least 1; 1, the default): on the CPU target
+    the loop around the call runs one element at a time, so the f16 rounding and the
+    arithmetic beside it lose their SIMD lanes too (fitted on an f16 kernel of exp)."""
 
 
 @dataclass(frozen=True)
@@ -918,6 +923,9 @@ def _build(raw: dict[str, Any], where: str) -> Hardware:
         hbm_efficiency_floor=eff.fraction("hbm_floor"),
         convert_ns=_per_half(g.table("convert_ns")) if "convert_ns" in g.data else PerHalf(),
         libm_call_ns=g.number("libm_call_ns", zero=True) if "libm_call_ns" in g.data else 0.0,
+        scalar_slowdown=g.number("scalar_slowdown", low=1.0, zero=True)
+        if "scalar_slowdown" in g.data
+        else 1.0,
     )
     eff.done()
     g.done()

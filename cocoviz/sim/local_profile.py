@@ -129,6 +129,13 @@ MICRO: tuple[MicroProgram, ...] = (
         "y = exp(x * 0.001)\noutput y\n",
     ),
     MicroProgram(
+        "ew_f16_exp",
+        "elementwise f16 kernel of exp over 2 MiB (in the caches): a libm call per element, "
+        "and the f16 conversions and arithmetic beside it without SIMD",
+        "program micro_ew_f16_exp\nranks {ranks}\ndim N = 1048576\ninput x : f16[N] local\n"
+        "y = exp(x * 0.001)\noutput y\n",
+    ),
+    MicroProgram(
         "gemm_f32",
         "GEMM f32 [256, 256] x [256, 256]",
         "program micro_gemm_f32\nranks {ranks}\ndim M = 256, K = 256, N = 256\n"
@@ -293,6 +300,7 @@ hbm_gbps = {v["hbm_gbps"]:.6g}
 launch_overhead_us = {v["kernel_gap_us"]:.6g}
 kernel_gap_us = {v["kernel_gap_us"]:.6g}
 libm_call_ns = {v["libm_call_ns"]:.6g}      # one exp/log/tanh/pow call per element, beside the FLOPs
+scalar_slowdown = {v["scalar_slowdown"]:.6g}   # a kernel calling libm: its FLOPs and conversions, without SIMD
 
 [gpu.matmul_tflops]
 {rates}
@@ -408,6 +416,7 @@ def starting_profile(ranks: int, *, name: str | None = None) -> Hardware:
         "bf16_widen": 1.0,
         "bf16_narrow": 1.0,
         "libm_call_ns": 1.0,
+        "scalar_slowdown": 1.0,
     }
     for d, rate in (
         ("f16", 0.004),
@@ -435,6 +444,7 @@ def local_knobs() -> tuple[Knob, ...]:
         CurveKnob("gpu.hbm_efficiency.dram", 0.01, 1.0),
         Knob("gpu.vector_tflops.f32", 1e-6, 10.0),
         Knob("gpu.libm_call_ns", 1e-3, 1e5),
+        Knob("gpu.scalar_slowdown", 1.0, 1e3),
         Knob("gpu.convert_ns.f16_widen", 1e-4, 1e4),
         Knob("gpu.convert_ns.f16_narrow", 1e-4, 1e4),
         Knob("gpu.convert_ns.bf16_widen", 1e-4, 1e4),
@@ -460,6 +470,7 @@ _SEEDS = (
     ("gpu.hbm_efficiency.dram", "ew_f32"),
     ("gpu.vector_tflops.f32", "ew_math"),
     ("gpu.libm_call_ns", "ew_exp"),
+    ("gpu.scalar_slowdown", "ew_f16_exp"),
     ("gpu.convert_ns.f16_widen", "ew_f16_widen"),
     ("gpu.convert_ns.f16_narrow", "ew_f16"),
     ("gpu.convert_ns.bf16_widen", "ew_bf16_widen"),
@@ -563,6 +574,7 @@ def local_profile_toml(cal: Calibration, ranks: int, measured: Sequence[tuple[st
     for field in ("f16_widen", "f16_narrow", "bf16_widen", "bf16_narrow"):
         values[field] = getattr(hw.gpu.convert_ns, field)
     values["libm_call_ns"] = hw.gpu.libm_call_ns
+    values["scalar_slowdown"] = hw.gpu.scalar_slowdown
     med, worst = cal.summary()
     header = [
         "# Written by `cocoviz calibrate --local`: a cpu-mpi profile of this machine, fitted so",

@@ -554,7 +554,9 @@ def _expr_work(ctx: Context, e: Expr) -> tuple[dict[str, int], float, float]:
             if per:
                 ty = node.args[0].type if op in REDUCTIONS or op in AXIS_REDUCTIONS else node.type
                 flops += per * per_rank_numel(ty, group, dp)
-                if op in _CALLS and ty.dtype.is_float:  # integer pow: a loop of its own
+                # integer pow: a loop of its own; of scalars (pow(beta1, t)): once per
+                # launch, before the loop (docs/codegen.md, "Fast loops (CPU)")
+                if op in _CALLS and ty.dtype.is_float and ty.shape:
                     calls += per_rank_numel(ty, group, dp)
         if op is Op.UPDATE:
             todo.extend(node.args[1:])  # the target (a reference) costs no FLOPs either
