@@ -668,9 +668,10 @@ def split_rows(body: list[dict[str, Any]], count: int) -> tuple[int, list[dict[s
     out = []
     for s in body:
         if s["kind"] == "index_bcast" and s["a"] in affine:
-            s = row_index(s, affine[s["a"]], n)
-            if s is None:
+            split = row_index(s, affine[s["a"]], n)
+            if split is None:
                 return None
+            s = split
         out.append(s)
     return n, _drop_unused_indices([out])[0]
 
@@ -687,7 +688,8 @@ def row_index(
         return None
     if any(rd != n if rs == 1 else rs % n for rs, rd, _ in s["terms"]):
         return None
-    at = " + ".join([row] + [f"{c // n} * {v}" for c, v in zip(off, ("tp", "k", "1")) if c])
+    terms = zip(off, ("tp", "k", "1"), strict=True)
+    at = " + ".join([row] + [f"{c // n} * {v}" for c, v in terms if c])
     parts = [
         f"{col} * {os}" if rs == 1 else f"((({at}) / {rs // n}) % {rd}) * {os}"
         for rs, rd, os in s["terms"]

@@ -134,10 +134,13 @@ def _check_dtype(dtype: str) -> None:
         raise ValueError(f"unknown dtype {dtype!r} (expected one of {', '.join(DTYPE_NAMES)})")
 
 
-def _memory_s(hw: Hardware, nbytes: float, contention: Contention) -> float:
+def _memory_s(
+    hw: Hardware, nbytes: float, contention: Contention, span: float | None = None
+) -> float:
+    """``nbytes`` at the memory curve's rate for ``span`` bytes (default: nbytes)."""
     if nbytes <= 0:
         return 0.0
-    bandwidth = hw.gpu.hbm_gbps * hbm_efficiency(hw, nbytes)
+    bandwidth = hw.gpu.hbm_gbps * hbm_efficiency(hw, nbytes if span is None else span)
     available = max(0.1 * bandwidth, bandwidth - contention.hbm_gbps)
     return nbytes / (available * 1e9)
 
@@ -167,6 +170,7 @@ def kernel_time(
     graph: bool = False,
     converts: tuple[float, float, float, float] = (0.0, 0.0, 0.0, 0.0),
     calls: float = 0.0,
+    reuse: tuple[tuple[float, float], ...] = (),
 ) -> float:
     """Roofline time of one non-matmul kernel (elementwise, row-wise, reduction).
 
@@ -177,7 +181,11 @@ def kernel_time(
     library calls it makes per element (exp, log, tanh, pow), each at
     ``gpu.libm_call_ns``; a kernel that makes them runs its FLOPs and conversions
     ``gpu.scalar_slowdown`` times slower (the CPU target's loop around a libm call does
-    not vectorize). On CPU
+    not vectorize). ``reuse``: (bytes, reuse distance) of the values it reads, the bytes
+    the rank touched since it last touched each; on CPU ranks each is read at the memory
+    curve's rate for the larger of its distance and the kernel's traffic (a value the
+    caches no longer hold comes from memory, however small the kernel), the rest of the
+    traffic at the kernel's own. On CPU
     ranks the arithmetic of a 16-bit float kernel is f32's (the CPU target computes in
     float).
     """
@@ -199,7 +207,14 @@ def kernel_time(
         flops, convert_s = flops * slow, convert_s * slow
     work_s = (flops / rate if flops else 0.0) + convert_s + calls * hw.gpu.libm_call_ns * 1e-9
     compute_s = work_s / (1.0 - contention.compute_lost) if work_s else 0.0
-    return _with_launch(hw, max(compute_s, _memory_s(hw, nbytes, contention)), launch, graph)
+    if hw.gpu.arch == "cpu" and reuse and nbytes > 0:
+        near = max(0.0, nbytes - sum(b for b, _ in reuse))
+        memory_s = _memory_s(hw, near, contention, span=nbytes) + sum(
+            _memory_s(hw, b, contention, span=max(d, nbytes)) for b, d in reuse
+        )
+    else:
+        memory_s = _memory_s(hw, nbytes, contention)
+    return _with_launch(hw, max(compute_s, memory_s), launch, graph)
 
 
 @dataclass(frozen=True)

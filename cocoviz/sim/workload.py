@@ -37,7 +37,7 @@ import math
 from collections.abc import Callable, Hashable, Iterable, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
-from functools import lru_cache
+from functools import cached_property, lru_cache
 
 from cocoviz.batching import batch_runs
 from cocoviz.errors import UsageError
@@ -151,10 +151,11 @@ def _kernel(
     launch: bool,
     converts: tuple[float, float, float, float] = (0.0, 0.0, 0.0, 0.0),
     calls: float = 0.0,
+    reuse: tuple[tuple[float, float], ...] = (),
 ) -> float:
     return kernel_time(
         hw, flops, nbytes, dtype, contention=c, launch=launch, graph=True, converts=converts,
-        calls=calls,
+        calls=calls, reuse=reuse,
     )  # fmt: skip
 
 
@@ -200,10 +201,20 @@ class KernelSpec:
     """f16 elements read and written, bf16 elements read and written (``_converts``)."""
     calls: float = 0.0
     """Math library calls (``_CALLS``: one per element of exp, log, tanh, ...)."""
+    reuse: tuple[tuple[float, float], ...] = ()
+    """(bytes, reuse distance) of each value read (`Context.reuse`; read on CPU ranks)."""
 
     def time(self, hw: Hardware, c: Contention) -> float:
         t = _kernel(
-            hw, self.flops, self.nbytes, self.dtype, c, self.launch, self.converts, self.calls
+            hw,
+            self.flops,
+            self.nbytes,
+            self.dtype,
+            c,
+            self.launch,
+            self.converts,
+            self.calls,
+            self.reuse,
         )
         return t + self.sync_us * 1e-6
 
@@ -486,6 +497,32 @@ class Context:
         p = self.types[name].pstage
         return 0 if p is None else p
 
+    @cached_property
+    def reuse(self) -> dict[tuple[str, str], float]:
+        """Reuse distances, steady state: for stage s reading value n, the bytes a rank
+        touches (reads and stores, stage by stage in program order, one step after
+        another) between its last touch of n and s. On CPU ranks they decide whether a
+        kernel's operands come from the caches or from memory (`kernel_time`)."""
+        order = []
+        for s in self.program.stages:
+            reads = _expr_work(self, s.expr)[0]
+            reads.pop(s.name, None)
+            out = self.per_rank_bytes(s.ty) if s.name in self.written else 0
+            order.append((s.name, reads, out))
+        last: dict[str, float] = {}
+        distance: dict[tuple[str, str], float] = {}
+        cum = 0.0
+        for lap in range(2):  # the second lap sees the previous step's touches
+            for name, reads, out in order:
+                if lap:
+                    for n in reads:
+                        distance[(name, n)] = cum - last.get(n, cum)
+                cum += sum(reads.values()) + out
+                for n in reads:
+                    last[n] = cum
+                last[name] = cum
+        return distance
+
     def per_rank_bytes(self, ty: TensorType) -> int:
         n = ty.numel
         if ty.layout.kind is LayoutKind.SLICED:  # as `per_rank_numel`
@@ -662,6 +699,7 @@ def _scaled(spec: KernelSpec, chunks: int) -> KernelSpec:
         spec.sync_us,
         _per_chunk(spec.converts, chunks),
         spec.calls / chunks,
+        tuple((b / chunks, d) for b, d in spec.reuse),
     )
 
 
@@ -1032,10 +1070,18 @@ def _compute_ops(
             ],
             [(ctx.types[m].dtype, float(b)) for m, b in written.items()],
         )
+        reuse = (
+            tuple(
+                (float(b) / chunks, min(ctx.reuse.get((m, n), 0.0) for m in phase))
+                for n, b in sorted(reads.items())
+            )
+            if ctx.hw.gpu.arch == "cpu"  # only CPU ranks read it (`kernel_time`)
+            else ()
+        )
         if chunks != 1:  # as `_scaled`
             flops, nbytes, calls = flops / chunks, nbytes / chunks, calls / chunks
             converts = _per_chunk(converts, chunks)
-        spec = KernelSpec(flops, nbytes, dtype, launch, sync_us, converts, calls)
+        spec = KernelSpec(flops, nbytes, dtype, launch, sync_us, converts, calls, reuse)
         reducing = [m for m in phase if m in ctx.reductions]
         # Values that wait for a cross-rank reduction are made by the reduce op.
         if reducing:
