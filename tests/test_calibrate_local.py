@@ -175,3 +175,78 @@ def test_a_kernel_of_math_library_calls_pays_them_on_cpu_ranks() -> None:
     program = load_program(text, "<t>", None)
     assert makespan(program, with_calls(100.0)) == makespan(program, with_calls(0.0))
     assert load_profile("h100-dgx").gpu.libm_call_ns == 0.0
+
+
+def test_a_reduction_on_cpu_ranks_costs_its_elements_not_only_its_bytes() -> None:
+    """overlap.reduce_ns (docs/cost-model.md, this machine): a reduce-scatter in cache
+    takes the larger of its byte price and its elements at the dtype's per-element cost,
+    so a bf16 one costs what an f32 one of as many elements does; an allgather has no such
+    term, and a GPU profile (0) prices bytes alone."""
+    base = dataclasses.replace(starting_profile(2), source="<reduce>")
+    ns = dataclasses.replace(base.overlap.reduce_ns, f32=2.0, bf16=2.0, f16=3.0)
+    hw = dataclasses.replace(base, overlap=dataclasses.replace(base.overlap, reduce_ns=ns))
+    n = 1 << 20
+    f32 = collective_time(hw, "reducescatter", 4 * n, 2, dtype="f32")
+    bf16 = collective_time(hw, "reducescatter", 2 * n, 2, dtype="bf16")
+    f16 = collective_time(hw, "reducescatter", 2 * n, 2, dtype="f16")
+    assert f32.transfer_s == pytest.approx(n * 2.0e-9) == pytest.approx(bf16.transfer_s)
+    assert f16.transfer_s == pytest.approx(n * 3.0e-9)
+    ag = collective_time(hw, "allgather", 4 * n, 2, dtype="f32")
+    assert ag.transfer_s == collective_time(base, "allgather", 4 * n, 2).transfer_s
+    h100 = load_profile("h100-dgx")
+    assert collective_time(h100, "reducescatter", 2 * n, 8, dtype="bf16") == collective_time(
+        h100, "reducescatter", 2 * n, 8
+    )
+
+
+def test_a_kernel_calling_libm_loses_its_simd_lanes_on_cpu_ranks() -> None:
+    """gpu.scalar_slowdown: a kernel with a call per element does its conversions and
+    FLOPs that many times slower; one without calls, or whose only call is of scalars
+    (made once per launch), is priced as before."""
+    base = starting_profile(2)
+    slow = dataclasses.replace(base, gpu=dataclasses.replace(base.gpu, scalar_slowdown=5.0))
+    n = 1 << 20
+
+    def program(expr: str):  # type: ignore[no-untyped-def]
+        text = (
+            f"program t\nranks 2\ndim N = {n}\nparam t: f32 = 2.0\ninput x : f16[N] local\n"
+            f"y = {expr}\noutput y\n"
+        )
+        return load_program(text, "<t>", None)
+
+    with_call = program("exp(x * 0.001)")
+    assert makespan(with_call, slow) > 1.5 * makespan(with_call, base)
+    for expr in ("x * 0.001", "x * pow(t, t)"):
+        p = program(expr)
+        assert makespan(p, slow) == pytest.approx(makespan(p, base)), expr
+
+
+def test_a_value_the_caches_no_longer_hold_is_read_from_memory_on_cpu_ranks() -> None:
+    """Reuse distance (docs/cost-model.md, this machine): a small kernel reading a value
+    the rank last touched 48 MiB of traffic ago reads it at the memory rate beyond the
+    caches; the same kernel reading what the stage before wrote reads it from cache. A
+    GPU profile prices both by the kernel's own traffic."""
+    base = starting_profile(2)
+    curve = ((1.0e3, 1.0), (16.0 * 2**20, 1.0), (32.0 * 2**20, 0.25))
+    hw = dataclasses.replace(base, gpu=dataclasses.replace(base.gpu, hbm_efficiency=curve))
+    big, small = 4 << 20, 1 << 18  # f32 elements: 16 MiB, 1 MiB
+    text = (
+        f"program t\nranks 2\ndim N = {big}, M = {small}\ninput a : f32[N] local\n"
+        f"input x : f32[M] local\n"
+        "b = a * 2.0\nc = b * 3.0\ny = x * 2.0\nz = y * 3.0\noutput c\noutput z\n"
+    )
+    program = load_program(text, "<t>", None)
+    from cocoviz.sim.workload import make_context
+
+    ctx = make_context(program, hw)
+    # x: read by y after a, b, c (16 MiB each, read or written): far; y read by z: near
+    assert ctx.reuse[("y", "x")] >= 48 * 2**20 and ctx.reuse[("z", "y")] == 0
+    from cocoviz.sim.compute import kernel_time
+
+    far = kernel_time(hw, 0.0, 2.0 * small * 4, reuse=((small * 4.0, ctx.reuse[("y", "x")]),))
+    near = kernel_time(hw, 0.0, 2.0 * small * 4, reuse=((small * 4.0, 0.0),))
+    assert far > 2.0 * near
+    gpu = load_profile("h100-dgx")
+    assert kernel_time(gpu, 0.0, 2.0 * small * 4, reuse=((small * 4.0, 1e9),)) == kernel_time(
+        gpu, 0.0, 2.0 * small * 4
+    )
