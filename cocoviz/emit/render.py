@@ -635,7 +635,9 @@ class CpuRenderer(Renderer):
             d["row_len"], d["body"] = rows if rows else (0, d["body"])
         elif isinstance(st, pl.RowKernel):
             d["x_body"], d["gb_body"], d["store_body"] = row_indices(
-                [d["x_body"], d["gb_body"], d["store_body"]], d["row_len"]
+                [d["x_body"], d["gb_body"], d["store_body"]],
+                d["row_len"],
+                {d["x"], d["gamma"], d["beta"]},
             )
         return d
 
@@ -673,7 +675,7 @@ def split_rows(body: list[dict[str, Any]], count: int) -> tuple[int, list[dict[s
                 return None
             s = split
         out.append(s)
-    return n, _drop_unused_indices([out])[0]
+    return n, _live(out, set())[0]  # without the offset indices only the reads used
 
 
 def row_index(
@@ -697,30 +699,15 @@ def row_index(
     return {**s, "kind": "index_rows", "a": "", "expr": " + ".join(parts) or "0"}
 
 
-def _drop_unused_indices(bodies: list[list[dict[str, Any]]]) -> list[list[dict[str, Any]]]:
-    """`bodies` (one scope) without the index statements no other statement reads (an
-    offset index only a broadcast read, before `row_index` rewrote it)."""
-    while True:
-        used = {v for body in bodies for s in body for v in _uses(s)}
-        dead = {
-            id(s)
-            for body in bodies
-            for s in body
-            if s["kind"] == "index_affine" and s["dst"] not in used
-        }
-        if not dead:
-            return bodies
-        bodies = [[s for s in body if id(s) not in dead] for body in bodies]
-
-
 def row_indices(
-    bodies: list[list[dict[str, Any]]], n: int
+    bodies: list[list[dict[str, Any]]], n: int, roots: set[str]
 ) -> list[list[dict[str, Any]]]:
     """A row kernel's bodies (one scope, ``i = row·n + j``) with each broadcast index that
     `row_index` can write in ``row`` and ``j`` so written (a gather less), the others as
-    they were."""
+    they were, and without the offset indices only the rewritten reads used (`_live`,
+    ``roots``: the variables the kernel's template reads)."""
     affine = _affine_indices([s for body in bodies for s in body])
-    return _drop_unused_indices([
+    rewritten = [
         [
             (row_index(s, affine[s["a"]], n, "row", "j") or s)
             if s["kind"] == "index_bcast" and s["a"] in affine
@@ -728,7 +715,9 @@ def row_indices(
             for s in body
         ]
         for body in bodies
-    ])
+    ]
+    kept = {id(s) for s in _live([s for body in rewritten for s in body], roots)[0]}
+    return [[s for s in body if id(s) in kept] for body in rewritten]
 
 
 VEC_BYTES = 16
