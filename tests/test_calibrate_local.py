@@ -41,7 +41,6 @@ def _machine():  # type: ignore[no-untyped-def]
         "gpu.matmul_tflops.f16": 0.0002,
         "gpu.matmul_tflops.bf16": 0.0005,
         "gpu.kernel_gap_us": 3.0,
-        "node.pci_gbps": 2.5,
         "nccl.measured.base_latency_scale.simple": 2.0,
         "nccl.measured.hop_latency_scale": 4.0,
         "nccl.measured.p2p_nvlink_efficiency": 0.6,
@@ -77,6 +76,7 @@ def test_the_fit_recovers_a_known_machine_from_its_micro_runs() -> None:
     assert fitted.overlap.reduce_ns.f16 == pytest.approx(2.5, rel=0.05)
     assert fitted.overlap.reduce_ns.bf16 == pytest.approx(1.8, rel=0.05)
     assert fitted.overlap.hbm_bytes_per_reduce_byte == pytest.approx(4.0, rel=0.05)
+    assert fitted.overlap.hbm_bytes_per_copy_byte == pytest.approx(3.0, rel=0.05)
 
 
 def test_the_written_profile_is_the_fitted_one(tmp_path: Path) -> None:
@@ -131,15 +131,54 @@ def test_a_half_kernel_on_cpu_ranks_pays_its_conversions() -> None:
 
 def test_cpu_ranks_run_ring_simple_and_reductions_cost_their_memory_traffic() -> None:
     """On CPU ranks memory decides a collective: a reduce-scatter reads T blocks and writes
-    one, (T+1)/(T-1) bytes per wire byte against an allgather's 2."""
+    one, (T+1)/(T-1) bytes per wire byte against an allgather's 2; out of place an
+    allgather also copies its own block (all S bytes, not the wire's (T-1)/T of them)."""
     hw = dataclasses.replace(starting_profile(2), source="<fast link>")
-    hw = dataclasses.replace(hw, node=dataclasses.replace(hw.node, pci_gbps=1000.0))
+    assert hw.node.pci_gbps >= 100 * hw.gpu.hbm_gbps  # the link never decides
     size = 64 << 20
     rs = collective_time(hw, "reducescatter", size, 2)
     ag = collective_time(hw, "allgather", size, 2)
+    ag_in_place = collective_time(hw, "allgather", size, 2, in_place=True)
     assert (rs.label, ag.label) == ("ring/Simple", "ring/Simple")
-    assert rs.transfer_s / ag.transfer_s == pytest.approx(1.5, rel=0.01)
+    assert rs.transfer_s / ag_in_place.transfer_s == pytest.approx(1.5, rel=0.01)
+    assert ag.transfer_s / ag_in_place.transfer_s == pytest.approx(2.0, rel=0.01)
+    # an allreduce: the reduce-scatter, then the allgather in place
+    ar = collective_time(hw, "allreduce", size, 2)
+    assert ar.transfer_s == pytest.approx(rs.transfer_s + ag_in_place.transfer_s, rel=0.01)
     assert p2p_time(hw, size).proto.value == "Simple"
+
+
+def test_the_model_prices_an_allgather_in_place_where_the_emitted_program_runs_it_so() -> None:
+    """An allgather of a slice an update made runs in place (the update writes this rank's
+    block into the replicated target: docs/codegen.md) and copies only the peers' blocks;
+    any other copies its own block too. The model's reading (`gathers_in_place`) agrees
+    with the emitted program's (the manifest's ``in_place``) on every allgather of every
+    sample and schedule, and both kinds occur."""
+    import json
+
+    from cocoviz import samples
+    from cocoviz.emit.emitter import emit
+    from cocoviz.ir.lower import load_file
+    from cocoviz.schedule import apply_schedule_arg
+    from cocoviz.sim.workload import gathers_in_place, make_context
+
+    seen = set()
+    for name in samples.names():
+        program = load_file(samples.path(name))
+        for schedule in (None, *(b.name for b in program.schedules)):
+            p = apply_schedule_arg(program, schedule) if schedule else program
+            manifest = json.loads(emit(p, program, target="cpu").files["manifest.json"])
+            ctx = make_context(p, starting_profile(2))
+            for step in manifest["scheduled"]["steps"]:
+                if step.get("op") != "allgather" or step["kind"] != "collective":
+                    continue
+                (stage,) = step["stages"]
+                if stage not in ctx.by_name or "staging" in json.dumps(step):
+                    continue
+                want = step["in_place"]
+                assert gathers_in_place(ctx, ctx.by_name[stage]) == want, (name, schedule, stage)
+                seen.add(want)
+    assert seen == {True, False}
 
 
 @pytest.mark.build
@@ -250,3 +289,74 @@ def test_a_value_the_caches_no_longer_hold_is_read_from_memory_on_cpu_ranks() ->
     assert kernel_time(gpu, 0.0, 2.0 * small * 4, reuse=((small * 4.0, 1e9),)) == kernel_time(
         gpu, 0.0, 2.0 * small * 4
     )
+
+
+def test_a_fused_kernel_reads_each_value_at_its_distance_where_the_kernel_first_reads_it() -> (
+    None
+):
+    """A fused kernel prices each operand by the reuse distance where one of its members
+    reads it, and each result by the distance of its storage (docs/cost-model.md, this
+    machine): members that do not read a value say nothing about where it lies."""
+    from cocoviz.schedule.steps import apply_steps
+
+    base = starting_profile(2)
+    curve = ((1.0e3, 1.0), (16.0 * 2**20, 1.0), (32.0 * 2**20, 0.25))
+    hw = dataclasses.replace(base, gpu=dataclasses.replace(base.gpu, hbm_efficiency=curve))
+    big, small = 4 << 20, 1 << 18
+    text = (
+        f"program t\nranks 2\ndim N = {big}, M = {small}\ninput a : f32[N] local\n"
+        f"input x : f32[M] local\ninput w : f32[M] local\n"
+        "b = a * 2.0\nc = b * 3.0\ny = w * 2.0\nz = y * x\noutput c\noutput z\n"
+    )
+    program = load_program(text, "<t>", None)
+    fused = apply_steps(program, ["fuse(y, z)"], hw)
+    near = dataclasses.replace(hw, gpu=dataclasses.replace(hw.gpu, hbm_efficiency=((1.0e3, 1.0),)))
+
+    only_big = load_program(
+        f"program t\nranks 2\ndim N = {big}\ninput a : f32[N] local\n"
+        "b = a * 2.0\nc = b * 3.0\noutput c\n",
+        "<t>",
+        None,
+    )
+
+    def far_penalty(p):  # type: ignore[no-untyped-def]
+        return makespan(p, hw) - makespan(p, near)
+
+    # w and x lie 48 MiB of traffic back, and z's storage a step: the fused kernel moves
+    # all three (1 MiB each) at a quarter of the cached rate; y, made inside, not at all.
+    per_mib = 2**20 / (hw.gpu.hbm_gbps * 1e9)
+    far = 3 * (4 * per_mib - per_mib)
+    assert far_penalty(fused) - far_penalty(only_big) == pytest.approx(far, rel=0.05)
+
+
+def test_a_collective_on_cpu_ranks_moves_what_the_caches_no_longer_hold_at_the_memory_rate() -> (
+    None
+):
+    """A collective's memory traffic on CPU ranks: half at the rate for its input's reuse
+    distance, half at the rate for its output storage's (docs/cost-model.md, this
+    machine). lamb's weight allgather writes the peers' blocks of the weights, last
+    touched a whole step before: on a machine whose caches hold 16 MiB it is priced
+    slower than the same call on data in cache; on a GPU profile, whose memory never
+    binds a collective, the distances change nothing."""
+    from cocoviz.ir.lower import RanksOverride, load_file
+    from cocoviz.schedule import apply_schedule_arg
+    from cocoviz.sim.workload import make_context
+
+    base = starting_profile(2)
+    curve = ((1.0e3, 1.0), (16.0 * 2**20, 1.0), (32.0 * 2**20, 0.25))
+    hw = dataclasses.replace(base, gpu=dataclasses.replace(base.gpu, hbm_efficiency=curve))
+    size = 4 << 20
+    cached = collective_time(hw, "allgather", size, 2, in_place=True)
+    far_out = collective_time(hw, "allgather", size, 2, in_place=True, reuse=(0.0, 64e6))
+    far_both = collective_time(hw, "allgather", size, 2, in_place=True, reuse=(64e6, 64e6))
+    assert far_out.transfer_s == pytest.approx(cached.transfer_s * (0.5 + 0.5 * 4), rel=0.01)
+    assert far_both.transfer_s == pytest.approx(cached.transfer_s * 4, rel=0.01)
+    gpu = load_profile("h100-dgx")
+    assert collective_time(gpu, "allgather", size, 8, reuse=(1e9, 1e9)) == collective_time(
+        gpu, "allgather", size, 8
+    )
+
+    program = load_file("samples/lamb.coco", {"N": 1 << 20}, RanksOverride.parse("2"))
+    ctx = make_context(apply_schedule_arg(program, "rs_c_ag", hw), hw)
+    assert ctx.reuse[("w1", "w1")] > 32 * 2**20  # the step's other traffic since
+    assert ctx.reuse[("w1", "w1_s")] == 0.0  # made just before

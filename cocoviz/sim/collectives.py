@@ -667,13 +667,25 @@ def _channel_share(
     return min(1.0, carried / bus) if bus > 0 else 1.0
 
 
-def _memory_alg_bw(hw: Hardware, coll: Coll, topo: _Topo, nbytes: int) -> float:
+def _memory_alg_bw(
+    hw: Hardware,
+    coll: Coll,
+    topo: _Topo,
+    nbytes: int,
+    in_place: bool = False,
+    reuse: tuple[float, float] = (0.0, 0.0),
+) -> float:
     """The rate memory allows: every byte a rank puts on the wire is read and written
     ``overlap.hbm_bytes_per_copy_byte`` times in memory (``hbm_bytes_per_reduce_byte`` for a
     reduction; an allreduce reduces half its bytes and copies the other half), at the
-    achievable memory bandwidth for that traffic. On a GPU memory outruns NVLink and the
-    network, so the link decides; on CPU ranks whose "link" is a copy through shared
-    memory, memory does (a reduce-scatter then costs 3/2 of an allgather). [D]"""
+    achievable memory bandwidth for that traffic. An allgather out of place also copies
+    the rank's own block into place (NCCL's local copy; the CPU target's copy of every
+    part): all ``nbytes``, where in place (``in_place``, and the allgather that ends an
+    allreduce) it copies only the wire's. On a GPU memory outruns NVLink and the network,
+    so the link decides; on CPU ranks whose "link" is a copy through shared memory, memory
+    does (a reduce-scatter then costs 3/2 of an allgather in place). ``reuse``: the reuse
+    distances of what the call reads and of the storage it writes (``Context.reuse``):
+    half its traffic at the curve's rate for each (the larger of it and the traffic). [D]"""
 
     o = hw.overlap
     k = {
@@ -682,10 +694,13 @@ def _memory_alg_bw(hw: Hardware, coll: Coll, topo: _Topo, nbytes: int) -> float:
         Coll.REDUCE: o.hbm_bytes_per_reduce_byte,
     }.get(coll, o.hbm_bytes_per_copy_byte)
     wire = bus_factor(coll, topo.nranks) if topo.nranks > 1 else 1.0
+    if coll is Coll.ALLGATHER and not in_place:
+        wire = 1.0  # the own block too
     if k <= 0 or wire <= 0:
         return math.inf
     traffic = nbytes * wire * k
-    return hw.gpu.hbm_gbps * hbm_efficiency(hw, traffic) / (k * wire)
+    inverse = sum(0.5 / hbm_efficiency(hw, max(traffic, d)) for d in reuse)
+    return hw.gpu.hbm_gbps / inverse / (k * wire)
 
 
 def _p2p_ll_alg_bw(hw: Hardware, coll: Coll, topo: _Topo, nbytes: int) -> float:
@@ -713,7 +728,14 @@ def _is_pair(hw: Hardware, topo: _Topo, algo: Algo) -> bool:
     )
 
 
-def _combine_s(hw: Hardware, coll: Coll, nbytes: int, topo: _Topo, dtype: str) -> float:
+def _combine_s(
+    hw: Hardware,
+    coll: Coll,
+    nbytes: int,
+    topo: _Topo,
+    dtype: str,
+    reuse: tuple[float, float] = (0.0, 0.0),
+) -> float:
     """The time a rank spends combining a reduction's parts at ``overlap.reduce_ns`` per
     element read (a reduce-scatter or reduce reads all ``nbytes``: G parts of each element
     it owns), and, for an allreduce, the allgather of the result after it, at the memory
@@ -725,7 +747,8 @@ def _combine_s(hw: Hardware, coll: Coll, nbytes: int, topo: _Topo, dtype: str) -
         return 0.0
     combine_s = nbytes / DType(dtype).itemsize * ns * 1e-9
     if coll is Coll.ALLREDUCE:
-        combine_s += nbytes / (_memory_alg_bw(hw, Coll.ALLGATHER, topo, nbytes) * 1e9)
+        in_place = _memory_alg_bw(hw, Coll.ALLGATHER, topo, nbytes, True, reuse)
+        combine_s += nbytes / (in_place * 1e9)
     return combine_s
 
 
@@ -737,6 +760,8 @@ def _cost(
     algo: Algo,
     proto: Proto,
     dtype: str = "f32",
+    in_place: bool = False,
+    reuse: tuple[float, float] = (0.0, 0.0),
 ) -> CollCost:
     alg_bw = _alg_bw(hw, coll, topo, algo, proto, nbytes)
     tuner_latency_us = _latency_us(hw, coll, topo, algo, proto, nbytes)
@@ -754,12 +779,13 @@ def _cost(
         rate *= hw.nccl.measured.p2p_nvlink_efficiency
     if proto is Proto.LL:
         rate *= hw.nccl.measured.ll_bw_scale
-    rate = min(rate, _memory_alg_bw(hw, coll, topo, nbytes))
+    rate = min(rate, _memory_alg_bw(hw, coll, topo, nbytes, in_place, reuse))
     if algo is Algo.P2P and proto is Proto.LL:
         rate = min(rate, _p2p_ll_alg_bw(hw, coll, topo, nbytes))
     steps_of = topo.nranks if algo in (Algo.RING, Algo.PAT) else _FILL_REFERENCE_RANKS
     fill = _fill_bytes(hw, algo, nbytes, proto, coll, topo.nnodes, steps_of)
-    transfer_s = max((nbytes + fill) / (rate * 1e9), _combine_s(hw, coll, nbytes, topo, dtype))
+    combine_s = _combine_s(hw, coll, nbytes, topo, dtype, reuse)
+    transfer_s = max((nbytes + fill) / (rate * 1e9), combine_s)
     link = Link.NET if topo.nnodes > 1 else hw.node.intra_link
     return CollCost(
         coll=coll,
@@ -792,6 +818,8 @@ def collective_candidates(
     ranks_per_node: int | None = None,
     symmetric: bool = False,
     dtype: str = "f32",
+    in_place: bool = False,
+    reuse: tuple[float, float] = (0.0, 0.0),
 ) -> list[CollCost]:
     """Every enabled algorithm/protocol for this call, cheapest first.
 
@@ -799,14 +827,27 @@ def collective_candidates(
     restriction that leaves nothing raises ``CostModelError`` saying why. ``symmetric``:
     the buffers are registered symmetric windows, which adds NCCL's symmetric kernels.
     ``dtype``: the elements' type, for a reduction's per-element cost
-    (``overlap.reduce_ns``, `_combine_s`).
+    (``overlap.reduce_ns``, `_combine_s`). ``in_place``: an allgather whose rank's own
+    block already lies in the output (`_memory_alg_bw`; nccl-tests' out-of-place column
+    is the default). ``reuse``: the reuse distances of its input and output storage
+    (`_memory_alg_bw`; the simulator passes them on CPU ranks).
     """
     c = Coll.parse(coll)
     want_algo = _parse_algo(algo) if algo is not None else None
     want_proto = _parse_proto(proto) if proto is not None else None
     return list(
         _candidates(
-            hw, c, nbytes, nranks, want_algo, want_proto, ranks_per_node, symmetric, dtype
+            hw,
+            c,
+            nbytes,
+            nranks,
+            want_algo,
+            want_proto,
+            ranks_per_node,
+            symmetric,
+            dtype,
+            in_place,
+            reuse,
         )
     )
 
@@ -822,6 +863,8 @@ def _candidates(
     ranks_per_node: int | None,
     symmetric: bool = False,
     dtype: str = "f32",
+    in_place: bool = False,
+    reuse: tuple[float, float] = (0.0, 0.0),
 ) -> tuple[CollCost, ...]:
     """``collective_candidates`` on parsed arguments, memoized: simulators ask again and again."""
     if nbytes < 0:
@@ -850,7 +893,7 @@ def _candidates(
         simple = [(a, p) for a, p in pairs if p is Proto.SIMPLE and a in (Algo.RING, Algo.P2P)]
         a, p = (simple or pairs)[0]
         return (_zero_cost(c, nbytes, topo, a, p, hw),)
-    costs = [_cost(hw, c, nbytes, topo, a, p, dtype) for a, p in pairs]
+    costs = [_cost(hw, c, nbytes, topo, a, p, dtype, in_place, reuse) for a, p in pairs]
     if c in (Coll.SENDRECV, Coll.ALLTOALL):
         # NCCL's p2p has no tuner entry: LL up to P2P_LL_THRESHOLD bytes per peer.
         return tuple(sorted(costs, key=lambda k: _p2p_rank(k, topo)))
@@ -888,6 +931,8 @@ def collective_time(
     ranks_per_node: int | None = None,
     symmetric: bool = False,
     dtype: str = "f32",
+    in_place: bool = False,
+    reuse: tuple[float, float] = (0.0, 0.0),
 ) -> CollCost:
     """The cost of one collective as NCCL would run it: its cheapest allowed choice.
 
@@ -896,7 +941,8 @@ def collective_time(
     is one pair of ranks and ``nranks`` is ignored; pass ``ranks_per_node=1`` for a pair
     on two nodes (or use ``p2p_time``). ``symmetric=True`` prices a call on registered
     symmetric windows (NCCL ≥ 2.27 adds its symmetric kernels to the choice); the
-    simulator passes ``emitted_buffers_registered(collectives)``.
+    simulator passes ``emitted_buffers_registered(collectives)``. ``dtype``, ``in_place``
+    and ``reuse``: as `collective_candidates`.
     """
     return collective_candidates(
         hw,
@@ -908,6 +954,8 @@ def collective_time(
         ranks_per_node=ranks_per_node,
         symmetric=symmetric,
         dtype=dtype,
+        in_place=in_place,
+        reuse=reuse,
     )[0]
 
 

@@ -173,9 +173,19 @@ def _collective(
     rpn: int,
     symmetric: bool = False,
     dtype: str = "f32",
+    in_place: bool = False,
+    reuse: tuple[float, float] = (0.0, 0.0),
 ) -> CollCost:
     return collective_time(
-        hw, coll, nbytes, nranks, ranks_per_node=rpn, symmetric=symmetric, dtype=dtype
+        hw,
+        coll,
+        nbytes,
+        nranks,
+        ranks_per_node=rpn,
+        symmetric=symmetric,
+        dtype=dtype,
+        in_place=in_place,
+        reuse=reuse,
     )
 
 
@@ -202,7 +212,7 @@ class KernelSpec:
     calls: float = 0.0
     """Math library calls (``_CALLS``: one per element of exp, log, tanh, ...)."""
     reuse: tuple[tuple[float, float], ...] = ()
-    """(bytes, reuse distance) of each value read (`Context.reuse`; read on CPU ranks)."""
+    """(bytes, reuse distance) of each value read and written (`Context.reuse`; on CPU ranks)."""
 
     def time(self, hw: Hardware, c: Contention) -> float:
         t = _kernel(
@@ -263,6 +273,11 @@ class CollSpec:
     are candidates where they serve the call."""
     dtype: str = "f32"
     """The elements' type (a reduction's per-element cost, ``overlap.reduce_ns``)."""
+    in_place: bool = False
+    """An allgather into the buffer its rank's block already lies in (`gathers_in_place`)."""
+    reuse: tuple[float, float] = (0.0, 0.0)
+    """The reuse distances of its input and of the storage it writes (`Context.reuse`;
+    on CPU ranks)."""
 
     def cost(self, hw: Hardware) -> CollCost:
         return _collective(
@@ -273,6 +288,8 @@ class CollSpec:
             self.ranks_per_node,
             self.symmetric,
             self.dtype,
+            self.in_place,
+            self.reuse,
         )
 
 
@@ -501,26 +518,36 @@ class Context:
     def reuse(self) -> dict[tuple[str, str], float]:
         """Reuse distances, steady state: for stage s reading value n, the bytes a rank
         touches (reads and stores, stage by stage in program order, one step after
-        another) between its last touch of n and s. On CPU ranks they decide whether a
-        kernel's operands come from the caches or from memory (`kernel_time`)."""
+        another) between its last touch of n and s; for (s, s), those since the last touch
+        of the storage s writes (an update's: its target's; an allgather in place writes
+        the peers' blocks, which only the allgather of the step before touched), a store
+        into lines the caches no longer hold fetching them first. On
+        CPU ranks they decide whether a kernel's operands and results, and a collective's,
+        come from the caches or from memory (`kernel_time`, `collective_time`)."""
         order = []
+        root: dict[str, str] = {}
         for s in self.program.stages:
             reads = _expr_work(self, s.expr)[0]
             reads.pop(s.name, None)
             out = self.per_rank_bytes(s.ty) if s.name in self.written else 0
-            order.append((s.name, reads, out))
+            src = s.expr.args[0].name if s.expr.args else None
+            if s.expr.op is Op.UPDATE and src is not None:
+                root[s.name] = root.get(src, src)
+            order.append((s.name, reads, out, root.get(s.name, s.name)))
         last: dict[str, float] = {}
         distance: dict[tuple[str, str], float] = {}
         cum = 0.0
         for lap in range(2):  # the second lap sees the previous step's touches
-            for name, reads, out in order:
+            for name, reads, out, home in order:
                 if lap:
                     for n in reads:
-                        distance[(name, n)] = cum - last.get(n, cum)
+                        distance[(name, n)] = cum - last.get(root.get(n, n), cum)
+                    if out:
+                        distance[(name, name)] = cum - last.get(home, cum)
                 cum += sum(reads.values()) + out
                 for n in reads:
-                    last[n] = cum
-                last[name] = cum
+                    last[root.get(n, n)] = cum
+                last[home] = cum
         return distance
 
     def per_rank_bytes(self, ty: TensorType) -> int:
@@ -729,6 +756,17 @@ def _chunk_bytes(nbytes: int, chunks: int) -> int:
     return max(1, nbytes // chunks) if nbytes else 0
 
 
+def gathers_in_place(ctx: Context, s: Stage) -> bool:
+    """An allgather of a slice that an update made: the update writes this rank's block
+    where it lies in the replicated target (over tp or dp), and the allgather fills in
+    the others around it (docs/codegen.md, the table of ops: `update`), so no own block
+    is copied (`collective_time`'s ``in_place``)."""
+    if s.expr.op is not Op.ALLGATHER:
+        return False
+    src = s.expr.args[0].name
+    return src is not None and src in ctx.by_name and ctx.by_name[src].expr.op is Op.UPDATE
+
+
 def _coll_op(ctx: Context, name: str, chunks: int, needs: Iterable[str]) -> list[Operation]:
     s = ctx.by_name[name]
     x = s.expr.args[0].type
@@ -760,7 +798,20 @@ def _coll_op(ctx: Context, name: str, chunks: int, needs: Iterable[str]) -> list
         group, rpn = ctx.program.grid.dp, ctx.ranks_per_node(pstage, "dp")
     # nccl-tests' size of an alltoall is one rank's send buffer, not the global value.
     nbytes = _chunk_bytes(full // ctx.group if coll is Coll.ALLTOALL else full, chunks)
-    spec = CollSpec(coll, nbytes, group, rpn, _registered(ctx, coll), x.dtype.value)
+    reuse = (0.0, 0.0)
+    if ctx.hw.gpu.arch == "cpu":
+        operand = s.expr.args[0].name or ""
+        reuse = (ctx.reuse.get((name, operand), 0.0), ctx.reuse.get((name, name), 0.0))
+    spec = CollSpec(
+        coll,
+        nbytes,
+        group,
+        rpn,
+        _registered(ctx, coll),
+        x.dtype.value,
+        gathers_in_place(ctx, s),
+        reuse,
+    )
     cost = spec.cost(ctx.hw)
     permuted = _needs_permute(ctx, s)
     ops = [
@@ -1070,11 +1121,13 @@ def _compute_ops(
             ],
             [(ctx.types[m].dtype, float(b)) for m, b in written.items()],
         )
+        far = ctx.reuse
         reuse = (
-            tuple(
-                (float(b) / chunks, min(ctx.reuse.get((m, n), 0.0) for m in phase))
+            tuple(  # a value's distance where the phase first reads it
+                (float(b) / chunks, next((far[m, n] for m in phase if (m, n) in far), 0.0))
                 for n, b in sorted(reads.items())
             )
+            + tuple((float(b) / chunks, far.get((m, m), 0.0)) for m, b in written.items())
             if ctx.hw.gpu.arch == "cpu"  # only CPU ranks read it (`kernel_time`)
             else ()
         )
