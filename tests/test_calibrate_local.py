@@ -33,6 +33,8 @@ def _machine():  # type: ignore[no-untyped-def]
         "gpu.vector_tflops.f32": 0.0031,
         "gpu.libm_call_ns": 7.0,
         "gpu.scalar_slowdown": 6.0,
+        "gpu.scalar_convert_slowdown.f16": 12.0,
+        "gpu.scalar_convert_slowdown.bf16": 3.0,
         "gpu.convert_ns.f16_widen": 0.8,
         "gpu.convert_ns.f16_narrow": 3.0,
         "gpu.convert_ns.bf16_widen": 0.3,
@@ -72,6 +74,9 @@ def test_the_fit_recovers_a_known_machine_from_its_micro_runs() -> None:
     assert fitted.gpu.convert_ns.bf16_narrow == pytest.approx(0.7, rel=0.05)
     assert fitted.gpu.libm_call_ns == pytest.approx(7.0, rel=0.05)
     assert fitted.gpu.scalar_slowdown == pytest.approx(6.0, rel=0.05)
+    halves = fitted.gpu.scalar_convert_slowdown
+    assert halves is not None
+    assert (halves.f16, halves.bf16) == (pytest.approx(12.0, rel=0.05), pytest.approx(3.0, rel=0.05))
     assert fitted.overlap.reduce_ns.f32 == pytest.approx(1.5, rel=0.05)
     assert fitted.overlap.reduce_ns.f16 == pytest.approx(2.5, rel=0.05)
     assert fitted.overlap.reduce_ns.bf16 == pytest.approx(1.8, rel=0.05)
@@ -95,6 +100,9 @@ def test_the_written_profile_is_the_fitted_one(tmp_path: Path) -> None:
         assert getattr(loaded.gpu.convert_ns, field) == pytest.approx(want, rel=1e-5)
     assert loaded.gpu.libm_call_ns == pytest.approx(cal.hardware.gpu.libm_call_ns, rel=1e-5)
     assert loaded.gpu.scalar_slowdown == pytest.approx(cal.hardware.gpu.scalar_slowdown, rel=1e-5)
+    got, want = loaded.gpu.scalar_convert_slowdown, cal.hardware.gpu.scalar_convert_slowdown
+    assert got is not None and want is not None
+    assert (got.f16, got.bf16) == (pytest.approx(want.f16, rel=1e-5), pytest.approx(want.bf16, rel=1e-5))
     for d in ("f32", "f16", "bf16"):
         want = getattr(cal.hardware.overlap.reduce_ns, d)
         assert getattr(loaded.overlap.reduce_ns, d) == pytest.approx(want, rel=1e-5)
@@ -239,22 +247,35 @@ def test_a_reduction_on_cpu_ranks_costs_its_elements_not_only_its_bytes() -> Non
 
 
 def test_a_kernel_calling_libm_loses_its_simd_lanes_on_cpu_ranks() -> None:
-    """gpu.scalar_slowdown: a kernel with a call per element does its conversions and
-    FLOPs that many times slower; one without calls, or whose only call is of scalars
-    (made once per launch), is priced as before."""
+    """gpu.scalar_slowdown and gpu.scalar_convert_slowdown: a kernel with a call per
+    element does its FLOPs, and its f16 or bf16 conversions, that many times slower, each
+    dtype by its own factor; one without calls, or whose only call is of scalars (made
+    once per launch), is priced as before."""
+    from cocoviz.sim.hardware import HalfSlowdown
+
     base = starting_profile(2)
-    slow = dataclasses.replace(base, gpu=dataclasses.replace(base.gpu, scalar_slowdown=5.0))
+
+    def with_gpu(**kw):  # type: ignore[no-untyped-def]
+        return dataclasses.replace(base, gpu=dataclasses.replace(base.gpu, **kw))
+
+    slow = with_gpu(scalar_slowdown=5.0, scalar_convert_slowdown=HalfSlowdown(5.0, 5.0))
+    f16_only = with_gpu(scalar_slowdown=5.0, scalar_convert_slowdown=HalfSlowdown(5.0, 1.0))
+    flops_only = with_gpu(scalar_slowdown=5.0, scalar_convert_slowdown=HalfSlowdown(1.0, 1.0))
     n = 1 << 20
 
-    def program(expr: str):  # type: ignore[no-untyped-def]
+    def program(expr: str, dtype: str = "f16"):  # type: ignore[no-untyped-def]
         text = (
-            f"program t\nranks 2\ndim N = {n}\nparam t: f32 = 2.0\ninput x : f16[N] local\n"
+            f"program t\nranks 2\ndim N = {n}\nparam t: f32 = 2.0\ninput x : {dtype}[N] local\n"
             f"y = {expr}\noutput y\n"
         )
         return load_program(text, "<t>", None)
 
     with_call = program("exp(x * 0.001)")
     assert makespan(with_call, slow) > 1.5 * makespan(with_call, base)
+    assert makespan(with_call, f16_only) == pytest.approx(makespan(with_call, slow))
+    bf16_call = program("exp(x * 0.001)", "bf16")
+    assert makespan(bf16_call, f16_only) == pytest.approx(makespan(bf16_call, flops_only))
+    assert makespan(bf16_call, slow) > makespan(bf16_call, f16_only)
     for expr in ("x * 0.001", "x * pow(t, t)"):
         p = program(expr)
         assert makespan(p, slow) == pytest.approx(makespan(p, base)), expr

@@ -51,7 +51,7 @@ from functools import lru_cache
 
 from cocoviz.ir.types import DTYPE_NAMES, DType
 from cocoviz.sim.collectives import CollCost
-from cocoviz.sim.hardware import Hardware, Link, hbm_efficiency
+from cocoviz.sim.hardware import HalfSlowdown, Hardware, Link, hbm_efficiency
 
 __all__ = [
     "NO_CONTENTION",
@@ -179,9 +179,9 @@ def kernel_time(
     f16 elements the kernel reads and writes, then the bf16 ones, each widened to or
     narrowed from f32 at ``gpu.convert_ns`` (work beside the FLOPs). ``calls``: the math
     library calls it makes per element (exp, log, tanh, pow), each at
-    ``gpu.libm_call_ns``; a kernel that makes them runs its FLOPs and conversions
-    ``gpu.scalar_slowdown`` times slower (the CPU target's loop around a libm call does
-    not vectorize). ``reuse``: (bytes, reuse distance) of the values it reads and of those
+    ``gpu.libm_call_ns``; a kernel that makes them runs its FLOPs ``gpu.scalar_slowdown``
+    times slower and its conversions ``gpu.scalar_convert_slowdown`` times (the CPU
+    target's loop around a libm call does not vectorize). ``reuse``: (bytes, reuse distance) of the values it reads and of those
     it writes, the bytes the rank touched since it last touched each (a store fetches its
     line first); on CPU ranks each moves at the memory curve's rate for the larger of its
     distance and the kernel's traffic (a value the caches no longer hold comes from
@@ -195,16 +195,14 @@ def kernel_time(
     arith = "f32" if hw.gpu.arch == "cpu" and dtype in ("f16", "bf16") else dtype
     rate = hw.gpu.vector_tflops[arith] * 1e12 * hw.gpu.vector_efficiency
     ns = hw.gpu.convert_ns
-    convert_s = (
-        converts[0] * ns.f16_widen
-        + converts[1] * ns.f16_narrow
-        + converts[2] * ns.bf16_widen
-        + converts[3] * ns.bf16_narrow
-    ) * 1e-9
+    f16_s = (converts[0] * ns.f16_widen + converts[1] * ns.f16_narrow) * 1e-9
+    bf16_s = (converts[2] * ns.bf16_widen + converts[3] * ns.bf16_narrow) * 1e-9
     if calls and hw.gpu.libm_call_ns > 0:
         # the loop calls libm element by element: the rest of its work runs without SIMD too
         slow = hw.gpu.scalar_slowdown
-        flops, convert_s = flops * slow, convert_s * slow
+        halves = hw.gpu.scalar_convert_slowdown or HalfSlowdown(slow, slow)
+        flops, f16_s, bf16_s = flops * slow, f16_s * halves.f16, bf16_s * halves.bf16
+    convert_s = f16_s + bf16_s
     work_s = (flops / rate if flops else 0.0) + convert_s + calls * hw.gpu.libm_call_ns * 1e-9
     compute_s = work_s / (1.0 - contention.compute_lost) if work_s else 0.0
     if hw.gpu.arch == "cpu" and reuse and nbytes > 0:

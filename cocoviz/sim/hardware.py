@@ -111,6 +111,15 @@ class PerHalf:
 
 
 @dataclass(frozen=True)
+class HalfSlowdown:
+    """Per 16-bit float dtype, how many times slower its conversions run in a loop that
+    stays scalar (``[gpu.scalar_convert_slowdown]``)."""
+
+    f16: float = 1.0
+    bf16: float = 1.0
+
+
+@dataclass(frozen=True)
 class PerProto:
     """One number per NCCL protocol: LL, LL128, Simple (NCCL's array order)."""
 
@@ -189,10 +198,15 @@ class GpuSpec:
     around the call does not vectorize (``cocoviz calibrate --local`` fits it on a kernel
     of ``exp``: docs/cost-model.md, this machine)."""
     scalar_slowdown: float = 1.0
-    """How many times slower a kernel that calls libm per element does its FLOPs and
-    conversions (``[gpu] scalar_slowdown``, at least 1; 1, the default): on the CPU target
-    the loop around the call runs one element at a time, so the f16 rounding and the
-    arithmetic beside it lose their SIMD lanes too (fitted on an f16 kernel of exp)."""
+    """How many times slower a kernel that calls libm per element does its FLOPs
+    (``[gpu] scalar_slowdown``, at least 1; 1, the default): on the CPU target the loop
+    around the call runs one element at a time, so the arithmetic beside it loses its SIMD
+    lanes too (fitted on an f32 kernel of exp and arithmetic)."""
+    scalar_convert_slowdown: HalfSlowdown | None = None
+    """The same for its f16 and bf16 conversions, each its own (``[gpu.scalar_convert_slowdown]
+    f16 = …, bf16 = …``, at least 1; absent: ``scalar_slowdown`` for both). Rounding to
+    f16 in software loses far more without SIMD than bf16's shift does (fitted on f16 and
+    bf16 kernels of exp)."""
 
 
 @dataclass(frozen=True)
@@ -786,6 +800,13 @@ def _per_scale_zero(t: _Table, key: str) -> PerScale:
     return PerScale(n1, n2, n4)
 
 
+def _half_slowdown(t: _Table) -> HalfSlowdown:
+    """``[gpu.scalar_convert_slowdown]``: f16 and bf16, each at least 1 (default 1)."""
+    values = {d: t.number(d, low=1.0, zero=True) for d in ("f16", "bf16") if d in t.data}
+    t.done()
+    return HalfSlowdown(**values)
+
+
 def _per_half(t: _Table) -> PerHalf:
     """``[gpu.convert_ns]``: ns per element for f16 and bf16, each optional (0), one
     number for both ways or ``[widen, narrow]``."""
@@ -926,6 +947,9 @@ def _build(raw: dict[str, Any], where: str) -> Hardware:
         scalar_slowdown=g.number("scalar_slowdown", low=1.0, zero=True)
         if "scalar_slowdown" in g.data
         else 1.0,
+        scalar_convert_slowdown=_half_slowdown(g.table("scalar_convert_slowdown"))
+        if "scalar_convert_slowdown" in g.data
+        else None,
     )
     eff.done()
     g.done()

@@ -50,7 +50,7 @@ from pathlib import Path
 from cocoviz.ir.lower import load_program
 from cocoviz.ir.nodes import Program
 from cocoviz.sim.calibrate import Calibration, Knob, Measured, fit_samples
-from cocoviz.sim.hardware import Hardware, load_profile
+from cocoviz.sim.hardware import HalfSlowdown, Hardware, load_profile
 from cocoviz.sim.timeline import makespan
 
 __all__ = [
@@ -130,10 +130,25 @@ MICRO: tuple[MicroProgram, ...] = (
         "y = exp(x * 0.001)\noutput y\n",
     ),
     MicroProgram(
+        "ew_exp_math",
+        "elementwise f32 kernel of exp and an optimizer's arithmetic over 4 MiB (in the "
+        "caches): the arithmetic beside a libm call, without SIMD",
+        "program micro_ew_exp_math\nranks {ranks}\ndim N = 1048576\ninput x : f32[N] local\n"
+        "y = exp(x * 0.001) + (x * 0.9 + 0.1) / (sqrt(x * x * 0.999 + 0.001) + 0.00000001)\n"
+        "output y\n",
+    ),
+    MicroProgram(
         "ew_f16_exp",
         "elementwise f16 kernel of exp over 2 MiB (in the caches): a libm call per element, "
-        "and the f16 conversions and arithmetic beside it without SIMD",
+        "and the f16 conversions beside it without SIMD",
         "program micro_ew_f16_exp\nranks {ranks}\ndim N = 1048576\ninput x : f16[N] local\n"
+        "y = exp(x * 0.001)\noutput y\n",
+    ),
+    MicroProgram(
+        "ew_bf16_exp",
+        "elementwise bf16 kernel of exp over 2 MiB (in the caches): a libm call per element, "
+        "and the bf16 conversions beside it without SIMD",
+        "program micro_ew_bf16_exp\nranks {ranks}\ndim N = 1048576\ninput x : bf16[N] local\n"
         "y = exp(x * 0.001)\noutput y\n",
     ),
     MicroProgram(
@@ -315,7 +330,7 @@ hbm_gbps = {v["hbm_gbps"]:.6g}
 launch_overhead_us = {v["kernel_gap_us"]:.6g}
 kernel_gap_us = {v["kernel_gap_us"]:.6g}
 libm_call_ns = {v["libm_call_ns"]:.6g}      # one exp/log/tanh/pow call per element, beside the FLOPs
-scalar_slowdown = {v["scalar_slowdown"]:.6g}   # a kernel calling libm: its FLOPs and conversions, without SIMD
+scalar_slowdown = {v["scalar_slowdown"]:.6g}   # a kernel calling libm: its FLOPs, without SIMD
 
 [gpu.matmul_tflops]
 {rates}
@@ -326,6 +341,10 @@ scalar_slowdown = {v["scalar_slowdown"]:.6g}   # a kernel calling libm: its FLOP
 [gpu.convert_ns]               # one f16/bf16 element to f32 and back: [widen, narrow]
 f16 = [{v["f16_widen"]:.6g}, {v["f16_narrow"]:.6g}]
 bf16 = [{v["bf16_widen"]:.6g}, {v["bf16_narrow"]:.6g}]
+
+[gpu.scalar_convert_slowdown]  # a kernel calling libm: its conversions, without SIMD
+f16 = {v["scalar_f16"]:.6g}
+bf16 = {v["scalar_bf16"]:.6g}
 
 [gpu.efficiency]               # the rates above are what the micro-runs achieved
 matmul = 1.0
@@ -432,6 +451,8 @@ def starting_profile(ranks: int, *, name: str | None = None) -> Hardware:
         "bf16_narrow": 1.0,
         "libm_call_ns": 1.0,
         "scalar_slowdown": 1.0,
+        "scalar_f16": 1.0,
+        "scalar_bf16": 1.0,
     }
     for d, rate in (
         ("f16", 0.004),
@@ -460,6 +481,8 @@ def local_knobs() -> tuple[Knob, ...]:
         Knob("gpu.vector_tflops.f32", 1e-6, 10.0),
         Knob("gpu.libm_call_ns", 1e-3, 1e5),
         Knob("gpu.scalar_slowdown", 1.0, 1e3),
+        Knob("gpu.scalar_convert_slowdown.f16", 1.0, 1e3),
+        Knob("gpu.scalar_convert_slowdown.bf16", 1.0, 1e3),
         Knob("gpu.convert_ns.f16_widen", 1e-4, 1e4),
         Knob("gpu.convert_ns.f16_narrow", 1e-4, 1e4),
         Knob("gpu.convert_ns.bf16_widen", 1e-4, 1e4),
@@ -484,7 +507,9 @@ _SEEDS = (
     ("gpu.hbm_efficiency.dram", "ew_f32"),
     ("gpu.vector_tflops.f32", "ew_math"),
     ("gpu.libm_call_ns", "ew_exp"),
-    ("gpu.scalar_slowdown", "ew_f16_exp"),
+    ("gpu.scalar_slowdown", "ew_exp_math"),
+    ("gpu.scalar_convert_slowdown.f16", "ew_f16_exp"),
+    ("gpu.scalar_convert_slowdown.bf16", "ew_bf16_exp"),
     ("gpu.convert_ns.f16_widen", "ew_f16_widen"),
     ("gpu.convert_ns.f16_narrow", "ew_f16"),
     ("gpu.convert_ns.bf16_widen", "ew_bf16_widen"),
@@ -589,6 +614,10 @@ def local_profile_toml(cal: Calibration, ranks: int, measured: Sequence[tuple[st
         values[field] = getattr(hw.gpu.convert_ns, field)
     values["libm_call_ns"] = hw.gpu.libm_call_ns
     values["scalar_slowdown"] = hw.gpu.scalar_slowdown
+    halves = hw.gpu.scalar_convert_slowdown or HalfSlowdown(
+        hw.gpu.scalar_slowdown, hw.gpu.scalar_slowdown
+    )
+    values["scalar_f16"], values["scalar_bf16"] = halves.f16, halves.bf16
     med, worst = cal.summary()
     header = [
         "# Written by `cocoviz calibrate --local`: a cpu-mpi profile of this machine, fitted so",
