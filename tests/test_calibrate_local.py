@@ -381,3 +381,6 @@ def test_a_collective_on_cpu_ranks_moves_what_the_caches_no_longer_hold_at_the_m
     ctx = make_context(apply_schedule_arg(program, "rs_c_ag", hw), hw)
     assert ctx.reuse[("w1", "w1")] > 32 * 2**20  # the step's other traffic since
     assert ctx.reuse[("w1", "w1_s")] == 0.0  # made just before
+    # an update that reads its target stores into the lines its read fetched
+    assert ctx.reuse[("m1", "m")] > 16 * 2**20 and ctx.reuse[("m1", "m1")] == 0.0
+    assert ctx.reuse[("r", "r")] > 16 * 2**20  # a fresh value: its storage, a step back

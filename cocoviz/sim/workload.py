@@ -521,7 +521,8 @@ class Context:
         another) between its last touch of n and s; for (s, s), those since the last touch
         of the storage s writes (an update's: its target's; an allgather in place writes
         the peers' blocks, which only the allgather of the step before touched), a store
-        into lines the caches no longer hold fetching them first. On
+        into lines the caches no longer hold fetching them first (0 when s reads that
+        storage itself: the read fetched the lines). On
         CPU ranks they decide whether a kernel's operands and results, and a collective's,
         come from the caches or from memory (`kernel_time`, `collective_time`)."""
         order = []
@@ -542,8 +543,9 @@ class Context:
                 if lap:
                     for n in reads:
                         distance[(name, n)] = cum - last.get(root.get(n, n), cum)
-                    if out:
-                        distance[(name, name)] = cum - last.get(home, cum)
+                    if out:  # a store into what the stage itself reads hits its line
+                        own = any(root.get(n, n) == home for n in reads)
+                        distance[(name, name)] = 0.0 if own else cum - last.get(home, cum)
                 cum += sum(reads.values()) + out
                 for n in reads:
                     last[root.get(n, n)] = cum
