@@ -315,3 +315,20 @@ def test_convert_ns_takes_one_number_or_widen_and_narrow(tmp_path: Path) -> None
     ):
         with pytest.raises(ProfileError, match=why):
             load_profile(_release(tmp_path, text))
+
+
+def test_scalar_convert_slowdown_is_per_half_dtype_and_at_least_one(tmp_path: Path) -> None:
+    """``[gpu.scalar_convert_slowdown]`` (docs/cost-model.md, Kernels): f16 and bf16, each
+    at least 1 (a loop without SIMD is never faster); a dtype left out is 1; absent, the
+    conversions take ``scalar_slowdown`` (None here)."""
+    path = _release(tmp_path, "[gpu.scalar_convert_slowdown]\nf16 = 10.0\n")
+    halves = load_profile(path).gpu.scalar_convert_slowdown
+    assert halves is not None and (halves.f16, halves.bf16) == (10.0, 1.0)
+    assert load_profile("h100-dgx").gpu.scalar_convert_slowdown is None
+    for text, why in (
+        ("[gpu.scalar_convert_slowdown]\nf16 = 0.5\n", "at least 1"),
+        ("[gpu.scalar_convert_slowdown]\nfp16 = 2.0\n", "unknown field"),
+        ("[gpu.scalar_convert_slowdown]\nbf16 = [2.0, 3.0]\n", "expected a number"),
+    ):
+        with pytest.raises(ProfileError, match=why):
+            load_profile(_release(tmp_path, text))

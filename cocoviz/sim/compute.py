@@ -181,13 +181,13 @@ def kernel_time(
     library calls it makes per element (exp, log, tanh, pow), each at
     ``gpu.libm_call_ns``; a kernel that makes them runs its FLOPs ``gpu.scalar_slowdown``
     times slower and its conversions ``gpu.scalar_convert_slowdown`` times (the CPU
-    target's loop around a libm call does not vectorize). ``reuse``: (bytes, reuse distance) of the values it reads and of those
-    it writes, the bytes the rank touched since it last touched each (a store fetches its
-    line first); on CPU ranks each moves at the memory curve's rate for the larger of its
-    distance and the kernel's traffic (a value the caches no longer hold comes from
-    memory, however small the kernel), the rest of the traffic at the kernel's own. On CPU
-    ranks the arithmetic of a 16-bit float kernel is f32's (the CPU target computes in
-    float).
+    target's loop around a libm call does not vectorize). ``reuse``: (bytes, reuse
+    distance) of the values it reads and of those it writes, the bytes the rank touched
+    since it last touched each (a store fetches its line first); on CPU ranks each moves
+    at the memory curve's rate for the larger of its distance and the kernel's traffic (a
+    value the caches no longer hold comes from memory, however small the kernel), the rest
+    of the traffic at the kernel's own. On CPU ranks the arithmetic of a 16-bit float
+    kernel is f32's (the CPU target computes in float).
     """
     _check_dtype(dtype)
     if flops < 0 or nbytes < 0:

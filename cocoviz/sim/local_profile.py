@@ -10,8 +10,8 @@ ring with the Simple protocol (``nccl.algorithms = ["ring"]``, ``protocols =
 ["Simple"]``), each of its wire bytes read and written in memory
 ``overlap.hbm_bytes_per_{reduce,copy}_byte`` times (a reduce-scatter of T ranks reads T
 blocks and writes one: (T+1)/(T−1) per wire byte; an allgather reads and writes each: 2,
-and out of place its own block too; both fitted). A reduction also pays ``overlap.reduce_ns`` per element
-it reads, by dtype: the CPU target widens each part to f32 and combines in tiles, so in
+and out of place its own block too; both fitted). A reduction also pays
+``overlap.reduce_ns`` per element it reads, by dtype: the CPU target widens each part to f32 and combines in tiles, so in
 cache a bf16 reduce-scatter costs what an f32 one of as many elements does, not half, and
 an f16 one more (the transfer is the larger of the two prices). Memory runs at
 ``gpu.hbm_gbps`` while a kernel's traffic fits the caches and at the fitted fraction of

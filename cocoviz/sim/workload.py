@@ -522,9 +522,9 @@ class Context:
         of the storage s writes (an update's: its target's; an allgather in place writes
         the peers' blocks, which only the allgather of the step before touched), a store
         into lines the caches no longer hold fetching them first (0 when s reads that
-        storage itself: the read fetched the lines). On
-        CPU ranks they decide whether a kernel's operands and results, and a collective's,
-        come from the caches or from memory (`kernel_time`, `collective_time`)."""
+        storage itself: the read fetched the lines). On CPU ranks they decide whether a
+        kernel's operands and results, and a collective's, come from the caches or from
+        memory (`kernel_time`, `collective_time`)."""
         order = []
         root: dict[str, str] = {}
         for s in self.program.stages:
@@ -1123,16 +1123,13 @@ def _compute_ops(
             ],
             [(ctx.types[m].dtype, float(b)) for m, b in written.items()],
         )
-        far = ctx.reuse
-        reuse = (
-            tuple(  # a value's distance where the phase first reads it
+        reuse: tuple[tuple[float, float], ...] = ()
+        if ctx.hw.gpu.arch == "cpu":  # only CPU ranks read it (`kernel_time`)
+            far = ctx.reuse
+            reuse = tuple(  # a value's distance where the phase first reads it
                 (float(b) / chunks, next((far[m, n] for m in phase if (m, n) in far), 0.0))
                 for n, b in sorted(reads.items())
-            )
-            + tuple((float(b) / chunks, far.get((m, m), 0.0)) for m, b in written.items())
-            if ctx.hw.gpu.arch == "cpu"  # only CPU ranks read it (`kernel_time`)
-            else ()
-        )
+            ) + tuple((float(b) / chunks, far.get((m, m), 0.0)) for m, b in written.items())
         if chunks != 1:  # as `_scaled`
             flops, nbytes, calls = flops / chunks, nbytes / chunks, calls / chunks
             converts = _per_chunk(converts, chunks)
