@@ -2,18 +2,21 @@
 schedule, `cocoviz simulate --hw <cpu-mpi profile>` next to the measured step time of the
 program `cocoviz emit --target cpu` writes for it, at the sizes below, on 2 MPI ranks.
 
-Usage: python bench/bench_model_local.py [--profile CPU.toml] [--ranks 2] [--rounds 5] [--stat min]
-           [--samples adam,lamb] [--build-dir DIR] [--json OUT.json]
+Usage: python bench/bench_model_local.py [--profile CPU.toml] [--ranks 2] [--rounds 5]
+           [--budget 0.2] [--stat min] [--samples adam,lamb] [--build-dir DIR]
+           [--json OUT.json]
 
 Without --profile it calibrates as `cocoviz calibrate --local` does (the micro-runs of the
 CPU target: elementwise and GEMM throughput, collectives, a send), but times the
 micro-runs in the same rounds as the programs, so that the profile and the measurements it
 is compared with see the same machine load; the profile is written next to the builds
 (cpu-mpi.toml). Each round times every program once (`run.sh --iters N`, N sized to
-~0.2 s a run), interleaved, so that they all see the same machine load; a program's
+--budget seconds a run), interleaved, so that they all see the same machine load; a program's
 measured step time is its fastest round (its time when nothing else competes for the
 cores, as `calibrate --local` measures its micro-runs; --stat median: the typical time
-under the load there was). Printed per program: predicted,
+under the load there was). On a shared VM whose caches are fast only now and then (this
+one: a few seconds in every twenty), more and shorter rounds (--rounds 20 --budget 0.1)
+give every program a round in a fast spell. Printed per program: predicted,
 measured, predicted / measured (goal 0.8-1.25); per sample: the pairs of schedules whose
 measured times differ by more than 10%, and how many of them the model orders the same
 way (goal: all).
@@ -123,6 +126,7 @@ def main() -> None:
     ap.add_argument("--ranks", type=int, default=2)
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--stat", choices=("min", "median"), default="min")
+    ap.add_argument("--budget", type=float, default=0.2, help="seconds a run takes (default 0.2)")
     ap.add_argument("--samples", default=",".join(SIZES))
     ap.add_argument("--build-dir", default=None)
     ap.add_argument("--json", default=None, help="write the figures here")
@@ -150,7 +154,7 @@ def main() -> None:
         print(f"building {c.directory.name}", file=sys.stderr)
         build_cpu_program(c.program, c.directory, hw)
     dirs = [*micro.values(), *(c.directory for c in todo)]
-    iters = {d: max(1, min(2000, round(0.2 / max(run_once(d, 1, 1), 1e-7)))) for d in dirs}
+    iters = {d: max(1, min(2000, round(args.budget / max(run_once(d, 1, 1), 1e-7)))) for d in dirs}
     runs: dict[Path, list[float]] = {d: [] for d in dirs}
     for r in range(args.rounds):
         for d in dirs:
