@@ -280,6 +280,111 @@ def test_cpu_dropout_kernel_and_gemm_columns_vectorize(tmp_path: Path) -> None:
     assert len(out) == 1 and {out[0], out[0] + 1} & vectorized, (out, sorted(vectorized))
 
 
+REDUCTION_ORDER_PROGRAM = """program red_order
+ranks 2
+dim N = 8221
+input x : f32[N] local
+s = sum(x)
+n = norm(x)
+a = amax(x)
+output s
+output n
+output a
+schedule f {
+  fuse(s, n, a)
+}
+"""
+
+
+def test_cpu_reduction_kernel_adds_in_its_lanes_order_16_elements_at_a_time(
+    tmp_path: Path,
+) -> None:
+    """A kernel with sum/norm/amax partials computes its elements 16 at a time and adds
+    their terms to its 8 lanes in the documented order (docs/codegen.md, "Fast loops
+    (CPU)"): blocks of 4096, lane l takes elements l, l+8, … in double, the lanes added
+    pairwise, the blocks in order. 8221 = 2 · 4096 + 29 elements cover full blocks and a
+    last one run by the 16-element loop, the 8-element loop and the tail. The inputs pair
+    ±2^50…2^61 in one lane with small values between them, which the lane's sum drops:
+    the bits tell the lane order from a sequential sum and from another assignment of
+    elements to lanes. GCC reports the 16-element loop vectorized."""
+    from collections.abc import Callable
+
+    import numpy as np
+
+    from cocoviz import numerics as nm
+
+    need_mpicxx()
+    files = emit_text(REDUCTION_ORDER_PROGRAM, "f", "cpu")
+    src = files["red_order.cpp"]
+    write(tmp_path, files)
+    flags = "-std=c++17 -O2 -fno-math-errno -ffp-contract=off -Wall -fopenmp"
+    res = make(tmp_path, f"CXXFLAGS={flags} -fopt-info-vec-optimized")
+    assert res.returncode == 0, res.stdout + res.stderr
+    vectorized = {
+        int(ln.split(":")[1])
+        for ln in (res.stdout + res.stderr).splitlines()
+        if ln.startswith("red_order.cpp:") and "loop vectorized" in ln
+    }
+    lines = src.splitlines()
+    start = next(n for n, ln in enumerate(lines) if "void k_sch_s(" in ln)
+    sixteen = [
+        n + 1
+        for n in range(start, len(lines))
+        if lines[n].lstrip().startswith("for (int64_t lane = 0; lane < 16; ++lane)")
+    ][:1]
+    assert sixteen and {sixteen[0], sixteen[0] + 1} & vectorized, (sixteen, sorted(vectorized))
+
+    n_el = 8221
+    rng = np.random.default_rng(7)
+    x = (rng.uniform(-1.0, 1.0, (2, n_el)) * 64).astype(np.float32)
+    for r in range(2):
+        used: set[int] = set()
+        for lo, count in ((0, 4096), (4096, 4096), (8192, n_el - 8192)):
+            for _ in range(12 if count > 100 else 3):
+                o1 = int(rng.integers(0, count - 8))
+                o2 = o1 + 8 * int(rng.integers(1, (count - o1 - 1) // 8 + 1))
+                if o2 >= count or {lo + o1, lo + o2} & used:
+                    continue
+                used |= {lo + o1, lo + o2}
+                big = np.float32(2.0 ** int(rng.integers(50, 62)))
+                x[r, lo + o1], x[r, lo + o2] = big, -big
+    (tmp_path / "in").mkdir()
+    np.save(tmp_path / "in" / "x.npy", x)
+    dump = tmp_path / "dump"
+    run = subprocess.run(
+        [str(tmp_path / "run.sh"), "--check", "--iters", "1", "--warmup", "0",
+         "--inputs", str(tmp_path / "in"), "--dump", str(dump)],
+        capture_output=True, text=True, timeout=300, check=False,
+    )  # fmt: skip
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert json.loads(run.stdout.strip().splitlines()[-1])["check"] == "pass"
+
+    def total(values: list[float], lane_of: Callable[[int], int]) -> float:
+        acc = 0.0
+        for lo in range(0, len(values), 4096):
+            s = [0.0] * 8
+            for o, v in enumerate(values[lo : lo + 4096]):
+                s[lane_of(o)] += v
+            acc += ((s[0] + s[1]) + (s[2] + s[3])) + ((s[4] + s[5]) + (s[6] + s[7]))
+        return acc
+
+    got = {k: nm.load_npy(dump / f"{k}.npy", "f32").reshape(2) for k in ("s", "n", "a")}
+    for r in range(2):
+        row = x[r].astype(np.float64).tolist()
+        want = np.float32(total(row, lambda o: o % 8))
+        assert got["s"][r].view(np.uint32) == want.view(np.uint32), (r, got["s"][r], want)
+        squares = np.float32(total([v * v for v in row], lambda o: o % 8))
+        assert got["n"][r].view(np.uint32) == np.sqrt(squares).view(np.uint32)
+        assert got["a"][r] == np.abs(x[r]).max()
+    # the inputs tell the orders apart: a sequential sum, and 16 elements over 8 lanes
+    # two by two, give other bits
+    for other in (lambda o: 0, lambda o: (o % 16) // 2):
+        assert any(
+            np.float32(total(x[r].astype(np.float64).tolist(), other)) != got["s"][r]
+            for r in range(2)
+        )
+
+
 STMT = {"kind": "", "dst": "", "a": "", "b": "", "c": ""}
 """A kernel statement's fields that `split_rows` reads."""
 
