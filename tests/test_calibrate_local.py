@@ -350,6 +350,36 @@ def test_a_fused_kernel_reads_each_value_at_its_distance_where_the_kernel_first_
     assert far_penalty(fused) - far_penalty(only_big) == pytest.approx(far, rel=0.05)
 
 
+def test_reuse_distances_count_only_what_a_fused_kernel_stores_and_reads_back() -> None:
+    """The reuse walk sees the kernels that run (docs/cost-model.md, Kernels): a value a
+    fused phase makes and reads again is neither stored nor read back, so it adds
+    nothing to the distance of what the phase reads after it; a value a stage outside
+    the phase reads is still stored, and the next phase reads it from memory."""
+    from cocoviz.schedule.steps import apply_steps
+    from cocoviz.sim.workload import make_context
+
+    hw = starting_profile(2)
+    n = 1 << 16  # f32: 256 KiB an array
+    text = (
+        f"program t\nranks 2\ndim N = {n}\ninput x : f32[N] local\n"
+        "a = x * 2.0\nb = a + 1.0\ny = b * x\ns = sum(y)\nz = y * s\noutput z\n"
+    )
+    program = load_program(text, "<t>", None)
+    size = 4.0 * n
+    plain = make_context(program, hw).reuse
+    # unfused: b read a and wrote b between x's read by a and by y
+    assert plain[("y", "x")] == 2 * size
+    # a step back: a, b, y and z stored, a, b, y (twice) read, and the scalar s
+    assert plain[("a", "x")] == pytest.approx(3 * size, abs=16)
+    fused = make_context(apply_steps(program, ["fuse(a, b, y, s, z)"], hw), hw).reuse
+    # one loop makes a, b and y: nothing of them touches memory before y reads x again
+    assert fused[("y", "x")] == 0.0
+    assert ("b", "a") not in fused and ("y", "b") not in fused
+    # z runs after the sum's sync, a phase of its own: y is stored and read back
+    assert ("z", "y") in fused
+    assert fused[("a", "x")] == pytest.approx(2 * size, abs=16)
+
+
 def test_a_collective_on_cpu_ranks_moves_what_the_caches_no_longer_hold_at_the_memory_rate() -> (
     None
 ):

@@ -534,9 +534,11 @@ def _seed(base: Hardware, times: Mapping[str, float], ranks: int) -> Hardware:
     """Solve each knob of ``_SEEDS`` alone on its micro-run (bisection in log space)."""
     knobs = {k.field: k for k in local_knobs()}
     hw = base
-    # twice: a kernel's time is the larger of its memory and arithmetic time, so the
-    # memory rate solved before the arithmetic rate is known may sit at a bound
-    for field, name in _SEEDS * 2:
+    # over and over: a kernel's time is the larger of its memory and arithmetic time, so
+    # the memory rate solved before the arithmetic rate is known may sit at a bound, and
+    # knobs that share micro-runs (a libm call and the FLOPs slowed beside it) move
+    # toward each other's values a pass at a time (two passes left the libm call 2x off)
+    for field, name in _SEEDS * 8:
         if name not in times:
             continue
         knob, target = knobs[field], math.log(times[name])

@@ -522,15 +522,28 @@ class Context:
         of the storage s writes (an update's: its target's; an allgather in place writes
         the peers' blocks, which only the allgather of the step before touched), a store
         into lines the caches no longer hold fetching them first (0 when s reads that
-        storage itself: the read fetched the lines). On CPU ranks they decide whether a
-        kernel's operands and results, and a collective's, come from the caches or from
-        memory (`kernel_time`, `collective_time`)."""
+        storage itself: the read fetched the lines). A fused kernel touches what it runs:
+        a value one of its phases makes and reads again in that phase is neither stored
+        nor read back, and one no stage outside the phase reads is not stored
+        (`_compute_ops`). On CPU ranks they decide whether a kernel's operands and
+        results, and a collective's, come from the caches or from memory (`kernel_time`,
+        `collective_time`)."""
+        phase_of = self._fused_phases
         order = []
         root: dict[str, str] = {}
         for s in self.program.stages:
             reads = _expr_work(self, s.expr)[0]
             reads.pop(s.name, None)
             out = self.per_rank_bytes(s.ty) if s.name in self.written else 0
+            made = phase_of.get(s.name)
+            if made is not None:
+                reads = {n: b for n, b in reads.items() if n not in made}
+                if not (
+                    s.name in self.outputs
+                    or s.name in self.updates
+                    or any(u not in made for u in self.users.get(s.name, ()))
+                ):
+                    out = 0
             src = s.expr.args[0].name if s.expr.args else None
             if s.expr.op is Op.UPDATE and src is not None:
                 root[s.name] = root.get(src, src)
@@ -551,6 +564,29 @@ class Context:
                     last[root.get(n, n)] = cum
                 last[home] = cum
         return distance
+
+    @cached_property
+    def _fused_phases(self) -> dict[str, frozenset[str]]:
+        """Each compute member of a fused group of more than one stage: the members of
+        its phase (`_phases`), which one loop makes and reads without memory between."""
+        out: dict[str, frozenset[str]] = {}
+        todo = list(self.program.groups)
+        while todo:
+            g = todo.pop()
+            todo.extend(it for it in g.items if isinstance(it, Group))
+            if g.kind is not GroupKind.FUSED:
+                continue
+            compute = sorted(
+                (m for m in g.stages() if self.by_name[m].expr.op not in COLLECTIVES),
+                key=self.position.__getitem__,
+            )
+            if len(compute) < 2:
+                continue
+            for phase in _phases(self, compute):
+                members = frozenset(phase)
+                for m in phase:
+                    out[m] = members
+        return out
 
     def per_rank_bytes(self, ty: TensorType) -> int:
         n = ty.numel
