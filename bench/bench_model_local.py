@@ -2,8 +2,8 @@
 schedule, `cocoviz simulate --hw <cpu-mpi profile>` next to the measured step time of the
 program `cocoviz emit --target cpu` writes for it, at the sizes below, on 2 MPI ranks.
 
-Usage: python bench/bench_model_local.py [--profile CPU.toml] [--ranks 2] [--rounds 5]
-           [--budget 0.2] [--stat min] [--samples adam,lamb] [--build-dir DIR]
+Usage: python bench/bench_model_local.py [--profile CPU.toml] [--ranks 2] [--rounds 20]
+           [--budget 0.1] [--stat min] [--samples adam,lamb] [--build-dir DIR]
            [--json OUT.json]
 
 Without --profile it calibrates as `cocoviz calibrate --local` does (the micro-runs of the
@@ -15,8 +15,9 @@ is compared with see the same machine load; the profile is written next to the b
 measured step time is its fastest round (its time when nothing else competes for the
 cores, as `calibrate --local` measures its micro-runs; --stat median: the typical time
 under the load there was). On a shared VM whose caches are fast only now and then (this
-one: a few seconds in every twenty), more and shorter rounds (--rounds 20 --budget 0.1)
-give every program a round in a fast spell. Printed per program: predicted,
+one: a few seconds in every twenty), many short rounds give every program a round in a
+fast spell (5 rounds of 0.2 s left some programs without one: their ratios moved by up
+to 0.3 from run to run). Printed per program: predicted,
 measured, predicted / measured (goal 0.8-1.25); per sample: the pairs of schedules whose
 measured times differ by more than 10%, and how many of them the model orders the same
 way (goal: all).
@@ -124,9 +125,9 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--profile", help="a cpu-mpi profile (default: run calibrate --local)")
     ap.add_argument("--ranks", type=int, default=2)
-    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--rounds", type=int, default=20)
     ap.add_argument("--stat", choices=("min", "median"), default="min")
-    ap.add_argument("--budget", type=float, default=0.2, help="seconds a run takes (default 0.2)")
+    ap.add_argument("--budget", type=float, default=0.1, help="seconds a run takes (default 0.1)")
     ap.add_argument("--samples", default=",".join(SIZES))
     ap.add_argument("--build-dir", default=None)
     ap.add_argument("--json", default=None, help="write the figures here")
