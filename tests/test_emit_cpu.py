@@ -232,6 +232,21 @@ output s
 """
 
 
+def _vectorized_lines(directory: Path, files: dict[str, str], source: str) -> set[int]:
+    """Build the emitted tree with the Makefile's own flags and GCC's vectorizer report:
+    the lines of ``source`` whose loops GCC vectorized."""
+    write(directory, files)
+    flags = "-std=c++17 -O2 -fno-math-errno -ffp-contract=off -Wall -fopenmp"
+    assert f"CXXFLAGS ?= {flags}\n" in files["Makefile"]
+    res = make(directory, f"CXXFLAGS={flags} -fopt-info-vec-optimized")
+    assert res.returncode == 0, res.stdout + res.stderr
+    return {
+        int(ln.split(":")[1])
+        for ln in (res.stdout + res.stderr).splitlines()
+        if ln.startswith(f"{source}:") and "loop vectorized" in ln
+    }
+
+
 def test_cpu_dropout_kernel_and_gemm_columns_vectorize(tmp_path: Path) -> None:
     """GCC reports the loops the docs say vectorize as vectorized (docs/codegen.md, "Fast
     loops (CPU)"): an f16 kernel with dropout (its keep selected by a mask, not `?:`, which
@@ -243,16 +258,7 @@ def test_cpu_dropout_kernel_and_gemm_columns_vectorize(tmp_path: Path) -> None:
     need_mpicxx()
     files = emit_text(VECTOR_PROGRAM, None, "cpu")
     src = files["vec_loops.cpp"]
-    write(tmp_path, files)
-    flags = "-std=c++17 -O2 -fno-math-errno -ffp-contract=off -Wall -fopenmp"
-    assert f"CXXFLAGS ?= {flags}\n" in files["Makefile"]
-    res = make(tmp_path, f"CXXFLAGS={flags} -fopt-info-vec-optimized")
-    assert res.returncode == 0, res.stdout + res.stderr
-    vectorized = {
-        int(ln.split(":")[1])
-        for ln in (res.stdout + res.stderr).splitlines()
-        if ln.startswith("vec_loops.cpp:") and "loop vectorized" in ln
-    }
+    vectorized = _vectorized_lines(tmp_path, files, "vec_loops.cpp")
     lines = src.splitlines()
 
     def loops_in(cname: str, head: str) -> list[int]:
@@ -316,15 +322,7 @@ def test_cpu_reduction_kernel_adds_in_its_lanes_order_16_elements_at_a_time(
     need_mpicxx()
     files = emit_text(REDUCTION_ORDER_PROGRAM, "f", "cpu")
     src = files["red_order.cpp"]
-    write(tmp_path, files)
-    flags = "-std=c++17 -O2 -fno-math-errno -ffp-contract=off -Wall -fopenmp"
-    res = make(tmp_path, f"CXXFLAGS={flags} -fopt-info-vec-optimized")
-    assert res.returncode == 0, res.stdout + res.stderr
-    vectorized = {
-        int(ln.split(":")[1])
-        for ln in (res.stdout + res.stderr).splitlines()
-        if ln.startswith("red_order.cpp:") and "loop vectorized" in ln
-    }
+    vectorized = _vectorized_lines(tmp_path, files, "red_order.cpp")
     lines = src.splitlines()
     start = next(n for n, ln in enumerate(lines) if "void k_sch_s(" in ln)
     sixteen = [
