@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Callable, Hashable, Iterable, Sequence
+from collections.abc import Callable, Collection, Hashable, Iterable, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from functools import cached_property, lru_cache
@@ -538,11 +538,7 @@ class Context:
             made = phase_of.get(s.name)
             if made is not None:
                 reads = {n: b for n, b in reads.items() if n not in made}
-                if not (
-                    s.name in self.outputs
-                    or s.name in self.updates
-                    or any(u not in made for u in self.users.get(s.name, ()))
-                ):
+                if not self.stored_from(s.name, made):
                     out = 0
             src = s.expr.args[0].name if s.expr.args else None
             if s.expr.op is Op.UPDATE and src is not None:
@@ -564,6 +560,15 @@ class Context:
                     last[root.get(n, n)] = cum
                 last[home] = cum
         return distance
+
+    def stored_from(self, name: str, made: Collection[str]) -> bool:
+        """Whether a kernel that makes the values ``made`` stores ``name``, one of them:
+        an output, an update, or a value a stage outside the kernel reads."""
+        return (
+            name in self.outputs
+            or name in self.updates
+            or any(u not in made for u in self.users.get(name, ()))
+        )
 
     @cached_property
     def _fused_phases(self) -> dict[str, frozenset[str]]:
@@ -1135,13 +1140,7 @@ def _compute_ops(
                 calls += m_calls
             written = {}
             for m, ty in zip(phase, types, strict=True):
-                if m not in ctx.written:
-                    continue  # read by no other stage, not an output nor an update
-                if (
-                    m in ctx.outputs
-                    or m in ctx.updates
-                    or any(u not in made for u in ctx.users.get(m, ()))
-                ):
+                if ctx.stored_from(m, made):
                     written[m] = ctx.per_rank_bytes(ty)
             writes = sum(written.values())
             phase_needs = set()
@@ -1343,11 +1342,7 @@ def _device_lower(
         for n, b in m_reads.items():
             if n not in made and b > reads.get(n, 0):
                 reads[n] = b
-    writes = sum(
-        ctx.per_rank_bytes(ctx.by_name[m].ty)
-        for m in compute
-        if m in ctx.updates or m in ctx.outputs or any(u not in made for u in ctx.users.get(m, ()))
-    )
+    writes = sum(ctx.per_rank_bytes(ctx.by_name[m].ty) for m in compute if ctx.stored_from(m, made))
     kspec = KernelSpec(flops / chunks, (sum(reads.values()) + writes) / chunks,
                        _wide_dtype(ctx.by_name[m].ty for m in compute), launch=False)  # fmt: skip
     spec = DeviceSpec(
