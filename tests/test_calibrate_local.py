@@ -82,6 +82,9 @@ def test_the_fit_recovers_a_known_machine_from_its_micro_runs() -> None:
     assert fitted.overlap.reduce_ns.bf16 == pytest.approx(1.8, rel=0.05)
     assert fitted.overlap.hbm_bytes_per_reduce_byte == pytest.approx(4.0, rel=0.05)
     assert fitted.overlap.hbm_bytes_per_copy_byte == pytest.approx(3.0, rel=0.05)
+    # a kernel call's fixed cost, launch and gap alike (ew_tiny)
+    assert fitted.gpu.kernel_gap_us == pytest.approx(3.0, rel=0.05)
+    assert fitted.gpu.launch_overhead_us == fitted.gpu.kernel_gap_us
 
 
 def test_the_written_profile_is_the_fitted_one(tmp_path: Path) -> None:
@@ -414,3 +417,26 @@ def test_a_collective_on_cpu_ranks_moves_what_the_caches_no_longer_hold_at_the_m
     # an update that reads its target stores into the lines its read fetched
     assert ctx.reuse[("m1", "m")] > 16 * 2**20 and ctx.reuse[("m1", "m1")] == 0.0
     assert ctx.reuse[("r", "r")] > 16 * 2**20  # a fresh value: its storage, a step back
+
+
+def test_a_cpu_rank_runs_its_kernels_and_collectives_one_at_a_time() -> None:
+    """A CPU rank is one thread (docs/cost-model.md, the timeline simulator): a kernel and
+    a collective that do not depend on each other run one after the other, whichever is
+    issued first, where a GPU's streams run them side by side."""
+    from cocoviz.sim.predict import simulate
+
+    text = (
+        "program side\nranks 2\ndim N = 1048576, M = 4194304\ninput g : f16[N] local\n"
+        "input x : f32[M] local\ny = x * 1.5 + 0.5\ns = reducescatter(+, g)\n"
+        "output y\noutput s\n"
+    )
+    program = load_program(text, "<side>")
+    for hw, serial in ((starting_profile(2), True), (load_profile("h100-dgx"), False)):
+        tl = simulate(program, hw, warnings=False)
+        events = {e.name: e for e in tl.events_of(0)}
+        y, s = events["y"], events["s"]
+        apart = y.end <= s.start or s.end <= y.start
+        assert apart is serial
+        if serial:
+            assert tl.makespan == pytest.approx(y.duration + s.duration)
+            assert y.slowdown == 1.0  # not slowed by a collective beside it: none runs

@@ -18,14 +18,14 @@ an f16 one more (the transfer is the larger of the two prices). Memory runs at
 it beyond them (``CACHED_BYTES``, ``DRAM_BYTES``: the profile's memory curve). A kernel
 of f16 or bf16 computes in f32 and pays ``gpu.convert_ns`` for each 16-bit element it
 reads (widens) or writes (narrows): the CPU target converts element by element in
-software, and rounding to f16 costs several times what widening does. A collective
-holds the rank's one core, so computation issued beside it barely advances
-(``channels = 1`` of ``sms = 1``).
+software, and rounding to f16 costs several times what widening does. A rank is one
+thread: the simulator runs its kernels, collectives and sends one at a time
+(``gpu.arch = "cpu"``; docs/cost-model.md, the timeline simulator).
 
 ``MICRO`` are the micro-runs: small programs, each exercising one thing — the CPU
 target's elementwise kernel (f32 over 8 MiB, in the caches, and over 16 MiB, beyond them;
 f16 and bf16, each read and written and read only, and f32 with an optimizer's
-arithmetic), its GEMM (f32, f16, bf16), allreduce
+arithmetic; 16 tiny ones in a row: a call's fixed cost), its GEMM (f32, f16, bf16), allreduce
 small, mid-size and large, reduce-scatter (f32, f16 and bf16 in the caches; f32 large),
 allgather (in the caches and beyond them), and a
 point-to-point send (not a small one: from one step to the next an MPI eager send
@@ -152,6 +152,13 @@ MICRO: tuple[MicroProgram, ...] = (
         "y = exp(x * 0.001)\noutput y\n",
     ),
     MicroProgram(
+        "ew_tiny",
+        "16 elementwise kernels one after another over 1 KiB each: the fixed cost of a kernel call",
+        "program micro_ew_tiny\nranks {ranks}\ndim N = 256\ninput x : f32[N] local\n"
+        + "".join(f"y{i} = {'x' if i == 0 else f'y{i - 1}'} * 1.5 + 0.5\n" for i in range(16))
+        + "output y15\n",
+    ),
+    MicroProgram(
         "gemm_f32",
         "GEMM f32 [256, 256] x [256, 256]",
         "program micro_gemm_f32\nranks {ranks}\ndim M = 256, K = 256, N = 256\n"
@@ -264,6 +271,15 @@ class CurveKnob(Knob):
     def set(self, hw: Hardware, value: float) -> Hardware:
         points = (*hw.gpu.hbm_efficiency[:-1], (hw.gpu.hbm_efficiency[-1][0], value))
         gpu = dataclasses.replace(hw.gpu, hbm_efficiency=points)
+        return dataclasses.replace(hw, gpu=gpu)
+
+
+class GapKnob(Knob):
+    """A kernel call's fixed cost: ``gpu.kernel_gap_us`` and ``gpu.launch_overhead_us`` as
+    one (on a CPU rank a kernel is a function call; launch and gap are the same cost)."""
+
+    def set(self, hw: Hardware, value: float) -> Hardware:
+        gpu = dataclasses.replace(hw.gpu, kernel_gap_us=value, launch_overhead_us=value)
         return dataclasses.replace(hw, gpu=gpu)
 
 
@@ -490,7 +506,7 @@ def local_knobs() -> tuple[Knob, ...]:
         Knob("gpu.matmul_tflops.f32", 1e-6, 10.0),
         Knob("gpu.matmul_tflops.f16", 1e-6, 10.0),
         Knob("gpu.matmul_tflops.bf16", 1e-6, 10.0),
-        Knob("gpu.kernel_gap_us", 0.0, 10000.0, log=False, scale=1.0),
+        GapKnob("gpu.kernel_gap_us", 0.0, 10000.0, log=False, scale=1.0),
         Knob("nccl.measured.base_latency_scale.simple", 0.001, 1000.0),
         Knob("nccl.measured.hop_latency_scale", 0.001, 1000.0),
         Knob("nccl.measured.p2p_nvlink_efficiency", 1e-5, 4.0),
@@ -503,6 +519,7 @@ def local_knobs() -> tuple[Knob, ...]:
 
 
 _SEEDS = (
+    ("gpu.kernel_gap_us", "ew_tiny"),
     ("gpu.hbm_gbps", "ew_f32_mid"),
     ("gpu.hbm_efficiency.dram", "ew_f32"),
     ("gpu.vector_tflops.f32", "ew_math"),

@@ -279,7 +279,13 @@ def _moved(e: Event, rank: int, tp: int) -> Event:
 
 class _LaneState:
     def __init__(
-        self, index: int, pstage: int, ranks: tuple[int, ...], column: int, record: bool = True
+        self,
+        index: int,
+        pstage: int,
+        ranks: tuple[int, ...],
+        column: int,
+        record: bool = True,
+        serial: bool = False,
     ) -> None:
         self.index = index
         self.pstage = pstage
@@ -287,6 +293,9 @@ class _LaneState:
         self.column = column
         self.record = record
         """Whether events are kept (a makespan-only run keeps only the times)."""
+        self.serial = serial
+        """The rank is one thread (a CPU rank): its streams run one operation at a time,
+        in issue order, so an operation on any stream waits for every stream."""
         self.free = {s: 0.0 for s in STREAMS}
         self.ready: dict[str, tuple[float, int]] = {}
         """When each value is ready on this lane (whole values: every chunk of a chunked
@@ -343,7 +352,11 @@ class _LaneState:
                 if streams[s] != stream:
                     self.flows.append((s, idx))
         free = self.free
-        if end > free[stream]:
+        if self.serial:
+            for name in STREAMS:
+                if end > free[name]:
+                    free[name] = end
+        elif end > free[stream]:
             free[stream] = end
         if end > self.end:
             self.end = end
@@ -389,13 +402,16 @@ class _Engine:
             )
             classes.setdefault(sig, []).append(t)
         self.crossings = list(classes)
+        # a CPU rank is one thread: its kernels, collectives and sends run one at a time
+        # in issue order (docs/cost-model.md, the timeline simulator)
+        serial = ctx.hw.gpu.arch == "cpu"
         self.lanes: list[_LaneState] = []
         self.by_pstage: dict[int, list[_LaneState]] = {}
         self.by_key: dict[tuple[int, int], _LaneState] = {}
         for p in range(self.pp):
             for c, (_sig, cols) in enumerate(classes.items()):
                 ranks = tuple(p * self.tp + t for t in cols)
-                lane = _LaneState(len(self.lanes), p, ranks, c, record)
+                lane = _LaneState(len(self.lanes), p, ranks, c, record, serial)
                 self.lanes.append(lane)
                 self.by_pstage.setdefault(p, []).append(lane)
                 self.by_key[(p, c)] = lane
