@@ -46,6 +46,7 @@ def _machine():  # type: ignore[no-untyped-def]
         "nccl.measured.base_latency_scale.simple": 2.0,
         "nccl.measured.hop_latency_scale": 4.0,
         "nccl.measured.p2p_nvlink_efficiency": 0.6,
+        "nccl.measured.p2p_latency_scale": 3.0,
         "overlap.hbm_bytes_per_copy_byte": 3.0,
         "overlap.hbm_bytes_per_reduce_byte": 4.0,
         "overlap.reduce_ns.f32": 1.5,
@@ -85,6 +86,10 @@ def test_the_fit_recovers_a_known_machine_from_its_micro_runs() -> None:
     # a kernel call's fixed cost, launch and gap alike (ew_tiny)
     assert fitted.gpu.kernel_gap_us == pytest.approx(3.0, rel=0.05)
     assert fitted.gpu.launch_overhead_us == fitted.gpu.kernel_gap_us
+    # MPI's all-to-all, its own fixed cost (alltoall_small; on 2 ranks the base and the hop
+    # of the ring are one sum, so the scale itself is not unique, the latency is)
+    want = collective_time(hw, "alltoall", 1024, 2).latency_s
+    assert collective_time(fitted, "alltoall", 1024, 2).latency_s == pytest.approx(want, rel=0.05)
 
 
 def test_the_written_profile_is_the_fitted_one(tmp_path: Path) -> None:

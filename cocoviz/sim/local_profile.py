@@ -27,7 +27,8 @@ target's elementwise kernel (f32 over 8 MiB, in the caches, and over 16 MiB, bey
 f16 and bf16, each read and written and read only, and f32 with an optimizer's
 arithmetic; 16 tiny ones in a row: a call's fixed cost), its GEMM (f32, f16, bf16), allreduce
 small, mid-size and large, reduce-scatter (f32, f16 and bf16 in the caches; f32 large),
-allgather (in the caches and beyond them), and a
+allgather (in the caches and beyond them), a small alltoall (MPI's, with its own fixed
+cost), and a
 point-to-point send (not a small one: from one step to the next an MPI eager send
 overlaps its receive, so its steady-state time is a copy, not a latency). ``cocoviz
 calibrate --local`` emits, builds (once, cached) and times each, then ``fit_local`` moves the profile's rates and latencies until
@@ -217,6 +218,12 @@ MICRO: tuple[MicroProgram, ...] = (
         "reduce-scatter of 16 MiB",
         "program micro_reducescatter_large\nranks {ranks}\ndim N = 4194304\n"
         "input g : f32[N] local\ns = reducescatter(+, g)\noutput s\n",
+    ),
+    MicroProgram(
+        "alltoall_small",
+        "alltoall of 32 KiB a rank: MPI's all-to-all, a p2p call's fixed cost",
+        "program micro_alltoall_small\nranks {ranks}\ndim A = 64, B = 256\n"
+        "input x : f32[A, B] sliced(1)\ny = alltoall(x, to=0)\noutput y\n",
     ),
     MicroProgram(
         "allgather_mid",
@@ -422,6 +429,7 @@ ring_fill_half_mib = 1.0
 nvls_fill_mib = 0.0
 nvls_fill_half_mib = 1.0
 p2p_nvlink_efficiency = {v["p2p_efficiency"]:.6g}
+p2p_latency_scale = {v["p2p_latency_scale"]:.6g}    # an alltoall's (MPI's) fixed cost, over the ring's
 net_congestion = 0.0
 
 [overlap]                      # a collective holds the rank's core
@@ -456,6 +464,7 @@ def starting_profile(ranks: int, *, name: str | None = None) -> Hardware:
         "base_us": 10.0,
         "hop_us": 2.0,
         "p2p_efficiency": 1.0,
+        "p2p_latency_scale": 1.0,
         "reduce_bytes": (ranks + 1) / (ranks - 1) if ranks > 1 else 3.0,
         "copy_bytes": 2.0,
         "reduce_ns_f32": 0.1,
@@ -510,6 +519,7 @@ def local_knobs() -> tuple[Knob, ...]:
         Knob("nccl.measured.base_latency_scale.simple", 0.001, 1000.0),
         Knob("nccl.measured.hop_latency_scale", 0.001, 1000.0),
         Knob("nccl.measured.p2p_nvlink_efficiency", 1e-5, 4.0),
+        Knob("nccl.measured.p2p_latency_scale", 1e-3, 1e3),
         Knob("overlap.hbm_bytes_per_copy_byte", 0.5, 16.0),
         Knob("overlap.hbm_bytes_per_reduce_byte", 0.5, 16.0),
         Knob("overlap.reduce_ns.f32", 1e-4, 1e4),
@@ -537,6 +547,7 @@ _SEEDS = (
     ("nccl.measured.base_latency_scale.simple", "allreduce_small"),
     ("overlap.hbm_bytes_per_copy_byte", "allgather_mid"),
     ("nccl.measured.p2p_nvlink_efficiency", "send_large"),
+    ("nccl.measured.p2p_latency_scale", "alltoall_small"),
     ("overlap.reduce_ns.f32", "reducescatter_mid"),
     ("overlap.reduce_ns.f16", "reducescatter_f16"),
     ("overlap.reduce_ns.bf16", "reducescatter_bf16"),
@@ -615,6 +626,7 @@ def local_profile_toml(cal: Calibration, ranks: int, measured: Sequence[tuple[st
         "base_us": base_us,
         "hop_us": hop_us,
         "p2p_efficiency": hw.nccl.measured.p2p_nvlink_efficiency,
+        "p2p_latency_scale": hw.nccl.measured.p2p_latency_scale,
         "reduce_bytes": hw.overlap.hbm_bytes_per_reduce_byte,
         "copy_bytes": hw.overlap.hbm_bytes_per_copy_byte,
         "reduce_ns_f32": hw.overlap.reduce_ns.f32,
