@@ -426,8 +426,8 @@ def test_a_collective_on_cpu_ranks_moves_what_the_caches_no_longer_hold_at_the_m
 
 def test_a_cpu_rank_runs_its_kernels_and_collectives_one_at_a_time() -> None:
     """A CPU rank is one thread (docs/cost-model.md, the timeline simulator): a kernel and
-    a collective that do not depend on each other run one after the other, whichever is
-    issued first, where a GPU's streams run them side by side."""
+    a collective that do not depend on each other run one after the other, where a GPU's
+    streams run them side by side."""
     from cocoviz.sim.predict import simulate
 
     text = (

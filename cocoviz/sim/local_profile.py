@@ -432,7 +432,7 @@ p2p_nvlink_efficiency = {v["p2p_efficiency"]:.6g}
 p2p_latency_scale = {v["p2p_latency_scale"]:.6g}    # an alltoall's (MPI's) fixed cost, over the ring's
 net_congestion = 0.0
 
-[overlap]                      # a collective holds the rank's core
+[overlap]                      # a rank is one thread: nothing overlaps (timeline)
 compute_slowdown_nvlink = 0.9
 compute_slowdown_net = 0.9
 hbm_bytes_per_reduce_byte = {v["reduce_bytes"]:.6g}
