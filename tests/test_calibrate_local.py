@@ -52,6 +52,7 @@ def _machine():  # type: ignore[no-untyped-def]
         "overlap.reduce_ns.f32": 1.5,
         "overlap.reduce_ns.f16": 2.5,
         "overlap.reduce_ns.bf16": 1.8,
+        "overlap.reduce_ns.far": 1.2,
     }
     for knob in local_knobs():
         hw = knob.set(hw, values[knob.field])
@@ -81,6 +82,7 @@ def test_the_fit_recovers_a_known_machine_from_its_micro_runs() -> None:
     assert fitted.overlap.reduce_ns.f32 == pytest.approx(1.5, rel=0.05)
     assert fitted.overlap.reduce_ns.f16 == pytest.approx(2.5, rel=0.05)
     assert fitted.overlap.reduce_ns.bf16 == pytest.approx(1.8, rel=0.05)
+    assert fitted.overlap.reduce_ns.far == pytest.approx(1.2, rel=0.05)
     assert fitted.overlap.hbm_bytes_per_reduce_byte == pytest.approx(4.0, rel=0.05)
     assert fitted.overlap.hbm_bytes_per_copy_byte == pytest.approx(3.0, rel=0.05)
     # a kernel call's fixed cost, launch and gap alike (ew_tiny)
@@ -111,7 +113,7 @@ def test_the_written_profile_is_the_fitted_one(tmp_path: Path) -> None:
     got, want = loaded.gpu.scalar_convert_slowdown, cal.hardware.gpu.scalar_convert_slowdown
     assert got is not None and want is not None
     assert (got.f16, got.bf16) == (pytest.approx(want.f16, rel=1e-5), pytest.approx(want.bf16, rel=1e-5))
-    for d in ("f32", "f16", "bf16"):
+    for d in ("f32", "f16", "bf16", "far"):
         want = getattr(cal.hardware.overlap.reduce_ns, d)
         assert getattr(loaded.overlap.reduce_ns, d) == pytest.approx(want, rel=1e-5)
     assert loaded.gpu.vector_tflops.f16 == loaded.gpu.vector_tflops.f32  # float arithmetic
@@ -252,6 +254,31 @@ def test_a_reduction_on_cpu_ranks_costs_its_elements_not_only_its_bytes() -> Non
     assert collective_time(h100, "reducescatter", 2 * n, 8, dtype="bf16") == collective_time(
         h100, "reducescatter", 2 * n, 8
     )
+
+
+def test_a_reduction_from_beyond_the_caches_costs_more_per_element() -> None:
+    """overlap.reduce_ns.far (docs/cost-model.md, this machine): measured here, a
+    reduce-scatter of 2^20 elements whose input lies beyond the caches takes ~0.165 ns an
+    element more than one in cache, f32 and f16 alike. The share of it grows with the
+    input's reuse distance along the memory curve: none in cache, all of it where the
+    curve reaches its last point, and nothing on a curve that never falls."""
+    base = dataclasses.replace(starting_profile(2), source="<far>")
+    base = next(k for k in local_knobs() if k.field == "gpu.hbm_efficiency.dram").set(base, 0.4)
+    ns = dataclasses.replace(base.overlap.reduce_ns, f32=2.0, f16=3.0, far=1.5)
+    hw = dataclasses.replace(base, overlap=dataclasses.replace(base.overlap, reduce_ns=ns))
+    n = 1 << 20
+
+    def rs(dtype: str, size: int, distance: float, on=hw):  # type: ignore[no-untyped-def]
+        return collective_time(on, "reducescatter", size * n, 2, dtype=dtype, reuse=(distance, 0.0))
+
+    near, far = rs("f32", 4, 0.0).transfer_s, rs("f32", 4, 64 << 20).transfer_s
+    assert near == pytest.approx(n * 2.0e-9)
+    assert far == pytest.approx(n * 3.5e-9)
+    assert rs("f16", 2, 64 << 20).transfer_s == pytest.approx(n * 4.5e-9)
+    between = rs("f32", 4, 24 << 20).transfer_s
+    assert near < between < far
+    flat = dataclasses.replace(hw, gpu=dataclasses.replace(hw.gpu, hbm_efficiency=((1e3, 1.0),)))
+    assert rs("f32", 4, 64 << 20, flat).transfer_s == pytest.approx(n * 2.0e-9)
 
 
 def test_a_kernel_calling_libm_loses_its_simd_lanes_on_cpu_ranks() -> None:

@@ -728,6 +728,16 @@ def _is_pair(hw: Hardware, topo: _Topo, algo: Algo) -> bool:
     )
 
 
+def _far_share(hw: Hardware, span: float) -> float:
+    """How far beyond the caches data of this reuse distance (or traffic) lies: 0 where
+    the memory curve gives the cached rate, 1 where it gives its last (lowest) point,
+    between as its time per byte is between (`hbm_efficiency`)."""
+    last = hw.gpu.hbm_efficiency[-1][1]
+    if last >= 1.0:
+        return 0.0
+    return min(1.0, max(0.0, (1.0 / hbm_efficiency(hw, span) - 1.0) / (1.0 / last - 1.0)))
+
+
 def _combine_s(
     hw: Hardware,
     coll: Coll,
@@ -738,13 +748,17 @@ def _combine_s(
 ) -> float:
     """The time a rank spends combining a reduction's parts at ``overlap.reduce_ns`` per
     element read (a reduce-scatter or reduce reads all ``nbytes``: G parts of each element
-    it owns), and, for an allreduce, the allgather of the result after it, at the memory
-    rate (`_memory_alg_bw`); 0 without the term. The CPU target's shared-memory
-    collectives: their transfer is the larger of this and the byte-priced time, so a
-    16-bit reduction in cache costs what its f32 elements cost. [fit]"""
+    it owns; ``reduce_ns.far`` more per element by how far beyond the caches its input
+    lies, `_far_share` of the input's reuse distance ``reuse[0]``), and, for an
+    allreduce, the allgather of the result after it, at the memory rate
+    (`_memory_alg_bw`); 0 without the term. The CPU target's shared-memory collectives:
+    their transfer is the larger of this and the byte-priced time, so a 16-bit reduction
+    in cache costs what its f32 elements cost, and one from DRAM more than its bytes at
+    the DRAM rate (a core's combine loop waits for the memory it hid in cache). [fit]"""
     ns = hw.overlap.reduce_ns.of(dtype)
     if ns <= 0 or coll not in (Coll.ALLREDUCE, Coll.REDUCESCATTER, Coll.REDUCE):
         return 0.0
+    ns += hw.overlap.reduce_ns.far * _far_share(hw, max(float(nbytes), reuse[0]))
     combine_s = nbytes / DType(dtype).itemsize * ns * 1e-9
     if coll is Coll.ALLREDUCE:
         in_place = _memory_alg_bw(hw, Coll.ALLGATHER, topo, nbytes, True, reuse)

@@ -342,6 +342,11 @@ class ReduceNs:
     f32: float = 0.0
     f16: float = 0.0
     bf16: float = 0.0
+    far: float = 0.0
+    """ns more per element when the parts come from beyond the caches, whatever the dtype
+    (its share by the parts' reuse distance on the memory curve, `_combine_s`): a CPU
+    core's combine loop, which hides the memory behind its arithmetic in cache, waits for
+    it once the parts are in DRAM (0: the dtype's cost alone)."""
 
     def of(self, dtype: str) -> float:
         return self.f16 if dtype == "f16" else self.bf16 if dtype == "bf16" else self.f32
@@ -823,8 +828,9 @@ def _per_half(t: _Table) -> PerHalf:
 
 
 def _reduce_ns(t: _Table) -> ReduceNs:
-    """``[overlap.reduce_ns]``: f32, f16, bf16, each optional (0)."""
-    result = ReduceNs(**{d: t.number(d, zero=True) for d in ("f32", "f16", "bf16") if d in t.data})
+    """``[overlap.reduce_ns]``: f32, f16, bf16 and far, each optional (0)."""
+    names = ("f32", "f16", "bf16", "far")
+    result = ReduceNs(**{d: t.number(d, zero=True) for d in names if d in t.data})
     t.done()
     return result
 

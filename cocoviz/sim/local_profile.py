@@ -13,7 +13,10 @@ blocks and writes one: (T+1)/(T−1) per wire byte; an allgather reads and write
 and out of place its own block too; both fitted). A reduction also pays
 ``overlap.reduce_ns`` per element it reads, by dtype: the CPU target widens each part to f32 and combines in tiles, so in
 cache a bf16 reduce-scatter costs what an f32 one of as many elements does, not half, and
-an f16 one more (the transfer is the larger of the two prices). Memory runs at
+an f16 one more (the transfer is the larger of the two prices), and
+``overlap.reduce_ns.far`` more per element whose parts lie beyond the caches, whatever the
+dtype (its share by their reuse distance on the memory curve: in cache the combine loop
+hides the memory behind its arithmetic, from DRAM it waits for it). Memory runs at
 ``gpu.hbm_gbps`` while a kernel's traffic fits the caches and at the fitted fraction of
 it beyond them (``CACHED_BYTES``, ``DRAM_BYTES``: the profile's memory curve). A kernel
 of f16 or bf16 computes in f32 and pays ``gpu.convert_ns`` for each 16-bit element it
@@ -26,7 +29,8 @@ thread: the simulator runs its kernels, collectives and sends one at a time
 target's elementwise kernel (f32 over 8 MiB, in the caches, and over 16 MiB, beyond them;
 f16 and bf16, each read and written and read only, and f32 with an optimizer's
 arithmetic; 16 tiny ones in a row: a call's fixed cost), its GEMM (f32, f16, bf16), allreduce
-small, mid-size and large, reduce-scatter (f32, f16 and bf16 in the caches; f32 large),
+small, mid-size and large, reduce-scatter (f32, f16 and bf16 in the caches; f32 beyond
+them, eight of distinct inputs in a row; f32 large),
 allgather (in the caches and beyond them), a small alltoall (MPI's, with its own fixed
 cost), and a
 point-to-point send (not a small one: from one step to the next an MPI eager send
@@ -212,6 +216,15 @@ MICRO: tuple[MicroProgram, ...] = (
         "reduce-scatter of 2 MiB bf16: the combine's cost per bf16 element (widened to f32)",
         "program micro_reducescatter_bf16\nranks {ranks}\ndim N = 1048576\n"
         "input g : bf16[N] local\ns = reducescatter(+, g)\noutput s\n",
+    ),
+    MicroProgram(
+        "reducescatter_far",
+        "8 reduce-scatters of 4 MiB f32, each of its own input: the combine's cost per "
+        "element read from beyond the caches (48 MiB a rank between two reads of an input)",
+        "program micro_reducescatter_far\nranks {ranks}\ndim N = 1048576\n"
+        + "".join(f"input g{i} : f32[N] local\n" for i in range(8))
+        + "".join(f"s{i} = reducescatter(+, g{i})\n" for i in range(8))
+        + "".join(f"output s{i}\n" for i in range(8)),
     ),
     MicroProgram(
         "reducescatter_large",
@@ -442,6 +455,7 @@ hbm_bytes_per_copy_byte = {v["copy_bytes"]:.6g}
 f32 = {v["reduce_ns_f32"]:.6g}
 f16 = {v["reduce_ns_f16"]:.6g}
 bf16 = {v["reduce_ns_bf16"]:.6g}
+far = {v["reduce_ns_far"]:.6g}               # more per element read from beyond the caches
 
 [device]
 peer_gbps = {v["pci_gbps"]:.6g}
@@ -470,6 +484,7 @@ def starting_profile(ranks: int, *, name: str | None = None) -> Hardware:
         "reduce_ns_f32": 0.1,
         "reduce_ns_f16": 0.1,
         "reduce_ns_bf16": 0.1,
+        "reduce_ns_far": 0.1,
         "f16_widen": 1.0,
         "f16_narrow": 1.0,
         "bf16_widen": 1.0,
@@ -525,6 +540,7 @@ def local_knobs() -> tuple[Knob, ...]:
         Knob("overlap.reduce_ns.f32", 1e-4, 1e4),
         Knob("overlap.reduce_ns.f16", 1e-4, 1e4),
         Knob("overlap.reduce_ns.bf16", 1e-4, 1e4),
+        Knob("overlap.reduce_ns.far", 0.0, 1e4, log=False, scale=0.1),
     )
 
 
@@ -551,6 +567,7 @@ _SEEDS = (
     ("overlap.reduce_ns.f32", "reducescatter_mid"),
     ("overlap.reduce_ns.f16", "reducescatter_f16"),
     ("overlap.reduce_ns.bf16", "reducescatter_bf16"),
+    ("overlap.reduce_ns.far", "reducescatter_far"),
 )
 """Each knob and the micro-run that mostly decides it, in an order where the ones before
 are settled: the joint fit starts from these one-at-a-time solutions (a kernel's time is
@@ -632,6 +649,7 @@ def local_profile_toml(cal: Calibration, ranks: int, measured: Sequence[tuple[st
         "reduce_ns_f32": hw.overlap.reduce_ns.f32,
         "reduce_ns_f16": hw.overlap.reduce_ns.f16,
         "reduce_ns_bf16": hw.overlap.reduce_ns.bf16,
+        "reduce_ns_far": hw.overlap.reduce_ns.far,
     }
     mm, vec = hw.gpu.matmul_tflops, hw.gpu.vector_tflops
     tied = {"f64": "f32", "i32": "f32", "i64": "f32"}
