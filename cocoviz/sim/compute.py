@@ -171,6 +171,7 @@ def kernel_time(
     converts: tuple[float, float, float, float] = (0.0, 0.0, 0.0, 0.0),
     calls: float = 0.0,
     reuse: tuple[tuple[float, float], ...] = (),
+    chained: float = 0.0,
 ) -> float:
     """Roofline time of one non-matmul kernel (elementwise, row-wise, reduction).
 
@@ -187,7 +188,8 @@ def kernel_time(
     at the memory curve's rate for the larger of its distance and the kernel's traffic (a
     value the caches no longer hold comes from memory, however small the kernel), the rest
     of the traffic at the kernel's own. On CPU ranks the arithmetic of a 16-bit float
-    kernel is f32's (the CPU target computes in float).
+    kernel is f32's (the CPU target computes in float). ``chained``: the elements its
+    ``sum``, ``norm`` and ``amax`` accumulate, each at ``gpu.sum_chain_ns`` beside the FLOPs.
     """
     _check_dtype(dtype)
     if flops < 0 or nbytes < 0:
@@ -204,6 +206,7 @@ def kernel_time(
         flops, f16_s, bf16_s = flops * slow, f16_s * halves.f16, bf16_s * halves.bf16
     convert_s = f16_s + bf16_s
     work_s = (flops / rate if flops else 0.0) + convert_s + calls * hw.gpu.libm_call_ns * 1e-9
+    work_s += chained * hw.gpu.sum_chain_ns * 1e-9
     compute_s = work_s / (1.0 - contention.compute_lost) if work_s else 0.0
     if hw.gpu.arch == "cpu" and reuse and nbytes > 0:
         near = max(0.0, nbytes - sum(b for b, _ in reuse))

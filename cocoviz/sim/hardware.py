@@ -197,6 +197,13 @@ class GpuSpec:
     units are in the FLOPs). The CPU target calls libm one element at a time and the loop
     around the call does not vectorize (``cocoviz calibrate --local`` fits it on a kernel
     of ``exp``: docs/cost-model.md, this machine)."""
+    sum_chain_ns: float = 0.0
+    """Time per element a kernel's ``sum``, ``norm`` or ``amax`` accumulates, beside the
+    FLOPs, ns per rank (``[gpu] sum_chain_ns``; 0, the default: a GPU's block reduction
+    is in its FLOPs). The CPU target adds each element into 8 lanes of doubles in a fixed
+    order, so every add waits for the one before it in its lane: the loop runs at the
+    add's latency, not the SIMD rate (``cocoviz calibrate --local`` fits it on a norm in
+    the caches: docs/cost-model.md, this machine)."""
     scalar_slowdown: float = 1.0
     """How many times slower a kernel that calls libm per element does its FLOPs
     (``[gpu] scalar_slowdown``, at least 1; 1, the default): on the CPU target the loop
@@ -950,6 +957,7 @@ def _build(raw: dict[str, Any], where: str) -> Hardware:
         hbm_efficiency_floor=eff.fraction("hbm_floor"),
         convert_ns=_per_half(g.table("convert_ns")) if "convert_ns" in g.data else PerHalf(),
         libm_call_ns=g.number("libm_call_ns", zero=True) if "libm_call_ns" in g.data else 0.0,
+        sum_chain_ns=g.number("sum_chain_ns", zero=True) if "sum_chain_ns" in g.data else 0.0,
         scalar_slowdown=g.number("scalar_slowdown", low=1.0, zero=True)
         if "scalar_slowdown" in g.data
         else 1.0,

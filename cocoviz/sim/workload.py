@@ -152,10 +152,11 @@ def _kernel(
     converts: tuple[float, float, float, float] = (0.0, 0.0, 0.0, 0.0),
     calls: float = 0.0,
     reuse: tuple[tuple[float, float], ...] = (),
+    chained: float = 0.0,
 ) -> float:
     return kernel_time(
         hw, flops, nbytes, dtype, contention=c, launch=launch, graph=True, converts=converts,
-        calls=calls, reuse=reuse,
+        calls=calls, reuse=reuse, chained=chained,
     )  # fmt: skip
 
 
@@ -213,6 +214,8 @@ class KernelSpec:
     """Math library calls (``_CALLS``: one per element of exp, log, tanh, ...)."""
     reuse: tuple[tuple[float, float], ...] = ()
     """(bytes, reuse distance) of each value read and written (`Context.reuse`; on CPU ranks)."""
+    chained: float = 0.0
+    """Elements its ``sum``, ``norm`` and ``amax`` accumulate (`_chained`; on CPU ranks)."""
 
     def time(self, hw: Hardware, c: Contention) -> float:
         t = _kernel(
@@ -225,6 +228,7 @@ class KernelSpec:
             self.converts,
             self.calls,
             self.reuse,
+            self.chained,
         )
         return t + self.sync_us * 1e-6
 
@@ -516,9 +520,15 @@ class Context:
 
     @cached_property
     def reuse(self) -> dict[tuple[str, str], float]:
-        """Reuse distances, steady state: for stage s reading value n, the bytes a rank
-        touches (reads and stores, stage by stage in program order, one step after
-        another) between its last touch of n and s; for (s, s), those since the last touch
+        """Reuse distances, steady state: for stage s reading value n, the distinct bytes a
+        rank touches (each storage it reads or stores counted once, at its largest
+        access, stage by stage in program order, one step after another) from the stage
+        that last touched n — n and what that stage touched beside it, line by line
+        between two lines of n — up to s: what the caches must hold for n to be still
+        there (LRU's stack distance, as the memory curve's kernels measure it: y = f(x)
+        again and again keeps x and y; a count of traffic, tried first, put a value read
+        twice in between twice, and lamb's gradient 48 MiB away where 20 MiB lie between); for
+        (s, s), those since the last touch
         of the storage s writes (an update's: its target's; an allgather in place writes
         the peers' blocks, which only the allgather of the step before touched), a store
         into lines the caches no longer hold fetching them first (0 when s reads that
@@ -544,21 +554,51 @@ class Context:
             if s.expr.op is Op.UPDATE and src is not None:
                 root[s.name] = root.get(src, src)
             order.append((s.name, reads, out, root.get(s.name, s.name)))
-        last: dict[str, float] = {}
+        size: dict[str, float] = {}  # a storage's bytes: the most any stage touches
+        for _, reads, out, home in order:
+            for n, b in reads.items():
+                r = root.get(n, n)
+                size[r] = max(size.get(r, 0.0), float(b))
+            size[home] = max(size.get(home, 0.0), float(out))
+        # distinct bytes since a touch: each storage counted once, at its latest touch
+        # (a Fenwick tree over the stage positions of both laps)
+        slots = 2 * len(order) + 1
+        tree = [0.0] * (slots + 1)
+
+        def add(i: int, v: float) -> None:
+            i += 1
+            while i <= slots:
+                tree[i] += v
+                i += i & -i
+
+        def upto(i: int) -> float:  # the bytes whose latest touch is before position i
+            total = 0.0
+            while i > 0:
+                total += tree[i]
+                i -= i & -i
+            return total
+
+        last: dict[str, int] = {}
         distance: dict[tuple[str, str], float] = {}
-        cum = 0.0
+        pos = 0
         for lap in range(2):  # the second lap sees the previous step's touches
             for name, reads, out, home in order:
                 if lap:
+                    now = upto(slots)
                     for n in reads:
-                        distance[(name, n)] = cum - last.get(root.get(n, n), cum)
+                        r = root.get(n, n)
+                        distance[(name, n)] = now - upto(last[r])
                     if out:  # a store into what the stage itself reads hits its line
                         own = any(root.get(n, n) == home for n in reads)
-                        distance[(name, name)] = 0.0 if own else cum - last.get(home, cum)
-                cum += sum(reads.values()) + out
-                for n in reads:
-                    last[root.get(n, n)] = cum
-                last[home] = cum
+                        gone = now - upto(last[home])
+                        distance[(name, name)] = 0.0 if own else gone
+                pos += 1
+                touched = {root.get(n, n) for n in reads} | ({home} if out else set())
+                for r in touched:
+                    if r in last:
+                        add(last[r], -size[r])
+                    add(pos, size[r])
+                    last[r] = pos
         return distance
 
     def stored_from(self, name: str, made: Collection[str]) -> bool:
@@ -670,6 +710,15 @@ def _expr_work(ctx: Context, e: Expr) -> tuple[dict[str, int], float, float]:
         else:
             todo.extend(node.args)
     return reads, flops, calls
+
+
+def _chained(ctx: Context, e: Expr) -> float:
+    """The elements a rank's ``sum``, ``norm`` and ``amax`` in ``e`` accumulate (its part of
+    a sliced operand): `kernel_time`'s ``chained``."""
+    group, dp = ctx.group, ctx.program.grid.dp
+    return float(
+        sum(per_rank_numel(n.args[0].type, group, dp) for n in e.walk() if n.op in REDUCTIONS)
+    )
 
 
 def _has_cross_rank_reduction(ctx: Context, name: str) -> bool:
@@ -1165,10 +1214,15 @@ def _compute_ops(
                 (float(b) / chunks, next((far[m, n] for m in phase if (m, n) in far), 0.0))
                 for n, b in sorted(reads.items())
             ) + tuple((float(b) / chunks, far.get((m, m), 0.0)) for m, b in written.items())
+        chained = 0.0
+        if ctx.hw.gpu.sum_chain_ns > 0:
+            chained = sum(_chained(ctx, ctx.by_name[m].expr) for m in phase)
         if chunks != 1:  # as `_scaled`
             flops, nbytes, calls = flops / chunks, nbytes / chunks, calls / chunks
-            converts = _per_chunk(converts, chunks)
-        spec = KernelSpec(flops, nbytes, dtype, launch, sync_us, converts, calls, reuse)
+            converts, chained = _per_chunk(converts, chunks), chained / chunks
+        spec = KernelSpec(
+            flops, nbytes, dtype, launch, sync_us, converts, calls, reuse, chained
+        )
         reducing = [m for m in phase if m in ctx.reductions]
         # Values that wait for a cross-rank reduction are made by the reduce op.
         if reducing:
