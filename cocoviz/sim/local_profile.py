@@ -633,9 +633,9 @@ def _seed(base: Hardware, times: Mapping[str, float], ranks: int) -> Hardware:
         lo, hi = knob.to_x(max(knob.low, 1e-9)), knob.to_x(knob.high)
         g_lo, g_hi = gap(lo), gap(hi)
         if g_lo * g_hi > 0:
-            if abs(g_lo - g_hi) < 1e-9:  # the micro-run does not see the knob: keep it
-                continue
             x = lo if abs(g_lo) < abs(g_hi) else hi
+            if abs(min(g_lo, g_hi, key=abs)) >= abs(gap(knob.to_x(knob.get(hw)))) - 1e-9:
+                continue  # no end fits better than where it is (its micro-run may not see it)
         else:
             for _ in range(48):
                 mid = (lo + hi) / 2
