@@ -18,7 +18,8 @@ an f16 one more (the transfer is the larger of the two prices), and
 dtype (its share by their reuse distance on the memory curve: in cache the combine loop
 hides the memory behind its arithmetic, from DRAM it waits for it). Memory runs at
 ``gpu.hbm_gbps`` while a kernel's traffic fits the caches and at the fitted fraction of
-it beyond them (``CACHED_BYTES``, ``DRAM_BYTES``: the profile's memory curve). A kernel
+it beyond them (``CACHED_BYTES``, ``MID_BYTES``, ``DRAM_BYTES``: the profile's memory
+curve; a value's reuse distance, the distinct bytes between two touches, picks its rate). A kernel
 of f16 or bf16 computes in f32 and pays ``gpu.convert_ns`` for each 16-bit element it
 reads (widens) or writes (narrows): the CPU target converts element by element in
 software, and rounding to f16 costs several times what widening does. A rank is one
@@ -26,7 +27,8 @@ thread: the simulator runs its kernels, collectives and sends one at a time
 (``gpu.arch = "cpu"``; docs/cost-model.md, the timeline simulator).
 
 ``MICRO`` are the micro-runs: small programs, each exercising one thing — the CPU
-target's elementwise kernel (f32 over 8 MiB, in the caches, and over 16 MiB, beyond them;
+target's elementwise kernel (f32 over 4 MiB, in the caches, over 8 MiB, partly, and over
+16 MiB, beyond them; a norm: a sum's chain of adds;
 f16 and bf16, each read and written and read only, and f32 with an optimizer's
 arithmetic; 16 tiny ones in a row: a call's fixed cost), its GEMM (f32, f16, bf16), allreduce
 small, mid-size and large, reduce-scatter (f32, f16 and bf16 in the caches; f32 beyond
@@ -634,7 +636,8 @@ def _seed(base: Hardware, times: Mapping[str, float], ranks: int) -> Hardware:
         g_lo, g_hi = gap(lo), gap(hi)
         if g_lo * g_hi > 0:
             x = lo if abs(g_lo) < abs(g_hi) else hi
-            if abs(min(g_lo, g_hi, key=abs)) >= abs(gap(knob.to_x(knob.get(hw)))) - 1e-9:
+            here = knob.to_x(max(knob.get(hw), knob.low, 1e-9))
+            if abs(min(g_lo, g_hi, key=abs)) >= abs(gap(here)) - 1e-9:
                 continue  # no end fits better than where it is (its micro-run may not see it)
         else:
             for _ in range(48):
