@@ -658,16 +658,17 @@ def make_context(program: Program, hw: Hardware, collectives: str = "nccl") -> C
 # Work of expressions
 
 
-def _expr_work(ctx: Context, e: Expr) -> tuple[dict[str, int], float, float]:
+def _expr_work(ctx: Context, e: Expr) -> tuple[dict[str, int], float, float, float]:
     """What an expression costs one rank: the bytes of each name it reads (``slice(x)``
     reads a slice; an update's target is written, not read), its FLOPs (collectives
-    and GEMMs are priced on their own) and its math library calls (``_CALLS``), in one
-    walk."""
+    and GEMMs are priced on their own), its math library calls (``_CALLS``) and the
+    elements its ``sum``, ``norm`` and ``amax`` accumulate (its part of a sliced operand:
+    `kernel_time`'s ``chained``), in one walk."""
     params, group, types = ctx.params, ctx.group, ctx.types
     dp = ctx.program.grid.dp
     per_rank_bytes = ctx.per_rank_bytes
     reads: dict[str, int] = {}
-    flops = calls = 0.0
+    flops = calls = chained = 0.0
     todo = [e]
     while todo:
         node = todo.pop()
@@ -705,20 +706,13 @@ def _expr_work(ctx: Context, e: Expr) -> tuple[dict[str, int], float, float]:
                 # launch, before the loop (docs/codegen.md, "Fast loops (CPU)")
                 if op in _CALLS and ty.dtype.is_float and ty.shape:
                     calls += per_rank_numel(ty, group, dp)
+                if op in REDUCTIONS:
+                    chained += per_rank_numel(ty, group, dp)
         if op is Op.UPDATE:
             todo.extend(node.args[1:])  # the target (a reference) costs no FLOPs either
         else:
             todo.extend(node.args)
-    return reads, flops, calls
-
-
-def _chained(ctx: Context, e: Expr) -> float:
-    """The elements a rank's ``sum``, ``norm`` and ``amax`` in ``e`` accumulate (its part of
-    a sliced operand): `kernel_time`'s ``chained``."""
-    group, dp = ctx.group, ctx.program.grid.dp
-    return float(
-        sum(per_rank_numel(n.args[0].type, group, dp) for n in e.walk() if n.op in REDUCTIONS)
-    )
+    return reads, flops, calls, chained
 
 
 def _has_cross_rank_reduction(ctx: Context, name: str) -> bool:
@@ -819,6 +813,7 @@ def _scaled(spec: KernelSpec, chunks: int) -> KernelSpec:
         _per_chunk(spec.converts, chunks),
         spec.calls / chunks,
         tuple((b / chunks, d) for b, d in spec.reuse),
+        spec.chained / chunks,
     )
 
 
@@ -1170,7 +1165,7 @@ def _compute_ops(
         types = [ctx.types[m] for m in phase]
         if len(phase) == 1:  # most kernels: one stage, nothing of it made inside
             (m,) = phase
-            reads, flops, calls = _expr_work(ctx, ctx.by_name[m].expr)
+            reads, flops, calls, chained = _expr_work(ctx, ctx.by_name[m].expr)
             reads.pop(m, None)
             writes = ctx.per_rank_bytes(types[0]) if m in ctx.written else 0
             written = {m: writes} if writes else {}
@@ -1179,14 +1174,15 @@ def _compute_ops(
         else:
             made = set(phase)
             reads = {}
-            flops = calls = 0.0
+            flops = calls = chained = 0.0
             for m in phase:
-                m_reads, m_flops, m_calls = _expr_work(ctx, ctx.by_name[m].expr)
+                m_reads, m_flops, m_calls, m_chained = _expr_work(ctx, ctx.by_name[m].expr)
                 for n, b in m_reads.items():
                     if n not in made and b > reads.get(n, 0):
                         reads[n] = b
                 flops += m_flops
                 calls += m_calls
+                chained += m_chained
             written = {}
             for m, ty in zip(phase, types, strict=True):
                 if ctx.stored_from(m, made):
@@ -1211,17 +1207,12 @@ def _compute_ops(
         if ctx.hw.gpu.arch == "cpu":  # only CPU ranks read it (`kernel_time`)
             far = ctx.reuse
             reuse = tuple(  # a value's distance where the phase first reads it
-                (float(b) / chunks, next((far[m, n] for m in phase if (m, n) in far), 0.0))
+                (float(b), next((far[m, n] for m in phase if (m, n) in far), 0.0))
                 for n, b in sorted(reads.items())
-            ) + tuple((float(b) / chunks, far.get((m, m), 0.0)) for m, b in written.items())
-        chained = 0.0
-        if ctx.hw.gpu.sum_chain_ns > 0:
-            chained = sum(_chained(ctx, ctx.by_name[m].expr) for m in phase)
-        if chunks != 1:  # as `_scaled`
-            flops, nbytes, calls = flops / chunks, nbytes / chunks, calls / chunks
-            converts, chained = _per_chunk(converts, chunks), chained / chunks
-        spec = KernelSpec(
-            flops, nbytes, dtype, launch, sync_us, converts, calls, reuse, chained
+            ) + tuple((float(b), far.get((m, m), 0.0)) for m, b in written.items())
+        spec = _scaled(
+            KernelSpec(flops, nbytes, dtype, launch, sync_us, converts, calls, reuse, chained),
+            chunks,
         )
         reducing = [m for m in phase if m in ctx.reductions]
         # Values that wait for a cross-rank reduction are made by the reduce op.
@@ -1391,7 +1382,7 @@ def _device_lower(
     reads: dict[str, int] = {}
     made = set(members)
     for m in compute:
-        m_reads, m_flops, _ = _expr_work(ctx, ctx.by_name[m].expr)  # a GPU kernel: no libm
+        m_reads, m_flops, _, _ = _expr_work(ctx, ctx.by_name[m].expr)  # a GPU kernel: no libm
         flops += m_flops
         for n, b in m_reads.items():
             if n not in made and b > reads.get(n, 0):
