@@ -81,11 +81,22 @@ class Case:
 
     @property
     def measured_s(self) -> float:
-        return min(self.runs) if self.stat == "min" else statistics.median(self.runs)
+        return pick(self.stat, self.runs)
 
     @property
     def ratio(self) -> float:
         return self.predicted_s / self.measured_s
+
+
+STATS = ("min", "median", "mean")
+"""What a program's rounds reduce to (--stat)."""
+
+
+def pick(stat: str, runs: list[float]) -> float:
+    """The fastest round, the middle one, or their mean."""
+    if stat == "min":
+        return min(runs)
+    return statistics.median(runs) if stat == "median" else statistics.fmean(runs)
 
 
 def cases(hw: Hardware, ranks: int, names: list[str], root: Path) -> list[Case]:
@@ -126,12 +137,20 @@ def main() -> None:
     ap.add_argument("--profile", help="a cpu-mpi profile (default: run calibrate --local)")
     ap.add_argument("--ranks", type=int, default=2)
     ap.add_argument("--rounds", type=int, default=20)
-    ap.add_argument("--stat", choices=("min", "median"), default="min")
+    ap.add_argument("--stat", choices=STATS, default="min")
     ap.add_argument("--budget", type=float, default=0.1, help="seconds a run takes (default 0.1)")
     ap.add_argument("--samples", default=",".join(SIZES))
     ap.add_argument("--build-dir", default=None)
     ap.add_argument("--json", default=None, help="write the figures here")
+    ap.add_argument(
+        "--replay",
+        default=None,
+        help="a --json file of an earlier run: fit and report its rounds again (--stat)",
+    )
     args = ap.parse_args()
+    if args.replay:
+        replay(args)
+        return
     root = (
         Path(args.build_dir)
         if args.build_dir
@@ -161,23 +180,54 @@ def main() -> None:
         for d in dirs:
             runs[d].append(run_once(d, iters[d], max(1, iters[d] // 10)))
         print(f"round {r + 1} of {args.rounds} done", file=sys.stderr)
+    micro_runs = {name: runs[d] for name, d in micro.items()}
+    for c in todo:
+        c.runs = runs[c.directory]
+    finish(todo, micro_runs, root, args)
+
+
+def finish(todo: list[Case], micro_runs: dict[str, list[float]], root: Path,
+           args: argparse.Namespace) -> None:
+    """Fit the profile on the micro-runs' rounds (unless --profile), predict, report."""
     profile = args.profile
     if profile is None:
-        pick = min if args.stat == "min" else statistics.median
-        measured = [(name, pick(runs[d])) for name, d in micro.items()]
+        measured = [(name, pick(args.stat, r)) for name, r in micro_runs.items()]
         cal = fit_local(dict(measured), args.ranks)
         profile = str(root / "cpu-mpi.toml")
         Path(profile).write_text(local_profile_toml(cal, args.ranks, measured))
-        hw = load_profile(profile)
         worst = max(abs(r.error) for r in cal.residuals)
         print(f"micro-runs fitted: median {cal.summary()[0]:.1%}, max {worst:.1%}", file=sys.stderr)
+    hw = load_profile(profile)
     for c in todo:
-        c.runs = runs[c.directory]
+        c.stat = args.stat
         c.predicted_s = simulate(c.program, hw, warnings=False).makespan
-    report(todo, hw, profile, args)
+    report(todo, hw, profile, args, micro_runs)
 
 
-def report(todo: list[Case], hw: Hardware, profile: str, args: argparse.Namespace) -> None:
+def replay(args: argparse.Namespace) -> None:
+    """--replay: the rounds of an earlier --json run, reduced by --stat and fitted again
+    (unless --profile): the profile goes to a folder next to the file, FILE-STAT/."""
+    saved = json.loads(Path(args.replay).read_text())
+    args.ranks = saved["ranks"]
+    micro_runs = saved.get("micro_runs", {})
+    if args.profile is None and not micro_runs:
+        sys.exit(f"{args.replay}: no micro-runs' rounds in it (a run with --profile): pass --profile")
+    hw = starting_profile(args.ranks) if args.profile is None else load_profile(args.profile)
+    names = list(dict.fromkeys(p["sample"] for p in saved["programs"]))
+    runs = {(p["sample"], p["schedule"]): p["runs_s"] for p in saved["programs"]}
+    args.rounds = min(len(r) for r in runs.values())
+    todo = []
+    for c in cases(hw, args.ranks, names, Path(args.replay).parent):
+        c.runs = runs[(c.sample, c.schedule or "as written")]
+        todo.append(c)
+    root = Path(args.replay).with_suffix("")
+    root = root.with_name(f"{root.name}-{args.stat}")  # its profile: DIR/cpu-mpi.toml
+    root.mkdir(exist_ok=True)
+    finish(todo, micro_runs, root, args)
+
+
+def report(todo: list[Case], hw: Hardware, profile: str, args: argparse.Namespace,
+           micro_runs: dict[str, list[float]]) -> None:
     print(f"# {len(todo)} programs on {args.ranks} ranks, profile {profile} ({hw.name}); "
           f"{args.rounds} rounds, {args.stat}")  # fmt: skip
     print("| sample | schedule | predicted | measured | predicted / measured | within 0.8-1.25 |")
@@ -220,6 +270,7 @@ def report(todo: list[Case], hw: Hardware, profile: str, args: argparse.Namespac
                         for c in todo
                     ],
                     "ranking": ranking,
+                    "micro_runs": micro_runs,
                 },
                 indent=2,
             )
