@@ -3,8 +3,9 @@ schedule, `cocoviz simulate --hw <cpu-mpi profile>` next to the measured step ti
 program `cocoviz emit --target cpu` writes for it, at the sizes below, on 2 MPI ranks.
 
 Usage: python bench/bench_model_local.py [--profile CPU.toml] [--ranks 2] [--rounds 20]
-           [--budget 0.1] [--stat min] [--samples adam,lamb] [--build-dir DIR]
+           [--budget 0.1] [--stat min|median|mean] [--samples adam,lamb] [--build-dir DIR]
            [--json OUT.json]
+       python bench/bench_model_local.py --replay OUT.json [--stat median] [--profile CPU.toml]
 
 Without --profile it calibrates as `cocoviz calibrate --local` does (the micro-runs of the
 CPU target: elementwise and GEMM throughput, collectives, a send), but times the
@@ -21,6 +22,13 @@ to 0.3 from run to run). Printed per program: predicted,
 measured, predicted / measured (goal 0.8-1.25); per sample: the pairs of schedules whose
 measured times differ by more than 10%, and how many of them the model orders the same
 way (goal: all).
+
+--json keeps every round of every program and micro-run; --replay reads such a file and
+fits and reports it again under another --stat without running anything (the profile it
+fits goes to OUT-STAT/cpu-mpi.toml). The mean of the rounds is the statistic that adds up
+(a step's mean is the sum of its stages' means; its fastest round is not the sum of
+theirs), the fastest round the one least moved by the machine's load (docs/cost-model.md,
+"Proof on this machine").
 
 The programs are the samples at a size a CPU rank runs in milliseconds (SIZES); builds go
 to --build-dir (default $XDG_CACHE_HOME/cocoviz/bench-model-local) and are kept, so a
