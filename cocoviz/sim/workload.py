@@ -992,8 +992,12 @@ def _alltoall_copies(ctx: Context, s: Stage) -> tuple[Blocks | None, Blocks | No
 # edges, whether its value is written out and the types of the names it reads (None for
 # params, which are not read from memory): each entry holds those and the operations.
 # Entries are compared in a list rather than hashed (the model is usually the very same
-# tuple, and `==` on identical members is a pointer compare).
+# tuple, and `==` on identical members is a pointer compare), the latest used first, and at
+# most `_OPS_KEPT` of them: a fit (`calibrate`) simulates the same stages under thousands
+# of trial profiles, and an unbounded list kept every one of them and compared each new
+# profile with all of them (half of `calibrate --local`'s time).
 _OPS_ATTR = "_cocoviz_lowered"
+_OPS_KEPT = 16
 _StageEntry = tuple[
     tuple[object, ...],
     set[str],
@@ -1025,7 +1029,8 @@ def lower_stage(ctx: Context, name: str, chunks: int = 1, chunk: int = 0) -> lis
     stored = ctx.types.get
     types = tuple([stored(r) for r in reads])  # in the order of this very set
     model = ctx.model
-    for e_model, e_deps, e_writes, e_reads, e_types, ops in entries:
+    for i, entry in enumerate(entries):
+        e_model, e_deps, e_writes, e_reads, e_types, ops = entry
         if (
             e_writes is writes
             and e_reads is reads
@@ -1033,9 +1038,12 @@ def lower_stage(ctx: Context, name: str, chunks: int = 1, chunk: int = 0) -> lis
             and e_types == types
             and e_deps == preds
         ):
+            if i:
+                entries.insert(0, entries.pop(i))
             return list(ops)
     ops = tuple(_lower_stage(ctx, name, 1, 0))
-    entries.append((model, set(preds), writes, reads, types, ops))
+    entries.insert(0, (model, set(preds), writes, reads, types, ops))
+    del entries[_OPS_KEPT:]
     return list(ops)
 
 
