@@ -221,6 +221,25 @@ def test_calibrate_local_runs_on_this_machine(tmp_path: Path, capsys) -> None:  
     assert main(["simulate", "adam", "--ranks", "2", "-D", "N=65536", "--hw", str(out)]) == 0
 
 
+def test_calibrate_local_refuses_more_ranks_than_this_machine_has_cpus(
+    tmp_path: Path, capsys
+) -> None:  # type: ignore[no-untyped-def]
+    """A rank of the micro-runs is a core: --ranks beyond the CPUs this process may run on
+    would time ranks sharing cores (and --ranks 99999 started 99,999 processes). Refused
+    before anything is built or started."""
+    from cocoviz.exec.mpi_run import usable_cpus
+
+    for ranks in (usable_cpus() + 1, 99999):
+        out = tmp_path / "cpu.toml"
+        build = tmp_path / f"b{ranks}"
+        code = main(["calibrate", "--local", "--ranks", str(ranks), "-o", str(out),
+                     "--build-dir", str(build)])  # fmt: skip
+        err = capsys.readouterr().err
+        assert code == 2, err
+        assert f"--ranks {ranks}" in err and f"{usable_cpus()} CPU" in err, err
+        assert not out.exists() and not build.exists()
+
+
 def test_a_kernel_of_math_library_calls_pays_them_on_cpu_ranks() -> None:
     """gpu.libm_call_ns (docs/cost-model.md, this machine): each element of exp, log,
     tanh, sigmoid, gelu, pow (floats) and softmax is one call beside its FLOPs; an

@@ -17,11 +17,12 @@ import argparse
 import json
 import os
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from cocoviz.cli.options import add_json_option
-from cocoviz.errors import ExitCode, UsageError
+from cocoviz.errors import ExitCode, InternalError, UsageError, did_you_mean, shown_value
 
 WRITTEN_BY = "# Written by `cocoviz calibrate"
 """How a profile this command wrote begins (what -o may replace without --force)."""
@@ -85,6 +86,8 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     out = Path(args.output)
     if out.suffix != ".toml":
         raise UsageError(f"-o {out}: a profile file must end in .toml", hint="name it PROFILE.toml")
+    if args.name is not None:
+        _check_name(args.name)
     if args.local:
         if args.logs:
             raise UsageError("--local measures this machine: give no logs with it")
@@ -97,6 +100,17 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
             hint="e.g. cocoviz calibrate all_reduce_perf.log all_gather_perf.log -o mine.toml",
         )
     return _from_logs(args, out)
+
+
+def _check_name(name: str) -> None:
+    """``--name`` goes into the profile as its name: one line of printable text."""
+    bad = [c for c in name if not c.isprintable()]
+    if not name.strip() or bad:
+        raise UsageError(
+            f"--name {shown_value(repr(name), 60)}: "
+            + (f"a profile's name may not hold {bad[0]!r}" if bad else "empty"),
+            hint="name it with letters, digits and dashes: --name h100-lab",
+        )
 
 
 def _check_output(out: Path, force: bool) -> None:
@@ -114,18 +128,31 @@ def _ours(path: Path) -> bool:
 
 
 def _write(out: Path, text: str, force: bool) -> None:
+    """Write the profile, once it is known to load as ``--hw`` will load it: a profile
+    that does not is a bug of calibrate's, and leaves no file (nor a changed one)."""
     from cocoviz import fsio
+    from cocoviz.sim.hardware import ProfileError, parse_profile
 
+    try:
+        parse_profile(text, str(out))
+    except ProfileError as err:
+        raise InternalError(
+            f"calibrate wrote a profile that does not load: {err.message}"
+        ) from None
     fsio.write_file(out, text, force=force, ours=_ours, writer="cocoviz calibrate")
 
 
 def _from_logs(args: argparse.Namespace, out: Path) -> int:
-    from cocoviz.sim.calibrate import base_for_gpu, calibrate, residual_table
+    from cocoviz.sim.calibrate import base_for_gpu, calibrate, printable, residual_table
     from cocoviz.sim.hardware import list_profiles, load_profile
     from cocoviz.sim.nccl_tests_log import read_log
 
     _check_output(out, args.force)
+    _check_distinct(args.logs)
+    if args.base is not None and args.base not in list_profiles():
+        _unknown_base(args.base)
     logs = [read_log(path) for path in args.logs]
+    _check_output(out, args.force)  # again, now that the logs are known inputs (-o LOG)
     base_name = args.base
     if base_name is None:
         named = {base_for_gpu(log.gpu) for log in logs} - {None}
@@ -137,21 +164,21 @@ def _from_logs(args: argparse.Namespace, out: Path) -> int:
             )
         base_name = named.pop()
     if base_name not in list_profiles():
-        raise UsageError(
-            f"--base {base_name}: not a shipped profile",
-            hint=f"one of {', '.join(list_profiles())}",
-        )
+        _unknown_base(base_name)
     base = load_profile(base_name)
     for log in logs:
         guess = base_for_gpu(log.gpu)
         if guess is not None and guess != base_name:
             print(
-                f"warning: {log.path} ran on {log.gpu}; fitting {base_name} to it anyway",
+                f"warning: {printable(log.path)} ran on {printable(log.gpu or '')}; fitting "
+                f"{base_name} to it anyway",
                 file=sys.stderr,
             )
     cal = calibrate(logs, base, in_place=args.in_place)
+    for note in cal.notes:
+        print(f"warning: {printable(note)}", file=sys.stderr)
     name = args.name or f"{base_name}-calibrated"
-    files = ", ".join(Path(log.path).name for log in logs)
+    files = printable(", ".join(Path(log.path).name for log in logs))
     text = cal.profile_toml(
         name=name,
         description=f"{base.description}; fitted by cocoviz calibrate to {files}",
@@ -159,14 +186,43 @@ def _from_logs(args: argparse.Namespace, out: Path) -> int:
     )
     _write(out, text, args.force)
     if args.json:
-        print(json.dumps(_json(cal, out), indent=2))
+        _print_json(cal, out)
     else:
         sys.stdout.write(residual_table(cal, in_place=args.in_place))
     print(f"{out}: written (use it with --hw {out})", file=sys.stderr)
     return ExitCode.OK
 
 
-def _json(cal: Any, out: Path) -> dict[str, Any]:
+def _unknown_base(name: str) -> None:
+    from cocoviz.sim.hardware import list_profiles
+
+    known = list_profiles()
+    close = did_you_mean(name, known)
+    raise UsageError(
+        f"--base {shown_value(name)}: not a shipped profile" + (f" ({close})" if close else ""),
+        hint=f"one of {', '.join(known)}",
+    )
+
+
+def _check_distinct(paths: list[str]) -> None:
+    """The same log twice (by any path) would count its sizes twice: refused."""
+    seen: dict[tuple[int, int], str] = {}
+    for path in paths:
+        try:
+            st = os.stat(path)
+        except (OSError, ValueError):
+            continue  # read_log names what is wrong with it
+        key = (st.st_dev, st.st_ino)
+        if key in seen:
+            same = "" if seen[key] == path else f" (as {seen[key]})"
+            raise UsageError(
+                f"{path}: the same log is given twice{same}",
+                hint="give each nccl-tests log once",
+            )
+        seen[key] = path
+
+
+def _json_head(cal: Any, out: Path) -> dict[str, Any]:
     med, worst = cal.summary()
     med0, worst0 = cal.summary(after=False)
     return {
@@ -176,20 +232,31 @@ def _json(cal: Any, out: Path) -> dict[str, Any]:
         "fitted": [{"field": k.field, "base": old, "fitted": new} for k, old, new in cal.fitted],
         "kept": [k.field for k in cal.kept],
         "error": {"median": med, "max": worst, "base_median": med0, "base_max": worst0},
-        "points": [
-            {
-                "log": r.sample.label.rsplit(":", 1)[0],
-                "line": int(r.sample.label.rsplit(":", 1)[1]),
-                "size": r.sample.nbytes,
-                "measured_busbw": r.sample.busbw,
-                "model_busbw": r.model_busbw,
-                "error": r.error,
-                "base_error": b.error,
-                "algo_proto": r.label,
-            }
-            for r, b in zip(cal.residuals, cal.before, strict=True)
-        ],
     }
+
+
+def _json_points(cal: Any) -> Iterator[dict[str, Any]]:
+    for r, b in zip(cal.residuals, cal.before, strict=True):
+        yield {
+            "log": r.sample.label.rsplit(":", 1)[0],
+            "line": int(r.sample.label.rsplit(":", 1)[1]),
+            "size": r.sample.nbytes,
+            "measured_busbw": r.sample.busbw,
+            "model_busbw": r.model_busbw,
+            "error": r.error,
+            "base_error": b.error,
+            "algo_proto": r.label,
+        }
+
+
+def _print_json(cal: Any, out: Path) -> None:
+    """The fit as one JSON object, its points one a line as they are encoded: a log of a
+    few hundred thousand sizes is printed without holding them all as objects."""
+    head = json.dumps(_json_head(cal, out), indent=2)
+    sys.stdout.write(head[: head.rindex("}")].rstrip() + ',\n  "points": [')
+    for i, point in enumerate(_json_points(cal)):
+        sys.stdout.write(("," if i else "") + "\n    " + json.dumps(point))
+    sys.stdout.write("\n  ]\n}\n")
 
 
 # ---------------------------------------------------------------------------------------
@@ -217,6 +284,7 @@ def build_cpu_program(program: Any, directory: Path, hw: Any = None) -> Path:
 
 def _local(args: argparse.Namespace, out: Path) -> int:
     from cocoviz.exec.cpu_timing import time_step
+    from cocoviz.exec.mpi_run import usable_cpus
     from cocoviz.sim.local_profile import (
         MICRO,
         fit_local,
@@ -226,6 +294,16 @@ def _local(args: argparse.Namespace, out: Path) -> int:
 
     if args.ranks < 2:
         raise UsageError("--ranks: the micro-runs need at least 2 ranks")
+    cpus = usable_cpus()
+    if args.ranks > cpus:
+        raise UsageError(
+            f"--ranks {args.ranks}: this machine runs this process on {cpus} CPU"
+            f"{'s' if cpus != 1 else ''}, and a rank of the micro-runs is a core (ranks "
+            "sharing a core would time each other)",
+            hint=(f"--ranks 2 to {cpus}" if cpus > 2 else "--ranks 2")
+            if cpus >= 2
+            else "run it on a machine of 2 or more CPUs",
+        )
     _check_output(out, args.force)
     root = Path(args.build_dir) if args.build_dir else default_build_dir()
     measured: list[tuple[str, float]] = []

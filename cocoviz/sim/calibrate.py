@@ -49,7 +49,7 @@ from typing import Protocol
 
 import numpy as np
 
-from cocoviz.errors import InputError
+from cocoviz.errors import InputError, Span
 from cocoviz.sim.collectives import (
     Algo,
     Coll,
@@ -60,12 +60,13 @@ from cocoviz.sim.collectives import (
     collective_candidates,
 )
 from cocoviz.sim.hardware import (
+    MIN_NUMBER,
     Hardware,
     Link,
     PerProto,
     list_profiles,
-    load_profile,
     nccl_tuning,
+    parse_nccl_version,
 )
 from cocoviz.sim.nccl_tests_log import NcclTestsLog
 
@@ -125,7 +126,10 @@ class Knob:
 
     def from_x(self, x: float) -> float:
         value = math.exp(x) if self.log else x * self.scale
-        return min(self.high, max(self.low, value))
+        value = min(self.high, max(self.low, value))
+        if not self.log and self.low <= 0.0 and abs(value) < MIN_NUMBER:
+            return 0.0  # a term this small is none (a profile's numbers start at MIN_NUMBER)
+        return value
 
 
 def _replace_path(obj: object, path: list[str], value: float) -> object:
@@ -177,7 +181,7 @@ class Measured(Protocol):
     def label(self) -> str: ...
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Sample:
     """One measured call: a collective of ``nbytes`` (nccl-tests' size) on ``nranks``."""
 
@@ -222,29 +226,49 @@ _NCCL_ALGO_NAMES = {
 }
 
 
-def _restriction(text: str | None, coll: Coll) -> str:
-    """The part of an NCCL_ALGO / NCCL_PROTO value that applies to ``coll``
-    (``allreduce:ring;allgather:ring,pat`` → the allreduce part)."""
-    if text is None:
-        return ""
+def _restriction(log: NcclTestsLog, variable: str, text: str | None) -> str | None:
+    """The part of an NCCL_ALGO / NCCL_PROTO value that applies to the log's collective
+    (``allreduce:ring;allgather:ring,pat`` → the allreduce part); None when nothing
+    restricts it. A part that names no collective (``:ring``) is an error."""
+    if not text:
+        return None
     if ":" not in text:
         return text
     for part in text.split(";"):
         if ":" in part:
             name, value = part.split(":", 1)
-            if name.strip().lower().replace("_", "") == coll.value:
+            if not name.strip():
+                raise _log_error(
+                    log,
+                    variable,
+                    f"{variable}={text}: the part {part.strip()!r} names no collective",
+                )
+            if name.strip().lower().replace("_", "") == log.coll.value:
                 return value
-    return ""
+    return None
+
+
+def _names(log: NcclTestsLog, variable: str, value: str | None, text: str) -> list[str]:
+    """The names of an NCCL_ALGO / NCCL_PROTO value (``^`` and spaces dropped); an error
+    when it names none."""
+    names = [n.strip().lower() for n in text.strip().lstrip("^").split(",") if n.strip()]
+    if not names:
+        raise _log_error(
+            log,
+            variable,
+            f"{variable}={value} names no {'algorithm' if variable == 'NCCL_ALGO' else 'protocol'}"
+            f" for {log.coll.value}",
+        )
+    return names
 
 
 def _algos(log: NcclTestsLog) -> tuple[Algo, ...]:
-    text = _restriction(log.algo, log.coll)
-    if not text or log.coll in (Coll.SENDRECV, Coll.ALLTOALL):
+    text = _restriction(log, "NCCL_ALGO", log.algo)
+    if text is None or log.coll in (Coll.SENDRECV, Coll.ALLTOALL):
         return ()
-    negate = text.startswith("^")
-    names = [n.strip().lower() for n in text.lstrip("^").split(",") if n.strip()]
+    negate = text.strip().startswith("^")
     chosen: set[Algo] = set()
-    for name in names:
+    for name in _names(log, "NCCL_ALGO", log.algo, text):
         if name not in _NCCL_ALGO_NAMES:
             raise _log_error(
                 log, "NCCL_ALGO", f"unknown algorithm {name!r} in NCCL_ALGO={log.algo}"
@@ -252,6 +276,10 @@ def _algos(log: NcclTestsLog) -> tuple[Algo, ...]:
         chosen.update(_NCCL_ALGO_NAMES[name])
     if negate:
         chosen = {a for a in Algo if a not in chosen and a is not Algo.P2P}
+        if not chosen - {Algo.SYMMETRIC}:
+            raise _log_error(
+                log, "NCCL_ALGO", f"NCCL_ALGO={log.algo} excludes every algorithm the model runs"
+            )
     if not chosen:
         raise _log_error(
             log, "NCCL_ALGO", f"NCCL_ALGO={log.algo}: CollNet is not modelled (no network SHARP)"
@@ -260,13 +288,13 @@ def _algos(log: NcclTestsLog) -> tuple[Algo, ...]:
 
 
 def _protos(log: NcclTestsLog) -> tuple[Proto, ...]:
-    text = _restriction(log.proto, log.coll)
-    if not text:
+    text = _restriction(log, "NCCL_PROTO", log.proto)
+    if text is None:
         return ()
-    negate = text.startswith("^")
+    negate = text.strip().startswith("^")
     by_name = {p.value.lower(): p for p in Proto}
     chosen: set[Proto] = set()
-    for name in (n.strip().lower() for n in text.lstrip("^").split(",") if n.strip()):
+    for name in _names(log, "NCCL_PROTO", log.proto, text):
         if name not in by_name:
             raise _log_error(
                 log, "NCCL_PROTO", f"unknown protocol {name!r} in NCCL_PROTO={log.proto}"
@@ -274,17 +302,26 @@ def _protos(log: NcclTestsLog) -> tuple[Proto, ...]:
         chosen.add(by_name[name])
     if negate:
         chosen = set(Proto) - chosen
+    if not chosen:
+        raise _log_error(log, "NCCL_PROTO", f"NCCL_PROTO={log.proto} excludes every protocol")
     return tuple(p for p in Proto if p in chosen)
 
 
-def _log_error(log: NcclTestsLog, needle: str, message: str) -> InputError:
-    from cocoviz.errors import Span
+_HINTS = {
+    "NCCL_ALGO": "NCCL_ALGO takes names among Ring, Tree, NVLS, NVLSTree, PAT, CollNetDirect "
+    "and CollNetChain, a leading ^ to exclude them, or allreduce:ring;allgather:ring,pat",
+    "NCCL_PROTO": "NCCL_PROTO takes names among LL, LL128 and Simple, a leading ^ to exclude "
+    "them, or allreduce:Simple;allgather:LL128",
+}
 
+
+def _log_error(log: NcclTestsLog, needle: str, message: str) -> InputError:
+    hint = _HINTS.get(needle)
     for no, line in enumerate(log.source.lines, 1):
         if needle in line:
             col = line.index(needle) + 1
-            return InputError(message, Span(log.source, no, col, no, len(line) + 1))
-    return InputError(f"{log.path}: {message}")
+            return InputError(message, Span(log.source, no, col, no, len(line) + 1), hint=hint)
+    return InputError(f"{log.path}: {message}", hint=hint)
 
 
 def log_samples(log: NcclTestsLog, *, in_place: bool = False) -> list[Sample]:
@@ -310,7 +347,7 @@ def log_samples(log: NcclTestsLog, *, in_place: bool = False) -> list[Sample]:
 # The fit
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Residual:
     """One point after the fit."""
 
@@ -346,6 +383,9 @@ class Calibration:
     logs: tuple[NcclTestsLog, ...] = ()
     set_fields: tuple[tuple[str, object], ...] = ()
     """Fields set from the logs rather than fitted (``nccl.version``)."""
+    notes: tuple[str, ...] = ()
+    """What the fit could not take from the logs (an NCCL release the model does not
+    tabulate), for the user to see."""
 
     def summary(self, after: bool = True) -> tuple[float, float]:
         """(median, max) |error| over the points."""
@@ -358,7 +398,8 @@ class Calibration:
         med0, worst0 = self.summary(after=False)
         lines = [
             "# Written by `cocoviz calibrate` from:",
-            *(f"#   {log.path}  ({log.describe()})" for log in self.logs),
+            *(f"#   {printable(log.path)}  ({printable(log.describe())})" for log in self.logs),
+            *(f"# note: {printable(note)}" for note in self.notes),
             f"# busBw error over {len(self.residuals)} points: median {med:.1%}, max {worst:.1%} "
             f"(the base profile: median {med0:.1%}, max {worst0:.1%}).",
             "# Fields the logs do not inform keep the base's value: "
@@ -366,8 +407,8 @@ class Calibration:
             + ".",
             "",
             f'base = "{base_name}"',
-            f"name = {_toml_str(name)}",
-            f"description = {_toml_str(description)}",
+            f"name = {toml_str(name)}",
+            f"description = {toml_str(description)}",
         ]
         tables: dict[str, list[str]] = {}
         for field, value in self.set_fields:
@@ -408,7 +449,7 @@ def _toml_value(value: object) -> str:
     if isinstance(value, PerProto):
         return f"[{_fmt(value.ll)}, {_fmt(value.ll128)}, {_fmt(value.simple)}]"
     if isinstance(value, str):
-        return _toml_str(value)
+        return toml_str(value)
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, float):
@@ -416,8 +457,23 @@ def _toml_value(value: object) -> str:
     return str(value)
 
 
-def _toml_str(text: str) -> str:
-    return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
+def toml_str(text: str) -> str:
+    """A TOML basic string: quotes, backslashes and control characters escaped."""
+    out = []
+    for c in text:
+        if c in '"\\':
+            out.append("\\" + c)
+        elif ord(c) < 0x20 or ord(c) == 0x7F:
+            out.append(f"\\u{ord(c):04X}")
+        else:
+            out.append(c)
+    return '"' + "".join(out) + '"'
+
+
+def printable(text: str) -> str:
+    """``text`` with every character a terminal or a TOML comment must not hold (control
+    characters, an undecodable byte of a file name) shown as ``?``."""
+    return "".join(c if c.isprintable() else "?" for c in text)
 
 
 _IDS = count()
@@ -445,6 +501,29 @@ def _model_time(hw: Hardware, s: Measured) -> float:
     return model_cost(hw, s).time_s
 
 
+def _same_call(s: Measured) -> object:
+    """What the model's time of a sample depends on: samples with the same key (a size a
+    log repeats, the same log given twice) are priced once."""
+    if isinstance(s, Sample):
+        return (s.coll, s.nbytes, s.nranks, s.ranks_per_node, s.algos, s.protos)
+    return id(s)
+
+
+def _distinct(samples: Sequence[Measured]) -> tuple[list[Measured], np.ndarray]:
+    """The samples the model must price (one per ``_same_call`` key) and, for each
+    sample, the index of its representative among them."""
+    first: dict[object, int] = {}
+    unique: list[Measured] = []
+    where = []
+    for s in samples:
+        key = _same_call(s)
+        if key not in first:
+            first[key] = len(unique)
+            unique.append(s)
+        where.append(first[key])
+    return unique, np.array(where, dtype=np.intp)
+
+
 def fit_samples(
     samples: Sequence[Measured],
     base: Hardware,
@@ -459,6 +538,14 @@ def fit_samples(
     knobs = tuple(knobs_for(base) if knobs is None else knobs)
     measured = np.log(np.array([s.time_s for s in samples]))
     x0 = np.array([k.to_x(k.start(base)) for k in knobs])
+    unique, where = _distinct(samples)
+    for s, t in zip(unique, _times(base, unique, time_of), strict=True):
+        if not (math.isfinite(t) and t > 0):
+            raise InputError(
+                f"{s.label}: the model gives this call no time ({t:g} s) on {base.name}, so "
+                "no profile can be fitted to it",
+                hint="leave this log out, or start from another profile (--base)",
+            )
 
     def build(x: np.ndarray, active: list[int]) -> Hardware:
         hw = base
@@ -467,7 +554,7 @@ def fit_samples(
         return _variant(hw)
 
     def residual(x: np.ndarray, active: list[int]) -> np.ndarray:
-        return np.log(_times(build(x, active), samples, time_of)) - measured
+        return np.log(_times(build(x, active), unique, time_of))[where] - measured
 
     everything = list(range(len(knobs)))
 
@@ -502,10 +589,14 @@ def fit_samples(
 def _residuals(
     hw: Hardware, samples: Sequence[Measured], time_of: Callable[[Hardware, Measured], float]
 ) -> tuple[Residual, ...]:
+    priced: dict[object, tuple[float, str]] = {}
     out = []
     for s in samples:
-        t = time_of(hw, s)
-        label = model_cost(hw, s).label if isinstance(s, Sample) else ""
+        key = _same_call(s)
+        if key not in priced:
+            label = model_cost(hw, s).label if isinstance(s, Sample) else ""
+            priced[key] = (time_of(hw, s), label)
+        t, label = priced[key]
         out.append(Residual(s, t, label))
     return tuple(out)
 
@@ -607,11 +698,17 @@ def calibrate(
             f"the logs come from different NCCL releases ({where})",
             hint="calibrate one release at a time: each release has its own tuning constants",
         )
+    notes: list[str] = []
     if versions:
         (version,) = versions
         try:
             nccl_tuning(version)
         except ValueError:
+            notes.append(
+                f"the logs ran NCCL {version}, whose tuning constants the model does not "
+                f"tabulate (it knows 2.6.4 and 2.18 onwards); the fit uses {base.name}'s, "
+                f"NCCL {base.nccl.version}"
+            )
             version = ""
         if version and version != base.nccl.version:
             hw = load_profile_with_version(base, version)
@@ -623,34 +720,62 @@ def calibrate(
                 f"{hw.gpus_per_node} GPUs per node",
                 hint="start from a profile of that machine (--base)",
             )
-    samples = [s for log in logs for s in log_samples(log, in_place=in_place)]
+    samples: list[Sample] = []
+    priced: set[object] = set()
+    for log in logs:
+        mine = log_samples(log, in_place=in_place)
+        for s, row in zip(mine, log.rows(in_place), strict=True):
+            if _same_call(s) not in priced:
+                priced.add(_same_call(s))
+                _check_priced(hw, s, log, row.line)
+        samples += mine
     if not samples:
         what = "in-place" if in_place else "out-of-place"
         raise InputError(f"the logs have no {what} times", hint="try the other column group")
-    for s in samples:
-        model_cost(hw, s)  # a log's NCCL_ALGO the model cannot run is an error before fitting
     result = fit_samples(samples, hw, iterations=iterations)
     return dataclasses.replace(
         result,
         base=base,
         logs=tuple(logs),
         set_fields=tuple(set_fields),
+        notes=tuple(notes),
         before=_residuals(base, samples, _model_time),
     )
 
 
+def _check_priced(hw: Hardware, s: Sample, log: NcclTestsLog, line: int) -> None:
+    """A log's point the model cannot price (its NCCL_ALGO / NCCL_PROTO allow nothing the
+    model runs for it) is an error at its row, before fitting."""
+    try:
+        model_cost(hw, s)
+    except CostModelError as exc:
+        text = log.source.line(line)
+        start = len(text) - len(text.lstrip()) + 1
+        restricted = " and ".join(
+            f"{name}={value}"
+            for name, value in (("NCCL_ALGO", log.algo), ("NCCL_PROTO", log.proto))
+            if value
+        )
+        raise InputError(
+            str(exc).removeprefix(f"{s.label}: "),
+            Span(log.source, line, start, line, len(text) + 1),
+            hint=f"the log's {restricted} allows only that for this call; NCCL runs a "
+            "collective only where its algorithm serves it, so check the log's header"
+            if restricted
+            else None,
+        ) from None
+
+
 def load_profile_with_version(base: Hardware, version: str) -> Hardware:
     """``base`` with another NCCL release's tuning constants (the loader's rules)."""
-    import tempfile
-    from pathlib import Path
+    from cocoviz.sim.hardware import parse_profile
 
     name = base.name
     if name not in list_profiles():
         raise InputError(f"{base.name}: calibrate starts from a shipped profile")
-    with tempfile.TemporaryDirectory(prefix="cocoviz-calibrate-") as tmp:
-        path = Path(tmp) / "version.toml"
-        path.write_text(f'base = "{name}"\nname = "{name}"\n[nccl]\nversion = "{version}"\n')
-        hw = load_profile(path)
+    parse_nccl_version(version)  # ASCII digits and dots: safe inside the TOML string
+    text = f'base = "{name}"\nname = "{name}"\n[nccl]\nversion = "{version}"\n'
+    hw = parse_profile(text, f"<{name} at NCCL {version}>")
     return dataclasses.replace(hw, source=base.source + f" (NCCL {version})")
 
 
@@ -670,6 +795,8 @@ def residual_table(cal: Calibration, *, in_place: bool = False) -> str:
     ]
     for field, value in cal.set_fields:
         lines.append(f"# set from the logs: {field} = {_toml_value(value)}")
+    for note in cal.notes:
+        lines.append(f"# note: {printable(note)}")
     for knob, old, new in cal.fitted:
         lines.append(f"# fitted: {knob.field} {_fmt(old)} -> {_fmt(new)}")
     if cal.kept:
@@ -681,7 +808,8 @@ def residual_table(cal: Calibration, *, in_place: bool = False) -> str:
     column = "in-place" if in_place else "out-of-place"
     for name, rows in by_log.items():
         log = described.get(name)
-        lines += ["#", f"# {name}: {log.describe() if log else ''} ({column})"]
+        described_as = printable(f"{name}: {log.describe() if log else ''}")
+        lines += ["#", f"# {described_as} ({column})"]
         lines.append(
             f"#{'size':>11}  {'measured':>9}  {'fitted':>9}  {'error':>7}  {'base':>7}  algo/proto"
         )

@@ -13,7 +13,12 @@ their own file instead of a name. A user file may start from a shipped profile w
 ``load_profile(name_or_path) -> Hardware`` returns a frozen, hashable value. A missing,
 misspelled, mistyped or out-of-range field raises ``ProfileError`` whose message names
 the file and the dotted field (``h100.toml: field 'gpu.sms': expected an integer, got
-'many'``). Units are the ones people quote: GB/s (10^9 B/s), TFLOP/s, microseconds.
+'many'``), with a note at the line of the user's file that sets it (or at a TOML syntax
+error's line). Every field is checked where the file is read, with one rule per kind on
+top of the field's own range: a number is finite and 0 or between ``MIN_NUMBER`` and
+``MAX_NUMBER`` in magnitude (so no product or quotient of a few of them overflows or
+divides by zero), an integer at most ``MAX_INTEGER``, a string free of control
+characters. Units are the ones people quote: GB/s (10^9 B/s), TFLOP/s, microseconds.
 Every shipped number carries its source in a comment of the TOML file, and
 docs/cost-model.md collects them.
 """
@@ -23,6 +28,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import math
+import re
 import tomllib
 from dataclasses import dataclass
 from enum import StrEnum
@@ -32,7 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from cocoviz import fsio
-from cocoviz.errors import InputError
+from cocoviz.errors import InputError, Source, Span
 from cocoviz.ir.types import DTYPE_NAMES
 
 DEFAULT_PROFILE = "h100-dgx"
@@ -50,6 +56,8 @@ class ProfileError(InputError):
         super().__init__(message, hint="fix the field named above" if field else None)
         self.path = path
         self.field = field
+        self.toml_position: tuple[int, int] | None = None
+        """(line, column) of a TOML syntax error."""
 
 
 class Algo(StrEnum):
@@ -428,11 +436,18 @@ class Hardware:
 # NCCL's version-dependent tuning constants (src/graph/tuning.cc at each release tag)
 
 
+_VERSION_DIGITS = 6
+"""The most digits a part of an NCCL version may have (NCCL's own have one or two)."""
+
+
 def parse_nccl_version(text: str) -> tuple[int, int, int]:
     """``"2.29.2"`` → ``(2, 29, 2)``; ``"2.21"`` → ``(2, 21, 0)``. A ValueError names the text."""
     parts = text.strip().split(".")
-    if not 2 <= len(parts) <= 3 or not all(p.isdigit() for p in parts):
-        raise ValueError(f'expected an NCCL version like "2.29.2", got {text!r}')
+    if not 2 <= len(parts) <= 3 or not all(
+        p.isascii() and p.isdigit() and len(p) <= _VERSION_DIGITS for p in parts
+    ):
+        shown = text if len(text) <= 40 else text[:40] + "…"
+        raise ValueError(f'expected an NCCL version like "2.29.2", got {shown!r}')
     major, minor, patch = (int(p) for p in [*parts, "0"][:3])
     return major, minor, patch
 
@@ -591,7 +606,35 @@ def _load_file(path: Path) -> Hardware:
         raise ProfileError(f"{where}: no such hardware profile file", path=where) from None
     except OSError as exc:
         raise ProfileError(f"{where}: cannot read: {exc.strerror}", path=where) from None
+    except ValueError as exc:  # tomllib: an integer of more than 4300 digits
+        raise ProfileError(f"{where}: not valid TOML: {exc}", path=where) from None
+    return parse_profile(text, where)
+
+
+def parse_profile(text: str, where: str) -> Hardware:
+    """A profile from the text of a TOML file (``where`` names it in errors): what
+    ``load_profile`` does with a user's file once read. An error about a field the text
+    sets carries a note that points at its line."""
+    text = text.removeprefix("\ufeff")  # a byte-order mark some editors write
+    try:
+        return _from_text(text, where)
+    except ProfileError as err:
+        raise _located(err, text, where) from None
+
+
+def _from_text(text: str, where: str) -> Hardware:
     raw = _parse_toml(text, where)
+    if not raw:
+        err = ProfileError(f"{where}: the file holds no field: not a hardware profile", path=where)
+        err.diagnostics = tuple(
+            dataclasses.replace(
+                d,
+                hint='a profile may start from a shipped one: base = "h100-dgx", then the '
+                "fields it changes",
+            )
+            for d in err.diagnostics
+        )
+        raise err
     base = raw.pop("base", None)
     if base is not None:
         if not isinstance(base, str) or base not in list_profiles():
@@ -612,7 +655,86 @@ def _parse_toml(text: str, where: str) -> dict[str, Any]:
     try:
         return tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
+        err = ProfileError(f"{where}: not valid TOML: {exc}", path=where)
+        err.toml_position = _toml_position(str(exc))
+        err.diagnostics = tuple(
+            dataclasses.replace(
+                d,
+                hint="a profile is a TOML file (https://toml.io): fix the "
+                'line shown, or start from a shipped profile (base = "h100-dgx")',
+            )
+            for d in err.diagnostics
+        )
+        raise err from None
+    except ValueError as exc:  # an integer of more than 4300 digits
         raise ProfileError(f"{where}: not valid TOML: {exc}", path=where) from None
+
+
+_TOML_AT = re.compile(r"\(at line (\d+), column (\d+)\)")
+
+
+def _toml_position(message: str) -> tuple[int, int] | None:
+    """(line, column) of a ``tomllib`` error ("... (at line 7, column 10)")."""
+    m = _TOML_AT.search(message)
+    return (int(m.group(1)), int(m.group(2))) if m else None
+
+
+def _located(err: ProfileError, text: str, where: str) -> ProfileError:
+    """``err`` with a note at the line of ``text`` it is about: the TOML syntax error's
+    position, or the line that sets the field (the table's header for a field that is
+    missing from it). An error about a field the text does not set (one a ``base``
+    profile gives) is left as it is."""
+    source = Source(where, text)
+    note: tuple[str, Span] | None = None
+    if err.toml_position is not None:
+        line, col = err.toml_position
+        if 0 < line <= len(source.lines):
+            note = ("here", Span(source, line, col, line, col + 1))
+    elif err.field is not None and err.path == where:
+        note = _field_note(source, err.field)
+    if note is None:
+        return err
+    err.diagnostics = tuple(dataclasses.replace(d, notes=(*d.notes, note)) for d in err.diagnostics)
+    return err
+
+
+def _key_parts(key: str) -> tuple[str, ...]:
+    """A dotted TOML key (``nccl.measured.upto."2.23"``, spaces around the dots allowed)
+    split into its parts, quotes removed; () when it is not a plain key."""
+    parts: list[str] = []
+    for m in re.finditer(r'\s*(?:"((?:[^"\\]|\\.)*)"|\'([^\']*)\'|([A-Za-z0-9_-]+))\s*(\.|$)', key):
+        parts.append(next(g for g in m.groups()[:3] if g is not None))
+        if m.group(4) == "":
+            return tuple(parts)
+    return ()
+
+
+_HEADER = re.compile(r"^\s*\[\s*([^\[\]]+?)\s*\]\s*(?:#.*)?$")
+_ASSIGN = re.compile(r'^\s*((?:"(?:[^"\\]|\\.)*"|\'[^\']*\'|[A-Za-z0-9_.\s-])+?)\s*=')
+
+
+def _field_note(source: Source, field: str) -> tuple[str, Span] | None:
+    """Where ``source`` sets the dotted ``field`` (its ``key = value`` line), else, for a
+    field missing from a table, that table's ``[header]`` line; None when neither is in
+    the text (a field of the base profile, an inline table)."""
+    want = _key_parts(field)
+    if not want:
+        return None
+    table: tuple[str, ...] = ()
+    header: tuple[str, Span] | None = None
+    for no, line in enumerate(source.lines, 1):
+        if m := _HEADER.match(line):
+            table = _key_parts(m.group(1))
+            if table == want:
+                return (f"'{field}' is set here", Span(source, no, 1, no, len(line) + 1))
+            if table == want[:-1] and header is None:
+                name = ".".join(want[:-1])
+                header = (f"the table '{name}' is here", Span(source, no, 1, no, len(line) + 1))
+            continue
+        if (m := _ASSIGN.match(line)) and (*table, *_key_parts(m.group(1))) == want:
+            span = Span(source, no, m.start(1) + 1, no, len(line.rstrip()) + 1)
+            return (f"'{field}' is set here", span)
+    return header
 
 
 def _without_overridden_layers(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:
@@ -645,6 +767,24 @@ def _merge(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:
         else:
             merged[key] = value
     return merged
+
+
+MAX_NUMBER = 1e15
+"""The largest magnitude of a number in a profile (a rate, a time, a byte count): far
+above any machine's, far enough below overflow that products of a few of them stay finite."""
+MIN_NUMBER = 1e-9
+"""The smallest magnitude of a nonzero number in a profile: a rate this small is a typo, and
+one that underflows to 0 would divide by zero."""
+MAX_INTEGER = 1 << 20
+"""The largest integer field (SMs, GPUs per node, channels, links, NICs)."""
+
+
+def _shown_int(value: int) -> str:
+    """An integer as a message shows it: in full up to 24 digits, else its length."""
+    if value.bit_length() > 10_000:  # str() refuses more than 4300 digits
+        return f"an integer of about {value.bit_length() * 3 // 10} digits"
+    digits = len(str(abs(value)))
+    return f"{value:,}" if digits <= 24 else f"an integer of {digits} digits"
 
 
 class _Table:
@@ -684,6 +824,11 @@ class _Table:
         value = self._get(key)
         if not isinstance(value, str):
             raise self.error(key, f"expected a string, got {value!r}")
+        if any(not c.isprintable() for c in value):
+            shown = repr(value) if len(value) <= 60 else repr(value[:60]) + "…"
+            raise self.error(
+                key, f"must not hold control characters (a newline, an escape), got {shown}"
+            )
         if choices is not None and value not in choices:
             raise self.error(key, f"expected one of {', '.join(choices)}, got {value!r}")
         return value
@@ -700,6 +845,8 @@ class _Table:
             raise self.error(key, f"expected an integer, got {value!r}")
         if value < minimum:
             raise self.error(key, f"must be at least {minimum}, got {value}")
+        if value > MAX_INTEGER:
+            raise self.error(key, f"must be at most {MAX_INTEGER:,}, got {_shown_int(value)}")
         return value
 
     def number(
@@ -710,9 +857,19 @@ class _Table:
     def _check_number(self, key: str, value: Any, *, low: float, high: float, zero: bool) -> float:
         if isinstance(value, bool) or not isinstance(value, int | float):
             raise self.error(key, f"expected a number, got {value!r}")
+        if isinstance(value, int) and abs(value) > MAX_NUMBER:
+            raise self.error(
+                key, f"out of range: at most {MAX_NUMBER:g} in magnitude, got {_shown_int(value)}"
+            )
         number = float(value)
         if not math.isfinite(number):
             raise self.error(key, f"expected a finite number, got {value!r}")
+        if number != 0 and not MIN_NUMBER <= abs(number) <= MAX_NUMBER:
+            raise self.error(
+                key,
+                f"out of range: a profile's numbers are 0 or between {MIN_NUMBER:g} and "
+                f"{MAX_NUMBER:g} in magnitude, got {number:g}",
+            )
         if number < low or number > high or (number == low and not zero):
             rng = f"{'at least' if zero else 'greater than'} {low:g}"
             if math.isfinite(high):

@@ -56,7 +56,7 @@ from pathlib import Path
 
 from cocoviz.ir.lower import load_program
 from cocoviz.ir.nodes import Program
-from cocoviz.sim.calibrate import Calibration, Knob, Measured, fit_samples
+from cocoviz.sim.calibrate import Calibration, Knob, Measured, fit_samples, toml_str
 from cocoviz.sim.hardware import HalfSlowdown, Hardware, load_profile
 from cocoviz.sim.timeline import makespan
 
@@ -381,8 +381,8 @@ def _toml(values: Mapping[str, object]) -> str:
     vectors = "\n".join(
         f"{d} = {v['vector_' + d]:.6g}" for d in ("f16", "bf16", "f32", "f64", "i32", "i64")
     )
-    return f"""name = "{v["name"]}"
-description = "{v["description"]}"
+    return f"""name = {toml_str(str(v["name"]))}
+description = {toml_str(str(v["description"]))}
 
 [gpu]                          # one rank: one CPU core (run.sh sets OMP_NUM_THREADS=1)
 arch = "cpu"

@@ -31,7 +31,14 @@ nccl-tests table, a column header without its units line, a row with missing col
 a table that never reaches nccl-tests' ``# Avg bus bandwidth`` line (a truncated log), a
 time that does not agree with size / algbw (not µs), a collective calibrate does not read
 (``broadcast_perf``), and a second table in one log (one run per file: mixed collectives
-or repeated runs are separate files).
+or repeated runs are separate files). Every number of a row is checked where it is read:
+size and count are plain non-negative integers (a size at most ``MAX_SIZE``), time,
+algbw and busbw plain decimal numbers (no ``nan``, ``inf`` or sign), a time greater than
+0 (and at most ``MAX_TIME_US``) wherever the size is (a row of size 0, which nccl-tests
+prints for sizes that round down to no element, times nothing and is skipped) that gives
+the printed algbw within its rounding, and the sizes never go down the
+table (nccl-tests sweeps upward; rows of two runs pasted together do). A log of one rank
+times no communication and is refused too.
 """
 
 from __future__ import annotations
@@ -44,7 +51,17 @@ from pathlib import Path
 from cocoviz.errors import InputError, Source, Span
 from cocoviz.sim.collectives import Coll, bus_factor
 
-__all__ = ["TESTS", "LogRow", "NcclTestsLog", "parse_log", "read_log"]
+__all__ = ["MAX_SIZE", "MAX_TIME_US", "TESTS", "LogRow", "NcclTestsLog", "parse_log", "read_log"]
+
+MAX_SIZE = 1 << 50
+"""The largest size a row may give, bytes (1 PiB: no buffer of a GPU comes near it)."""
+MAX_TIME_US = 1e12
+"""The longest time a row may give, µs (about 12 days)."""
+
+_INTEGER = re.compile(r"[0-9]+")
+_DECIMAL = re.compile(r"(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][-+]?[0-9]+)?")
+"""How nccl-tests prints its numbers (``%12li``, ``%7.2f``, ``%6.2e``): plain ASCII digits,
+no sign (a negative time or bandwidth is not a measurement), no ``nan`` or ``inf``."""
 
 TESTS: dict[str, Coll] = {
     "all_reduce_perf": Coll.ALLREDUCE,
@@ -65,7 +82,7 @@ _TYPES = {
 """nccl-tests' type names (``test_typenames`` in src/common.cu, old and new) and sizes."""
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class LogRow:
     """One size of the sweep, one column group (out-of-place or in-place)."""
 
@@ -144,12 +161,20 @@ class _Reader:
         self.path = path
 
     def error(
-        self, line: int, message: str, hint: str | None = None, needle: str | None = None
+        self,
+        line: int,
+        message: str,
+        hint: str | None = None,
+        needle: str | None = None,
+        field: int | None = None,
     ) -> InputError:
-        """An error at ``line``: under ``needle`` where the line holds it, else under the
-        whole line."""
+        """An error at ``line``: under its ``field``-th whitespace-separated field, else
+        under ``needle`` where the line holds it, else under the whole line."""
         text = self.source.line(line)
-        if needle and needle in text:
+        spans = [m.span() for m in re.finditer(r"\S+", text)] if field is not None else []
+        if field is not None and field < len(spans):
+            start, end = spans[field][0] + 1, spans[field][1] + 1
+        elif needle and needle in text:
             start = text.index(needle) + 1
             end = start + len(needle)
         else:
@@ -173,7 +198,7 @@ def parse_log(text: str, path: str = "<log>") -> NcclTestsLog:
         if m := _RANK.match(line.strip()):
             ranks.setdefault(int(m.group(1)), (m.group(2), m.group(3).strip()))
         if m := _LIBRARY.search(line):
-            version = _library_version(int(m.group(1))) or version
+            version = _library_version(int(m.group(1)[:9])) or version
         elif version is None and (m := _VERSION.search(line)):
             version = m.group(1)
         for name, pattern in _ENV.items():
@@ -238,6 +263,8 @@ def parse_log(text: str, path: str = "<log>") -> NcclTestsLog:
 
 def _library_version(code: int) -> str | None:
     """``nccl-library=22105`` → ``2.21.5`` (NCCL_VERSION_CODE: X·10000 + Y·100 + Z since 2.9)."""
+    if code >= 100000:  # not a code NCCL has written (its major release is 2)
+        return None
     if code >= 20900:
         return f"{code // 10000}.{code % 10000 // 100}.{code % 100}"
     if code >= 2000:  # X·1000 + Y·100 + Z before 2.9
@@ -317,6 +344,7 @@ def _table(
     width = len(columns)
     out: list[LogRow] = []
     inp: list[LogRow] = []
+    previous_size, previous_line = 0, 0
     for no in range(units_no + 1, len(lines) + 1):
         line = lines[no - 1]
         s = line.strip()
@@ -341,30 +369,73 @@ def _table(
             )
         row_type = fields[index["type"]]
         if row_type not in _TYPES:
-            raise r.error(no, f"unknown data type {row_type!r} in the type column")
-        try:
-            size = int(fields[index["size"]])
-            count = int(fields[index["count"]])
-        except ValueError:
-            raise r.error(no, "size and count must be integers") from None
+            raise r.error(
+                no,
+                f"unknown data type {_shown(row_type)} in the type column",
+                hint=f"nccl-tests' types: {', '.join(_TYPES)}",
+                field=index["type"],
+            )
+        for name in ("size", "count"):
+            text = fields[index[name]]
+            if not _INTEGER.fullmatch(text):
+                raise r.error(
+                    no,
+                    f"the {name} must be a non-negative integer, got {_shown(text)}",
+                    hint="calibrate reads nccl-tests' own columns; do not edit them",
+                    field=index[name],
+                )
+            if len(text) > 16 or int(text) > MAX_SIZE:
+                raise r.error(
+                    no,
+                    f"{name} {_shown(text)} is out of range (at most {MAX_SIZE:,})",
+                    hint="calibrate reads nccl-tests' own columns; do not edit them",
+                    field=index[name],
+                )
+        size, count = int(fields[index["size"]]), int(fields[index["count"]])
+        if size < previous_size:
+            raise r.error(
+                no,
+                f"the sizes go down: {size} B after {previous_size} B at line {previous_line}; "
+                "nccl-tests sweeps sizes upward",
+                hint="a log holds one nccl-tests run: put each run in its own file",
+                field=index["size"],
+            )
+        previous_size, previous_line = size, no
         for g, group in enumerate(groups):
             values = [fields[i] for i in group]
             if any(v.upper() == "N/A" for v in values):
                 if g == 0:
                     raise r.error(no, "no out-of-place time in this row")
                 continue
-            try:
-                time_us, algbw, busbw = (float(v) for v in values)
-            except ValueError:
-                raise r.error(no, f"not a number among {' '.join(values)}") from None
-            if not (math.isfinite(time_us) and time_us > 0) or size <= 0:
-                continue
-            if algbw >= 1.0 and abs(size / time_us / 1e3 / algbw - 1) > 0.1:
+            bad = next((i for i in group if not _DECIMAL.fullmatch(fields[i])), None)
+            if bad is not None:
+                raise r.error(
+                    no,
+                    f"{columns[bad]} {_shown(fields[bad])} is not a number nccl-tests prints "
+                    "(a non-negative decimal)",
+                    hint="calibrate reads nccl-tests' own columns; do not edit them",
+                    field=bad,
+                )
+            time_us, algbw, busbw = (float(v) for v in values)
+            if size == 0:
+                continue  # nothing moved, nothing to fit
+            if not (0 < time_us <= MAX_TIME_US) or not (
+                math.isfinite(algbw) and math.isfinite(busbw)
+            ):
+                raise r.error(
+                    no,
+                    f"time {_shown(values[0])} µs for {size} B is out of range (greater than 0, "
+                    f"at most {MAX_TIME_US:g} µs)",
+                    hint="calibrate reads nccl-tests' own columns; do not edit them",
+                    field=group[0],
+                )
+            if abs(size / time_us / 1e3 - algbw) > max(0.1 * algbw, 0.006):
                 raise r.error(
                     no,
                     f"time {time_us:g} does not give algbw {algbw:g} for {size} B: the time "
                     "column is not in µs",
                     hint="calibrate reads nccl-tests' own columns; do not rescale them",
+                    field=group[0],
                 )
             (out if g == 0 else inp).append(
                 LogRow(no, size, count, row_type, time_us, algbw, busbw)
@@ -374,6 +445,11 @@ def _table(
         "the log ends inside the table (no '# Avg bus bandwidth' line): truncated?",
         hint="rerun the test, or give the whole output",
     )
+
+
+def _shown(text: str) -> str:
+    """A field of the log as a message quotes it (shortened when long)."""
+    return repr(text if len(text) <= 30 else text[:30] + "…")
 
 
 def _ratio(rows: list[LogRow]) -> float | None:
@@ -417,6 +493,13 @@ def _ranks(
             from_ratio = round(1 / (1 - ratio))
     if ranks:
         n = len(ranks)
+        if n < 2:
+            raise r.error(
+                header_no,
+                "the log lists one rank: a collective on one GPU moves nothing over a link",
+                hint="calibrate fits links: give logs of 2 or more GPUs (nccl-tests -g 2, or "
+                "several MPI ranks)",
+            )
         if from_ratio is not None and abs(bus_factor(coll, n) - (ratio or 0)) > 0.02:
             raise r.error(
                 header_no,
