@@ -589,16 +589,11 @@ def fit_samples(
 def _residuals(
     hw: Hardware, samples: Sequence[Measured], time_of: Callable[[Hardware, Measured], float]
 ) -> tuple[Residual, ...]:
-    priced: dict[object, tuple[float, str]] = {}
-    out = []
-    for s in samples:
-        key = _same_call(s)
-        if key not in priced:
-            label = model_cost(hw, s).label if isinstance(s, Sample) else ""
-            priced[key] = (time_of(hw, s), label)
-        t, label = priced[key]
-        out.append(Residual(s, t, label))
-    return tuple(out)
+    unique, where = _distinct(samples)
+    priced = [
+        (time_of(hw, s), model_cost(hw, s).label if isinstance(s, Sample) else "") for s in unique
+    ]
+    return tuple(Residual(s, *priced[i]) for s, i in zip(samples, where, strict=True))
 
 
 def _jacobian(

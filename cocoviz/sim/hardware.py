@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from cocoviz import fsio
-from cocoviz.errors import InputError, Source, Span
+from cocoviz.errors import InputError, Source, Span, shown_value
 from cocoviz.ir.types import DTYPE_NAMES
 
 DEFAULT_PROFILE = "h100-dgx"
@@ -52,11 +52,19 @@ class ProfileError(InputError):
     """A hardware profile that cannot be used (an unknown name, a bad file), with a
     message naming file and field; an input error (exit 1) wherever it surfaces."""
 
-    def __init__(self, message: str, *, path: str | None = None, field: str | None = None):
-        super().__init__(message, hint="fix the field named above" if field else None)
+    def __init__(
+        self,
+        message: str,
+        *,
+        path: str | None = None,
+        field: str | None = None,
+        hint: str | None = None,
+        toml_position: tuple[int, int] | None = None,
+    ):
+        super().__init__(message, hint=hint or ("fix the field named above" if field else None))
         self.path = path
         self.field = field
-        self.toml_position: tuple[int, int] | None = None
+        self.toml_position = toml_position
         """(line, column) of a TOML syntax error."""
 
 
@@ -446,8 +454,7 @@ def parse_nccl_version(text: str) -> tuple[int, int, int]:
     if not 2 <= len(parts) <= 3 or not all(
         p.isascii() and p.isdigit() and len(p) <= _VERSION_DIGITS for p in parts
     ):
-        shown = text if len(text) <= 40 else text[:40] + "…"
-        raise ValueError(f'expected an NCCL version like "2.29.2", got {shown!r}')
+        raise ValueError(f'expected an NCCL version like "2.29.2", got {shown_value(text)!r}')
     major, minor, patch = (int(p) for p in [*parts, "0"][:3])
     return major, minor, patch
 
@@ -625,16 +632,12 @@ def parse_profile(text: str, where: str) -> Hardware:
 def _from_text(text: str, where: str) -> Hardware:
     raw = _parse_toml(text, where)
     if not raw:
-        err = ProfileError(f"{where}: the file holds no field: not a hardware profile", path=where)
-        err.diagnostics = tuple(
-            dataclasses.replace(
-                d,
-                hint='a profile may start from a shipped one: base = "h100-dgx", then the '
-                "fields it changes",
-            )
-            for d in err.diagnostics
+        raise ProfileError(
+            f"{where}: the file holds no field: not a hardware profile",
+            path=where,
+            hint='a profile may start from a shipped one: base = "h100-dgx", then the '
+            "fields it changes",
         )
-        raise err
     base = raw.pop("base", None)
     if base is not None:
         if not isinstance(base, str) or base not in list_profiles():
@@ -655,17 +658,13 @@ def _parse_toml(text: str, where: str) -> dict[str, Any]:
     try:
         return tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
-        err = ProfileError(f"{where}: not valid TOML: {exc}", path=where)
-        err.toml_position = _toml_position(str(exc))
-        err.diagnostics = tuple(
-            dataclasses.replace(
-                d,
-                hint="a profile is a TOML file (https://toml.io): fix the "
-                'line shown, or start from a shipped profile (base = "h100-dgx")',
-            )
-            for d in err.diagnostics
-        )
-        raise err from None
+        raise ProfileError(
+            f"{where}: not valid TOML: {exc}",
+            path=where,
+            hint="a profile is a TOML file (https://toml.io): fix the line shown, or start "
+            'from a shipped profile (base = "h100-dgx")',
+            toml_position=_toml_position(str(exc)),
+        ) from None
     except ValueError as exc:  # an integer of more than 4300 digits
         raise ProfileError(f"{where}: not valid TOML: {exc}", path=where) from None
 

@@ -48,7 +48,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from cocoviz.errors import InputError, Source, Span
+from cocoviz.errors import InputError, Source, Span, shown_value
 from cocoviz.sim.collectives import Coll, bus_factor
 
 __all__ = ["MAX_SIZE", "MAX_TIME_US", "TESTS", "LogRow", "NcclTestsLog", "parse_log", "read_log"]
@@ -449,7 +449,7 @@ def _table(
 
 def _shown(text: str) -> str:
     """A field of the log as a message quotes it (shortened when long)."""
-    return repr(text if len(text) <= 30 else text[:30] + "…")
+    return repr(shown_value(text, 30))
 
 
 def _ratio(rows: list[LogRow]) -> float | None:
