@@ -12,7 +12,7 @@ import pytest
 from cocoviz.cli import main
 from cocoviz.ir.lower import load_program
 from cocoviz.sim.collectives import collective_time, p2p_time
-from cocoviz.sim.hardware import load_profile
+from cocoviz.sim.hardware import hbm_efficiency, load_profile
 from cocoviz.sim.local_profile import (
     MICRO,
     fit_local,
@@ -59,6 +59,8 @@ def _machine():  # type: ignore[no-untyped-def]
         # combine outweighs them everywhere, as on this VM, the fit keeps the (T+1)/(T-1)
         # it starts from)
         "overlap.reduce_ns.far": 1.3,
+        # a peer's lines written this step (allgather_dirty, and every allreduce's gather)
+        "overlap.peer_dirty_ns": 0.08,
     }
     for knob in local_knobs():
         hw = knob.set(hw, values[knob.field])
@@ -91,6 +93,7 @@ def test_the_fit_recovers_a_known_machine_from_its_micro_runs() -> None:
     assert fitted.overlap.reduce_ns.f16 == pytest.approx(2.5, rel=0.05)
     assert fitted.overlap.reduce_ns.bf16 == pytest.approx(1.8, rel=0.05)
     assert fitted.overlap.reduce_ns.far == pytest.approx(1.3, rel=0.05)
+    assert fitted.overlap.peer_dirty_ns == pytest.approx(0.08, rel=0.05)
     assert fitted.overlap.hbm_bytes_per_reduce_byte == pytest.approx(4.0, rel=0.05)
     assert fitted.overlap.hbm_bytes_per_copy_byte == pytest.approx(3.0, rel=0.05)
     # a kernel call's fixed cost, launch and gap alike (ew_tiny)
@@ -504,9 +507,58 @@ def test_a_collective_on_cpu_ranks_moves_what_the_caches_no_longer_hold_at_the_m
     assert ctx.reuse[("w1", "w1")] == pytest.approx(18 * 2**20, abs=64)
     # made just before: w1_s (w's slice) and the r its stage read beside it
     assert ctx.reuse[("w1", "w1_s")] == pytest.approx(4 * 2**20, abs=64)
-    # an update that reads its target stores into the lines its read fetched
-    assert ctx.reuse[("m1", "m")] > 14 * 2**20 and ctx.reuse[("m1", "m1")] == 0.0
+    # an update that reads its target stores into the lines its read fetched, and writes
+    # them back before its next touch, a step away as its read's
+    assert ctx.reuse[("m1", "m")] > 14 * 2**20
+    assert ctx.reuse[("m1", "m1")] == ctx.reuse[("m1", "m")]
+    assert "m1" in ctx.in_place_stores and "r" not in ctx.in_place_stores
     assert ctx.reuse[("r", "r")] > 14 * 2**20  # a fresh value: its storage, a step back
+
+
+def test_an_update_counts_its_lines_once_on_the_memory_curve() -> None:
+    """The memory curve's size is the distinct bytes a kernel touches (docs/cost-model.md,
+    Kernels): an update reads its target and stores into the same lines, so a kernel
+    moving 18 MiB whose two arrays hold 12 runs at the rate of a cache of 16, where a
+    kernel writing a fresh array of the same traffic does not."""
+    base = starting_profile(2)
+    curve = ((1.0e3, 1.0), (16.0 * 2**20, 1.0), (32.0 * 2**20, 0.25))
+    hw = dataclasses.replace(base, gpu=dataclasses.replace(base.gpu, hbm_efficiency=curve))
+    n = 3 << 19  # f32: 6 MiB an array
+    head = f"program t\nranks 2\ndim N = {n}\ninput w : f32[N] local\ninput m : f32[N] local\n"
+    update = load_program(head + "w1 = update(w, w * 0.5 + m)\noutput w1\n", "<t>", None)
+    fresh = load_program(head + "y = w * 0.5 + m\noutput y\n", "<t>", None)
+    mib18 = 18 * 2**20 / (hw.gpu.hbm_gbps * 1e9)
+    gap = hw.gpu.kernel_gap_us * 1e-6
+    assert makespan(update, hw) == pytest.approx(gap + mib18, rel=1e-3)
+    # 18 distinct MiB: past the cache, at the curve's rate for them
+    slower = 1.0 / hbm_efficiency(hw, 18.0 * 2**20)
+    assert slower > 1.1
+    assert makespan(fresh, hw) == pytest.approx(gap + mib18 * slower, rel=1e-3)
+
+
+def test_a_collective_reading_what_its_peers_just_wrote_pays_for_their_lines() -> None:
+    """``overlap.peer_dirty_ns`` (docs/cost-model.md, this machine): an allgather of a
+    slice a kernel of the step wrote reads the peers' blocks from their caches, at that
+    much per byte more than one of a program input; GPU profiles leave it out."""
+    base = starting_profile(2)
+    hw = dataclasses.replace(base, overlap=dataclasses.replace(base.overlap, peer_dirty_ns=0.1))
+    size = 4 << 20
+    clean = collective_time(hw, "allgather", size, 2)
+    dirty = collective_time(hw, "allgather", size, 2, dirty=True)
+    assert dirty.time_s - clean.time_s == pytest.approx(size / 2 * 0.1e-9, rel=1e-6)
+    assert collective_time(base, "allgather", size, 2, dirty=True) == collective_time(
+        base, "allgather", size, 2
+    )
+    gpu = load_profile("h100-dgx")
+    assert collective_time(gpu, "allgather", size, 8, dirty=True) == collective_time(
+        gpu, "allgather", size, 8
+    )
+    n = size // 4
+    head = f"program t\nranks 2\ndim N = {n}\ninput x : f32[N] sliced(0)\n"
+    made = load_program(head + "x1 = x * 1.5 + 0.5\ns = allgather(x1)\noutput s\n", "<t>", None)
+    given = load_program(head + "s = allgather(x)\noutput s\n", "<t>", None)
+    assert makespan(made, hw) - makespan(made, base) == pytest.approx(size / 2 * 0.1e-9, rel=1e-3)
+    assert makespan(given, hw) == makespan(given, base)
 
 
 def test_a_cpu_rank_runs_its_kernels_and_collectives_one_at_a_time() -> None:

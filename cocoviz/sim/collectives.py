@@ -766,6 +766,21 @@ def _combine_s(
     return combine_s
 
 
+def _peer_dirty_s(hw: Hardware, coll: Coll, nbytes: int, topo: _Topo, dirty: bool) -> float:
+    """The time a rank spends on the bytes it reads from peers that they wrote in this step
+    (``overlap.peer_dirty_ns`` each; 0 without the term): of a collective whose input a
+    stage of the step wrote (``dirty``), the (n−1)/n of ``nbytes`` that lie with the
+    peers. [fit: CPU ranks, docs/cost-model.md]"""
+    ns = hw.overlap.peer_dirty_ns
+    n = topo.nranks
+    if not dirty or ns <= 0 or n < 2 or coll not in _PEER_READS:
+        return 0.0
+    return (n - 1) / n * nbytes * ns * 1e-9
+
+
+_PEER_READS = frozenset({Coll.ALLGATHER, Coll.REDUCESCATTER, Coll.REDUCE, Coll.ALLREDUCE})
+
+
 def _cost(
     hw: Hardware,
     coll: Coll,
@@ -776,6 +791,7 @@ def _cost(
     dtype: str = "f32",
     in_place: bool = False,
     reuse: tuple[float, float] = (0.0, 0.0),
+    dirty: bool = False,
 ) -> CollCost:
     alg_bw = _alg_bw(hw, coll, topo, algo, proto, nbytes)
     tuner_latency_us = _latency_us(hw, coll, topo, algo, proto, nbytes)
@@ -800,6 +816,7 @@ def _cost(
     fill = _fill_bytes(hw, algo, nbytes, proto, coll, topo.nnodes, steps_of)
     combine_s = _combine_s(hw, coll, nbytes, topo, dtype, reuse)
     transfer_s = max((nbytes + fill) / (rate * 1e9), combine_s)
+    transfer_s += _peer_dirty_s(hw, coll, nbytes, topo, dirty)
     link = Link.NET if topo.nnodes > 1 else hw.node.intra_link
     return CollCost(
         coll=coll,
@@ -834,6 +851,7 @@ def collective_candidates(
     dtype: str = "f32",
     in_place: bool = False,
     reuse: tuple[float, float] = (0.0, 0.0),
+    dirty: bool = False,
 ) -> list[CollCost]:
     """Every enabled algorithm/protocol for this call, cheapest first.
 
@@ -844,7 +862,8 @@ def collective_candidates(
     (``overlap.reduce_ns``, `_combine_s`). ``in_place``: an allgather whose rank's own
     block already lies in the output (`_memory_alg_bw`; nccl-tests' out-of-place column
     is the default). ``reuse``: the reuse distances of its input and output storage
-    (`_memory_alg_bw`; the simulator passes them on CPU ranks).
+    (`_memory_alg_bw`; the simulator passes them on CPU ranks). ``dirty``: a stage of the
+    step wrote its input, so the peers' parts come from their caches (`_peer_dirty_s`).
     """
     c = Coll.parse(coll)
     want_algo = _parse_algo(algo) if algo is not None else None
@@ -862,6 +881,7 @@ def collective_candidates(
             dtype,
             in_place,
             reuse,
+            dirty,
         )
     )
 
@@ -879,6 +899,7 @@ def _candidates(
     dtype: str = "f32",
     in_place: bool = False,
     reuse: tuple[float, float] = (0.0, 0.0),
+    dirty: bool = False,
 ) -> tuple[CollCost, ...]:
     """``collective_candidates`` on parsed arguments, memoized: simulators ask again and again."""
     if nbytes < 0:
@@ -907,7 +928,7 @@ def _candidates(
         simple = [(a, p) for a, p in pairs if p is Proto.SIMPLE and a in (Algo.RING, Algo.P2P)]
         a, p = (simple or pairs)[0]
         return (_zero_cost(c, nbytes, topo, a, p, hw),)
-    costs = [_cost(hw, c, nbytes, topo, a, p, dtype, in_place, reuse) for a, p in pairs]
+    costs = [_cost(hw, c, nbytes, topo, a, p, dtype, in_place, reuse, dirty) for a, p in pairs]
     if c in (Coll.SENDRECV, Coll.ALLTOALL):
         # NCCL's p2p has no tuner entry: LL up to P2P_LL_THRESHOLD bytes per peer.
         return tuple(sorted(costs, key=lambda k: _p2p_rank(k, topo)))
@@ -947,6 +968,7 @@ def collective_time(
     dtype: str = "f32",
     in_place: bool = False,
     reuse: tuple[float, float] = (0.0, 0.0),
+    dirty: bool = False,
 ) -> CollCost:
     """The cost of one collective as NCCL would run it: its cheapest allowed choice.
 
@@ -955,8 +977,8 @@ def collective_time(
     is one pair of ranks and ``nranks`` is ignored; pass ``ranks_per_node=1`` for a pair
     on two nodes (or use ``p2p_time``). ``symmetric=True`` prices a call on registered
     symmetric windows (NCCL ≥ 2.27 adds its symmetric kernels to the choice); the
-    simulator passes ``emitted_buffers_registered(collectives)``. ``dtype``, ``in_place``
-    and ``reuse``: as `collective_candidates`.
+    simulator passes ``emitted_buffers_registered(collectives)``. ``dtype``, ``in_place``,
+    ``reuse`` and ``dirty``: as `collective_candidates`.
     """
     return collective_candidates(
         hw,
@@ -970,6 +992,7 @@ def collective_time(
         dtype=dtype,
         in_place=in_place,
         reuse=reuse,
+        dirty=dirty,
     )[0]
 
 

@@ -172,6 +172,7 @@ def kernel_time(
     calls: float = 0.0,
     reuse: tuple[tuple[float, float], ...] = (),
     chained: float = 0.0,
+    footprint: float = 0.0,
 ) -> float:
     """Roofline time of one non-matmul kernel (elementwise, row-wise, reduction).
 
@@ -184,10 +185,12 @@ def kernel_time(
     times slower and its conversions ``gpu.scalar_convert_slowdown`` times (the CPU
     target's loop around a libm call does not vectorize). ``reuse``: (bytes, reuse
     distance) of the values it reads and of those it writes, the bytes the rank touched
-    since it last touched each (a store fetches its line first); on CPU ranks each moves
-    at the memory curve's rate for the larger of its distance and the kernel's traffic (a
-    value the caches no longer hold comes from memory, however small the kernel), the rest
-    of the traffic at the kernel's own. On CPU ranks the arithmetic of a 16-bit float
+    since it last touched each (a store fetches its line first, or writes back the line
+    it read); on CPU ranks each moves at the memory curve's rate for the larger of its
+    distance and the kernel's footprint (a value the caches no longer hold comes from
+    memory, however small the kernel), the rest of the traffic at the footprint's.
+    ``footprint``: the distinct bytes the kernel touches (an update's store into the lines
+    it read counted once; 0: ``nbytes``), the size the memory curve prices. On CPU ranks the arithmetic of a 16-bit float
     kernel is f32's (the CPU target computes in float). ``chained``: the elements its
     ``sum``, ``norm`` and ``amax`` accumulate, each at ``gpu.sum_chain_ns`` beside the FLOPs.
     """
@@ -209,9 +212,10 @@ def kernel_time(
     work_s += chained * hw.gpu.sum_chain_ns * 1e-9
     compute_s = work_s / (1.0 - contention.compute_lost) if work_s else 0.0
     if hw.gpu.arch == "cpu" and reuse and nbytes > 0:
+        span = footprint or nbytes
         near = max(0.0, nbytes - sum(b for b, _ in reuse))
-        memory_s = _memory_s(hw, near, contention, span=nbytes) + sum(
-            _memory_s(hw, b, contention, span=max(d, nbytes)) for b, d in reuse
+        memory_s = _memory_s(hw, near, contention, span=span) + sum(
+            _memory_s(hw, b, contention, span=max(d, span)) for b, d in reuse
         )
     else:
         memory_s = _memory_s(hw, nbytes, contention)

@@ -384,6 +384,12 @@ class OverlapSpec:
     hbm_bytes_per_reduce_byte: float
     hbm_bytes_per_copy_byte: float
     reduce_ns: ReduceNs = ReduceNs()
+    peer_dirty_ns: float = 0.0
+    """ns per byte a collective reads from a peer's buffer that the peer wrote in this step
+    (``[overlap] peer_dirty_ns``; 0: no term). On CPU ranks such a line lies modified in
+    the writer's cache: the reader takes it from there, and the writer's next store
+    takes it back (docs/cost-model.md, this machine). GPUs read peers over NVLink, where
+    nothing of the kind shows: their profiles leave it out."""
 
 
 @dataclass(frozen=True)
@@ -1225,6 +1231,9 @@ def _build(raw: dict[str, Any], where: str) -> Hardware:
         hbm_bytes_per_reduce_byte=o.number("hbm_bytes_per_reduce_byte", zero=True),
         hbm_bytes_per_copy_byte=o.number("hbm_bytes_per_copy_byte", zero=True),
         reduce_ns=_reduce_ns(o.table("reduce_ns")) if "reduce_ns" in o.data else ReduceNs(),
+        peer_dirty_ns=(
+            o.number("peer_dirty_ns", zero=True) if "peer_dirty_ns" in o.data else 0.0
+        ),
     )
     o.done()
 

@@ -33,7 +33,8 @@ f16 and bf16, each read and written and read only, and f32 with an optimizer's
 arithmetic; 16 tiny ones in a row: a call's fixed cost), its GEMM (f32, f16, bf16), allreduce
 small, mid-size and large, reduce-scatter (f32, f16 and bf16 in the caches; f32 beyond
 them, eight of distinct inputs in a row; f32 large),
-allgather (in the caches and beyond them), a small alltoall (MPI's, with its own fixed
+allgather (in the caches, of a slice a kernel has just written: the peers' lines come
+from their caches, and beyond them), a small alltoall (MPI's, with its own fixed
 cost), and a
 point-to-point send (not a small one: from one step to the next an MPI eager send
 overlaps its receive, so its steady-state time is a copy, not a latency). ``cocoviz
@@ -260,6 +261,12 @@ MICRO: tuple[MicroProgram, ...] = (
         "input x : f32[N] sliced(0)\ns = allgather(x)\noutput s\n",
     ),
     MicroProgram(
+        "allgather_dirty",
+        "allgather to 4 MiB of a slice a kernel has just written: a peer's dirty lines",
+        "program micro_allgather_dirty\nranks {ranks}\ndim N = 1048576\n"
+        "input x : f32[N] sliced(0)\nx1 = x * 1.5 + 0.5\ns = allgather(x1)\noutput s\n",
+    ),
+    MicroProgram(
         "allgather_large",
         "allgather to 16 MiB",
         "program micro_allgather_large\nranks {ranks}\ndim N = 4194304\n"
@@ -476,6 +483,7 @@ compute_slowdown_nvlink = 0.9
 compute_slowdown_net = 0.9
 hbm_bytes_per_reduce_byte = {v["reduce_bytes"]:.6g}
 hbm_bytes_per_copy_byte = {v["copy_bytes"]:.6g}
+peer_dirty_ns = {v["peer_dirty_ns"]:.6g}            # per byte read from a peer that wrote it this step
 
 [overlap.reduce_ns]            # per element a rank reads in a reduction collective
 f32 = {v["reduce_ns_f32"]:.6g}
@@ -512,6 +520,7 @@ def starting_profile(ranks: int, *, name: str | None = None) -> Hardware:
         "reduce_ns_f16": 0.1,
         "reduce_ns_bf16": 0.1,
         "reduce_ns_far": 0.1,
+        "peer_dirty_ns": 0.0,
         "f16_widen": 1.0,
         "f16_narrow": 1.0,
         "bf16_widen": 1.0,
@@ -542,7 +551,8 @@ def starting_profile(ranks: int, *, name: str | None = None) -> Hardware:
 def local_knobs() -> tuple[Knob, ...]:
     """What the micro-runs fit: the cached memory rate and its efficiency once the data
     leaves the caches, arithmetic and GEMM rates, the per-kernel gap, the shared-memory
-    link, a collective's fixed and per-step cost, and MPI's send rate."""
+    link, a collective's fixed and per-step cost, a byte read from a peer that has just
+    written it, and MPI's send rate."""
     return (
         Knob("gpu.hbm_gbps", 0.05, 1000.0),
         CurveKnob("gpu.hbm_efficiency.mid", 0.01, 1.0),
@@ -571,6 +581,7 @@ def local_knobs() -> tuple[Knob, ...]:
         Knob("overlap.reduce_ns.f16", 1e-4, 1e4),
         Knob("overlap.reduce_ns.bf16", 1e-4, 1e4),
         Knob("overlap.reduce_ns.far", 0.0, 1e4, log=False, scale=0.1),
+        Knob("overlap.peer_dirty_ns", 0.0, 1e3, log=False, scale=0.01),
     )
 
 
@@ -594,6 +605,7 @@ _SEEDS = (
     ("gpu.matmul_tflops.bf16", "gemm_bf16"),
     ("nccl.measured.base_latency_scale.simple", "allreduce_small"),
     ("overlap.hbm_bytes_per_copy_byte", "allgather_mid"),
+    ("overlap.peer_dirty_ns", "allgather_dirty"),
     ("nccl.measured.p2p_nvlink_efficiency", "send_large"),
     ("nccl.measured.p2p_latency_scale", "alltoall_small"),
     ("overlap.reduce_ns.f32", "reducescatter_mid"),
@@ -687,6 +699,7 @@ def local_profile_toml(cal: Calibration, ranks: int, measured: Sequence[tuple[st
         "reduce_ns_f16": hw.overlap.reduce_ns.f16,
         "reduce_ns_bf16": hw.overlap.reduce_ns.bf16,
         "reduce_ns_far": hw.overlap.reduce_ns.far,
+        "peer_dirty_ns": hw.overlap.peer_dirty_ns,
     }
     mm, vec = hw.gpu.matmul_tflops, hw.gpu.vector_tflops
     tied = {"f64": "f32", "i32": "f32", "i64": "f32"}

@@ -153,10 +153,11 @@ def _kernel(
     calls: float = 0.0,
     reuse: tuple[tuple[float, float], ...] = (),
     chained: float = 0.0,
+    footprint: float = 0.0,
 ) -> float:
     return kernel_time(
         hw, flops, nbytes, dtype, contention=c, launch=launch, graph=True, converts=converts,
-        calls=calls, reuse=reuse, chained=chained,
+        calls=calls, reuse=reuse, chained=chained, footprint=footprint,
     )  # fmt: skip
 
 
@@ -176,6 +177,7 @@ def _collective(
     dtype: str = "f32",
     in_place: bool = False,
     reuse: tuple[float, float] = (0.0, 0.0),
+    dirty: bool = False,
 ) -> CollCost:
     return collective_time(
         hw,
@@ -187,6 +189,7 @@ def _collective(
         dtype=dtype,
         in_place=in_place,
         reuse=reuse,
+        dirty=dirty,
     )
 
 
@@ -216,6 +219,9 @@ class KernelSpec:
     """(bytes, reuse distance) of each value read and written (`Context.reuse`; on CPU ranks)."""
     chained: float = 0.0
     """Elements its ``sum``, ``norm`` and ``amax`` accumulate (`_chained`; on CPU ranks)."""
+    footprint: float = 0.0
+    """Distinct bytes it touches, a store into lines it reads counted once (on CPU ranks:
+    the memory curve's size; 0: ``nbytes``)."""
 
     def time(self, hw: Hardware, c: Contention) -> float:
         t = _kernel(
@@ -229,6 +235,7 @@ class KernelSpec:
             self.calls,
             self.reuse,
             self.chained,
+            self.footprint,
         )
         return t + self.sync_us * 1e-6
 
@@ -282,6 +289,9 @@ class CollSpec:
     reuse: tuple[float, float] = (0.0, 0.0)
     """The reuse distances of its input and of the storage it writes (`Context.reuse`;
     on CPU ranks)."""
+    dirty: bool = False
+    """A stage of the step wrote its input (not a program input; on CPU ranks:
+    ``overlap.peer_dirty_ns``)."""
 
     def cost(self, hw: Hardware) -> CollCost:
         return _collective(
@@ -294,6 +304,7 @@ class CollSpec:
             self.dtype,
             self.in_place,
             self.reuse,
+            self.dirty,
         )
 
 
@@ -520,6 +531,18 @@ class Context:
 
     @cached_property
     def reuse(self) -> dict[tuple[str, str], float]:
+        """`_reuse_walk`'s distances."""
+        return self._reuse_walk[0]
+
+    @cached_property
+    def in_place_stores(self) -> frozenset[str]:
+        """The stages that store into lines they have just read (an update of what it
+        reads: `_reuse_walk`): their stores add nothing to the distinct bytes a kernel
+        touches (`KernelSpec.footprint`)."""
+        return self._reuse_walk[1]
+
+    @cached_property
+    def _reuse_walk(self) -> tuple[dict[tuple[str, str], float], frozenset[str]]:
         """Reuse distances, steady state: for stage s reading value n, the distinct bytes a
         rank touches (each storage it reads or stores counted once, at its largest
         access, stage by stage in program order, one step after another) from the stage
@@ -530,9 +553,13 @@ class Context:
         twice in between twice, and lamb's gradient 48 MiB away where 20 MiB lie between); for
         (s, s), those since the last touch
         of the storage s writes (an update's: its target's; an allgather in place writes
-        the peers' blocks, which only the allgather of the step before touched), a store
-        into lines the caches no longer hold fetching them first (0 when s reads that
-        storage itself: the read fetched the lines). A fused kernel touches what it runs:
+        the peers' blocks, which only the allgather of the step before touched): a store
+        into lines the caches no longer hold fetches them first, and one into lines the
+        stage has just read (an update of what it reads, whose fetch the read paid)
+        writes them back before their next touch, as far off in the steady state (it was
+        priced as a hit, 0: with the kernel's footprint below, an update over arrays
+        that overflow the caches then ran at the cached rate, sgd as written 0.71 of
+        measured). A fused kernel touches what it runs:
         a value one of its phases makes and reads again in that phase is neither stored
         nor read back, and one no stage outside the phase reads is not stored
         (`_compute_ops`). On CPU ranks they decide whether a kernel's operands and
@@ -580,6 +607,7 @@ class Context:
 
         last: dict[str, int] = {}
         distance: dict[tuple[str, str], float] = {}
+        in_place: set[str] = set()
         pos = 0
         for lap in range(2):  # the second lap sees the previous step's touches
             for name, reads, out, home in order:
@@ -588,10 +616,10 @@ class Context:
                     for n in reads:
                         r = root.get(n, n)
                         distance[(name, n)] = now - upto(last[r])
-                    if out:  # a store into what the stage itself reads hits its line
-                        own = any(root.get(n, n) == home for n in reads)
-                        gone = now - upto(last[home])
-                        distance[(name, name)] = 0.0 if own else gone
+                    if out:
+                        distance[(name, name)] = now - upto(last[home])
+                        if any(root.get(n, n) == home for n in reads):
+                            in_place.add(name)
                 pos += 1
                 touched = {root.get(n, n) for n in reads} | ({home} if out else set())
                 for r in touched:
@@ -599,7 +627,7 @@ class Context:
                         add(last[r], -size[r])
                     add(pos, size[r])
                     last[r] = pos
-        return distance
+        return distance, frozenset(in_place)
 
     def stored_from(self, name: str, made: Collection[str]) -> bool:
         """Whether a kernel that makes the values ``made`` stores ``name``, one of them:
@@ -814,6 +842,7 @@ def _scaled(spec: KernelSpec, chunks: int) -> KernelSpec:
         spec.calls / chunks,
         tuple((b / chunks, d) for b, d in spec.reuse),
         spec.chained / chunks,
+        spec.footprint / chunks,
     )
 
 
@@ -886,9 +915,11 @@ def _coll_op(ctx: Context, name: str, chunks: int, needs: Iterable[str]) -> list
     # nccl-tests' size of an alltoall is one rank's send buffer, not the global value.
     nbytes = _chunk_bytes(full // ctx.group if coll is Coll.ALLTOALL else full, chunks)
     reuse = (0.0, 0.0)
+    dirty = False
     if ctx.hw.gpu.arch == "cpu":
         operand = s.expr.args[0].name or ""
         reuse = (ctx.reuse.get((name, operand), 0.0), ctx.reuse.get((name, name), 0.0))
+        dirty = operand in ctx.by_name  # a stage wrote it, not the program's input
     spec = CollSpec(
         coll,
         nbytes,
@@ -898,6 +929,7 @@ def _coll_op(ctx: Context, name: str, chunks: int, needs: Iterable[str]) -> list
         x.dtype.value,
         gathers_in_place(ctx, s),
         reuse,
+        dirty,
     )
     cost = spec.cost(ctx.hw)
     permuted = _needs_permute(ctx, s)
@@ -1212,14 +1244,21 @@ def _compute_ops(
             [(ctx.types[m].dtype, float(b)) for m, b in written.items()],
         )
         reuse: tuple[tuple[float, float], ...] = ()
+        footprint = 0.0
         if ctx.hw.gpu.arch == "cpu":  # only CPU ranks read it (`kernel_time`)
             far = ctx.reuse
             reuse = tuple(  # a value's distance where the phase first reads it
                 (float(b), next((far[m, n] for m in phase if (m, n) in far), 0.0))
                 for n, b in sorted(reads.items())
             ) + tuple((float(b), far.get((m, m), 0.0)) for m, b in written.items())
+            # an update stores into lines it has just read: they count once
+            footprint = nbytes - sum(
+                float(b) for m, b in written.items() if m in ctx.in_place_stores
+            )
         spec = _scaled(
-            KernelSpec(flops, nbytes, dtype, launch, sync_us, converts, calls, reuse, chained),
+            KernelSpec(
+                flops, nbytes, dtype, launch, sync_us, converts, calls, reuse, chained, footprint
+            ),
             chunks,
         )
         reducing = [m for m in phase if m in ctx.reductions]
