@@ -395,13 +395,18 @@ def test_a_value_the_caches_no_longer_hold_is_read_from_memory_on_cpu_ranks() ->
     assert ctx.reuse[("y", "x")] >= 48 * 2**20 and ctx.reuse[("z", "y")] == 2 * small * 4
     from cocoviz.sim.compute import kernel_time
 
-    far = kernel_time(hw, 0.0, 2.0 * small * 4, reuse=((small * 4.0, ctx.reuse[("y", "x")]),))
-    near = kernel_time(hw, 0.0, 2.0 * small * 4, reuse=((small * 4.0, 0.0),))
-    assert far > 2.0 * near
-    gpu = load_profile("h100-dgx")
-    assert kernel_time(gpu, 0.0, 2.0 * small * 4, reuse=((small * 4.0, 1e9),)) == kernel_time(
-        gpu, 0.0, 2.0 * small * 4
+    far = kernel_time(
+        hw, 0.0, 2.0 * small * 4, reuse=((small * 4.0, ctx.reuse[("y", "x")], 1.0),)
     )
+    near = kernel_time(hw, 0.0, 2.0 * small * 4, reuse=((small * 4.0, 0.0, 1.0),))
+    # the read 4x slower than in cache in a kernel fitted at 1.5 line transfers a byte: its
+    # line 1 + 3 / 1.5 times the cached time, beside a store in cache
+    gap = hw.gpu.kernel_gap_us * 1e-6
+    assert far - gap == pytest.approx(2.0 * (near - gap), rel=1e-6)
+    gpu = load_profile("h100-dgx")
+    assert kernel_time(
+        gpu, 0.0, 2.0 * small * 4, reuse=((small * 4.0, 1e9, 1.0),)
+    ) == kernel_time(gpu, 0.0, 2.0 * small * 4)
 
 
 def test_a_fused_kernel_reads_each_value_at_its_distance_where_the_kernel_first_reads_it() -> (
@@ -436,9 +441,11 @@ def test_a_fused_kernel_reads_each_value_at_its_distance_where_the_kernel_first_
         return makespan(p, hw) - makespan(p, near)
 
     # w and x lie 48 MiB of traffic back, and z's storage a step: the fused kernel moves
-    # all three (1 MiB each) at a quarter of the cached rate; y, made inside, not at all.
+    # all three (1 MiB each) from where the curve is 4x the cached time, a line transfer
+    # for each read and two for the fresh store, of the curve's 1.5 a byte; y, made
+    # inside, not at all.
     per_mib = 2**20 / (hw.gpu.hbm_gbps * 1e9)
-    far = 3 * (4 * per_mib - per_mib)
+    far = (1 + 1 + 2) / 1.5 * (4 * per_mib - per_mib)
     assert far_penalty(fused) - far_penalty(only_big) == pytest.approx(far, rel=0.05)
 
 
@@ -533,7 +540,33 @@ def test_an_update_counts_its_lines_once_on_the_memory_curve() -> None:
     # 18 distinct MiB: past the cache, at the curve's rate for them
     slower = 1.0 / hbm_efficiency(hw, 18.0 * 2**20)
     assert slower > 1.1
-    assert makespan(fresh, hw) == pytest.approx(gap + mib18 * slower, rel=1e-3)
+    # its reads a line transfer each, its fresh store two: 24 for 18 bytes, of the curve's
+    # 1.5 a byte
+    lines = (12 + 2 * 6) / 18 / 1.5
+    assert makespan(fresh, hw) == pytest.approx(gap + mib18 * (1 + lines * (slower - 1)), rel=1e-3)
+
+
+def test_beyond_the_caches_a_store_into_lines_the_kernel_did_not_read_fetches_them() -> None:
+    """Write-allocate (docs/cost-model.md, Kernels): beyond the caches a read moves a line
+    in, a store into a line the kernel read writes it back, and a store into one it did
+    not read fetches it first and writes it back. The memory curve is fitted on y = f(x)
+    (3 transfers per 2 bytes counted), so such a kernel runs at the curve's rate, an
+    update reading two arrays at 3 transfers per 3 bytes, and a fresh array of the same
+    reads at 4."""
+    base = starting_profile(2)
+    curve = ((1.0e3, 1.0), (2.0**20, 1.0), (2.0 * 2**20, 0.25))  # 4x slower beyond 2 MiB
+    hw = dataclasses.replace(base, gpu=dataclasses.replace(base.gpu, hbm_efficiency=curve))
+    n = 1 << 20  # f32: 4 MiB an array
+    head = f"program t\nranks 2\ndim N = {n}\ninput w : f32[N] local\ninput m : f32[N] local\n"
+    mib = 2**20 / (hw.gpu.hbm_gbps * 1e9)  # a MiB at the cached rate
+    gap = hw.gpu.kernel_gap_us * 1e-6
+    copy = load_program(head + "y = w * 0.5\noutput y\n", "<t>", None)
+    assert makespan(copy, hw) == pytest.approx(gap + 8 * 4 * mib, rel=1e-3)  # the curve's
+    update = load_program(head + "w1 = update(w, w * 0.5 + m)\noutput w1\n", "<t>", None)
+    fresh = load_program(head + "y = w * 0.5 + m\noutput y\n", "<t>", None)
+    # a line transfer beyond the caches: (4 - 1) / 1.5 = 2 MiB-times more than a cached one
+    assert makespan(update, hw) == pytest.approx(gap + 12 * mib + 3 * 4 * 2 * mib, rel=1e-3)
+    assert makespan(fresh, hw) == pytest.approx(gap + 12 * mib + 4 * 4 * 2 * mib, rel=1e-3)
 
 
 def test_a_collective_reading_what_its_peers_just_wrote_pays_for_their_lines() -> None:

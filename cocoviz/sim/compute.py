@@ -145,6 +145,23 @@ def _memory_s(
     return nbytes / (available * 1e9)
 
 
+FRESH_LINES = 1.5
+"""Line transfers per byte counted of the kernel the memory curve is fitted on (``y =
+f(x)``, a fresh ``y``): a read moves its line in, a store into a line the kernel did not
+read fetches it first and writes it back (write-allocate): 3 per 2 bytes counted."""
+
+
+def _lines_s(hw: Hardware, nbytes: float, contention: Contention, span: float, lines: float) -> float:
+    """``nbytes`` a CPU kernel reads or stores, whose storage lies ``span`` bytes back, at
+    ``lines`` transfers per byte beyond the caches (a read 1, a store into lines the
+    kernel read 1, one into lines it did not 2): the cached rate, and of the memory
+    curve's time beyond it the share those transfers are of the fitted kernel's."""
+    cached = max(hw.gpu.hbm_efficiency, key=lambda point: point[1])[0]
+    near = _memory_s(hw, nbytes, contention, span=cached)
+    far = _memory_s(hw, nbytes, contention, span=max(span, cached))
+    return near + lines / FRESH_LINES * (far - near)
+
+
 def _with_launch(hw: Hardware, body_s: float, launch: bool, graph: bool = False) -> float:
     if not launch:
         return body_s
@@ -170,7 +187,7 @@ def kernel_time(
     graph: bool = False,
     converts: tuple[float, float, float, float] = (0.0, 0.0, 0.0, 0.0),
     calls: float = 0.0,
-    reuse: tuple[tuple[float, float], ...] = (),
+    reuse: tuple[tuple[float, float, float], ...] = (),
     chained: float = 0.0,
     footprint: float = 0.0,
 ) -> float:
@@ -213,9 +230,9 @@ def kernel_time(
     compute_s = work_s / (1.0 - contention.compute_lost) if work_s else 0.0
     if hw.gpu.arch == "cpu" and reuse and nbytes > 0:
         span = footprint or nbytes
-        near = max(0.0, nbytes - sum(b for b, _ in reuse))
+        near = max(0.0, nbytes - sum(b for b, _, _ in reuse))
         memory_s = _memory_s(hw, near, contention, span=span) + sum(
-            _memory_s(hw, b, contention, span=max(d, span)) for b, d in reuse
+            _lines_s(hw, b, contention, max(d, span), lines) for b, d, lines in reuse
         )
     else:
         memory_s = _memory_s(hw, nbytes, contention)

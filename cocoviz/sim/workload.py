@@ -151,7 +151,7 @@ def _kernel(
     launch: bool,
     converts: tuple[float, float, float, float] = (0.0, 0.0, 0.0, 0.0),
     calls: float = 0.0,
-    reuse: tuple[tuple[float, float], ...] = (),
+    reuse: tuple[tuple[float, float, float], ...] = (),
     chained: float = 0.0,
     footprint: float = 0.0,
 ) -> float:
@@ -215,8 +215,9 @@ class KernelSpec:
     """f16 elements read and written, bf16 elements read and written (``_converts``)."""
     calls: float = 0.0
     """Math library calls (``_CALLS``: one per element of exp, log, tanh, ...)."""
-    reuse: tuple[tuple[float, float], ...] = ()
-    """(bytes, reuse distance) of each value read and written (`Context.reuse`; on CPU ranks)."""
+    reuse: tuple[tuple[float, float, float], ...] = ()
+    """(bytes, reuse distance, line transfers per byte) of each value read and written
+    (`Context.reuse`, `kernel_time`; on CPU ranks)."""
     chained: float = 0.0
     """Elements its ``sum``, ``norm`` and ``amax`` accumulate (`_chained`; on CPU ranks)."""
     footprint: float = 0.0
@@ -840,7 +841,7 @@ def _scaled(spec: KernelSpec, chunks: int) -> KernelSpec:
         spec.sync_us,
         _per_chunk(spec.converts, chunks),
         spec.calls / chunks,
-        tuple((b / chunks, d) for b, d in spec.reuse),
+        tuple((b / chunks, d, lines) for b, d, lines in spec.reuse),
         spec.chained / chunks,
         spec.footprint / chunks,
     )
@@ -1243,14 +1244,17 @@ def _compute_ops(
             ],
             [(ctx.types[m].dtype, float(b)) for m, b in written.items()],
         )
-        reuse: tuple[tuple[float, float], ...] = ()
+        reuse: tuple[tuple[float, float, float], ...] = ()
         footprint = 0.0
         if ctx.hw.gpu.arch == "cpu":  # only CPU ranks read it (`kernel_time`)
             far = ctx.reuse
             reuse = tuple(  # a value's distance where the phase first reads it
-                (float(b), next((far[m, n] for m in phase if (m, n) in far), 0.0))
+                (float(b), next((far[m, n] for m in phase if (m, n) in far), 0.0), 1.0)
                 for n, b in sorted(reads.items())
-            ) + tuple((float(b), far.get((m, m), 0.0)) for m, b in written.items())
+            ) + tuple(  # a store into lines it read writes them back; a fresh one fetches too
+                (float(b), far.get((m, m), 0.0), 1.0 if m in ctx.in_place_stores else 2.0)
+                for m, b in written.items()
+            )
             # an update stores into lines it has just read: they count once
             footprint = nbytes - sum(
                 float(b) for m, b in written.items() if m in ctx.in_place_stores
