@@ -132,9 +132,9 @@ MICRO: tuple[MicroProgram, ...] = (
     ),
     MicroProgram(
         "ew_math",
-        "elementwise f32 kernel over 8 MiB (in the caches, where memory hides the least) "
+        "elementwise f32 kernel over 2 MiB (in the caches, where memory hides the least) "
         "with an optimizer's sqrt and division: arithmetic",
-        "program micro_ew_math\nranks {ranks}\ndim N = 2097152\ninput x : f32[N] local\n"
+        "program micro_ew_math\nranks {ranks}\ndim N = 524288\ninput x : f32[N] local\n"
         "y = (x * 0.9 + 0.1) / (sqrt(x * x * 0.999 + 0.001) + 0.00000001)\noutput y\n",
     ),
     MicroProgram(
