@@ -151,7 +151,9 @@ f(x)``, a fresh ``y``): a read moves its line in, a store into a line the kernel
 read fetches it first and writes it back (write-allocate): 3 per 2 bytes counted."""
 
 
-def _lines_s(hw: Hardware, nbytes: float, contention: Contention, span: float, lines: float) -> float:
+def _lines_s(
+    hw: Hardware, nbytes: float, contention: Contention, span: float, lines: float
+) -> float:
     """``nbytes`` a CPU kernel reads or stores, whose storage lies ``span`` bytes back, at
     ``lines`` transfers per byte beyond the caches (a read 1, a store into lines the
     kernel read 1, one into lines it did not 2): the cached rate, and of the memory
@@ -201,14 +203,16 @@ def kernel_time(
     ``gpu.libm_call_ns``; a kernel that makes them runs its FLOPs ``gpu.scalar_slowdown``
     times slower and its conversions ``gpu.scalar_convert_slowdown`` times (the CPU
     target's loop around a libm call does not vectorize). ``reuse``: (bytes, reuse
-    distance) of the values it reads and of those it writes, the bytes the rank touched
-    since it last touched each (a store fetches its line first, or writes back the line
-    it read); on CPU ranks each moves at the memory curve's rate for the larger of its
-    distance and the kernel's footprint (a value the caches no longer hold comes from
-    memory, however small the kernel), the rest of the traffic at the footprint's.
-    ``footprint``: the distinct bytes the kernel touches (an update's store into the lines
-    it read counted once; 0: ``nbytes``), the size the memory curve prices. On CPU ranks the arithmetic of a 16-bit float
-    kernel is f32's (the CPU target computes in float). ``chained``: the elements its
+    distance, line transfers per byte beyond the caches) of the values it reads and of
+    those it writes, the distance the bytes the rank touched since it last touched each (a
+    read moves a line, a store into a line the kernel did not read fetches it and writes it
+    back, one into a line it read writes it back: 1, 2, 1); on CPU ranks each moves at the
+    memory curve's rate for the larger of its distance and the kernel's footprint
+    (`_lines_s`: a value the caches no longer hold comes from memory, however small the
+    kernel), the rest of the traffic at the footprint's. ``footprint``: the distinct bytes
+    the kernel touches (an update's store into the lines it read counted once; 0:
+    ``nbytes``), the size the memory curve prices. On CPU ranks the arithmetic of a 16-bit
+    float kernel is f32's (the CPU target computes in float). ``chained``: the elements its
     ``sum``, ``norm`` and ``amax`` accumulate, each at ``gpu.sum_chain_ns`` beside the FLOPs.
     """
     _check_dtype(dtype)
