@@ -67,6 +67,14 @@ def _machine():  # type: ignore[no-untyped-def]
     return dataclasses.replace(hw, source="<made-up machine>"), values
 
 
+def _caches(mib: int):  # type: ignore[no-untyped-def]
+    """A 2-rank CPU profile whose memory runs at its cached rate up to ``mib`` MiB and 4x
+    slower from twice that on."""
+    base = starting_profile(2)
+    curve = ((1.0e3, 1.0), (mib * 2.0**20, 1.0), (2 * mib * 2.0**20, 0.25))
+    return dataclasses.replace(base, gpu=dataclasses.replace(base.gpu, hbm_efficiency=curve))
+
+
 def _times(hw) -> dict[str, float]:  # type: ignore[no-untyped-def]
     return {m.name: makespan(micro_program(m.name, 2), hw) for m in MICRO}
 
@@ -376,9 +384,7 @@ def test_a_value_the_caches_no_longer_hold_is_read_from_memory_on_cpu_ranks() ->
     the rank last touched 48 MiB of traffic ago reads it at the memory rate beyond the
     caches; the same kernel reading what the stage before wrote reads it from cache. A
     GPU profile prices both by the kernel's own traffic."""
-    base = starting_profile(2)
-    curve = ((1.0e3, 1.0), (16.0 * 2**20, 1.0), (32.0 * 2**20, 0.25))
-    hw = dataclasses.replace(base, gpu=dataclasses.replace(base.gpu, hbm_efficiency=curve))
+    hw = _caches(16)
     big, small = 4 << 20, 1 << 18  # f32 elements: 16 MiB, 1 MiB
     text = (
         f"program t\nranks 2\ndim N = {big}, M = {small}\ninput a : f32[N] local\n"
@@ -417,9 +423,7 @@ def test_a_fused_kernel_reads_each_value_at_its_distance_where_the_kernel_first_
     machine): members that do not read a value say nothing about where it lies."""
     from cocoviz.schedule.steps import apply_steps
 
-    base = starting_profile(2)
-    curve = ((1.0e3, 1.0), (16.0 * 2**20, 1.0), (32.0 * 2**20, 0.25))
-    hw = dataclasses.replace(base, gpu=dataclasses.replace(base.gpu, hbm_efficiency=curve))
+    hw = _caches(16)
     big, small = 4 << 20, 1 << 18
     text = (
         f"program t\nranks 2\ndim N = {big}, M = {small}\ninput a : f32[N] local\n"
@@ -493,9 +497,7 @@ def test_a_collective_on_cpu_ranks_moves_what_the_caches_no_longer_hold_at_the_m
     from cocoviz.schedule import apply_schedule_arg
     from cocoviz.sim.workload import make_context
 
-    base = starting_profile(2)
-    curve = ((1.0e3, 1.0), (16.0 * 2**20, 1.0), (32.0 * 2**20, 0.25))
-    hw = dataclasses.replace(base, gpu=dataclasses.replace(base.gpu, hbm_efficiency=curve))
+    hw = _caches(16)
     size = 4 << 20
     cached = collective_time(hw, "allgather", size, 2, in_place=True)
     far_out = collective_time(hw, "allgather", size, 2, in_place=True, reuse=(0.0, 64e6))
@@ -527,9 +529,7 @@ def test_an_update_counts_its_lines_once_on_the_memory_curve() -> None:
     Kernels): an update reads its target and stores into the same lines, so a kernel
     moving 18 MiB whose two arrays hold 12 runs at the rate of a cache of 16, where a
     kernel writing a fresh array of the same traffic does not."""
-    base = starting_profile(2)
-    curve = ((1.0e3, 1.0), (16.0 * 2**20, 1.0), (32.0 * 2**20, 0.25))
-    hw = dataclasses.replace(base, gpu=dataclasses.replace(base.gpu, hbm_efficiency=curve))
+    hw = _caches(16)
     n = 3 << 19  # f32: 6 MiB an array
     head = f"program t\nranks 2\ndim N = {n}\ninput w : f32[N] local\ninput m : f32[N] local\n"
     update = load_program(head + "w1 = update(w, w * 0.5 + m)\noutput w1\n", "<t>", None)
@@ -553,9 +553,7 @@ def test_beyond_the_caches_a_store_into_lines_the_kernel_did_not_read_fetches_th
     (3 transfers per 2 bytes counted), so such a kernel runs at the curve's rate, an
     update reading two arrays at 3 transfers per 3 bytes, and a fresh array of the same
     reads at 4."""
-    base = starting_profile(2)
-    curve = ((1.0e3, 1.0), (2.0**20, 1.0), (2.0 * 2**20, 0.25))  # 4x slower beyond 2 MiB
-    hw = dataclasses.replace(base, gpu=dataclasses.replace(base.gpu, hbm_efficiency=curve))
+    hw = _caches(1)  # 4x slower beyond 2 MiB
     n = 1 << 20  # f32: 4 MiB an array
     head = f"program t\nranks 2\ndim N = {n}\ninput w : f32[N] local\ninput m : f32[N] local\n"
     mib = 2**20 / (hw.gpu.hbm_gbps * 1e9)  # a MiB at the cached rate
