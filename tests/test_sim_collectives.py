@@ -445,9 +445,10 @@ def test_ring_fill_steps_moves_only_short_rings(tmp_path) -> None:
 
 
 def test_p2p_ll_gbps_caps_only_lls_p2p_messages(tmp_path) -> None:
-    """``measured.p2p_ll_gbps`` (docs/cost-model.md, Measured terms): an LL p2p message runs
-    on one channel at that rate, every peer at once; Simple sizes and rings keep their
-    rate, and 0 caps nothing (the shipped profiles fit 5-6 GB/s)."""
+    """``measured.p2p_ll_gbps`` (docs/cost-model.md, Measured terms): a channel of an LL
+    p2p message runs at that rate, every peer at once (NCCL 2.29: one channel a message);
+    Simple sizes and rings keep their rate, and 0 caps nothing (the shipped profiles fit
+    3-6 GB/s)."""
     hw = _measured_variant(tmp_path, "p2p_ll_gbps = 0.0")
     path = tmp_path / "ll.toml"
     path.write_text('base = "h100-dgx"\nname = "ll"\n\n[nccl.measured]\np2p_ll_gbps = 5.0\n')
@@ -460,10 +461,60 @@ def test_p2p_ll_gbps_caps_only_lls_p2p_messages(tmp_path) -> None:
         assert b.time_s == pytest.approx(a.time_s)
 
 
+def _at_release(tmp_path, profile: str, version: str):
+    path = tmp_path / f"{profile}-{version}.toml"
+    path.write_text(f'base = "{profile}"\nname = "v"\n\n[nccl]\nversion = "{version}"\n')
+    return load_profile(path)
+
+
+@pytest.mark.parametrize(
+    ("version", "ll_up_to"),
+    [("2.21.5", 16 * 1024), ("2.23", 512 * 1024), ("2.28.9", 512 * 1024), ("2.29.2", 16 * 1024)],
+)
+def test_a_p2p_message_runs_ll_as_nccls_release_plans_it(tmp_path, version, ll_up_to) -> None:
+    """NCCL's p2p plan (docs/cost-model.md, AlltoAll; ``addP2pToPlan``, src/enqueue.cc at
+    each tag): from 2.22 to 2.28 LL runs while a message is at most 16 KiB x the channels
+    per peer (32 on H100: 512 KiB), on a channel per 8 KiB up to the per-peer channels
+    halved for the peers (4 on 8 GPUs, 16 on 2); before and after, LL ends at 16 KiB, on
+    one channel. An alltoall of S sends S/n a peer."""
+    from cocoviz.sim.collectives import _Topo, p2p_plan
+
+    hw = _at_release(tmp_path, "h100-dgx", version)
+    eight, two = _Topo(8, 8, 1), _Topo(2, 2, 1)
+    assert p2p_plan(hw, eight, ll_up_to)[0] is Proto.LL
+    assert p2p_plan(hw, eight, ll_up_to + 1)[0] is Proto.SIMPLE
+    per_peer = collective_time(hw, "alltoall", 8 * ll_up_to, 8)
+    over = collective_time(hw, "alltoall", 16 * ll_up_to, 8)
+    assert (per_peer.proto, over.proto) == (Proto.LL, Proto.SIMPLE)
+    if ll_up_to > 16 * 1024:
+        assert p2p_plan(hw, eight, 8 * 1024) == (Proto.LL, 1)
+        assert p2p_plan(hw, eight, 32 * 1024) == (Proto.LL, 4)
+        assert p2p_plan(hw, two, 512 * 1024) == (Proto.LL, 16)
+    else:
+        assert p2p_plan(hw, eight, 16 * 1024) == (Proto.LL, 1)
+    # a send/recv pair is one peer's message
+    assert p2p_time(hw, ll_up_to).proto is Proto.LL
+    assert p2p_time(hw, ll_up_to + 1).proto is Proto.SIMPLE
+
+
+def test_an_ll_p2p_message_of_several_channels_runs_at_their_rate(tmp_path) -> None:
+    """``p2p_ll_gbps`` is a channel's rate: an alltoall of 4 MiB on 8 GPUs of NCCL 2.23
+    (512 KiB a peer, LL on 4 channels) takes a quarter of the time one channel would."""
+    path = tmp_path / "ll.toml"
+    path.write_text(
+        'base = "h100-dgx"\nname = "ll"\n\n[nccl]\nversion = "2.23"\n\n'
+        "[nccl.measured]\np2p_ll_gbps = 5.0\nll_bw_scale = 100.0\n"
+    )
+    hw = load_profile(path)
+    cost = collective_time(hw, "alltoall", 4 * MIB, 8)
+    assert cost.proto is Proto.LL
+    assert cost.transfer_s == pytest.approx(512 * 1024 / (4 * 5e9), rel=1e-6)
+
+
 def test_p2p_ll_peer_hops_prices_the_further_peers_of_an_ll_alltoall(tmp_path) -> None:
     """``measured.p2p_ll_peer_hops`` (docs/cost-model.md, Measured terms): an LL alltoall
     pays one hop for its first peer and this many for each further one; 1 is a hop per
-    peer (the H100 profile's NCCL 2.23 terms: 1.58; 2.29.2: 0.20), and a 2-rank alltoall
+    peer (the H100 profile's NCCL 2.23 terms: 1.20; 2.29.2: 0.20), and a 2-rank alltoall
     has no further peer."""
     hw = _measured_variant(tmp_path, "p2p_ll_peer_hops = 1.0")
     path = tmp_path / "side.toml"

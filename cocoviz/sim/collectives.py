@@ -704,16 +704,16 @@ def _memory_alg_bw(
 
 
 def _p2p_ll_alg_bw(hw: Hardware, coll: Coll, topo: _Topo, nbytes: int) -> float:
-    """The rate of a p2p call on LL (``measured.p2p_ll_gbps``; 0: no cap). NCCL gives a
-    peer's message a channel per 64 KiB and runs LL only up to 16 KiB per channel
-    (``addP2pToPlan``, ``src/enqueue.cc``) [V], so every LL message runs on one channel;
-    the peers' messages run side by side, so an alltoall of S (S/n per peer) takes
-    ``(S/n) / p2p_ll_gbps``. [fit: ~5 GB/s on H100 and A100, docs/cost-model.md]"""
+    """The rate of a p2p call on LL (``measured.p2p_ll_gbps`` a channel; 0: no cap): a
+    peer's message runs on the channels NCCL gives it (``p2p_plan``), and the peers'
+    messages side by side, so an alltoall of S (S/n per peer, on c channels each) takes
+    ``(S/n) / (c × p2p_ll_gbps)``. [fit: ~5-10 GB/s on H100 and A100, docs/cost-model.md]"""
     gbps = hw.nccl.measured.p2p_ll_gbps
-    per_peer = nbytes / topo.nranks if coll is Coll.ALLTOALL else float(nbytes)
+    per_peer = nbytes // topo.nranks if coll is Coll.ALLTOALL else nbytes
     if gbps <= 0 or per_peer <= 0:
         return math.inf
-    return gbps * nbytes / per_peer
+    _, channels = p2p_plan(hw, topo, per_peer)
+    return gbps * channels * nbytes / per_peer
 
 
 def _is_pair(hw: Hardware, topo: _Topo, algo: Algo) -> bool:
@@ -930,21 +930,99 @@ def _candidates(
         return (_zero_cost(c, nbytes, topo, a, p, hw),)
     costs = [_cost(hw, c, nbytes, topo, a, p, dtype, in_place, reuse, dirty) for a, p in pairs]
     if c in (Coll.SENDRECV, Coll.ALLTOALL):
-        # NCCL's p2p has no tuner entry: LL up to P2P_LL_THRESHOLD bytes per peer.
-        return tuple(sorted(costs, key=lambda k: _p2p_rank(k, topo)))
+        # NCCL's p2p has no tuner entry: LL for the sizes ``p2p_plan`` gives it.
+        return tuple(sorted(costs, key=lambda k: _p2p_rank(hw, k, topo)))
     # NCCL runs the entry its own model ranks cheapest, whatever it then takes.
     return tuple(sorted(costs, key=lambda k: k.tuner_time_s))
 
 
 P2P_LL_THRESHOLD = 16384
-"""NCCL's ``NCCL_P2P_LL_THRESHOLD`` default: a send/recv runs LL while its bytes per peer
-are at most this many per channel, and it takes a channel per 64 KiB from 64 KiB on, so
-LL ends at 16 KiB per peer (``src/enqueue.cc``) [V]."""
+"""NCCL's ``NCCL_P2P_LL_THRESHOLD`` default: the LL bytes of a p2p message per channel
+(``p2p_plan``) [V]."""
+
+_P2P_LL_PER_PEER = ((2, 22, 0), (2, 29, 0))
+"""The releases whose ``addP2pToPlan`` runs a p2p message on LL while it is at most
+``P2P_LL_THRESHOLD`` × the channels per peer (``thresholdLL``, v2.22.3-1 to v2.28.9-1);
+before them a message was cut into parts of at least 64 KiB and a part of at most
+``P2P_LL_THRESHOLD`` ran LL (v2.18.3-1 to v2.21.5-1), and from 2.29 its channels are
+counted first and LL runs while it carries at most ``P2P_LL_THRESHOLD`` a channel
+(v2.29.2-1): LL up to 16 KiB either way [V]."""
+
+_LL_STEP = 8 * 512 * 16
+"""An LL step (``buffSizes[LL] / NCCL_STEPS``: 8 lines × 512 threads × 16 bytes, of a
+512 KiB buffer in 8 steps) [V]."""
+
+_P2P_CHUNK = {Link.NVLINK: 1 << 19, Link.PCI: 1 << 17, Link.NET: 1 << 17}
+"""``NCCL_P2P_{NVL,PCI,NET}_CHUNKSIZE`` defaults: a Simple p2p step on all-NVLink
+nodes, on PCI, and across nodes (``src/init.cc``) [V]."""
 
 
-def _p2p_rank(cost: CollCost, topo: _Topo) -> tuple[int, float]:
+def _pow2_up(n: int) -> int:
+    return 1 << max(0, n - 1).bit_length()
+
+
+def p2p_channels_per_peer(hw: Hardware, topo: _Topo) -> tuple[int, int]:
+    """NCCL's p2p channels and channels per peer (``ncclTopoComputeP2pChannels``,
+    ``ncclTopoGetNchannels`` in ``src/graph/paths.cc``) [V]: the p2p channels are the
+    collective ones (at most ``MAXCHANNELS``) rounded up to a power of two; a peer over
+    NVLink gets two channels per link (each NVLink of the path), one over PCI two, one
+    across nodes two (fewer while the ranks would need over four rounds of the p2p
+    channels; [D] one NIC), the least of the peers rounded up to a power of two and
+    at most the p2p channels."""
+    p2p = _pow2_up(max(1, min(hw.nccl.channels, 32)))
+    if hw.node.intra_link is Link.NVLINK:
+        peer = 2 * max(1, hw.node.nvlink_links)
+    else:
+        peer = 2
+    if topo.nnodes > 1:
+        net = 2
+        while net * topo.nranks > p2p * 4 and net > 1:
+            net //= 2
+        peer = min(peer, net)
+    return p2p, min(_pow2_up(peer), p2p)
+
+
+def p2p_plan(hw: Hardware, topo: _Topo, nbytes: int) -> tuple[Proto, int]:
+    """The protocol and channels of one peer's message of ``nbytes`` in a grouped
+    send/recv (``addP2pToPlan`` and ``scheduleP2pTasksToPlan``, ``src/enqueue.cc``) [V].
+    A message gets a channel per part of at least a step/8 (a step/2 across nodes), up to
+    the per-peer channels halved while the peers would need more than the p2p channels,
+    and more only past parts of 32 steps (one across nodes). From 2.22 to 2.28 LL runs
+    while the message is at most ``P2P_LL_THRESHOLD`` × the channels per peer (512 KiB
+    on the 8-GPU profiles, its parts counted in LL steps); otherwise while it is at most
+    ``P2P_LL_THRESHOLD`` a channel, its channels counted in Simple steps (LL ends at
+    16 KiB: ``_P2P_LL_PER_PEER``)."""
+    p2p, per_peer = p2p_channels_per_peer(hw, topo)
+    least = per_peer
+    while least * topo.nranks > p2p and least > 1:
+        least //= 2
+    link = Link.NET if topo.nnodes > 1 else hw.node.intra_link
+    simple_step = _P2P_CHUNK.get(link, 1 << 17)
+
+    def channels(step: int) -> int:
+        if nbytes <= 0:
+            return 1
+        min_part = step // 2 if topo.nnodes > 1 else step // 8
+        max_part = step if topo.nnodes > 1 else step * 32
+        n = max(1, min(least, -(-nbytes // min_part)))
+        part = max(min_part, -(-nbytes // n))
+        while part > max_part and n <= per_peer // 2:
+            n *= 2
+            part = -(-nbytes // n)
+        return n
+
+    since, until = _P2P_LL_PER_PEER
+    if since <= hw.nccl.version_tuple < until:
+        if nbytes <= per_peer * P2P_LL_THRESHOLD:
+            return Proto.LL, channels(_LL_STEP)
+        return Proto.SIMPLE, channels(simple_step)
+    n = channels(simple_step)
+    return (Proto.LL, n) if nbytes <= n * P2P_LL_THRESHOLD else (Proto.SIMPLE, n)
+
+
+def _p2p_rank(hw: Hardware, cost: CollCost, topo: _Topo) -> tuple[int, float]:
     per_peer = cost.nbytes // topo.nranks if cost.coll is Coll.ALLTOALL else cost.nbytes
-    wanted = Proto.LL if per_peer <= P2P_LL_THRESHOLD else Proto.SIMPLE
+    wanted, _ = p2p_plan(hw, topo, per_peer)
     return (0 if cost.proto is wanted else 1, cost.tuner_time_s)
 
 
