@@ -293,8 +293,10 @@ class MeasuredSpec:
     (n / 8) ** ring_fill_steps`` for n ranks (0: the same at every n; 1: the fill
     follows the bytes per ring step, S / n)."""
     p2p_ll_gbps: float = 0.0
-    """Rate of one peer's LL message, GB/s: NCCL runs a p2p message of up to 16 KiB per
-    peer with LL on one channel (``addP2pToPlan``, ``src/enqueue.cc``). 0: no such cap."""
+    """Rate of a channel of a p2p LL message, GB/s: a message runs on the channels NCCL's
+    p2p plan gives it (``collectives.p2p_plan``: one up to 16 KiB a peer; from 2.22 to
+    2.28 up to the per-peer channels, LL up to 512 KiB on the 8-GPU profiles;
+    ``addP2pToPlan``, ``src/enqueue.cc``). 0: no such cap."""
     p2p_ll_peer_hops: float = 1.0
     """Hops of latency an LL alltoall pays per peer beyond the first (1: one each, the
     grouped send/recv loop; less: peers that run side by side)."""
