@@ -707,7 +707,8 @@ def _p2p_ll_alg_bw(hw: Hardware, coll: Coll, topo: _Topo, nbytes: int) -> float:
     """The rate of a p2p call on LL (``measured.p2p_ll_gbps`` a channel; 0: no cap): a
     peer's message runs on the channels NCCL gives it (``p2p_plan``), and the peers'
     messages side by side, so an alltoall of S (S/n per peer, on c channels each) takes
-    ``(S/n) / (c × p2p_ll_gbps)``. [fit: ~5-10 GB/s on H100 and A100, docs/cost-model.md]"""
+    ``(S/n) / (c × p2p_ll_gbps)``. [fit: 3-6 GB/s a channel on H100 and A100,
+    docs/cost-model.md]"""
     gbps = hw.nccl.measured.p2p_ll_gbps
     per_peer = nbytes // topo.nranks if coll is Coll.ALLTOALL else nbytes
     if gbps <= 0 or per_peer <= 0:
@@ -964,11 +965,11 @@ def _pow2_up(n: int) -> int:
 def p2p_channels_per_peer(hw: Hardware, topo: _Topo) -> tuple[int, int]:
     """NCCL's p2p channels and channels per peer (``ncclTopoComputeP2pChannels``,
     ``ncclTopoGetNchannels`` in ``src/graph/paths.cc``) [V]: the p2p channels are the
-    collective ones (at most ``MAXCHANNELS``) rounded up to a power of two; a peer over
-    NVLink gets two channels per link (each NVLink of the path), one over PCI two, one
-    across nodes two (fewer while the ranks would need over four rounds of the p2p
-    channels; [D] one NIC), the least of the peers rounded up to a power of two and
-    at most the p2p channels."""
+    collective ones (at most 32) rounded up to a power of two; a peer over NVLink gets two
+    channels per NVLink of its path, one over PCI two, one across nodes two (halved while
+    the ranks would need more than four rounds of the p2p channels; [D] one NIC); the
+    channels per peer are the least of the peers', rounded up to a power of two and at
+    most the p2p channels."""
     p2p = _pow2_up(max(1, min(hw.nccl.channels, 32)))
     if hw.node.intra_link is Link.NVLINK:
         peer = 2 * max(1, hw.node.nvlink_links)
