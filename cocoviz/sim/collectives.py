@@ -710,7 +710,7 @@ def _p2p_ll_alg_bw(hw: Hardware, coll: Coll, topo: _Topo, nbytes: int) -> float:
     ``(S/n) / (c × p2p_ll_gbps)``. [fit: 3-6 GB/s a channel on H100 and A100,
     docs/cost-model.md]"""
     gbps = hw.nccl.measured.p2p_ll_gbps
-    per_peer = nbytes // topo.nranks if coll is Coll.ALLTOALL else nbytes
+    per_peer = _message_bytes(coll, topo, nbytes)
     if gbps <= 0 or per_peer <= 0:
         return math.inf
     _, channels = p2p_plan(hw, topo, per_peer)
@@ -1021,9 +1021,13 @@ def p2p_plan(hw: Hardware, topo: _Topo, nbytes: int) -> tuple[Proto, int]:
     return (Proto.LL, n) if nbytes <= n * P2P_LL_THRESHOLD else (Proto.SIMPLE, n)
 
 
+def _message_bytes(coll: Coll, topo: _Topo, nbytes: int) -> int:
+    """The bytes of one peer's message of a p2p call: an alltoall of S sends S/n a peer."""
+    return nbytes // topo.nranks if coll is Coll.ALLTOALL else nbytes
+
+
 def _p2p_rank(hw: Hardware, cost: CollCost, topo: _Topo) -> tuple[int, float]:
-    per_peer = cost.nbytes // topo.nranks if cost.coll is Coll.ALLTOALL else cost.nbytes
-    wanted, _ = p2p_plan(hw, topo, per_peer)
+    wanted, _ = p2p_plan(hw, topo, _message_bytes(cost.coll, topo, cost.nbytes))
     return (0 if cost.proto is wanted else 1, cost.tuner_time_s)
 
 
