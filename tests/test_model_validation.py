@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 
 from cocoviz.sim.calibrate import Sample, fit_samples, knobs_for
-from cocoviz.sim.collectives import Algo, Coll, bus_factor, collective_time
+from cocoviz.sim.collectives import Algo, Coll, CollCost, bus_factor, collective_time
 from cocoviz.sim.hardware import Hardware, load_profile
 
 KIB, MIB, GIB = 1 << 10, 1 << 20, 1 << 30
@@ -383,6 +383,67 @@ def validation_table(pts: list[Point] | None = None, refit: bool = False) -> str
     return "\n".join(lines)
 
 
+def measured_us(p: Point) -> float:
+    """The point's measured time, µs (nccl-tests' busBw back to its time)."""
+    return p.nbytes * bus_factor(p.coll, p.nranks) / (p.busbw * 1e3)
+
+
+def _runs(pts: list[Point]) -> list[list[tuple[Point, CollCost]]]:
+    """The one-node published sweeps, each cut into its runs of one algorithm and protocol
+    (NCCL's choice as the model reads it: its tuner, its p2p plan), in size order, each
+    point with the model's cost."""
+    sweeps: dict[tuple[str, str | None, str, int], list[Point]] = {}
+    for p in pts:
+        if p.source == "aic" and p.nnodes == 1:
+            sweeps.setdefault((p.profile, p.version, p.coll, p.nranks), []).append(p)
+    runs: dict[tuple[object, ...], list[tuple[Point, CollCost]]] = {}
+    for key, sweep in sweeps.items():
+        hw = _hardware(key[0], key[1])
+        for p in sorted(sweep, key=lambda p: p.nbytes):
+            cost = collective_time(hw, p.coll, p.nbytes, p.nranks, ranks_per_node=p.ranks_per_node)
+            runs.setdefault((*key, cost.algo, cost.proto), []).append((p, cost))
+    return list(runs.values())
+
+
+def floors(pts: list[Point] | None = None) -> dict[tuple[str, str], tuple[float, Point, Point]]:
+    """Per one-node bucket below 64 MiB, the least max |error| that any model can reach if
+    it does not price a larger call of a sweep faster than a smaller one on the same
+    algorithm and protocol (as NCCL's does not, and this model does not:
+    ``test_the_model_prices_a_larger_call_of_one_protocol_no_faster``): where a sweep took
+    t₁ at a size and less, t₂, at a larger one of the same run, a model that gives both one
+    time or a larger one for the larger size is off by at least (t₁ − t₂) / (t₁ + t₂) on one
+    of them. (floor, the slower smaller point, the faster larger one) of the widest pair."""
+    out: dict[tuple[str, str], tuple[float, Point, Point]] = {}
+    for run in _runs(points() if pts is None else pts):
+        for i, (a, _) in enumerate(run):
+            for b, _ in run[i + 1 :]:
+                size = _size_class(a.nbytes)
+                if size != _size_class(b.nbytes) or size == "> 64 MiB":
+                    continue
+                ta, tb = measured_us(a), measured_us(b)
+                floor = (ta - tb) / (ta + tb)
+                if floor > out.get((size, a.coll), (0.0,))[0]:
+                    out[size, a.coll] = (floor, a, b)
+    return dict(sorted(out.items(), key=lambda kv: (_SIZE_ORDER[kv[0][0]], kv[0][1])))
+
+
+def floor_table() -> str:
+    """The markdown table of docs/cost-model.md ("What stays above the goal"): per one-node
+    bucket below 64 MiB, the floor no model can go under (``floors``) and its pair."""
+    lines = [
+        "| size | collective | floor | sweep | algorithm | slower, smaller | faster, larger |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for (size, coll), (floor, a, b) in floors().items():
+        cost = collective_time(_hardware(a.profile, a.version), a.coll, a.nbytes, a.nranks)
+        lines.append(
+            f"| {size} | {coll} | {floor:.1%} | {a.profile} {a.version}, {a.nranks} GPUs | "
+            f"{cost.algo.name}/{cost.proto.value} | {_size_label(a.nbytes)}: "
+            f"{measured_us(a):.2f} µs | {_size_label(b.nbytes)}: {measured_us(b):.2f} µs |"
+        )
+    return "\n".join(lines)
+
+
 DOCS = Path(__file__).resolve().parents[1] / "docs" / "cost-model.md"
 
 
@@ -399,6 +460,41 @@ def test_docs_print_the_current_validation_tables():
     text = DOCS.read_text(encoding="utf-8")
     assert validation_table() in text
     assert validation_table(full_node(points())) in text
+
+
+def test_docs_print_the_floor_table():
+    """docs/cost-model.md shows the floors of the one-node buckets (``floors``)."""
+    assert floor_table() in DOCS.read_text(encoding="utf-8")
+
+
+def test_the_model_prices_a_larger_call_of_one_protocol_no_faster():
+    """What makes ``floors`` a floor for this model: along every run of one algorithm and
+    protocol of a published sweep, a larger call never takes less time (to 0.1%: a
+    constant time may round down a hair as a channel is added)."""
+    for run in _runs(points()):
+        times = [cost.time_s for _, cost in run]
+        assert all(b >= a * 0.999 for a, b in zip(times, times[1:], strict=False)), run[0][0]
+
+
+def test_no_model_meets_the_max_goal_for_alltoall_below_1_mib():
+    """Issue 27's max (≤ 25%) is out of any such model's reach in one bucket: H100, NCCL
+    2.23, 8 GPUs, an LL alltoall of 64 KiB took 21.3 µs and one of 512 KiB 12.02 µs; the
+    other buckets' floors are far below the goal, and every bucket's max is at least its
+    floor (docs/cost-model.md, "What stays above the goal")."""
+    table = buckets([p for p in points() if p.nnodes == 1])
+    for (size, coll), (floor, a, b) in floors().items():
+        assert max(abs(e) for _, e in table[("1", size, coll)]) >= floor - 1e-9
+        if (size, coll) == ("< 1 MiB", "alltoall"):
+            assert floor > 0.25
+            assert (a.profile, a.version, a.nranks, a.nbytes, b.nbytes) == (
+                "h100-dgx",
+                "2.23",
+                8,
+                64 * KIB,
+                512 * KIB,
+            )
+        else:
+            assert floor < 0.15, (size, coll)
 
 
 def full_node(pts: list[Point]) -> list[Point]:
@@ -460,11 +556,12 @@ def test_one_node_meets_the_goal_median(size, coll):
         ("< 1 MiB", "allreduce"),
         ("< 1 MiB", "reducescatter"),
         ("1-64 MiB", "allreduce"),
+        ("1-64 MiB", "alltoall"),
         ("1-64 MiB", "reducescatter"),
     ],
 )
 def test_one_node_meets_the_max_goal_in_the_buckets_the_docs_name(size, coll):
-    """The goal's max (≤ 25%) holds in these four one-node buckets only; docs/cost-model.md
+    """The goal's max (≤ 25%) holds in these five one-node buckets only; docs/cost-model.md
     ("What stays above the goal") names the points that keep the others above it."""
     rows = buckets(
         [p for p in points() if p.nnodes == 1],
@@ -510,6 +607,15 @@ def test_nccls_p2p_plan_prices_the_ll_alltoalls_of_2_22_to_2_28():
     assert max(abs(error(p)) for p in rows) <= 0.10
 
 
+def test_a_two_gpu_alltoall_runs_at_the_pairs_rate():
+    """An alltoall of two GPUs is a send/recv pair (docs/cost-model.md, AlltoAll): from
+    64 MiB the 2-GPU alltoalls of every sweep are within 10% (they were 1-15% optimistic
+    at NCCL's 0.9 of the ring's rate, A100 the most)."""
+    rows = [p for p in points() if p.coll == "alltoall" and p.nranks == 2 and p.nbytes >= 64 * MIB]
+    assert len({(p.profile, p.version) for p in rows}) == 5 and len(rows) >= 20
+    assert max(abs(error(p)) for p in rows) <= 0.10
+
+
 def test_the_refit_split_holds_out_every_h200_point_and_every_other_size():
     """The refit's split (docs): fit on odd powers of two of the H100 and A100 sweeps, the
     NVLSTree scan at 4 and 16 nodes, the li-plus pair and the blocking H200 sweep (its
@@ -538,6 +644,8 @@ def test_glitches_are_the_points_the_docs_list():
 
 
 def _size_label(nbytes: int) -> str:
+    if nbytes < KIB:
+        return f"{nbytes} B"
     return f"{nbytes >> 10} KiB" if nbytes < MIB else f"{nbytes >> 20} MiB"
 
 
@@ -571,6 +679,8 @@ if __name__ == "__main__":
     print("| sweep | op | GPUs | size | time |\n|---|---|---|---|---|")
     for system, op, n, nbytes, us in excluded_points():
         print(f"| {system} | {op} | {n} | {_size_label(nbytes)} | {us:g} µs |")
+    print("\nFloors:\n")
+    print(floor_table())
     print("\nAll points:\n")
     print(validation_table())
     print("\nFull 8-GPU nodes:\n")

@@ -392,7 +392,7 @@ def test_format_table_looks_like_nccl_tests():
         "float",
         "sum",
         "-1",
-        "15.21",
+        "15.24",
         "0.00",
         "0.00",
         "ring/LL",
@@ -524,3 +524,43 @@ def test_p2p_ll_peer_hops_prices_the_further_peers_of_an_ll_alltoall(tmp_path) -
     assert eight[0].proto is Proto.LL and eight[1].latency_s < eight[0].latency_s
     two = [collective_time(h, "alltoall", 4096, 2) for h in (hw, side)]
     assert two[1].latency_s == pytest.approx(two[0].latency_s)
+
+
+def test_the_tuner_ranks_on_the_graph_nccls_search_finds() -> None:
+    """NCCL's tuner prices a ring or tree on its graph, ``nChannels × bwIntra`` — as many
+    channels of one of the search's speeds as the links carry (``src/graph/search.cc``) —
+    not on the links' rate (docs/cost-model.md, "NCCL's choice"): 360 GB/s on H100's
+    18 × 20.6 of NVLink (12 × 30), A100's and V100's 240 and 120 exactly. So a 2 MiB
+    allgather on two H100s runs LL (LL 14.64 µs against Simple 14.71 in NCCL's model; on
+    370.8 Simple would win by a hair), where the sweeps show the jump to Simple only at
+    4 MiB; the measured time still runs at the links' rate."""
+    from cocoviz.sim import collectives
+
+    assert collectives._search_gbps(load_profile("h100-dgx")) == 360.0
+    assert collectives._search_gbps(load_profile("a100-dgx")) == 240.0
+    assert collectives._search_gbps(load_profile("v100-dgx2")) == 120.0
+    hw = load_profile("h100-dgx")
+    assert collective_time(hw, "allgather", 2 << 20, 2).proto is Proto.LL
+    assert collective_time(hw, "allgather", 4 << 20, 2).proto is Proto.SIMPLE
+    big = collective_time(hw, "allgather", 1 << 30, 8, algo="ring")
+    slow = collective_time(hw, "allgather", 1 << 30, 8, algo="ring", proto="simple")
+    assert big.proto is Proto.SIMPLE and big.time_s == slow.time_s
+    # ranked on 360 GB/s, not on 370.8 (NCCL's ring Simple latency: 8.4 + 7 hops of 3.4 µs)
+    transfer = slow.tuner_time_s - (8.4 + 7 * 3.4) * 1e-6
+    assert transfer == pytest.approx((1 << 30) * 7 / 8 / 360e9, rel=1e-6)
+
+
+def test_a_two_rank_alltoall_runs_at_the_rate_of_a_send_recv_pair() -> None:
+    """An alltoall of two ranks on one node is a send/recv pair: its transfer runs at the
+    pair's measured share of the ring rate (``measured.p2p_nvlink_efficiency``), where
+    alltoalls of more ranks keep NCCL's 0.9 (docs/cost-model.md, AlltoAll)."""
+    hw = load_profile("a100-dgx")
+    eff = hw.nccl.measured.p2p_nvlink_efficiency
+    assert eff < 0.9
+    size = 1 << 30
+    pair = collective_time(hw, "alltoall", size, 2)
+    four = collective_time(hw, "alltoall", size, 4)
+    # the peer's half of the buffer at the pair's rate, three quarters at 0.9 of it
+    assert pair.algo is Algo.P2P and pair.proto is Proto.SIMPLE
+    ratio = (pair.time_s / (size / 2)) / (four.time_s / (size * 3 / 4))
+    assert ratio == pytest.approx(0.9 / eff, rel=0.03)

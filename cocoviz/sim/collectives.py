@@ -223,12 +223,40 @@ def _topology(hw: Hardware, nranks: int, ranks_per_node: int | None) -> _Topo:
     return _Topo(nranks, rpn, math.ceil(nranks / rpn))
 
 
-def _graph_bw(hw: Hardware, topo: _Topo) -> float:
-    """NCCL's ``nChannels × bw`` for a ring or tree graph: the per-rank link rate."""
+_SEARCH_SPEEDS = {
+    "hopper": (60.0, 50.0, 40.0, 30.0, 24.0, 20.0, 15.0, 12.0, 11.0, 6.0, 3.0),
+    "blackwell": (90.0, 80.0, 70.0, 60.0, 50.0, 45.0, 40.0, 30.0, 24.0, 20.0, 19.0, 18.0),
+}
+"""The per-channel speeds NCCL's graph search tries inside a node (``sm90SpeedArrayIntra``,
+``sm100SpeedArrayIntra``; every other GPU ``speedArrayIntra``: ``_SEARCH_SPEEDS_OTHER``;
+``src/graph/search.cc``, v2.18.3-1 to v2.29.2-1) [V]."""
+_SEARCH_SPEEDS_OTHER = (40.0, 30.0, 20.0, 18.0, 15.0, 12.0, 10.0, 9.0, 7.0, 6.0, 5.0, 4.0, 3.0)
+_SEARCH_MAX_CHANNELS = 32
+"""``MAXCHANNELS / 2``: the channels a ring or tree search may find before NCCL doubles them."""
+
+
+def _search_gbps(hw: Hardware) -> float:
+    """NCCL's ``nChannels × bwIntra`` of the ring and tree graphs inside an NVLink node, which
+    its tuner ranks algorithms with (``ncclTopoCompute``, ``src/graph/search.cc``) [V]: the
+    search tries the architecture's speeds and keeps the graph of most bandwidth, so many
+    channels of one speed as the links carry — a multiple of a speed, at most the links'
+    rate (H100: 18 × 20.6 = 370.8 GB/s of NVLink, 12 × 30 = 360 for the graph)."""
+    links = hw.intra_gbps
+    if hw.node.intra_link is not Link.NVLINK:
+        return links
+    speeds = _SEARCH_SPEEDS.get(hw.gpu.arch, _SEARCH_SPEEDS_OTHER)
+    best = max(min(int(links / s + 1e-9), _SEARCH_MAX_CHANNELS) * s for s in speeds)
+    return best if best > 0 else links
+
+
+def _graph_bw(hw: Hardware, topo: _Topo, search: bool = False) -> float:
+    """NCCL's ``nChannels × bw`` for a ring or tree graph: the per-rank link rate (``search``:
+    the search's, which NCCL's tuner ranks with: ``_search_gbps``)."""
+    intra = _search_gbps(hw) if search else hw.intra_gbps
     if topo.nnodes == 1:
-        return hw.intra_gbps
+        return intra
     inter = hw.net_gbps(topo.ranks_per_node)
-    return inter if topo.ranks_per_node == 1 else min(hw.intra_gbps, inter)
+    return inter if topo.ranks_per_node == 1 else min(intra, inter)
 
 
 # NCCL src/graph/tuning.cc: "Trees are not perfectly sticking to the model for medium
@@ -393,11 +421,14 @@ def _channels(hw: Hardware, algo: Algo, proto: Proto, nbytes: int, nranks: int) 
     return max(1, min(most, nbytes // (_THREADS[proto] * threshold)))
 
 
-def _bus_bw(hw: Hardware, coll: Coll, topo: _Topo, algo: Algo, proto: Proto) -> float:
-    """NCCL's bus bandwidth for one algorithm/protocol (``ncclTopoTuneModel``)."""
+def _bus_bw(
+    hw: Hardware, coll: Coll, topo: _Topo, algo: Algo, proto: Proto, search: bool = False
+) -> float:
+    """NCCL's bus bandwidth for one algorithm/protocol (``ncclTopoTuneModel``; ``search``:
+    on the graph NCCL's search found, as its tuner has it: ``_graph_bw``)."""
     caps = hw.nccl
     nodes = topo.nnodes
-    bw = _graph_bw(hw, topo)
+    bw = _graph_bw(hw, topo, search)
     if algo is Algo.RING:
         if proto is Proto.LL:
             return min(caps.ll_max_bw.at(nodes), bw * 0.5)
@@ -455,13 +486,21 @@ def _symmetric_alg_bw(hw: Hardware, coll: Coll, n: int) -> float:
     return per_phase / 2 if coll is Coll.ALLREDUCE else per_phase
 
 
-def _alg_bw(hw: Hardware, coll: Coll, topo: _Topo, algo: Algo, proto: Proto, nbytes: int) -> float:
+def _alg_bw(
+    hw: Hardware,
+    coll: Coll,
+    topo: _Topo,
+    algo: Algo,
+    proto: Proto,
+    nbytes: int,
+    search: bool = False,
+) -> float:
     n = topo.nranks
     if algo is Algo.NVLS and coll is Coll.ALLREDUCE:
         return _nvls_allreduce_alg_bw(hw, n)
     if algo is Algo.SYMMETRIC:
         return _symmetric_alg_bw(hw, coll, n)
-    bus = _bus_bw(hw, coll, topo, algo, proto)
+    bus = _bus_bw(hw, coll, topo, algo, proto, search)
     if algo is Algo.TREE:
         alg = bus * 0.5
         index = int(math.log2(nbytes >> 6)) if nbytes >= 64 else -1
@@ -493,10 +532,14 @@ def _alltoall_alg_bw(hw: Hardware, topo: _Topo, proto: Proto) -> float:
     share / the rank's NIC rate). An alltoall cannot spread one GPU's traffic over
     several NICs (sjeaugey, NVIDIA/nccl-tests#267), so a rank gets its nearest NIC, or
     its share of one NIC where GPUs outnumber NICs. Over NVLink, p2p runs at
-    `_P2P_NVLINK_EFFICIENCY` of the ring's rate. Two nodes give busBw ≈ 2 × the per-GPU network rate, n
+    `_P2P_NVLINK_EFFICIENCY` of the ring's rate; an alltoall of two ranks on one node is a
+    send/recv pair (one peer, on the channels of one peer) and runs at the pair's measured
+    share, ``measured.p2p_nvlink_efficiency``, as a sendrecv does. Two nodes give busBw ≈ 2 × the per-GPU network rate, n
     nodes n/(n−1) × (sjeaugey, NVIDIA/nccl-tests#130)."""
     n, ppn = topo.nranks, topo.ranks_per_node
-    intra = hw.intra_gbps * _P2P_NVLINK_EFFICIENCY
+    pair = n == 2 and topo.nnodes == 1 and hw.node.intra_link is Link.NVLINK
+    share = hw.nccl.measured.p2p_nvlink_efficiency if pair else _P2P_NVLINK_EFFICIENCY
+    intra = hw.intra_gbps * share
     if proto is Proto.LL:
         intra = min(hw.nccl.ll_max_bw.at(topo.nnodes), intra * 0.5)
     per_gpu_net = min(hw.nic_effective_gbps, hw.net_gbps(ppn) / ppn)
@@ -796,7 +839,7 @@ def _cost(
 ) -> CollCost:
     alg_bw = _alg_bw(hw, coll, topo, algo, proto, nbytes)
     tuner_latency_us = _latency_us(hw, coll, topo, algo, proto, nbytes)
-    tuner_transfer_s = nbytes / (alg_bw * 1e9)
+    tuner_transfer_s = nbytes / (_alg_bw(hw, coll, topo, algo, proto, nbytes, search=True) * 1e9)
     channels = _channels(hw, algo, proto, nbytes, topo.nranks)
     latency_us = (
         _latency_us(hw, coll, topo, algo, proto, nbytes, measured=True)
