@@ -13,7 +13,7 @@ from ``base`` and moving only the fields the logs inform::
                 nccl.measured.ring_fill_mib / ring_fill_half_mib      ring and PAT mid sizes
                 nccl.measured.nvls_fill_mib / nvls_fill_half_mib      NVLS mid sizes
                 nccl.measured.net_fill_mib / net_fill_half_mib        trees across nodes
-                nccl.measured.p2p_nvlink_efficiency                   send/recv, 2-rank rings
+                nccl.measured.p2p_nvlink_efficiency                   send/recv, 2-rank rings, alltoalls
                 nccl.measured.net_congestion                          3 and more nodes
                 nccl.measured.p2p_latency_scale                       small alltoall, send/recv
                 nccl.measured.ring_fill_steps                         rings of several lengths

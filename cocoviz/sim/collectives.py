@@ -238,7 +238,7 @@ _SEARCH_MAX_CHANNELS = 32
 def _search_gbps(hw: Hardware) -> float:
     """NCCL's ``nChannels × bwIntra`` of the ring and tree graphs inside an NVLink node, which
     its tuner ranks algorithms with (``ncclTopoCompute``, ``src/graph/search.cc``) [V]: the
-    search tries the architecture's speeds and keeps the graph of most bandwidth, so many
+    search tries the architecture's speeds and keeps the graph of most bandwidth, as many
     channels of one speed as the links carry — a multiple of a speed, at most the links'
     rate (H100: 18 × 20.6 = 370.8 GB/s of NVLink, 12 × 30 = 360 for the graph)."""
     links = hw.intra_gbps
@@ -534,8 +534,8 @@ def _alltoall_alg_bw(hw: Hardware, topo: _Topo, proto: Proto) -> float:
     its share of one NIC where GPUs outnumber NICs. Over NVLink, p2p runs at
     `_P2P_NVLINK_EFFICIENCY` of the ring's rate; an alltoall of two ranks on one node is a
     send/recv pair (one peer, on the channels of one peer) and runs at the pair's measured
-    share, ``measured.p2p_nvlink_efficiency``, as a sendrecv does. Two nodes give busBw ≈ 2 × the per-GPU network rate, n
-    nodes n/(n−1) × (sjeaugey, NVIDIA/nccl-tests#130)."""
+    share, ``measured.p2p_nvlink_efficiency``, as a sendrecv does. Two nodes give busBw ≈
+    2 × the per-GPU network rate, n nodes n/(n−1) × (sjeaugey, NVIDIA/nccl-tests#130)."""
     n, ppn = topo.nranks, topo.ranks_per_node
     pair = n == 2 and topo.nnodes == 1 and hw.node.intra_link is Link.NVLINK
     share = hw.nccl.measured.p2p_nvlink_efficiency if pair else _P2P_NVLINK_EFFICIENCY
