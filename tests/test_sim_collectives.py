@@ -529,13 +529,16 @@ def test_p2p_ll_peer_hops_prices_the_further_peers_of_an_ll_alltoall(tmp_path) -
 def test_the_tuner_ranks_on_the_graph_nccls_search_finds() -> None:
     """NCCL's tuner prices a ring or tree on its graph, ``nChannels × bwIntra`` — as many
     channels of one of the search's speeds as the links carry (``src/graph/search.cc``) —
-    not on the links' rate (docs/cost-model.md, "NCCL's choice"): 360 GB/s on H100's
-    18 × 20.6 of NVLink (12 × 30), A100's and V100's 240 and 120 exactly. So a 2 MiB
-    allgather on two H100s runs LL (LL 14.64 µs against Simple 14.71 in NCCL's model; on
-    370.8 Simple would win by a hair), where the sweeps show the jump to Simple only at
-    4 MiB; the measured time still runs at the links' rate."""
+    not on the links' rate (docs/cost-model.md, Bandwidth, "The search's graph"): 360 GB/s
+    on H100's 18 × 20.6 of NVLink (12 × 30), A100's and V100's 240 and 120 exactly. So a
+    2 MiB allgather on two H100s runs LL (LL 14.64 µs against Simple 14.71 in NCCL's model;
+    on 370.8 Simple would win by a hair), where the sweeps show the jump to Simple only at
+    4 MiB; the time it predicts still runs at the links' rate."""
     from cocoviz.sim import collectives
 
+    node = collectives._Topo(8, 8, 1)
+    assert collectives._graph_bw(load_profile("h100-dgx"), node) == pytest.approx(370.8)
+    assert collectives._graph_bw(load_profile("h100-dgx"), node, search=True) == 360.0
     assert collectives._search_gbps(load_profile("h100-dgx")) == 360.0
     assert collectives._search_gbps(load_profile("a100-dgx")) == 240.0
     assert collectives._search_gbps(load_profile("v100-dgx2")) == 120.0
