@@ -537,7 +537,7 @@ def _alltoall_alg_bw(hw: Hardware, topo: _Topo, proto: Proto) -> float:
     share, ``measured.p2p_nvlink_efficiency``, as a sendrecv does. Two nodes give busBw ≈
     2 × the per-GPU network rate, n nodes n/(n−1) × (sjeaugey, NVIDIA/nccl-tests#130)."""
     n, ppn = topo.nranks, topo.ranks_per_node
-    pair = n == 2 and topo.nnodes == 1 and hw.node.intra_link is Link.NVLINK
+    pair = _one_nvlink_peer(hw, topo)
     share = hw.nccl.measured.p2p_nvlink_efficiency if pair else _P2P_NVLINK_EFFICIENCY
     intra = hw.intra_gbps * share
     if proto is Proto.LL:
@@ -760,16 +760,17 @@ def _p2p_ll_alg_bw(hw: Hardware, coll: Coll, topo: _Topo, nbytes: int) -> float:
     return gbps * channels * nbytes / per_peer
 
 
+def _one_nvlink_peer(hw: Hardware, topo: _Topo) -> bool:
+    """Two ranks on one NVLink node: each rank sends to one peer and receives from it, the
+    transfer of a send/recv pair, at the pair's measured share of the ring rate
+    (``measured.p2p_nvlink_efficiency``)."""
+    return topo.nranks == 2 and topo.nnodes == 1 and hw.node.intra_link is Link.NVLINK
+
+
 def _is_pair(hw: Hardware, topo: _Topo, algo: Algo) -> bool:
-    """A ring or tree of two ranks on one NVLink node: each rank sends to one peer and
-    receives from it, the transfer of a send/recv pair, at the pair's measured share of
-    the ring rate."""
-    return (
-        topo.nranks == 2
-        and topo.nnodes == 1
-        and algo in (Algo.RING, Algo.TREE)
-        and hw.node.intra_link is Link.NVLINK
-    )
+    """A ring or tree that is a send/recv pair (``_one_nvlink_peer``); a 2-rank alltoall
+    takes the pair's share in its own rate (``_alltoall_alg_bw``)."""
+    return algo in (Algo.RING, Algo.TREE) and _one_nvlink_peer(hw, topo)
 
 
 def _far_share(hw: Hardware, span: float) -> float:
